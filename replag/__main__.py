@@ -1,0 +1,3 @@
+from replag.cli import main
+
+main(prog_name="replag")

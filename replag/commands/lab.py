@@ -1,0 +1,129 @@
+"""`replag lab …`: start, inspect, break and stop the local multi-region lab."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from replag.durations import parse_duration_ns
+from replag.errors import UsageError
+from replag.lab.cluster import LabSpec, lab_down, lab_fault, lab_status, lab_up
+
+_DIR = click.option(
+    "--dir", "lab_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+    help="Directory holding the lab's processes, logs and topology.toml.",
+)
+
+
+def _ms(text: str, *, option: str) -> float:
+    try:
+        return parse_duration_ns(text, default_unit="ms") / 1e6
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
+def parse_delays(text: str) -> dict[str, float]:
+    """`us-west=40ms,eu-west=80ms` → {"us-west": 40.0, "eu-west": 80.0}."""
+    delays: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        region, sep, value = part.partition("=")
+        if not sep or not region:
+            raise UsageError(f"--delay: expected REGION=DURATION, got {part!r}")
+        delays[region.strip()] = _ms(value, option="--delay")
+    return delays
+
+
+@click.group(name="lab")
+def command() -> None:
+    """A local lab of real redis-server processes with injected delay between regions."""
+
+
+@command.command("up")
+@_DIR
+@click.option("--regions", default="us-east,us-west,eu-west", show_default=True,
+              help="Comma-separated region names; the first holds the primary.")
+@click.option("--delay", "delay", default="", help="One-way delays, e.g. us-west=40ms,eu-west=80ms.")
+@click.option("--jitter", default="0ms", show_default=True, help="Uniform ± jitter on every link.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Replicas per region.")
+@click.option("--engine", type=click.Choice(["replicated", "independent"]), default="replicated",
+              show_default=True,
+              help="replicated: primary + delayed replicas; independent: one unreplicated Redis "
+                   "per region (Dynomite racks as repair sees them).")
+@click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
+def up(lab_dir: Path, regions: str, delay: str, jitter: str, replicas: int, engine: str,
+       as_json: bool) -> None:
+    """Start the lab and return once every replication link is up."""
+    spec = LabSpec(
+        regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
+        delays_ms=parse_delays(delay), jitter_ms=_ms(jitter, option="--jitter"),
+        replicas=replicas, engine=engine,  # type: ignore[arg-type]
+    )
+    state = lab_up(lab_dir, spec)
+    if as_json:
+        click.echo(json.dumps(state, indent=2))
+        return
+    click.echo(f"lab up in {lab_dir.resolve()} ({engine})")
+    for proc in state["processes"]:
+        port = f"127.0.0.1:{proc['port']}" if proc["port"] else "-"
+        delay_ms = spec.delays_ms.get(proc["region"] or "", 0.0)
+        extra = f"  one-way delay {delay_ms:g} ms" if proc["role"] == "replica" else ""
+        click.echo(f"  {proc['name']:<22} {proc['role']:<12} {port:<17} pid {proc['pid']}{extra}")
+    click.echo(f"topology: {lab_dir.resolve() / 'topology.toml'}")
+
+
+@command.command("down")
+@_DIR
+def down(lab_dir: Path) -> None:
+    """Stop every process the lab started."""
+    stopped = lab_down(lab_dir)
+    click.echo(f"stopped {len(stopped)} processes: {', '.join(stopped) or '-'}")
+
+
+@command.command("status")
+@_DIR
+@click.option("--json", "as_json", is_flag=True)
+def status(lab_dir: Path, as_json: bool) -> None:
+    """Processes, replication links and relay links of the lab."""
+    info = lab_status(lab_dir)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"lab {info['dir']} ({info['engine']})")
+    for p in info["processes"]:
+        state = "up" if p["alive"] else "DEAD"
+        click.echo(f"  {p['name']:<22} {p['role']:<12} port {p['port'] or '-':<6} {state:<5} "
+                   f"link {p.get('link', '-'):<5} keys {p.get('keys', '-')}")
+    for link in info["links"]:
+        flag = "PARTITIONED" if link["partitioned"] else f"{link['connections']} conn"
+        click.echo(f"  link {link['name']:<17} delay {link['delay_ms']:g} ms "
+                   f"± {link['jitter_ms']:g} ms  {flag}")
+
+
+@command.command("partition")
+@_DIR
+@click.argument("region")
+def partition(lab_dir: Path, region: str) -> None:
+    """Cut every replication link into REGION and refuse new ones."""
+    click.echo(f"partitioned: {', '.join(lab_fault(lab_dir, region, 'partition'))}")
+
+
+@command.command("heal")
+@_DIR
+@click.argument("region")
+def heal(lab_dir: Path, region: str) -> None:
+    """Let REGION's replicas reconnect."""
+    click.echo(f"healed: {', '.join(lab_fault(lab_dir, region, 'heal'))}")
+
+
+@command.command("delay")
+@_DIR
+@click.argument("region")
+@click.argument("delay")
+def set_delay(lab_dir: Path, region: str, delay: str) -> None:
+    """Change REGION's one-way delay (e.g. 120ms)."""
+    delay_ms = _ms(delay, option="DELAY")
+    names = lab_fault(lab_dir, region, "delay", delay_ms=delay_ms)
+    click.echo(f"delay {delay_ms:g} ms on: {', '.join(names)}")

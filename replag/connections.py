@@ -1,0 +1,88 @@
+"""Redis clients for endpoints, and the translation of their failures into ReplagErrors.
+
+One `redis.asyncio.Redis` (with its own pool) per endpoint, created here and
+closed by whoever owns it. `endpoint_errors()` turns redis-py's exceptions
+into `UnreachableError` / `AuthError` / `EndpointError` naming the endpoint
+by its redacted URL, never its password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ConnectionError as RedisConnectionError,
+    RedisError,
+    ResponseError,
+    TimeoutError as RedisTimeoutError,
+)
+
+from replag.errors import AuthError, EndpointError, UnreachableError
+from replag.topology import Endpoint
+
+
+def async_client(
+    endpoint: Endpoint, *, timeout_s: float, max_connections: int | None = None
+) -> aioredis.Redis:
+    """An asyncio client for `endpoint` (bytes in, bytes out)."""
+    return aioredis.Redis(
+        host=endpoint.host, port=endpoint.port, db=endpoint.db, username=endpoint.username,
+        password=endpoint.password, ssl=endpoint.tls, socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s, max_connections=max_connections,
+        # Dynomite refuses CLIENT SETINFO and closes the connection: never send it.
+        lib_name=None, lib_version=None,
+    )
+
+
+def sync_client(endpoint: Endpoint, *, timeout_s: float) -> redis.Redis:
+    return redis.Redis(
+        host=endpoint.host, port=endpoint.port, db=endpoint.db, username=endpoint.username,
+        password=endpoint.password, ssl=endpoint.tls, socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s, lib_name=None, lib_version=None,
+    )
+
+
+def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
+    """A ReplagError for a redis-py exception raised while talking to `endpoint`."""
+    where = f"{endpoint.name} ({endpoint.url()})"
+    text = str(exc) or type(exc).__name__
+    if endpoint.password:
+        text = text.replace(endpoint.password, "***")
+    if isinstance(exc, AuthenticationError | AuthorizationError) or (
+        isinstance(exc, ResponseError)
+        and any(w in text for w in ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password"))
+    ):
+        return AuthError(f"authentication failed: {text}", where=where)
+    if isinstance(exc, RedisTimeoutError | TimeoutError):
+        return UnreachableError(f"timed out: {text}", where=where)
+    if isinstance(exc, RedisConnectionError | ConnectionError | OSError):
+        if endpoint.kind == "dynomite" and "closed" in text.lower():
+            text += " (Dynomite closes the connection on commands it does not support)"
+        return UnreachableError(f"unreachable: {text}", where=where)
+    return EndpointError(text, where=where)
+
+
+@contextlib.contextmanager
+def endpoint_errors(endpoint: Endpoint) -> Iterator[None]:
+    """Re-raise redis-py and socket errors as ReplagErrors naming `endpoint`."""
+    try:
+        yield
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise translate(exc, endpoint) from exc
+
+
+@contextlib.asynccontextmanager
+async def connected(endpoint: Endpoint, *, timeout_s: float) -> AsyncIterator[aioredis.Redis]:
+    """A client that has answered PING (or raised a ReplagError), closed on exit."""
+    client = async_client(endpoint, timeout_s=timeout_s)
+    try:
+        with endpoint_errors(endpoint):
+            await client.ping()
+        yield client
+    finally:
+        await client.aclose()

@@ -1,0 +1,46 @@
+"""Parsing and printing of durations ("80ms", "5s", "1m") used by config and CLI."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+
+
+def parse_duration_ns(text: str | float | int, *, default_unit: str = "s") -> int:
+    """Parse "80ms", "1.5s", "2m" or a bare number (in `default_unit`) into nanoseconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, int | float):
+        if text < 0:
+            raise ValueError(f"negative duration: {text!r}")
+        return int(text * _UNITS_NS[default_unit])
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 80ms, 5s, 2m)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS_NS[unit or default_unit])
+
+
+def parse_duration_s(text: str | float | int, *, default_unit: str = "s") -> float:
+    return parse_duration_ns(text, default_unit=default_unit) / 1e9
+
+
+def format_ms(value_ms: float | None) -> str:
+    """A lag figure for humans: 3 significant decimals below 10 ms."""
+    if value_ms is None:
+        return "-"
+    if value_ms < 10:
+        return f"{value_ms:.3f}"
+    if value_ms < 1000:
+        return f"{value_ms:.1f}"
+    return f"{value_ms:.0f}"

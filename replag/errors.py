@@ -1,0 +1,63 @@
+"""The one exception hierarchy of replag.
+
+Every error carries where it happened (a file and key, an endpoint, an API
+route) so the edge (CLI, API) can print one clear line::
+
+    ReplagError                 exit 2 unless a subclass says otherwise
+    ├── ConfigError             bad file, key or value (names file and key)
+    ├── UsageError              bad command-line or API argument
+    ├── EndpointError           a Redis/Dynomite endpoint failed us
+    │   ├── UnreachableError    connect refused / timed out / closed
+    │   └── AuthError           wrong password or ACL refusal
+    ├── LabError                the local lab could not start or stop
+    ├── DiscoveryError          a topology source answered nonsense
+    └── RepairError             a repair run cannot go on (resumable)
+"""
+
+from __future__ import annotations
+
+
+class ReplagError(Exception):
+    """Base of every error replag raises on purpose."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
+class ConfigError(ReplagError):
+    """A configuration file, key or value is wrong."""
+
+
+class UsageError(ReplagError):
+    """A command-line option or API parameter is wrong."""
+
+
+class EndpointError(ReplagError):
+    """An endpoint (Redis server, Dynomite port) failed; `where` is its redacted address."""
+
+
+class UnreachableError(EndpointError):
+    """Connection refused, timed out, or closed by the peer."""
+
+
+class AuthError(EndpointError):
+    """The endpoint refused our credentials."""
+
+
+class LabError(ReplagError):
+    """The local lab could not be started, inspected or stopped."""
+
+
+class DiscoveryError(ReplagError):
+    """A topology source (Dynomite admin port, INFO, CLUSTER) answered nonsense."""
+
+
+class RepairError(ReplagError):
+    """A repair run cannot go on; it stays resumable from the store."""

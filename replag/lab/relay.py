@@ -1,0 +1,273 @@
+"""A user-space delay relay between a replica and its primary (the kernel here has no netem).
+
+Each `Link` listens on a loopback port and forwards every connection to its
+upstream, holding the bytes of each direction for the link's one-way delay
+(plus uniform jitter, never reordering). Threads and `time.sleep` give
+microsecond-accurate release times, which an asyncio loop (millisecond
+epoll timeouts) would not. A link can be partitioned (connections cut, new
+ones refused) and healed, and its delay changed, through a JSON-lines control
+port. Downstream bytes carrying probe keys are logged with the monotonic
+times they entered and left the relay: the ground truth benchmarks score
+probes against. CLOCK_MONOTONIC is system-wide, so other processes on this
+machine can compare those times with their own `time.monotonic_ns()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import random
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+_CHUNK = 65536
+
+
+@dataclass
+class Link:
+    name: str
+    listen_port: int
+    upstream_port: int
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    partitioned: bool = False
+    truth_path: Path | None = None
+    truth_prefix: bytes = b"replag:probe:"
+    _pipes: list[_Pipe] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _truth: TextIO | None = field(default=None, repr=False)
+
+    def one_way_ns(self) -> int:
+        jitter = random.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
+        return max(0, int((self.delay_ms + jitter) * 1e6))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "listen_port": self.listen_port,
+            "upstream_port": self.upstream_port, "delay_ms": self.delay_ms,
+            "jitter_ms": self.jitter_ms, "partitioned": self.partitioned,
+            "connections": len(self._pipes) // 2,
+        }
+
+    def record(self, keys: list[bytes], t_in: int, t_out: int) -> None:
+        if self.truth_path is None:
+            return
+        with self._lock:
+            if self._truth is None:
+                self._truth = open(self.truth_path, "a", encoding="latin-1")  # noqa: SIM115
+            for key in keys:
+                self._truth.write(f"{t_in} {t_out} {key.decode('latin-1')}\n")
+            self._truth.flush()
+
+    def cut(self) -> None:
+        with self._lock:
+            pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
+
+
+class _Pipe:
+    """One direction of one connection: a reader thread stamps, a writer thread releases."""
+
+    def __init__(self, link: Link, src: socket.socket, dst: socket.socket, *, downstream: bool):
+        self.link, self.src, self.dst, self.downstream = link, src, dst, downstream
+        self.queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue()
+        self.closed = False
+        self._keys = re.compile(re.escape(link.truth_prefix) + rb"[^\r\n]{0,200}(?=\r\n)")
+        self._carry = b""
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def _read(self) -> None:
+        last_due = 0
+        while True:
+            try:
+                data = self.src.recv(_CHUNK)
+            except OSError:
+                data = b""
+            t_in = time.monotonic_ns()
+            if not data:
+                self.queue.put(None)
+                return
+            last_due = max(last_due, t_in + self.link.one_way_ns())
+            self.queue.put((last_due, t_in, data))
+
+    def _write(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                break
+            due, t_in, data = item
+            wait_ns = due - time.monotonic_ns()
+            if wait_ns > 0:
+                time.sleep(wait_ns / 1e9)
+            try:
+                self.dst.sendall(data)
+            except OSError:
+                break
+            t_out = time.monotonic_ns()
+            if self.downstream and self.link.truth_path is not None:
+                self._note_keys(data, t_in, t_out)
+        self.close()
+
+    def _note_keys(self, data: bytes, t_in: int, t_out: int) -> None:
+        buf = self._carry + data
+        keys = [m.group(0) for m in self._keys.finditer(buf) if m.end() > len(self._carry)]
+        self._carry = buf[-256:]
+        if keys:
+            self.link.record(keys, t_in, t_out)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for sock in (self.src, self.dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class DelayRelay:
+    """All links of one lab plus a JSON-lines control port; runs in threads."""
+
+    def __init__(self, links: list[Link], *, control_port: int = 0) -> None:
+        self.links = {link.name: link for link in links}
+        self._listeners: list[socket.socket] = []
+        self._control = socket.create_server(("127.0.0.1", control_port))
+        self.control_port = int(self._control.getsockname()[1])
+        self._stopping = threading.Event()
+
+    def start(self) -> DelayRelay:
+        for link in self.links.values():
+            listener = socket.create_server(("127.0.0.1", link.listen_port))
+            link.listen_port = int(listener.getsockname()[1])
+            self._listeners.append(listener)
+            threading.Thread(target=self._accept, args=(link, listener), daemon=True).start()
+        threading.Thread(target=self._serve_control, daemon=True).start()
+        return self
+
+    def _accept(self, link: Link, listener: socket.socket) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            if link.partitioned:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", link.upstream_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for sock in (client, upstream):
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            down = _Pipe(link, upstream, client, downstream=True)
+            up = _Pipe(link, client, upstream, downstream=False)
+            with link._lock:
+                link._pipes += [down, up]
+            down.start()
+            up.start()
+
+    def command(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "status":
+            return {"ok": True, "links": [link.to_dict() for link in self.links.values()]}
+        name = request.get("link")
+        if name not in self.links:
+            return {"ok": False, "error": f"unknown link {name!r}"}
+        link = self.links[name]
+        if op == "partition":
+            link.partitioned = True
+            link.cut()
+        elif op == "heal":
+            link.partitioned = False
+        elif op == "delay":
+            link.delay_ms = float(request["delay_ms"])
+            if "jitter_ms" in request:
+                link.jitter_ms = float(request["jitter_ms"])
+        else:
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        return {"ok": True, "link": link.to_dict()}
+
+    def _serve_control(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._control.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rwb") as fh:
+                for line in fh:
+                    try:
+                        reply = self.command(json.loads(line))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        reply = {"ok": False, "error": str(exc)}
+                    fh.write(json.dumps(reply).encode() + b"\n")
+                    fh.flush()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for sock in [*self._listeners, self._control]:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for link in self.links.values():
+            link.cut()
+
+
+def relay_command(control_port: int, request: dict[str, Any], *, timeout_s: float = 5.0) -> Any:
+    """Send one control request to a running relay and return its answer."""
+    with socket.create_connection(("127.0.0.1", control_port), timeout=timeout_s) as sock:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        with sock.makefile("rb") as fh:
+            return json.loads(fh.readline())
+
+
+def read_truth(path: Path) -> dict[str, tuple[int, int]]:
+    """First (t_in_ns, t_out_ns) seen for each probe key on a link's truth log."""
+    truth: dict[str, tuple[int, int]] = {}
+    if not path.exists():
+        return truth
+    with open(path, encoding="latin-1") as fh:
+        for line in fh:
+            t_in, t_out, key = line.rstrip("\n").split(" ", 2)
+            truth.setdefault(key, (int(t_in), int(t_out)))
+    return truth
+
+
+def main(argv: list[str]) -> None:
+    """`python -m replag.lab.relay SPEC.json`: run the links in SPEC until SIGTERM."""
+    import signal
+
+    spec = json.loads(Path(argv[0]).read_text())
+    links = [
+        Link(
+            name=raw["name"], listen_port=raw["listen_port"], upstream_port=raw["upstream_port"],
+            delay_ms=raw.get("delay_ms", 0.0), jitter_ms=raw.get("jitter_ms", 0.0),
+            truth_path=Path(raw["truth_path"]) if raw.get("truth_path") else None,
+            truth_prefix=raw.get("truth_prefix", "replag:probe:").encode(),
+        )
+        for raw in spec["links"]
+    ]
+    relay = DelayRelay(links, control_port=spec.get("control_port", 0)).start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    ready = Path(spec["ready_path"])
+    ready.write_text(json.dumps({"control_port": relay.control_port}))
+    done.wait()
+    relay.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,179 @@
+"""Regions, endpoints and replica groups: what replag probes and repairs.
+
+A `Region` has an optional write endpoint (a Redis primary or a Dynomite
+client port) and the replicas to observe there. A `ReplicaGroup` is a set of
+Redis servers that should hold the same data; repair compares them. Endpoints
+keep their password out of every repr and every dict meant for output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit
+
+EndpointKind = Literal["redis", "dynomite"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """One Redis-protocol server. `kind="dynomite"` marks a proxy client port."""
+
+    name: str
+    host: str
+    port: int
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    kind: EndpointKind = "redis"
+    region: str | None = None
+    rack: str | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str | None = None, kind: EndpointKind = "redis",
+        region: str | None = None, rack: str | None = None,
+    ) -> Endpoint:
+        """Parse redis://[user[:password]@]host[:port][/db] or rediss://…; ValueError if bad."""
+        if not isinstance(url, str):
+            raise ValueError(f"expected a Redis URL string, got {type(url).__name__}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ValueError(f"not a Redis URL (want redis:// or rediss://): {_redact_raw(url)!r}")
+        if not parts.hostname:
+            raise ValueError(f"Redis URL has no host: {_redact_raw(url)!r}")
+        try:
+            port = parts.port or 6379
+        except ValueError:
+            raise ValueError(f"Redis URL has a bad port: {_redact_raw(url)!r}") from None
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ValueError(f"Redis URL database must be a number: {_redact_raw(url)!r}")
+        host = parts.hostname
+        return cls(
+            name=name or f"{host}:{port}",
+            host=host,
+            port=port,
+            db=int(path) if path else 0,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            tls=parts.scheme == "rediss",
+            kind=kind,
+            region=region,
+            rack=rack,
+        )
+
+    @property
+    def address(self) -> str:
+        """host:port, safe to print."""
+        return f"{self.host}:{self.port}"
+
+    def url(self, *, redact: bool = True) -> str:
+        """The URL, with the password shown as *** unless redact=False."""
+        scheme = "rediss" if self.tls else "redis"
+        auth = ""
+        if self.username or self.password:
+            user = quote(self.username or "", safe="")
+            if self.password:
+                secret = "***" if redact else quote(self.password, safe="")
+                auth = f"{user}:{secret}@"
+            else:
+                auth = f"{user}@"
+        db = f"/{self.db}" if self.db else ""
+        return f"{scheme}://{auth}{self.host}:{self.port}{db}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url(),
+            "kind": self.kind,
+            "region": self.region,
+            "rack": self.rack,
+        }
+
+
+def _redact_raw(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
+@dataclass(frozen=True, kw_only=True)
+class Region:
+    name: str
+    write: Endpoint | None
+    replicas: tuple[Endpoint, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "write": self.write.to_dict() if self.write else None,
+            "replicas": [r.to_dict() for r in self.replicas],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaGroup:
+    """Redis servers that should hold the same data (a shard's copies, one per rack)."""
+
+    name: str
+    members: tuple[Endpoint, ...]
+    slots: tuple[tuple[int, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "members": [m.to_dict() for m in self.members]}
+        if self.slots:
+            out["slots"] = [list(r) for r in self.slots]
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    regions: tuple[Region, ...]
+    groups: tuple[ReplicaGroup, ...] = ()
+    source_note: str = ""
+
+    def region(self, name: str) -> Region:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        known = ", ".join(r.name for r in self.regions)
+        from replag.errors import UsageError
+
+        raise UsageError(f"unknown region {name!r} (known: {known})")
+
+    def group(self, name: str) -> ReplicaGroup:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        known = ", ".join(g.name for g in self.groups) or "none"
+        from replag.errors import UsageError
+
+        raise UsageError(f"unknown replica group {name!r} (known: {known})")
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every distinct endpoint, write endpoints first."""
+        seen: dict[tuple[str, int, int], Endpoint] = {}
+        for region in self.regions:
+            for ep in ((region.write,) if region.write else ()) + region.replicas:
+                seen.setdefault((ep.host, ep.port, ep.db), ep)
+        for group in self.groups:
+            for ep in group.members:
+                seen.setdefault((ep.host, ep.port, ep.db), ep)
+        return list(seen.values())
+
+    def default_source(self) -> Region:
+        for region in self.regions:
+            if region.write is not None:
+                return region
+        from replag.errors import ConfigError
+
+        raise ConfigError("no region has a write endpoint to probe from")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "regions": [r.to_dict() for r in self.regions],
+            "groups": [g.to_dict() for g in self.groups],
+        }

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import redis
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import load_config
+from replag.lab.cluster import lab_down, lab_fault, lab_status
+from replag.lab.relay import read_truth
+from replag.lab.server import pid_alive
+from tests.conftest import LabFactory
+
+
+def test_lab_up_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    runner = CliRunner()
+    lab_dir = tmp_path / "lab"
+    result = runner.invoke(main, ["lab", "up", "--dir", str(lab_dir), "--regions", "a,b,c",
+                                  "--delay", "b=5ms,c=10ms", "--json"])
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.output)
+    pids = [p["pid"] for p in state["processes"]]
+    assert len(pids) == 5  # primary, relay, three replicas
+    assert all(pid_alive(p) for p in pids)
+    config = load_config(lab_dir / "topology.toml")
+    assert [r.name for r in config.topology.regions] == ["a", "b", "c"]
+    assert config.topology.regions[0].write is not None
+    status = runner.invoke(main, ["lab", "status", "--dir", str(lab_dir)])
+    assert status.exit_code == 0 and "link up" in status.output
+    result = runner.invoke(main, ["lab", "down", "--dir", str(lab_dir)])
+    assert result.exit_code == 0, result.output
+    assert not any(pid_alive(p) for p in pids)
+    assert not list(lab_dir.glob("*.pid"))
+    again = runner.invoke(main, ["lab", "status", "--dir", str(lab_dir)])
+    assert again.exit_code == 2 and "no lab" in again.output
+
+
+def test_replication_goes_through_the_delay_and_is_recorded(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 30})
+    primary = next(p for p in state["processes"] if p["role"] == "primary")
+    replica = next(p for p in state["processes"] if p["region"] == "b")
+    with redis.Redis(port=primary["port"]) as p, redis.Redis(port=replica["port"]) as r:
+        p.set("replag:probe:t1", "v", px=60_000)
+        assert r.get("replag:probe:t1") is None  # still in flight: 30 ms away
+        deadline = time.monotonic() + 5
+        while r.get("replag:probe:t1") is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert r.get("replag:probe:t1") == b"v"
+    truth = read_truth(Path(state["dir"]) / "truth-b-1.log")
+    t_in, t_out = truth["replag:probe:t1"]
+    assert 29e6 <= t_out - t_in <= 60e6
+
+
+def test_partition_and_heal(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    lab_dir = Path(state["dir"])
+    primary = next(p for p in state["processes"] if p["role"] == "primary")
+    replica = next(p for p in state["processes"] if p["region"] == "b")
+    assert lab_fault(lab_dir, "b", "partition") == ["b-1"]
+    with redis.Redis(port=primary["port"]) as p, redis.Redis(port=replica["port"]) as r:
+        p.set("k", "during-partition")
+        time.sleep(0.3)
+        assert r.get("k") is None
+        assert any(row.get("link") == "down" for row in lab_status(lab_dir)["processes"])
+        lab_fault(lab_dir, "b", "heal")
+        deadline = time.monotonic() + 15
+        while r.get("k") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.get("k") == b"during-partition"
+    lab_down(lab_dir)
+
+
+def test_lab_cli_rejects_bad_delay(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["lab", "up", "--dir", str(tmp_path / "x"),
+                                       "--regions", "a,b", "--delay", "c=5ms"])
+    assert result.exit_code == 2
+    assert "--delay" in result.output and "'c'" in result.output
