@@ -29,7 +29,7 @@ from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
 from replag.topology import Endpoint, EndpointKind, Region, ReplicaGroup, Topology
 
-_REGION_KEYS = {"name", "write", "write_kind", "replicas"}
+_REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots"}
 _ENDPOINT_KEYS = {"name", "url", "kind", "rack", "password_env"}
 _GROUP_KEYS = {"name", "members", "slots"}
 
@@ -121,7 +121,8 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
             replicas.append(ep)
         if write is None and not replicas:
             raise ConfigError("a region needs a write endpoint or replicas", where=f"{where}: {key}")
-        regions.append(Region(name=name, write=write, replicas=tuple(replicas)))
+        slots = _slots(raw.get("slots", []), where=f"{where}: {key}.slots")
+        regions.append(Region(name=name, write=write, replicas=tuple(replicas), slots=slots))
 
     raw_groups = data.get("groups", [])
     if not isinstance(raw_groups, list) or not all(isinstance(g, dict) for g in raw_groups):
@@ -274,6 +275,8 @@ def render_config(
             f"  {_toml_value(_endpoint_table(ep, redact=redact))}," for ep in region.replicas
         ]
         lines.append("]")
+        if region.slots:
+            lines.append(f"slots = {_toml_value([list(s) for s in region.slots])}")
     region_names = {
         ep.name for r in topology.regions for ep in ((r.write,) if r.write else ()) + r.replicas
     }

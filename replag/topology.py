@@ -102,16 +102,26 @@ def _redact_raw(url: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Region:
+    """A region (or a Redis Cluster shard): where probes write, and the replicas observed.
+
+    `slots` is set for a Redis Cluster shard: probe keys are then chosen to hash
+    into those slots so the primary accepts them.
+    """
+
     name: str
     write: Endpoint | None
     replicas: tuple[Endpoint, ...]
+    slots: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "write": self.write.to_dict() if self.write else None,
             "replicas": [r.to_dict() for r in self.replicas],
         }
+        if self.slots:
+            out["slots"] = [list(r) for r in self.slots]
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
