@@ -91,6 +91,17 @@ def _prefix(value: Any) -> str:
     return text
 
 
+def _url_list(value: Any) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+        raise ValueError(f"expected a list of http:// URLs, got {value!r}")
+    urls = tuple(v.strip().rstrip("/") for v in items if v.strip())
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"expected http:// or https:// URLs, got {bad[0]!r}")
+    return urls
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setting:
     name: str
@@ -152,6 +163,18 @@ SETTINGS: tuple[Setting, ...] = (
             help="Maximum repair commands in flight per replica."),
     Setting(name="ttl_tolerance", parse=_duration, default="2s",
             help="Expiry times closer than this count as equal when comparing replicas."),
+    # Dynomite's port conventions (Netflix's defaults): /cluster_describe names peers by
+    # their peer port only, so discovery maps each node to its other ports with these.
+    Setting(name="dynomite_peer_port", parse=_int, default=8101,
+            help="Dynomite peer (dnode) port that /cluster_describe lists for every node."),
+    Setting(name="dynomite_client_port", parse=_int, default=8102,
+            help="Dynomite client port probes write through (same host as the peer port)."),
+    Setting(name="dynomite_stats_port", parse=_int, default=22222,
+            help="Dynomite stats (admin HTTP) port serving /info and /cluster_describe."),
+    Setting(name="dynomite_redis_port", parse=_int, default=22122,
+            help="Port of the backend Redis next to every Dynomite node."),
+    Setting(name="dynomite_stats_urls", parse=_url_list, default=(),
+            help="Dynomite stats URLs whose /info is collected (written by topology discover)."),
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
