@@ -250,30 +250,41 @@ def render_config(
     header: str = "",
     comments: Mapping[str, str] | None = None,
     redact: bool = False,
+    endpoint_comments: Mapping[str, str] | None = None,
 ) -> str:
     """TOML text for `topology` that `load_config` reads back to the same topology.
 
-    `comments` maps a region or group name to a comment line written above it
-    (discovery says where each entry came from). Passwords are written as
-    given unless `redact`; files holding them should be mode 0600.
+    `comments` maps a region or group name to a comment written above it, and
+    `endpoint_comments` an endpoint name to one written above that endpoint
+    (discovery says where each entry came from; a comment may span lines).
+    Passwords are written as given unless `redact`; files holding them should
+    be mode 0600.
     """
     comments = comments or {}
+    endpoint_comments = endpoint_comments or {}
+
+    def comment(text: str, indent: str = "") -> list[str]:
+        return [f"{indent}# {line}".rstrip() for line in text.splitlines()]
+
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]
     if settings:
         lines += ["", "[settings]"] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
     for region in topology.regions:
         lines.append("")
         if region.name in comments:
-            lines.append(f"# {comments[region.name]}")
+            lines += comment(comments[region.name])
         lines += ["[[regions]]", f"name = {_toml_value(region.name)}"]
         if region.write:
+            if region.write.name in endpoint_comments:
+                lines += comment(endpoint_comments[region.write.name])
             lines.append(f"write = {_toml_value(_endpoint_table(region.write, redact=redact))}")
             if region.write.kind != "redis":
                 lines.append(f"write_kind = {_toml_value(region.write.kind)}")
         lines.append("replicas = [")
-        lines += [
-            f"  {_toml_value(_endpoint_table(ep, redact=redact))}," for ep in region.replicas
-        ]
+        for ep in region.replicas:
+            if ep.name in endpoint_comments:
+                lines += comment(endpoint_comments[ep.name], "  ")
+            lines.append(f"  {_toml_value(_endpoint_table(ep, redact=redact))},")
         lines.append("]")
         if region.slots:
             lines.append(f"slots = {_toml_value([list(s) for s in region.slots])}")
@@ -283,7 +294,7 @@ def render_config(
     for group in topology.groups:
         lines.append("")
         if group.name in comments:
-            lines.append(f"# {comments[group.name]}")
+            lines += comment(comments[group.name])
         lines += ["[[groups]]", f"name = {_toml_value(group.name)}"]
         members: list[Any] = [
             m.name if m.name in region_names else _endpoint_table(m, redact=redact)
