@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replag.alert_config import AlertsConfig, parse_alerts
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
 from replag.topology import Endpoint, EndpointKind, Region, ReplicaGroup, Topology
@@ -39,6 +40,7 @@ class Config:
     path: Path | None
     settings: Settings
     topology: Topology
+    alerts: AlertsConfig = AlertsConfig()
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -63,17 +65,19 @@ def config_from_dict(
     environ: Mapping[str, str] | None = None,
 ) -> Config:
     environ = os.environ if environ is None else environ
-    unknown = sorted(set(data) - {"settings", "regions", "groups"})
+    unknown = sorted(set(data) - {"settings", "regions", "groups", "alerts"})
     if unknown:
         raise ConfigError(
-            f"unknown top-level key {unknown[0]!r} (expected settings, regions, groups)", where=where
+            f"unknown top-level key {unknown[0]!r} (expected settings, regions, groups, alerts)",
+            where=where,
         )
     table = data.get("settings", {})
     if not isinstance(table, dict):
         raise ConfigError("[settings] must be a table", where=where)
     settings = resolve_settings(table, where=where, environ=environ)
     topology = _topology(data, where=where, environ=environ)
-    return Config(path=path, settings=settings, topology=topology)
+    alerts = parse_alerts(data.get("alerts", {}), where=where, environ=environ)
+    return Config(path=path, settings=settings, topology=topology, alerts=alerts)
 
 
 def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]) -> Topology:
