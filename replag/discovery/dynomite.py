@@ -1,0 +1,348 @@
+"""Discovery of a Dynomite cluster from one node's stats port.
+
+`/cluster_describe` lists DCs, racks and nodes, but names each node by its
+peer (dnode) port only; `PortMap` turns that into the node's client port,
+stats port and backend Redis by convention (Netflix's 8101/8102/22222/22122)
+or per-node overrides. Each DC becomes a region written through one node's
+client port and observed on every rack's backend Redis; nodes holding the same
+token across racks and DCs form a replica group.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from replag.discovery.http import fetch_json_object, fetch_text
+from replag.discovery.result import Discovery
+from replag.errors import DiscoveryError, UsageError
+from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+
+CONSISTENCY_LEVELS = ("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM", "DC_EACH_SAFE_QUORUM")
+_PORT_NAMES = ("client", "redis", "stats")
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodePorts:
+    """Per-node override: where one node's client port, stats port and backend Redis are."""
+
+    client: Address | None = None
+    redis: Address | None = None
+    stats: Address | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortMap:
+    """Port conventions plus overrides keyed by the node's peer address ("host:peer_port")."""
+
+    peer: int = 8101
+    client: int = 8102
+    stats: int = 22222
+    redis: int = 22122
+    overrides: Mapping[str, NodePorts] = field(default_factory=dict)
+
+    def resolve(self, host: str, peer_port: int, *, where: str, label: str) -> dict[str, Address]:
+        """The client/redis/stats addresses of the node at host:peer_port."""
+        override = self.overrides.get(f"{host}:{peer_port}", NodePorts())
+        by_convention = {"client": self.client, "redis": self.redis, "stats": self.stats}
+        out: dict[str, Address] = {}
+        for name in _PORT_NAMES:
+            given: Address | None = getattr(override, name)
+            if given is not None:
+                out[name] = given
+            elif peer_port != self.peer:
+                # A node off the peer-port convention runs off the other conventions too
+                # (several nodes on one host): guessing its ports would probe the wrong server.
+                raise DiscoveryError(
+                    f"node {host}:{peer_port} ({label}) uses peer port {peer_port}, not the "
+                    f"convention's {self.peer}: give its ports with --port-map "
+                    f"{host}:{peer_port}=client:PORT,redis:PORT,stats:PORT",
+                    where=where,
+                )
+            else:
+                out[name] = Address(host, by_convention[name])
+        return out
+
+
+def parse_port_override(text: str) -> tuple[str, NodePorts]:
+    """`HOST:PEER=client:8102,redis:[HOST:]22121,stats:22222` → (peer address, NodePorts)."""
+    peer, sep, rest = text.partition("=")
+    host, _, port = peer.rpartition(":")
+    if not sep or not host or not port.isdigit() or not rest:
+        raise UsageError(
+            f"--port-map {text!r}: expected HOST:PEERPORT=client:PORT,redis:PORT,stats:PORT"
+        )
+    values: dict[str, Address] = {}
+    for item in rest.split(","):
+        name, _, value = item.strip().partition(":")
+        if name not in _PORT_NAMES:
+            raise UsageError(f"--port-map {text!r}: {name!r} is not one of client, redis, stats")
+        values[name] = _address(value, default_host=host, what=f"--port-map {text!r}")
+    return f"{host}:{int(port)}", NodePorts(**values)
+
+
+def load_port_map_file(path: Path, base: PortMap) -> PortMap:
+    """Read conventions and per-node overrides from a TOML file (see docs/topologies.md)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read the port map: {exc}", where=str(path)) from None
+    unknown = sorted(set(data) - {"conventions", "nodes"})
+    if unknown:
+        raise UsageError(f"unknown table {unknown[0]!r} (want conventions, nodes)", where=str(path))
+    conventions = data.get("conventions", {})
+    changes: dict[str, Any] = {}
+    for key, value in conventions.items():
+        name = key.removesuffix("_port")
+        if name not in ("peer", *_PORT_NAMES) or not isinstance(value, int):
+            raise UsageError(
+                f"conventions.{key}: expected peer/client/redis/stats_port = PORT", where=str(path)
+            )
+        changes[name] = value
+    overrides = dict(base.overrides)
+    for peer, table in data.get("nodes", {}).items():
+        if not isinstance(table, dict) or set(table) - set(_PORT_NAMES):
+            raise UsageError(f'nodes."{peer}": expected client, redis, stats keys', where=str(path))
+        host = peer.rpartition(":")[0] or peer
+        overrides[peer] = NodePorts(
+            **{
+                name: _address(str(value), default_host=host, what=f'{path}: nodes."{peer}".{name}')
+                for name, value in table.items()
+            }
+        )
+    return replace(base, overrides=overrides, **changes)
+
+
+def _address(value: str, *, default_host: str, what: str) -> Address:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{what}: bad port in {value!r}")
+    return Address(host or default_host, int(port))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynomiteNode:
+    dc: str
+    rack: str
+    host: str
+    peer_port: int
+    token: str
+    client: Address
+    redis: Address
+    stats: Address
+
+    @property
+    def label(self) -> str:
+        return f"{self.dc}/{self.rack}"
+
+    @property
+    def peer(self) -> str:
+        return f"{self.host}:{self.peer_port}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consistency:
+    read: str
+    write: str
+
+
+def parse_cluster_describe(
+    data: Mapping[str, Any], *, where: str, ports: PortMap
+) -> list[DynomiteNode]:
+    """Nodes of a `/cluster_describe` answer, in its order; DiscoveryError on anything odd."""
+    dcs = data.get("dcs")
+    if not isinstance(dcs, list) or not dcs:
+        raise DiscoveryError("no `dcs` list in /cluster_describe's answer", where=where)
+    nodes: list[DynomiteNode] = []
+    for i, dc in enumerate(dcs):
+        dc_name = _name(dc, f"dcs[{i}]", where)
+        racks = dc.get("racks")
+        if not isinstance(racks, list) or not racks:
+            raise DiscoveryError(f"DC {dc_name!r} has no `racks` list", where=where)
+        for j, rack in enumerate(racks):
+            rack_name = _name(rack, f"dcs[{i}].racks[{j}]", where)
+            servers = rack.get("servers")
+            if not isinstance(servers, list) or not servers:
+                raise DiscoveryError(f"rack {dc_name}/{rack_name} lists no servers", where=where)
+            for k, server in enumerate(servers):
+                key = f"dcs[{i}].racks[{j}].servers[{k}] ({dc_name}/{rack_name})"
+                nodes.append(_node(server, dc_name, rack_name, key=key, where=where, ports=ports))
+    seen: dict[Address, DynomiteNode] = {}
+    for node in nodes:
+        for address in (node.redis, node.client):
+            if address in seen:
+                raise DiscoveryError(
+                    f"nodes {seen[address].label} and {node.label} both map to {address}: "
+                    "give per-node ports with --port-map",
+                    where=where,
+                )
+            seen[address] = node
+    return nodes
+
+
+def _name(entry: Any, key: str, where: str) -> str:
+    if not isinstance(entry, dict):
+        raise DiscoveryError(f"{key} is not an object", where=where)
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise DiscoveryError(f"{key} has no `name`", where=where)
+    return name
+
+
+def _node(server: Any, dc: str, rack: str, *, key: str, where: str, ports: PortMap) -> DynomiteNode:
+    if not isinstance(server, dict):
+        raise DiscoveryError(f"{key} is not an object", where=where)
+    host = server.get("host") or server.get("name")
+    port = server.get("port")
+    token = server.get("token")
+    if not isinstance(host, str) or not host:
+        raise DiscoveryError(f"{key} has no `host`", where=where)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise DiscoveryError(f"{key} has no valid peer `port` (got {port!r})", where=where)
+    # Dynomite prints a token as a number; multi-token nodes as a comma-separated string.
+    if isinstance(token, bool) or not isinstance(token, int | str) or str(token).strip() == "":
+        raise DiscoveryError(f"{key} has no `token` (got {token!r})", where=where)
+    mapped = ports.resolve(host, port, where=where, label=f"{dc}/{rack}")
+    return DynomiteNode(
+        dc=dc,
+        rack=rack,
+        host=host,
+        peer_port=port,
+        token=str(token).replace(" ", ""),
+        client=mapped["client"],
+        redis=mapped["redis"],
+        stats=mapped["stats"],
+    )
+
+
+def parse_consistency(text: str, *, where: str) -> Consistency:
+    """`Read Consistency: DC_ONE\\r\\nWrite Consistency: DC_ONE\\r\\n` → Consistency."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if sep and label.strip().lower() in ("read consistency", "write consistency"):
+            found[label.strip().split()[0].lower()] = value.strip().upper()
+    for kind in ("read", "write"):
+        if kind not in found:
+            shown = text[:80]
+            raise DiscoveryError(f"no '{kind.title()} Consistency:' line in {shown!r}", where=where)
+        if found[kind] not in CONSISTENCY_LEVELS:
+            raise DiscoveryError(f"unknown {kind} consistency {found[kind]!r}", where=where)
+    return Consistency(read=found["read"], write=found["write"])
+
+
+async def fetch_consistency(stats_url: str, *, timeout_s: float) -> Consistency | None:
+    """The node's process-wide read/write consistency; None if it has no /get_consistency."""
+    url = f"{stats_url.rstrip('/')}/get_consistency"
+    text = await fetch_text(url, timeout_s=timeout_s)
+    return None if text is None else parse_consistency(text, where=url)
+
+
+async def discover_dynomite(stats_url: str, *, ports: PortMap, timeout_s: float) -> Discovery:
+    """Read `/cluster_describe` and `/get_consistency` of one node and map the cluster."""
+    base = _base_url(stats_url)
+    where = f"{base}/cluster_describe"
+    data = await fetch_json_object(where, timeout_s=timeout_s)
+    nodes = parse_cluster_describe(data, where=where, ports=ports)
+    consistency = await fetch_consistency(base, timeout_s=timeout_s)
+    return dynomite_topology(nodes, seed_url=base, consistency=consistency)
+
+
+def _base_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--dynomite {url!r}: expected http://HOST:STATS_PORT")
+    for suffix in ("/cluster_describe", "/info"):
+        url = url.rstrip("/").removesuffix(suffix)
+    return url.rstrip("/")
+
+
+def dynomite_topology(
+    nodes: list[DynomiteNode], *, seed_url: str, consistency: Consistency | None
+) -> Discovery:
+    """Regions (one per DC) and replica groups (one per token) of `nodes`."""
+    per_rack: dict[tuple[str, str], int] = {}
+    for node in nodes:
+        per_rack[(node.dc, node.rack)] = per_rack.get((node.dc, node.rack), 0) + 1
+
+    def base_name(node: DynomiteNode) -> str:
+        several = per_rack[(node.dc, node.rack)] > 1
+        return f"{node.dc}-{node.rack}" + (f"-{node.token}" if several else "")
+
+    backends = {
+        node: Endpoint(
+            name=base_name(node),
+            host=node.redis.host,
+            port=node.redis.port,
+            region=node.dc,
+            rack=node.rack,
+        )
+        for node in nodes
+    }
+    endpoint_comments = {
+        backends[n].name: f"backend Redis of node {n.peer}: {n.label}, token {n.token}"
+        for n in nodes
+    }
+    seed = next((n for n in nodes if seed_url.endswith(f"//{n.stats}")), None)
+    regions, comments = [], {}
+    for dc in dict.fromkeys(n.dc for n in nodes):
+        members = [n for n in nodes if n.dc == dc]
+        writer = seed if seed is not None and seed.dc == dc else members[0]
+        write = Endpoint(
+            name=f"{base_name(writer)}-dynomite",
+            host=writer.client.host,
+            port=writer.client.port,
+            kind="dynomite",
+            region=dc,
+            rack=writer.rack,
+        )
+        endpoint_comments[write.name] = (
+            f"client port of node {writer.host}:{writer.peer_port} ({writer.label})"
+        )
+        regions.append(Region(name=dc, write=write, replicas=tuple(backends[n] for n in members)))
+        racks = ", ".join(dict.fromkeys(n.rack for n in members))
+        comments[dc] = f"DC {dc} (racks {racks}), from /cluster_describe of {seed_url}"
+    groups = []
+    for token in dict.fromkeys(n.token for n in nodes):
+        holders = [n for n in nodes if n.token == token]
+        if len(holders) < 2:
+            continue  # one copy: nothing to compare it with
+        name = f"token-{token}"
+        groups.append(ReplicaGroup(name=name, members=tuple(backends[n] for n in holders)))
+        comments[name] = f"token {token}: held by " + ", ".join(n.label for n in holders)
+    header = [f"Discovered from Dynomite {seed_url} (/cluster_describe, /get_consistency)."]
+    if consistency is not None:
+        header.append(
+            f"Cluster consistency: read {consistency.read}, write {consistency.write}. "
+            "Per-connection: settings.dynomite_consistency."
+        )
+    if any(count > 1 for count in per_rack.values()):
+        header.append(
+            "Racks hold several tokens: a probe key lands on one node per rack, so only the "
+            "backends owning its token see it."
+        )
+    tokens = [n.token for n in nodes]
+    lonely = [t for t in dict.fromkeys(tokens) if tokens.count(t) < 2]
+    if lonely:
+        header.append(f"Tokens held once (no replica to compare): {', '.join(lonely)}.")
+    return Discovery(
+        topology=Topology(regions=tuple(regions), groups=tuple(groups)),
+        header="\n".join(header),
+        comments=comments,
+        endpoint_comments=endpoint_comments,
+        settings={"dynomite_stats_urls": [f"http://{n.stats}" for n in nodes]},
+        facts={
+            "consistency": consistency and {"read": consistency.read, "write": consistency.write}
+        },
+    )
