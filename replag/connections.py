@@ -27,10 +27,12 @@ from replag.topology import Endpoint
 
 
 def async_client(
-    endpoint: Endpoint, *, timeout_s: float, max_connections: int | None = None
+    endpoint: Endpoint, *, timeout_s: float, max_connections: int | None = None,
+    single_connection: bool = False,
 ) -> aioredis.Redis:
     """An asyncio client for `endpoint` (bytes in, bytes out)."""
     return aioredis.Redis(
+        single_connection_client=single_connection,
         host=endpoint.host, port=endpoint.port, db=endpoint.db, username=endpoint.username,
         password=endpoint.password, ssl=endpoint.tls, socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s, max_connections=max_connections,

@@ -1,0 +1,169 @@
+"""What one probe run found: samples, per-pair histograms, breaches; JSON and a table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from replag.clock import ClockOffset
+from replag.durations import format_ms
+from replag.probes.histogram import LagHistogram, LagSummary
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSample:
+    target: str
+    replica: str
+    seq: int
+    lag_ns: int | None  # None: not seen before the timeout (lost)
+    uncertainty_ns: int
+
+
+@dataclass(kw_only=True)
+class PairResult:
+    """One (source region, target region, replica)."""
+
+    source: str
+    target: str
+    replica: str
+    observed_by: str
+    sent: int = 0
+    lag: LagHistogram = field(default_factory=LagHistogram)
+    uncertainty: LagHistogram = field(default_factory=LagHistogram)
+    lost: int = 0
+    error: str | None = None
+
+    @property
+    def seen(self) -> int:
+        return self.lag.count
+
+    @property
+    def summary(self) -> LagSummary:
+        unc = self.uncertainty.summary_ms()
+        return LagSummary(
+            source=self.source, target=self.target, replica=self.replica, sent=self.sent,
+            seen=self.seen, lost=self.lost, lag_ms=self.lag.summary_ms(),
+            uncertainty_ms={"p50": unc["p50"], "max": unc["max"]},
+            out_of_range=self.lag.out_of_range,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.summary.to_dict()
+        out["observed_by"] = self.observed_by
+        out["error"] = self.error
+        return out
+
+
+@dataclass(kw_only=True)
+class ProbeReport:
+    run_id: str
+    source: str
+    mode: str
+    started_ns: int
+    finished_ns: int = 0
+    write_endpoint: str = ""
+    consistency: str | None = None
+    pairs: list[PairResult] = field(default_factory=list)
+    samples: list[ProbeSample] = field(default_factory=list)
+    write: LagHistogram = field(default_factory=LagHistogram)
+    write_errors: int = 0
+    clock: list[ClockOffset] = field(default_factory=list)
+    unreachable: list[dict[str, str]] = field(default_factory=list)
+    breaches: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seed_method: list[dict[str, Any]] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.breaches or self.unreachable else 0
+
+    def evaluate(self, *, max_p99_s: float | None, max_loss: float | None) -> None:
+        """Fill `breaches` from the thresholds (None = not checked)."""
+        self.breaches = []
+        for pair in self.pairs:
+            s = pair.summary
+            p99 = s.lag_ms["p99"]
+            if max_p99_s is not None and p99 is not None and p99 > max_p99_s * 1000:
+                self.breaches.append({
+                    "kind": "p99", "source": s.source, "target": s.target,
+                    "replica": s.replica, "value_ms": p99, "limit_ms": max_p99_s * 1000,
+                    "message": f"{s.source}→{s.replica}: p99 {format_ms(p99)} ms > "
+                               f"{format_ms(max_p99_s * 1000)} ms",
+                })
+            if max_loss is not None and pair.error is None and s.sent and s.loss_ratio > max_loss:
+                self.breaches.append({
+                    "kind": "loss", "source": s.source, "target": s.target,
+                    "replica": s.replica, "value": round(s.loss_ratio, 6), "limit": max_loss,
+                    "message": f"{s.source}→{s.replica}: lost {s.lost}/{s.sent} "
+                               f"({s.loss_ratio:.1%}) > {max_loss:.1%}",
+                })
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "source": self.source,
+            "write_endpoint": self.write_endpoint,
+            "mode": self.mode,
+            "consistency": self.consistency,
+            "started": _iso(self.started_ns),
+            "duration_s": round((self.finished_ns - self.started_ns) / 1e9, 3),
+            "pairs": [p.to_dict() for p in self.pairs],
+            "write_ms": {"count": self.write.count, "errors": self.write_errors,
+                         **self.write.summary_ms()},
+            "clock": [c.to_dict() for c in self.clock],
+            "unreachable": self.unreachable,
+            "breaches": self.breaches,
+            "notes": self.notes,
+            **({"dynomite_seed": self.seed_method} if self.seed_method is not None else {}),
+        }
+
+    def render(self) -> str:
+        """The human table."""
+        sent = max((p.sent for p in self.pairs), default=0)
+        lines = [
+            f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
+            f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
+            + (f", write consistency {self.consistency}" if self.consistency else ""),
+            "",
+            f"{'target':<12} {'replica':<18} {'via':<4} {'sent':>5} {'seen':>5} {'lost':>5} "
+            f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",
+        ]
+        for pair in self.pairs:
+            s = pair.summary
+            lag = s.lag_ms
+            if pair.error:
+                lines.append(f"{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}")
+                continue
+            lines.append(
+                f"{s.target:<12} {s.replica:<18} {pair.observed_by:<4} {s.sent:>5} {s.seen:>5} "
+                f"{s.lost:>5} " + " ".join(
+                    f"{format_ms(lag[k]):>8}" for k in ("mean", "p50", "p90", "p99", "p999", "max")
+                ) + f" {format_ms(s.uncertainty_ms['p50']):>7}"
+            )
+        lines.append("(lag in ms; ±p50 = median half-width of each sample's uncertainty bracket)")
+        w = self.write.summary_ms()
+        lines.append(
+            f"write ack ms: mean {format_ms(w['mean'])}  p50 {format_ms(w['p50'])}  "
+            f"p99 {format_ms(w['p99'])}  max {format_ms(w['max'])}"
+            + (f"  errors {self.write_errors}" if self.write_errors else "")
+        )
+        if self.clock:
+            lines.append("clock offset vs prober: " + ", ".join(
+                f"{c.endpoint} {c.offset_ns / 1e6:+.3f} ms (±{c.uncertainty_ns / 1e6:.3f})"
+                for c in self.clock
+            ))
+        if self.seed_method:
+            lines.append("dynomite-seed method (write 1000, poll 20 random keys, average):")
+            for row in self.seed_method:
+                lines.append(f"  {row['target']:<12} {row['replica']:<18} "
+                             f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys")
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"BREACH: {b['message']}" for b in self.breaches]
+        lines += [f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}"
+                  for u in self.unreachable]
+        return "\n".join(lines)
+
+
+def _iso(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 10**9 // 10**6:03d}Z"

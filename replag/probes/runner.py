@@ -1,0 +1,292 @@
+"""One probe run: write timestamped keys in a source region, watch them land on every replica.
+
+Every time here is `time.monotonic_ns()` of this one process, so no clock
+offset enters a lag figure; a sample's lag is (estimated replica apply moment)
+minus (midpoint of the write's send and acknowledgement, stamped at the
+socket), and its uncertainty is the half-width of the replica bracket plus half
+the write round trip. Unreachable replicas are reported in the result, never
+raised; only a source whose write endpoint fails raises (exit 2 at the CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import hiredis
+
+from replag.clock import estimate_offset
+from replag.config import Config
+from replag.errors import ReplagError, UsageError
+from replag.probes.keys import ProbeKeys
+from replag.probes.observers import Arrival, Observer, PollObserver, PushObserver
+from replag.probes.report import PairResult, ProbeReport, ProbeSample
+from replag.probes.wire import RespConnection
+from replag.settings import Settings
+from replag.store import LagWindow, Store
+from replag.topology import Endpoint
+
+log = logging.getLogger(__name__)
+_CLEANUP_BATCH = 500
+# Commands Dynomite rejects by closing the connection: never sent to a client port.
+_NOT_FOR_DYNOMITE = frozenset({"TIME", "CONFIG", "MULTI", "SUBSCRIBE", "CLIENT"})
+
+
+@dataclass
+class _Target:
+    region: str
+    replica: Endpoint
+    conn: RespConnection | None = None
+    observer: Observer | None = None
+    error: str | None = None
+
+
+async def run_probe(
+    config: Config,
+    *,
+    source: str | None = None,
+    count: int | None = None,
+    rate: float | None = None,
+    mode: str | None = None,
+    timeout_s: float | None = None,
+    store: Store | None = None,
+) -> ProbeReport:
+    """Probe from `source` (default: the first region with a write endpoint) to every replica."""
+    settings = config.settings.replace(count=count, rate=rate, mode=mode, timeout=timeout_s)
+    region = config.topology.region(source) if source else config.topology.default_source()
+    if region.write is None:
+        raise UsageError(f"region {region.name!r} has no write endpoint to probe from")
+    write_ep = region.write
+    report = ProbeReport(
+        run_id=uuid.uuid4().hex[:12], source=region.name, mode=settings.mode,
+        started_ns=time.time_ns(), write_endpoint=write_ep.url(),
+        consistency=(settings.dynomite_consistency or "cluster default")
+        if write_ep.kind == "dynomite" else None,
+    )
+    keys = ProbeKeys(prefix=settings.prefix, run_id=report.run_id, source=region.name,
+                     slots=region.slots)
+    writer = await _open_writer(write_ep, settings)
+    targets = [
+        _Target(region=r.name, replica=rep)
+        for r in config.topology.regions for rep in r.replicas
+        if (rep.host, rep.port, rep.db) != (write_ep.host, write_ep.port, write_ep.db)
+    ]
+    try:
+        await asyncio.gather(*(_open_target(t, keys, settings, report) for t in targets))
+        if write_ep.kind == "redis":
+            with contextlib.suppress(ReplagError):
+                report.clock.insert(0, await estimate_offset(
+                    lambda: _time(writer), endpoint=write_ep.name))
+        live = [t.observer for t in targets if t.observer is not None]
+        for obs in live:
+            await obs.start()
+        writes = await _write_keys(writer, keys, settings, live, report)
+        await _wait_for_arrivals(live, writes, settings.timeout)
+        for obs in live:
+            await obs.stop()
+        _collect(report, targets, writes)
+        await _cleanup(writer, [keys.key(seq) for seq in writes], report)
+    finally:
+        writer.close()
+        for t in targets:
+            if t.conn is not None:
+                t.conn.close()
+    report.finished_ns = time.time_ns()
+    report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
+    if store is not None:
+        save_report(store, report)
+    return report
+
+
+async def _time(conn: RespConnection) -> tuple[int, int]:
+    seconds, micros = await conn.checked("TIME")
+    return int(seconds), int(micros)
+
+
+async def _open_writer(endpoint: Endpoint, settings: Settings) -> RespConnection:
+    writer = await RespConnection(endpoint, timeout_s=settings.connect_timeout).connect()
+    try:
+        await writer.checked("PING")
+        if endpoint.kind == "dynomite" and settings.dynomite_consistency:
+            await writer.checked("dyno_config:conn_consistency", settings.dynomite_consistency)
+    except ReplagError:
+        writer.close()
+        raise
+    return writer
+
+
+async def _open_target(
+    target: _Target, keys: ProbeKeys, settings: Settings, report: ProbeReport
+) -> None:
+    """Connect to one replica and choose push or poll; failures land in report.unreachable."""
+    replica = target.replica
+    try:
+        conn = await RespConnection(replica, timeout_s=settings.connect_timeout).connect()
+        target.conn = conn
+        rtt = await conn.min_rtt_ns()
+        with contextlib.suppress(ReplagError):
+            report.clock.append(await estimate_offset(lambda: _time(conn), endpoint=replica.name))
+        if await _push_allowed(conn, replica, settings.mode, report):
+            observer: Observer = PushObserver(
+                replica, pattern=keys.pattern, rtt_ns=rtt, timeout_s=settings.connect_timeout
+            )
+            await observer.start()
+        else:
+            observer = PollObserver(replica, conn, interval_s=settings.poll_interval)
+        target.observer = observer
+    except ReplagError as exc:
+        target.error = exc.message
+        report.unreachable.append({"replica": replica.name, "region": target.region,
+                                   "error": str(exc)})
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        target.error = f"push subscription failed: {exc or 'timed out'}"
+        report.unreachable.append({"replica": replica.name, "region": target.region,
+                                   "error": f"{replica.name} ({replica.url()}): {target.error}"})
+
+
+async def _push_allowed(
+    conn: RespConnection, replica: Endpoint, mode: str, report: ProbeReport
+) -> bool:
+    if mode == "poll":
+        return False
+    answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
+    if isinstance(answer, hiredis.ReplyError) or not isinstance(answer, list) or len(answer) < 2:
+        report.notes.append(f"{replica.name}: cannot read notify-keyspace-events ({answer}); "
+                            "polling")
+        return False
+    flags = answer[1].decode()
+    if "K" in flags and ("$" in flags or "A" in flags):
+        return True
+    if mode == "auto":
+        report.notes.append(f"{replica.name}: keyspace notifications off; polling "
+                            "(--mode push turns them on)")
+        return False
+    reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
+    if isinstance(reply, hiredis.ReplyError):
+        report.notes.append(f"{replica.name}: cannot enable keyspace notifications ({reply}); "
+                            "polling")
+        return False
+    report.notes.append(f"{replica.name}: enabled keyspace notifications (K$) for push mode")
+    return True
+
+
+async def _write_keys(
+    writer: RespConnection, keys: ProbeKeys, settings: Settings, observers: list[Observer],
+    report: ProbeReport,
+) -> dict[int, tuple[int, int]]:
+    """Write the run's keys at `settings.rate`; return seq -> (sent_ns, acked_ns)."""
+    writes: dict[int, tuple[int, int]] = {}
+    ttl_ms = max(1, int(settings.ttl * 1000))
+    interval = 1 / settings.rate if settings.rate else 0.0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for seq in range(settings.count):
+        if interval:
+            delay = start + seq * interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        key = keys.key(seq)
+        try:
+            reply, t_a, t_b = await writer.call(
+                "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms)
+        except ReplagError as exc:
+            report.write_errors += 1
+            report.notes.append(f"write endpoint failed after {len(writes)} writes: {exc}")
+            break
+        if isinstance(reply, hiredis.ReplyError):
+            # Dynomite under DC_QUORUM answers an error yet may keep the local write.
+            report.write_errors += 1
+            log.warning("probe write %r failed: %s", key, reply)
+            continue
+        writes[seq] = (t_a, t_b)
+        report.write.record_ns(t_b - t_a)
+        for obs in observers:
+            obs.expect(key, t_a)
+    return writes
+
+
+async def _wait_for_arrivals(
+    observers: list[Observer], writes: dict[int, tuple[int, int]], timeout_s: float
+) -> None:
+    if not writes:
+        return
+    deadline = max(t_b for _, t_b in writes.values()) + int(timeout_s * 1e9)
+    want = len(writes)
+    while time.monotonic_ns() < deadline:
+        pending = [o for o in observers if o.error is None and len(o.arrivals) < want]
+        if not pending:
+            return
+        await asyncio.sleep(0.002)
+
+
+def _collect(report: ProbeReport, targets: list[_Target], writes: dict[int, tuple[int, int]]) -> None:
+    for t in targets:
+        pair = PairResult(
+            source=report.source, target=t.region, replica=t.replica.name,
+            observed_by=t.observer.mode if t.observer else "-", sent=len(writes), error=t.error,
+        )
+        report.pairs.append(pair)
+        if t.observer is None:
+            continue
+        by_seq = _arrivals_by_seq(t.observer)
+        for seq, (t_a, t_b) in writes.items():
+            arrival = by_seq.get(seq)
+            if arrival is None:
+                pair.lost += 1
+                report.samples.append(ProbeSample(t.region, t.replica.name, seq, None, 0))
+                continue
+            lag = arrival.estimate_ns - (t_a + t_b) // 2
+            unc = arrival.half_width_ns + (t_b - t_a) // 2
+            pair.lag.record_ns(max(lag, 0))
+            pair.uncertainty.record_ns(unc)
+            report.samples.append(ProbeSample(t.region, t.replica.name, seq, lag, unc))
+        if t.observer.error and pair.lost:
+            pair.error = t.observer.error
+            report.unreachable.append({
+                "replica": t.replica.name, "region": t.region,
+                "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
+            })
+
+
+def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
+    out: dict[int, Arrival] = {}
+    for key, arrival in observer.arrivals.items():
+        tail = key.rsplit(b":", 1)[-1]
+        if tail.isdigit():
+            out[int(tail)] = arrival
+    return out
+
+
+async def _cleanup(writer: RespConnection, keys: list[bytes], report: ProbeReport) -> None:
+    """Delete the run's keys, pipelined (they also carry a TTL, so a failure leaks nothing long)."""
+    try:
+        for i in range(0, len(keys), _CLEANUP_BATCH):
+            futures = [writer.send("DEL", key)[0] for key in keys[i : i + _CLEANUP_BATCH]]
+            await asyncio.wait_for(asyncio.gather(*futures), writer.timeout_s)
+    except (ReplagError, OSError, TimeoutError, ConnectionError) as exc:
+        report.notes.append(f"could not delete probe keys ({exc}); they expire by their TTL")
+
+
+def save_report(store: Store, report: ProbeReport) -> None:
+    """One lag window per (source, target, replica), plus the run's summary."""
+    windows = []
+    for pair in report.pairs:
+        window = LagWindow(
+            run_id=report.run_id, source=report.source, target=pair.target,
+            replica=pair.replica, start_ns=report.started_ns, end_ns=report.finished_ns,
+            sent=pair.sent, seen=pair.seen, lost=pair.lost,
+        )
+        window.lag.merge(pair.lag)
+        window.uncertainty.merge(pair.uncertainty)
+        window.write.merge(report.write)
+        windows.append(window)
+    store.append_windows(windows)
+    store.record_probe_run(
+        run_id=report.run_id, started_ns=report.started_ns, source=report.source,
+        mode=report.mode, summary_json=json.dumps(report.to_dict()),
+    )
