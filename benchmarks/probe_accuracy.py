@@ -51,11 +51,19 @@ async def one_case(lab_dir: Path, delay_ms: float, mode: str, probes: int, rate:
     seed_avg = statistics.mean(r["avg_ms"] for r in seed if r["replica"] == "far-1")
     pair = next(p for p in report.pairs if p.replica == "far-1")
     return {
-        "delay": delay_ms, "mode": mode, "n": len(measured), "lost": pair.lost,
-        "m50": pct(measured, 50), "t50": pct(true, 50), "m99": pct(measured, 99),
-        "t99": pct(true, 99), "hdr50": pair.summary.lag_ms["p50"],
-        "hdr99": pair.summary.lag_ms["p99"], "abs_err_p50": pct(errors, 50),
-        "seed": seed_avg, "unc50": pair.summary.uncertainty_ms["p50"],
+        "delay": delay_ms,
+        "mode": mode,
+        "n": len(measured),
+        "lost": pair.lost,
+        "m50": pct(measured, 50),
+        "t50": pct(true, 50),
+        "m99": pct(measured, 99),
+        "t99": pct(true, 99),
+        "hdr50": pair.summary.lag_ms["p50"],
+        "hdr99": pair.summary.lag_ms["p99"],
+        "abs_err_p50": pct(errors, 50),
+        "seed": seed_avg,
+        "unc50": pair.summary.uncertainty_ms["p50"],
     }
 
 
@@ -75,22 +83,30 @@ async def main() -> int:
                     rows.append(await one_case(lab_dir, delay, mode, args.probes, args.rate))
             finally:
                 lab_down(lab_dir)
-    print(f"probe accuracy: {args.probes} probes per case at {args.rate:g}/s, no jitter; "
-          "truth = relay in→out per key; errors in ms")
-    print(f"{'delay':>6} {'mode':<5} {'n':>4} {'lost':>4} | {'p50 meas':>9} {'p50 true':>9} "
-          f"{'p50 err':>8} | {'p99 meas':>9} {'p99 true':>9} {'p99 err':>8} | "
-          f"{'|err| med':>9} {'±unc p50':>9} | {'seed avg':>9} {'seed err':>9}")
+    print(
+        f"probe accuracy: {args.probes} probes per case at {args.rate:g}/s, no jitter; "
+        "truth = relay in→out per key; errors in ms"
+    )
+    print(
+        f"{'delay':>6} {'mode':<5} {'n':>4} {'lost':>4} | {'p50 meas':>9} {'p50 true':>9} "
+        f"{'p50 err':>8} | {'p99 meas':>9} {'p99 true':>9} {'p99 err':>8} | "
+        f"{'|err| med':>9} {'±unc p50':>9} | {'seed avg':>9} {'seed err':>9}"
+    )
     for r in rows:
-        print(f"{r['delay']:>6g} {r['mode']:<5} {r['n']:>4} {r['lost']:>4} | "
-              f"{r['m50']:>9.3f} {r['t50']:>9.3f} {r['m50'] - r['t50']:>+8.3f} | "
-              f"{r['m99']:>9.3f} {r['t99']:>9.3f} {r['m99'] - r['t99']:>+8.3f} | "
-              f"{r['abs_err_p50']:>9.3f} {r['unc50']:>9.3f} | "
-              f"{r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f}")
+        print(
+            f"{r['delay']:>6g} {r['mode']:<5} {r['n']:>4} {r['lost']:>4} | "
+            f"{r['m50']:>9.3f} {r['t50']:>9.3f} {r['m50'] - r['t50']:>+8.3f} | "
+            f"{r['m99']:>9.3f} {r['t99']:>9.3f} {r['m99'] - r['t99']:>+8.3f} | "
+            f"{r['abs_err_p50']:>9.3f} {r['unc50']:>9.3f} | "
+            f"{r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f}"
+        )
     push = [r for r in rows if r["mode"] == "push"]
     ok50 = all(abs(r["m50"] - r["t50"]) <= 0.3 for r in push)
     ok99 = all(abs(r["m99"] - r["t99"]) <= 1.0 for r in push)
-    print(f"targets (push): p50 error ≤ 0.3 ms: {'met' if ok50 else 'MISSED'}; "
-          f"p99 error ≤ 1 ms: {'met' if ok99 else 'MISSED'}")
+    print(
+        f"targets (push): p50 error ≤ 0.3 ms: {'met' if ok50 else 'MISSED'}; "
+        f"p99 error ≤ 1 ms: {'met' if ok99 else 'MISSED'}"
+    )
     return 0
 
 

@@ -37,9 +37,9 @@ def main(verbose: int) -> None:
 
 
 def _register() -> None:
-    from replag.commands import alerts, demo, lab, probe, repair, serve, topology
+    from replag.commands import alerts, demo, lab, probe, repair, serve, settings, topology
 
-    for module in (lab, probe, demo, repair, serve, topology, alerts):
+    for module in (demo, lab, probe, repair, serve, topology, alerts, settings):
         main.add_command(module.command)
 
 

@@ -206,8 +206,10 @@ def _endpoint(
             raise ConfigError("name must be a non-empty string", where=f"{where}: {key}.name")
     else:
         url = raw
+    if not isinstance(url, str):
+        raise ConfigError("expected a Redis URL string or a table with `url`", where=f"{where}: {key}")
     try:
-        ep = Endpoint.from_url(url, name=default_name, kind=kind, region=region, rack=rack)
+        ep = Endpoint.from_url(str(url), name=default_name, kind=kind, region=region, rack=rack)
     except ValueError as exc:
         raise ConfigError(str(exc), where=f"{where}: {key}") from None
     if password_env:

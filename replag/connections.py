@@ -9,16 +9,22 @@ by its redacted URL, never its password.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
-    ConnectionError as RedisConnectionError,
     RedisError,
     ResponseError,
+)
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
 
@@ -26,26 +32,50 @@ from replag.errors import AuthError, EndpointError, UnreachableError
 from replag.topology import Endpoint
 
 
+def _no_setinfo() -> dict[str, Any]:
+    """Arguments that stop redis-py sending CLIENT SETINFO (Dynomite closes on it)."""
+    if "driver_info" in inspect.signature(redis.Redis.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+_NO_SETINFO = _no_setinfo()
+
+
 def async_client(
-    endpoint: Endpoint, *, timeout_s: float, max_connections: int | None = None,
+    endpoint: Endpoint,
+    *,
+    timeout_s: float,
+    max_connections: int | None = None,
     single_connection: bool = False,
 ) -> aioredis.Redis:
     """An asyncio client for `endpoint` (bytes in, bytes out)."""
     return aioredis.Redis(
         single_connection_client=single_connection,
-        host=endpoint.host, port=endpoint.port, db=endpoint.db, username=endpoint.username,
-        password=endpoint.password, ssl=endpoint.tls, socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s, max_connections=max_connections,
-        # Dynomite refuses CLIENT SETINFO and closes the connection: never send it.
-        lib_name=None, lib_version=None,
+        host=endpoint.host,
+        port=endpoint.port,
+        db=endpoint.db,
+        username=endpoint.username,
+        password=endpoint.password,
+        ssl=endpoint.tls,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        max_connections=max_connections,
+        **_NO_SETINFO,
     )
 
 
 def sync_client(endpoint: Endpoint, *, timeout_s: float) -> redis.Redis:
     return redis.Redis(
-        host=endpoint.host, port=endpoint.port, db=endpoint.db, username=endpoint.username,
-        password=endpoint.password, ssl=endpoint.tls, socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s, lib_name=None, lib_version=None,
+        host=endpoint.host,
+        port=endpoint.port,
+        db=endpoint.db,
+        username=endpoint.username,
+        password=endpoint.password,
+        ssl=endpoint.tls,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        **_NO_SETINFO,
     )
 
 

@@ -79,7 +79,12 @@ def summarize(
         sent, seen, lost = sent + w.sent, seen + w.seen, lost + w.lost
     unc_summary = unc.summary_ms()
     return LagSummary(
-        source=source, target=target, replica=replica, sent=sent, seen=seen, lost=lost,
+        source=source,
+        target=target,
+        replica=replica,
+        sent=sent,
+        seen=seen,
+        lost=lost,
         lag_ms=lag.summary_ms(),
         uncertainty_ms={"p50": unc_summary["p50"], "max": unc_summary["max"]},
         out_of_range=lag.out_of_range,
@@ -99,7 +104,9 @@ class Store:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
         except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"cannot open the results store: {exc}", where=str(self.path)) from None
+            raise ConfigError(
+                f"cannot open the results store: {exc}", where=str(self.path)
+            ) from None
         self._lock = threading.RLock()
         self.ensure_schema(_LAG_SCHEMA)
 
@@ -138,20 +145,36 @@ class Store:
                    sent, seen, lost, out_of_range, lag_hist, uncertainty_hist, write_hist)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
-                    w.run_id, w.source, w.target, w.replica, w.start_ns, w.end_ns, w.sent,
-                    w.seen, w.lost, w.lag.out_of_range, w.lag.encode(),
-                    w.uncertainty.encode(), w.write.encode(),
+                    w.run_id,
+                    w.source,
+                    w.target,
+                    w.replica,
+                    w.start_ns,
+                    w.end_ns,
+                    w.sent,
+                    w.seen,
+                    w.lost,
+                    w.lag.out_of_range,
+                    w.lag.encode(),
+                    w.uncertainty.encode(),
+                    w.write.encode(),
                 ),
             )
             for w in windows
         )
 
     def windows(
-        self, *, source: str | None = None, target: str | None = None,
-        replica: str | None = None, since_ns: int | None = None, until_ns: int | None = None,
+        self,
+        *,
+        source: str | None = None,
+        target: str | None = None,
+        replica: str | None = None,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
     ) -> list[LagWindow]:
         """Windows that end within [since_ns, until_ns), oldest first."""
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[str | int] = []
         for column, value in (("source", source), ("target", target), ("replica", replica)):
             if value is not None:
                 clauses.append(f"{column} = ?")
@@ -171,9 +194,18 @@ class Store:
         )
         return [
             LagWindow(
-                run_id=r[0], source=r[1], target=r[2], replica=r[3], start_ns=r[4], end_ns=r[5],
-                sent=r[6], seen=r[7], lost=r[8], lag=LagHistogram.decode(r[10], r[9]),
-                uncertainty=LagHistogram.decode(r[11]), write=LagHistogram.decode(r[12]),
+                run_id=r[0],
+                source=r[1],
+                target=r[2],
+                replica=r[3],
+                start_ns=r[4],
+                end_ns=r[5],
+                sent=r[6],
+                seen=r[7],
+                lost=r[8],
+                lag=LagHistogram.decode(r[10], r[9]),
+                uncertainty=LagHistogram.decode(r[11]),
+                write=LagHistogram.decode(r[12]),
             )
             for r in rows
         ]

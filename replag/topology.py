@@ -32,8 +32,13 @@ class Endpoint:
 
     @classmethod
     def from_url(
-        cls, url: str, *, name: str | None = None, kind: EndpointKind = "redis",
-        region: str | None = None, rack: str | None = None,
+        cls,
+        url: str,
+        *,
+        name: str | None = None,
+        kind: EndpointKind = "redis",
+        region: str | None = None,
+        rack: str | None = None,
     ) -> Endpoint:
         """Parse redis://[user[:password]@]host[:port][/db] or rediss://…; ValueError if bad."""
         if not isinstance(url, str):

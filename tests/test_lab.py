@@ -18,8 +18,20 @@ from tests.conftest import LabFactory
 def test_lab_up_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     runner = CliRunner()
     lab_dir = tmp_path / "lab"
-    result = runner.invoke(main, ["lab", "up", "--dir", str(lab_dir), "--regions", "a,b,c",
-                                  "--delay", "b=5ms,c=10ms", "--json"])
+    result = runner.invoke(
+        main,
+        [
+            "lab",
+            "up",
+            "--dir",
+            str(lab_dir),
+            "--regions",
+            "a,b,c",
+            "--delay",
+            "b=5ms,c=10ms",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     state = json.loads(result.output)
     pids = [p["pid"] for p in state["processes"]]
@@ -74,7 +86,8 @@ def test_partition_and_heal(lab_factory: LabFactory) -> None:
 
 
 def test_lab_cli_rejects_bad_delay(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["lab", "up", "--dir", str(tmp_path / "x"),
-                                       "--regions", "a,b", "--delay", "c=5ms"])
+    result = CliRunner().invoke(
+        main, ["lab", "up", "--dir", str(tmp_path / "x"), "--regions", "a,b", "--delay", "c=5ms"]
+    )
     assert result.exit_code == 2
     assert "--delay" in result.output and "'c'" in result.output

@@ -1,8 +1,132 @@
-"""`replag probe`: being built."""
+"""`replag probe`: one probe run for cron: a table or JSON, exit 0 ok / 1 breach / 2 error."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
 
 import click
 
+from replag.commands.options import config_option, json_option, load
+from replag.config import Config
+from replag.durations import parse_duration_s
+from replag.errors import UsageError
+from replag.probes import ProbeReport, run_probe, run_seed_method
+from replag.store import Store
+
+
+async def probe_once(
+    config: Config,
+    *,
+    source: str | None,
+    count: int | None,
+    rate: float | None,
+    mode: str | None,
+    wait_s: float | None,
+    method: str,
+    store: Store | None,
+) -> ProbeReport:
+    report = await run_probe(
+        config, source=source, count=count, rate=rate, mode=mode, timeout_s=wait_s, store=store
+    )
+    if method == "dynomite-seed":
+        report.seed_method = await run_seed_method(config, source=report.source)
+    return report
+
 
 @click.command(name="probe")
-def command() -> None:
-    """(not yet built)"""
+@config_option
+@click.option(
+    "--source", help="Region to write probes in (default: the first with a write endpoint)."
+)
+@click.option("--count", type=click.IntRange(1, 1_000_000), help="Probe keys to write.")
+@click.option(
+    "--rate", type=click.FloatRange(0), help="Probe writes per second (0 = back to back)."
+)
+@click.option(
+    "--mode", type=click.Choice(["auto", "push", "poll"]), help="How replicas are observed."
+)
+@click.option("--timeout", help="Wait this long for each key before counting it lost (e.g. 5s).")
+@click.option("--max-p99", help="Exit 1 when a pair's p99 exceeds this (e.g. 200ms).")
+@click.option("--max-loss", help="Exit 1 when a pair's lost ratio exceeds this (default 0).")
+@click.option(
+    "--method",
+    type=click.Choice(["replag", "dynomite-seed"]),
+    default="replag",
+    show_default=True,
+    help="dynomite-seed also runs the Dynomite benchmark's method, reported beside ours.",
+)
+@click.option(
+    "--alerts",
+    "with_alerts",
+    is_flag=True,
+    help="Evaluate the config's alert rules on this run and fire its hooks.",
+)
+@click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
+@json_option
+def command(
+    config_path: Path,
+    source: str | None,
+    count: int | None,
+    rate: float | None,
+    mode: str | None,
+    timeout: str | None,
+    max_p99: str | None,
+    max_loss: str | None,
+    method: str,
+    with_alerts: bool,
+    no_store: bool,
+    as_json: bool,
+) -> None:
+    """Write probe keys in one region and measure their arrival on every replica."""
+    config = load(config_path)
+    settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
+    config = dataclasses.replace(config, settings=settings)
+    store = None if no_store else Store(settings.store)
+    try:
+        report = asyncio.run(
+            probe_once(
+                config,
+                source=source,
+                count=count,
+                rate=rate,
+                mode=mode,
+                wait_s=_seconds(timeout, option="--timeout"),
+                method=method,
+                store=store,
+            )
+        )
+        alert_lines: list[str] = []
+        if with_alerts:
+            alert_lines = _fire_alerts(config, store, report)
+    finally:
+        if store is not None:
+            store.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.render())
+        for line in alert_lines:
+            click.echo(line)
+    sys.exit(report.exit_code)
+
+
+def _seconds(text: str | None, *, option: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
+def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> list[str]:
+    from replag.alerts import evaluate_and_notify
+
+    if store is None:
+        store = Store(config.settings.store)
+    result = asyncio.run(evaluate_and_notify(config, store, report))
+    return [str(line) for line in getattr(result, "lines", [])]

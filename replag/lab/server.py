@@ -48,21 +48,32 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [
             redis_server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.workdir),
-            "--dbfilename", f"{self.name}.rdb",
-            "--logfile", str(self.logfile),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--dbfilename",
+            f"{self.name}.rdb",
+            "--logfile",
+            str(self.logfile),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
         ]
         if self.password:
             args += ["--requirepass", self.password, "--masterauth", self.password]
         args += list(self.extra_args)
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.pid = self.process.pid
         self._wait_ready(wait_s)
@@ -78,7 +89,9 @@ class RedisServer:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                tail = self.logfile.read_text(errors="replace")[-400:] if self.logfile.exists() else ""
+                tail = (
+                    self.logfile.read_text(errors="replace")[-400:] if self.logfile.exists() else ""
+                )
                 raise LabError(f"redis-server {self.name} exited at start: {tail.strip()}")
             try:
                 with self.client() as c:

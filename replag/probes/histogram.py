@@ -25,7 +25,7 @@ class LagHistogram:
         self.out_of_range = 0
 
     def record_us(self, value_us: float) -> None:
-        value = int(round(value_us))
+        value = round(value_us)
         if value < LOWEST_US:
             # Sub-microsecond lag (same-host replicas): recorded as 0 µs, which HDR tracks.
             value = 0
@@ -100,9 +100,14 @@ class LagSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source, "target": self.target, "replica": self.replica,
-            "sent": self.sent, "seen": self.seen, "lost": self.lost,
+            "source": self.source,
+            "target": self.target,
+            "replica": self.replica,
+            "sent": self.sent,
+            "seen": self.seen,
+            "lost": self.lost,
             "loss_ratio": round(self.loss_ratio, 6),
-            "lag_ms": self.lag_ms, "uncertainty_ms": self.uncertainty_ms,
+            "lag_ms": self.lag_ms,
+            "uncertainty_ms": self.uncertainty_ms,
             "out_of_range": self.out_of_range,
         }

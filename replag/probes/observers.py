@@ -88,7 +88,9 @@ class _PushProtocol(asyncio.Protocol):
             if msg is False:
                 return
             if (
-                isinstance(msg, list) and len(msg) == 4 and msg[0] == b"pmessage"
+                isinstance(msg, list)
+                and len(msg) == 4
+                and msg[0] == b"pmessage"
                 and msg[3] == b"set"
             ):
                 self.observer.on_event(msg[2], now)
@@ -111,9 +113,7 @@ def _command(*parts: bytes | str) -> bytes:
 class PushObserver(Observer):
     mode = "push"
 
-    def __init__(
-        self, replica: Endpoint, *, pattern: bytes, rtt_ns: int, timeout_s: float
-    ) -> None:
+    def __init__(self, replica: Endpoint, *, pattern: bytes, rtt_ns: int, timeout_s: float) -> None:
         super().__init__(replica)
         self.channel_prefix = f"__keyspace@{replica.db}__:".encode()
         self.pattern = self.channel_prefix + pattern
@@ -126,8 +126,9 @@ class PushObserver(Observer):
         key = channel[len(self.channel_prefix) :]
         if key not in self.arrivals:
             half = self.rtt_ns // 2
-            self.arrivals[key] = Arrival(estimate_ns=now_ns - half, lo_ns=now_ns - self.rtt_ns,
-                                         hi_ns=now_ns)
+            self.arrivals[key] = Arrival(
+                estimate_ns=now_ns - half, lo_ns=now_ns - self.rtt_ns, hi_ns=now_ns
+            )
 
     async def _reply(self) -> object:
         assert self.protocol is not None
@@ -137,22 +138,28 @@ class PushObserver(Observer):
         loop = asyncio.get_running_loop()
         ssl = True if self.replica.tls else None
         _, protocol = await asyncio.wait_for(
-            loop.create_connection(lambda: _PushProtocol(self), self.replica.host,
-                                   self.replica.port, ssl=ssl),
+            loop.create_connection(
+                lambda: _PushProtocol(self), self.replica.host, self.replica.port, ssl=ssl
+            ),
             self.timeout_s,
         )
         self.protocol = protocol
         assert protocol.transport is not None
         if self.replica.password:
-            auth = (("AUTH", self.replica.username, self.replica.password) if self.replica.username
-                    else ("AUTH", self.replica.password))
+            auth = (
+                ("AUTH", self.replica.username, self.replica.password)
+                if self.replica.username
+                else ("AUTH", self.replica.password)
+            )
             protocol.transport.write(_command(*auth))
             reply = await self._reply()
             if isinstance(reply, Exception):
                 raise ConnectionError(f"AUTH refused: {reply}")
         protocol.transport.write(_command("PSUBSCRIBE", self.pattern))
         reply = await self._reply()
-        if isinstance(reply, Exception) or not (isinstance(reply, list) and reply[0] == b"psubscribe"):
+        if isinstance(reply, Exception) or not (
+            isinstance(reply, list) and reply[0] == b"psubscribe"
+        ):
             raise ConnectionError(f"PSUBSCRIBE refused: {reply!r}")
         asyncio.get_running_loop().create_task(self._watch_close())
 

@@ -42,8 +42,13 @@ class PairResult:
     def summary(self) -> LagSummary:
         unc = self.uncertainty.summary_ms()
         return LagSummary(
-            source=self.source, target=self.target, replica=self.replica, sent=self.sent,
-            seen=self.seen, lost=self.lost, lag_ms=self.lag.summary_ms(),
+            source=self.source,
+            target=self.target,
+            replica=self.replica,
+            sent=self.sent,
+            seen=self.seen,
+            lost=self.lost,
+            lag_ms=self.lag.summary_ms(),
             uncertainty_ms={"p50": unc["p50"], "max": unc["max"]},
             out_of_range=self.lag.out_of_range,
         )
@@ -85,19 +90,31 @@ class ProbeReport:
             s = pair.summary
             p99 = s.lag_ms["p99"]
             if max_p99_s is not None and p99 is not None and p99 > max_p99_s * 1000:
-                self.breaches.append({
-                    "kind": "p99", "source": s.source, "target": s.target,
-                    "replica": s.replica, "value_ms": p99, "limit_ms": max_p99_s * 1000,
-                    "message": f"{s.source}→{s.replica}: p99 {format_ms(p99)} ms > "
-                               f"{format_ms(max_p99_s * 1000)} ms",
-                })
+                self.breaches.append(
+                    {
+                        "kind": "p99",
+                        "source": s.source,
+                        "target": s.target,
+                        "replica": s.replica,
+                        "value_ms": p99,
+                        "limit_ms": max_p99_s * 1000,
+                        "message": f"{s.source}→{s.replica}: p99 {format_ms(p99)} ms > "
+                        f"{format_ms(max_p99_s * 1000)} ms",
+                    }
+                )
             if max_loss is not None and pair.error is None and s.sent and s.loss_ratio > max_loss:
-                self.breaches.append({
-                    "kind": "loss", "source": s.source, "target": s.target,
-                    "replica": s.replica, "value": round(s.loss_ratio, 6), "limit": max_loss,
-                    "message": f"{s.source}→{s.replica}: lost {s.lost}/{s.sent} "
-                               f"({s.loss_ratio:.1%}) > {max_loss:.1%}",
-                })
+                self.breaches.append(
+                    {
+                        "kind": "loss",
+                        "source": s.source,
+                        "target": s.target,
+                        "replica": s.replica,
+                        "value": round(s.loss_ratio, 6),
+                        "limit": max_loss,
+                        "message": f"{s.source}→{s.replica}: lost {s.lost}/{s.sent} "
+                        f"({s.loss_ratio:.1%}) > {max_loss:.1%}",
+                    }
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,8 +126,11 @@ class ProbeReport:
             "started": _iso(self.started_ns),
             "duration_s": round((self.finished_ns - self.started_ns) / 1e9, 3),
             "pairs": [p.to_dict() for p in self.pairs],
-            "write_ms": {"count": self.write.count, "errors": self.write_errors,
-                         **self.write.summary_ms()},
+            "write_ms": {
+                "count": self.write.count,
+                "errors": self.write_errors,
+                **self.write.summary_ms(),
+            },
             "clock": [c.to_dict() for c in self.clock],
             "unreachable": self.unreachable,
             "breaches": self.breaches,
@@ -133,13 +153,17 @@ class ProbeReport:
             s = pair.summary
             lag = s.lag_ms
             if pair.error:
-                lines.append(f"{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}")
+                lines.append(
+                    f"{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}"
+                )
                 continue
             lines.append(
                 f"{s.target:<12} {s.replica:<18} {pair.observed_by:<4} {s.sent:>5} {s.seen:>5} "
-                f"{s.lost:>5} " + " ".join(
+                f"{s.lost:>5} "
+                + " ".join(
                     f"{format_ms(lag[k]):>8}" for k in ("mean", "p50", "p90", "p99", "p999", "max")
-                ) + f" {format_ms(s.uncertainty_ms['p50']):>7}"
+                )
+                + f" {format_ms(s.uncertainty_ms['p50']):>7}"
             )
         lines.append("(lag in ms; ±p50 = median half-width of each sample's uncertainty bracket)")
         w = self.write.summary_ms()
@@ -149,21 +173,29 @@ class ProbeReport:
             + (f"  errors {self.write_errors}" if self.write_errors else "")
         )
         if self.clock:
-            lines.append("clock offset vs prober: " + ", ".join(
-                f"{c.endpoint} {c.offset_ns / 1e6:+.3f} ms (±{c.uncertainty_ns / 1e6:.3f})"
-                for c in self.clock
-            ))
+            lines.append(
+                "clock offset vs prober: "
+                + ", ".join(
+                    f"{c.endpoint} {c.offset_ns / 1e6:+.3f} ms (±{c.uncertainty_ns / 1e6:.3f})"
+                    for c in self.clock
+                )
+            )
         if self.seed_method:
             lines.append("dynomite-seed method (write 1000, poll 20 random keys, average):")
             for row in self.seed_method:
-                lines.append(f"  {row['target']:<12} {row['replica']:<18} "
-                             f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys")
+                lines.append(
+                    f"  {row['target']:<12} {row['replica']:<18} "
+                    f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
+                )
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"BREACH: {b['message']}" for b in self.breaches]
-        lines += [f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}"
-                  for u in self.unreachable]
+        lines += [
+            f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}" for u in self.unreachable
+        ]
         return "\n".join(lines)
 
 
 def _iso(ns: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 10**9 // 10**6:03d}Z"
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 10**9 // 10**6:03d}Z"
+    )

@@ -63,25 +63,32 @@ async def run_probe(
         raise UsageError(f"region {region.name!r} has no write endpoint to probe from")
     write_ep = region.write
     report = ProbeReport(
-        run_id=uuid.uuid4().hex[:12], source=region.name, mode=settings.mode,
-        started_ns=time.time_ns(), write_endpoint=write_ep.url(),
+        run_id=uuid.uuid4().hex[:12],
+        source=region.name,
+        mode=settings.mode,
+        started_ns=time.time_ns(),
+        write_endpoint=write_ep.url(),
         consistency=(settings.dynomite_consistency or "cluster default")
-        if write_ep.kind == "dynomite" else None,
+        if write_ep.kind == "dynomite"
+        else None,
     )
-    keys = ProbeKeys(prefix=settings.prefix, run_id=report.run_id, source=region.name,
-                     slots=region.slots)
+    keys = ProbeKeys(
+        prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
+    )
     writer = await _open_writer(write_ep, settings)
     targets = [
         _Target(region=r.name, replica=rep)
-        for r in config.topology.regions for rep in r.replicas
+        for r in config.topology.regions
+        for rep in r.replicas
         if (rep.host, rep.port, rep.db) != (write_ep.host, write_ep.port, write_ep.db)
     ]
     try:
         await asyncio.gather(*(_open_target(t, keys, settings, report) for t in targets))
         if write_ep.kind == "redis":
             with contextlib.suppress(ReplagError):
-                report.clock.insert(0, await estimate_offset(
-                    lambda: _time(writer), endpoint=write_ep.name))
+                report.clock.insert(
+                    0, await estimate_offset(lambda: _time(writer), endpoint=write_ep.name)
+                )
         live = [t.observer for t in targets if t.observer is not None]
         for obs in live:
             await obs.start()
@@ -141,12 +148,18 @@ async def _open_target(
         target.observer = observer
     except ReplagError as exc:
         target.error = exc.message
-        report.unreachable.append({"replica": replica.name, "region": target.region,
-                                   "error": str(exc)})
+        report.unreachable.append(
+            {"replica": replica.name, "region": target.region, "error": str(exc)}
+        )
     except (OSError, TimeoutError, ConnectionError) as exc:
         target.error = f"push subscription failed: {exc or 'timed out'}"
-        report.unreachable.append({"replica": replica.name, "region": target.region,
-                                   "error": f"{replica.name} ({replica.url()}): {target.error}"})
+        report.unreachable.append(
+            {
+                "replica": replica.name,
+                "region": target.region,
+                "error": f"{replica.name} ({replica.url()}): {target.error}",
+            }
+        )
 
 
 async def _push_allowed(
@@ -156,27 +169,33 @@ async def _push_allowed(
         return False
     answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
     if isinstance(answer, hiredis.ReplyError) or not isinstance(answer, list) or len(answer) < 2:
-        report.notes.append(f"{replica.name}: cannot read notify-keyspace-events ({answer}); "
-                            "polling")
+        report.notes.append(
+            f"{replica.name}: cannot read notify-keyspace-events ({answer}); polling"
+        )
         return False
     flags = answer[1].decode()
     if "K" in flags and ("$" in flags or "A" in flags):
         return True
     if mode == "auto":
-        report.notes.append(f"{replica.name}: keyspace notifications off; polling "
-                            "(--mode push turns them on)")
+        report.notes.append(
+            f"{replica.name}: keyspace notifications off; polling (--mode push turns them on)"
+        )
         return False
     reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
     if isinstance(reply, hiredis.ReplyError):
-        report.notes.append(f"{replica.name}: cannot enable keyspace notifications ({reply}); "
-                            "polling")
+        report.notes.append(
+            f"{replica.name}: cannot enable keyspace notifications ({reply}); polling"
+        )
         return False
     report.notes.append(f"{replica.name}: enabled keyspace notifications (K$) for push mode")
     return True
 
 
 async def _write_keys(
-    writer: RespConnection, keys: ProbeKeys, settings: Settings, observers: list[Observer],
+    writer: RespConnection,
+    keys: ProbeKeys,
+    settings: Settings,
+    observers: list[Observer],
     report: ProbeReport,
 ) -> dict[int, tuple[int, int]]:
     """Write the run's keys at `settings.rate`; return seq -> (sent_ns, acked_ns)."""
@@ -193,7 +212,8 @@ async def _write_keys(
         key = keys.key(seq)
         try:
             reply, t_a, t_b = await writer.call(
-                "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms)
+                "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms
+            )
         except ReplagError as exc:
             report.write_errors += 1
             report.notes.append(f"write endpoint failed after {len(writes)} writes: {exc}")
@@ -224,11 +244,17 @@ async def _wait_for_arrivals(
         await asyncio.sleep(0.002)
 
 
-def _collect(report: ProbeReport, targets: list[_Target], writes: dict[int, tuple[int, int]]) -> None:
+def _collect(
+    report: ProbeReport, targets: list[_Target], writes: dict[int, tuple[int, int]]
+) -> None:
     for t in targets:
         pair = PairResult(
-            source=report.source, target=t.region, replica=t.replica.name,
-            observed_by=t.observer.mode if t.observer else "-", sent=len(writes), error=t.error,
+            source=report.source,
+            target=t.region,
+            replica=t.replica.name,
+            observed_by=t.observer.mode if t.observer else "-",
+            sent=len(writes),
+            error=t.error,
         )
         report.pairs.append(pair)
         if t.observer is None:
@@ -247,10 +273,13 @@ def _collect(report: ProbeReport, targets: list[_Target], writes: dict[int, tupl
             report.samples.append(ProbeSample(t.region, t.replica.name, seq, lag, unc))
         if t.observer.error and pair.lost:
             pair.error = t.observer.error
-            report.unreachable.append({
-                "replica": t.replica.name, "region": t.region,
-                "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
-            })
+            report.unreachable.append(
+                {
+                    "replica": t.replica.name,
+                    "region": t.region,
+                    "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
+                }
+            )
 
 
 def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
@@ -277,9 +306,15 @@ def save_report(store: Store, report: ProbeReport) -> None:
     windows = []
     for pair in report.pairs:
         window = LagWindow(
-            run_id=report.run_id, source=report.source, target=pair.target,
-            replica=pair.replica, start_ns=report.started_ns, end_ns=report.finished_ns,
-            sent=pair.sent, seen=pair.seen, lost=pair.lost,
+            run_id=report.run_id,
+            source=report.source,
+            target=pair.target,
+            replica=pair.replica,
+            start_ns=report.started_ns,
+            end_ns=report.finished_ns,
+            sent=pair.sent,
+            seen=pair.seen,
+            lost=pair.lost,
         )
         window.lag.merge(pair.lag)
         window.uncertainty.merge(pair.uncertainty)
@@ -287,6 +322,9 @@ def save_report(store: Store, report: ProbeReport) -> None:
         windows.append(window)
     store.append_windows(windows)
     store.record_probe_run(
-        run_id=report.run_id, started_ns=report.started_ns, source=report.source,
-        mode=report.mode, summary_json=json.dumps(report.to_dict()),
+        run_id=report.run_id,
+        started_ns=report.started_ns,
+        source=report.source,
+        mode=report.mode,
+        summary_json=json.dumps(report.to_dict()),
     )

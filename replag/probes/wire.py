@@ -110,10 +110,15 @@ class RespConnection:
         try:
             reply, t_recv = await asyncio.wait_for(fut, self.timeout_s)
         except TimeoutError:
-            raise UnreachableError(f"timed out after {self.timeout_s:g}s", where=self.where) from None
+            raise UnreachableError(
+                f"timed out after {self.timeout_s:g}s", where=self.where
+            ) from None
         except (OSError, ConnectionError) as exc:
-            hint = (" (Dynomite closes the connection on commands it does not support)"
-                    if self.endpoint.kind == "dynomite" else "")
+            hint = (
+                " (Dynomite closes the connection on commands it does not support)"
+                if self.endpoint.kind == "dynomite"
+                else ""
+            )
             raise UnreachableError(f"connection lost: {exc}{hint}", where=self.where) from None
         return reply, t_sent, t_recv
 

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import config_from_dict, load_config, render_config
+from replag.errors import ConfigError
+from replag.settings import SETTINGS, default_settings
+
+GOOD = """
+[settings]
+timeout = "3s"
+max_p99 = "200ms"
+
+[[regions]]
+name = "us-east"
+write = "redis://probe:pa55word@10.0.0.1:6379/2"
+replicas = ["redis://10.0.0.2:6379", { name = "use-b", url = "rediss://10.0.0.3:6380", rack = "b" }]
+
+[[regions]]
+name = "eu-west"
+replicas = ["redis://10.1.0.2"]
+
+[[groups]]
+name = "main"
+members = ["use-b", "eu-west-1"]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "replag.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_good_file_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={})
+    assert config.settings.timeout == 3.0 and config.settings.max_p99 == 0.2
+    east = config.topology.region("us-east")
+    assert east.write is not None and east.write.db == 2 and east.write.password == "pa55word"
+    assert [r.name for r in east.replicas] == ["us-east-1", "use-b"]
+    assert east.replicas[1].tls and east.replicas[1].rack == "b"
+    assert [m.name for m in config.topology.group("main").members] == ["use-b", "eu-west-1"]
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={"REPLAG_TIMEOUT": "750ms"})
+    assert config.settings.timeout == 0.75
+
+
+def test_passwords_never_appear_in_output(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={})
+    east = config.topology.region("us-east")
+    assert "pa55word" not in repr(east) and "pa55word" not in str(config.topology.to_dict())
+    assert east.write is not None and east.write.url() == "redis://probe:***@10.0.0.1:6379/2"
+
+
+def test_render_round_trips(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={})
+    again = load_config(write(tmp_path, render_config(config.topology)), environ={})
+    assert again.topology == config.topology
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[regions]\nname=1", "invalid TOML"),
+        ('[[regions]]\nname = "a"\nwrite = "http://x"', "regions[0].write: not a Redis URL"),
+        ('[[regions]]\nname = "a"', "regions[0]: a region needs a write endpoint"),
+        ('[[regions]]\nname = "a"\nwrite = "redis://h"\nbogus = 1', "unknown key 'bogus'"),
+        (
+            '[settings]\ntimeout = "soon"\n[[regions]]\nname = "a"\nwrite = "redis://h"',
+            "settings.timeout: not a duration",
+        ),
+        ("[settings]\nwat = 1", "unknown setting 'wat'"),
+        (
+            '[[groups]]\nname = "g"\nmembers = ["nobody", "redis://h"]',
+            "groups[0].members[0]: no endpoint named 'nobody'",
+        ),
+        ('[[regions]]\nname = "a"\nwrite = "redis://h:99999"', "bad port"),
+    ],
+)
+def test_bad_files_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[regions]]\nname = "a"\nwrite = "redis://:hunter2@h:70000"')
+    result = CliRunner().invoke(main, ["probe", "--config", str(path)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "regions[0].write" in lines[0]
+    assert "hunter2" not in result.output
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["probe", "--config", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_bad_environment_value_is_named() -> None:
+    with pytest.raises(ConfigError, match="REPLAG_COUNT"):
+        config_from_dict(
+            {"regions": [{"name": "a", "write": "redis://h"}]},
+            where="x",
+            environ={"REPLAG_COUNT": "many"},
+        )
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for setting in SETTINGS:
+        assert f"`{setting.name}`" in readme, f"setting {setting.name} missing from README"
+        assert setting.env_var in readme
+
+
+def test_secret_settings_are_masked() -> None:
+    settings = default_settings().replace(api_token="t0ken")
+    assert "t0ken" not in repr(settings) and settings.public()["api_token"] == "***"

@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import load_config
+from replag.errors import AuthError, UsageError
+from replag.lab.cluster import lab_fault
+from replag.probes import run_probe
+from replag.store import Store
+from tests.conftest import LabFactory, RedisFactory
+
+
+@pytest.mark.parametrize("mode", ["push", "poll"])
+async def test_every_key_is_seen_on_every_replica(lab_factory: LabFactory, mode: str) -> None:
+    state = lab_factory(regions=("a", "b", "c"), delays_ms={"b": 2, "c": 5}, replicas=2)
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    report = await run_probe(config, count=60, rate=0, mode=mode, timeout_s=5)
+    assert len(report.pairs) == 6
+    for pair in report.pairs:
+        assert (pair.sent, pair.seen, pair.lost, pair.observed_by) == (60, 60, 0, mode)
+    assert report.exit_code == 0
+    assert report.write.count == 60
+
+
+async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("near", "far"), delays_ms={"far": 80})
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    report = await run_probe(config, count=50, mode="push")
+    far = next(p for p in report.pairs if p.target == "far").summary
+    assert far.lost == 0
+    assert 79.0 <= far.lag_ms["p50"] <= 95.0  # type: ignore[operator]
+    near = next(p for p in report.pairs if p.target == "near").summary
+    assert near.lag_ms["p50"] < 20  # type: ignore[operator]
+    # Each sample's bracket must contain a plausible value: uncertainty is reported, positive.
+    assert far.uncertainty_ms["p50"] is not None and far.uncertainty_ms["p50"] > 0
+
+
+async def test_auto_falls_back_to_poll_without_notifications(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"))
+    replica = next(p for p in state["processes"] if p["region"] == "b")
+    with redis.Redis(port=replica["port"]) as r:
+        r.config_set("notify-keyspace-events", "")
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    report = await run_probe(config, count=20, rate=0, mode="auto")
+    pair_b = next(p for p in report.pairs if p.target == "b")
+    assert pair_b.observed_by == "poll" and pair_b.seen == 20
+    assert any("notifications off" in n for n in report.notes)
+
+
+def test_partitioned_region_gives_lost_samples_and_exit_1(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b", "c"), delays_ms={"b": 1, "c": 1})
+    lab_dir = Path(state["dir"])
+    lab_fault(lab_dir, "c", "partition")
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--config",
+            str(lab_dir / "topology.toml"),
+            "--count",
+            "20",
+            "--rate",
+            "0",
+            "--timeout",
+            "300ms",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.output)
+    by_target = {p["target"]: p for p in out["pairs"]}
+    assert by_target["c"]["lost"] == 20 and by_target["c"]["seen"] == 0
+    assert by_target["b"]["lost"] == 0
+    assert any(b["kind"] == "loss" and b["target"] == "c" for b in out["breaches"])
+    assert "Traceback" not in result.output
+
+
+def test_probe_json_has_the_documented_shape(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 3})
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--config",
+            str(Path(state["dir"]) / "topology.toml"),
+            "--count",
+            "30",
+            "--rate",
+            "0",
+            "--max-p99",
+            "1s",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    pair = next(p for p in out["pairs"] if p["target"] == "b")
+    assert {
+        "source",
+        "target",
+        "replica",
+        "sent",
+        "seen",
+        "lost",
+        "lag_ms",
+        "uncertainty_ms",
+    } <= set(pair)
+    assert set(pair["lag_ms"]) == {"mean", "p50", "p90", "p99", "p999", "max"}
+    assert set(pair["uncertainty_ms"]) == {"p50", "max"}
+    assert {"p50", "p99", "mean", "max"} <= set(out["write_ms"])
+    assert out["breaches"] == [] and out["clock"]
+
+
+def test_threshold_breach_exits_1(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 20})
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--config",
+            str(Path(state["dir"]) / "topology.toml"),
+            "--count",
+            "20",
+            "--rate",
+            "0",
+            "--max-p99",
+            "5ms",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "BREACH" in result.output and "p99" in result.output
+
+
+async def test_probe_keys_are_gone_after_a_run(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    await run_probe(config, count=40, rate=0)
+    for proc in state["processes"]:
+        if proc["kind"] != "redis-server":
+            continue
+        with redis.Redis(port=proc["port"]) as client:
+            left = list(client.scan_iter(match=config.settings.prefix + "*"))
+            # Deletes replicate too; anything not yet deleted must at least expire.
+            for key in left:
+                assert 0 < client.pttl(key) <= config.settings.ttl * 1000
+
+
+async def test_replica_down_is_reported_not_raised(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b", "c"))
+    from replag.lab.server import stop_pid
+
+    victim = next(p for p in state["processes"] if p["region"] == "c")
+    stop_pid(victim["pid"])
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    report = await run_probe(config, count=10, rate=0)
+    assert report.exit_code == 1
+    assert [u["replica"] for u in report.unreachable] == ["c-1"]
+    assert "unreachable" in report.unreachable[0]["error"]
+    assert next(p for p in report.pairs if p.target == "b").seen == 10
+
+
+async def test_runs_are_appended_to_the_store(lab_factory: LabFactory, tmp_path: Path) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    store = Store(tmp_path / "s.sqlite")
+    for _ in range(2):
+        await run_probe(config, count=10, rate=0, store=store)
+    windows = store.windows(source="a", target="b")
+    assert len(windows) == 2 and sum(w.seen for w in windows) == 20
+    store.close()
+
+
+def _topology(tmp_path: Path, write_url: str, replica_url: str) -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(
+        '[[regions]]\nname = "a"\n'
+        f'write = "{write_url}"\n'
+        f'replicas = ["{replica_url}"]\n'
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
+    )
+    return path
+
+
+def test_wrong_password_is_one_line_exit_2(redis_factory: RedisFactory, tmp_path: Path) -> None:
+    srv = redis_factory("auth", password="s3cret-pw")
+    url = f"redis://:wrong-pw@127.0.0.1:{srv.port}"
+    result = CliRunner().invoke(main, ["probe", "--config", str(_topology(tmp_path, url, url))])
+    assert result.exit_code == 2
+    assert "authentication failed" in result.output
+    assert "wrong-pw" not in result.output and "s3cret-pw" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+async def test_wrong_password_raises_auth_error(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    srv = redis_factory("auth", password="pw")
+    config = load_config(
+        _topology(tmp_path, f"redis://:bad@127.0.0.1:{srv.port}", f"redis://127.0.0.1:{srv.port}")
+    )
+    with pytest.raises(AuthError):
+        await run_probe(config, count=1)
+
+
+def test_unreachable_write_host_is_one_line_exit_2(tmp_path: Path) -> None:
+    from replag.lab.server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(main, ["probe", "--config", str(_topology(tmp_path, url, url))])
+    assert result.exit_code == 2
+    assert "unreachable" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_unknown_region(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"))
+    result = CliRunner().invoke(
+        main,
+        ["probe", "--config", str(Path(state["dir"]) / "topology.toml"), "--source", "nowhere"],
+    )
+    assert result.exit_code == 2 and "unknown region 'nowhere'" in result.output
+
+
+async def test_region_without_writer_cannot_be_a_source(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"))
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    with pytest.raises(UsageError, match="no write endpoint"):
+        await run_probe(config, source="b")
+
+
+async def test_dynomite_seed_method_reports_an_average(lab_factory: LabFactory) -> None:
+    from replag.probes import run_seed_method
+
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 5})
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    rows = await run_seed_method(config, repeats=1, writes=100, polled=5, seed=1)
+    row_b = next(r for r in rows if r["target"] == "b")
+    assert row_b["keys"] == 5 and row_b["avg_ms"] >= 5.0

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replag.probes.histogram import LagHistogram
+from replag.store import LagWindow, Store, summarize
+
+
+def _window(i: int, values: list[int]) -> LagWindow:
+    w = LagWindow(
+        run_id=f"r{i}",
+        source="a",
+        target="b",
+        replica="b-1",
+        start_ns=i * 1000,
+        end_ns=i * 1000 + 999,
+        sent=len(values) + 1,
+        seen=len(values),
+        lost=1,
+    )
+    for v in values:
+        w.lag.record_us(v)
+        w.uncertainty.record_us(v / 100)
+    return w
+
+
+def test_merged_windows_give_the_percentiles_of_one_histogram(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    chunks = [
+        [int(rng.lognormvariate(10, 1)) for _ in range(rng.randint(1, 400))] for _ in range(30)
+    ]
+    store = Store(tmp_path / "s.sqlite")
+    store.append_windows([_window(i, c) for i, c in enumerate(chunks)])
+    big = LagHistogram()
+    for c in chunks:
+        for v in c:
+            big.record_us(v)
+    merged = summarize(store.windows(source="a", target="b"), source="a", target="b", replica=None)
+    assert merged.lag_ms == big.summary_ms()
+    assert merged.seen == sum(map(len, chunks)) and merged.lost == 30
+    part = store.windows(source="a", target="b", since_ns=10_000, until_ns=20_000)
+    assert [w.run_id for w in part] == [f"r{i}" for i in range(10, 20)]
+    store.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 10**9), max_size=50), min_size=1, max_size=8))
+def test_merge_is_exact_for_any_split(chunks: list[list[int]]) -> None:
+    parts = []
+    for c in chunks:
+        h = LagHistogram()
+        for v in c:
+            h.record_us(v)
+        parts.append(LagHistogram.decode(h.encode(), h.out_of_range))
+    merged, big = LagHistogram(), LagHistogram()
+    for p in parts:
+        merged.merge(p)
+    for c in chunks:
+        for v in c:
+            big.record_us(v)
+    assert merged.summary_ms() == big.summary_ms() and merged.count == big.count
+
+
+def test_out_of_range_values_are_counted_not_dropped() -> None:
+    h = LagHistogram()
+    h.record_us(10**13)
+    assert h.count == 1 and h.out_of_range == 1
