@@ -1,0 +1,242 @@
+"""Discovery of a Redis Cluster's shards: CLUSTER SHARDS (Redis ≥ 7), else CLUSTER SLOTS.
+
+Each shard (a primary holding slots, and its replicas) becomes a region that
+probes write to through the primary, with its slot ranges so probe keys land
+there, and a replica group that repair compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from replag.connections import async_client, endpoint_errors
+from replag.discovery.result import Discovery
+from replag.errors import DiscoveryError, UsageError
+from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+
+SLOT_COUNT = 16384
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterNode:
+    node_id: str
+    host: str
+    port: int
+    health: str = "online"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shard:
+    slots: tuple[tuple[int, int], ...]
+    primary: ClusterNode
+    replicas: tuple[ClusterNode, ...]
+
+    @property
+    def name(self) -> str:
+        start, end = self.slots[0]
+        return f"shard-{start}-{end}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(value: Any, *, what: str, where: str) -> dict[str, Any]:
+    """A RESP3 map, or RESP2's flat [key, value, …] list, as a dict with str keys."""
+    if isinstance(value, dict):
+        return {_text(k): v for k, v in value.items()}
+    if isinstance(value, list) and len(value) % 2 == 0:
+        return {_text(value[i]): value[i + 1] for i in range(0, len(value), 2)}
+    raise DiscoveryError(f"CLUSTER SHARDS: cannot read {what}: {value!r}", where=where)
+
+
+def _port(value: Any, *, what: str, where: str) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 0 < port < 65536:
+        raise DiscoveryError(f"{what} has a bad port {value!r}", where=where)
+    return port
+
+
+def parse_cluster_shards(reply: Any, *, seed_host: str, where: str) -> list[Shard]:
+    """Shards of a CLUSTER SHARDS reply; shards holding no slots are left out."""
+    if not isinstance(reply, list):
+        raise DiscoveryError(f"CLUSTER SHARDS answered {reply!r}", where=where)
+    shards = []
+    for i, raw in enumerate(reply):
+        entry = _pairs(raw, what=f"shard {i}", where=where)
+        bounds = [int(b) for b in entry.get("slots", [])]
+        if len(bounds) % 2:
+            raise DiscoveryError(f"shard {i} has an odd slot list {bounds!r}", where=where)
+        slots = tuple((bounds[j], bounds[j + 1]) for j in range(0, len(bounds), 2))
+        primary, replicas = None, []
+        for raw_node in entry.get("nodes", []):
+            node = _pairs(raw_node, what=f"a node of shard {i}", where=where)
+            host = _text(node.get("ip") or node.get("endpoint") or "")
+            cluster_node = ClusterNode(
+                node_id=_text(node.get("id", "")),
+                host=host if host not in ("", "?") else seed_host,
+                port=_port(node.get("port"), what=f"a node of shard {i}", where=where),
+                health=_text(node.get("health", "online")),
+            )
+            if _text(node.get("role")) == "master":
+                primary = cluster_node
+            else:
+                replicas.append(cluster_node)
+        if not slots:
+            continue
+        if primary is None:
+            raise DiscoveryError(f"shard {i} (slots {slots[0]}…) has no primary", where=where)
+        shards.append(Shard(slots=slots, primary=primary, replicas=tuple(replicas)))
+    return shards
+
+
+def parse_cluster_slots(reply: Any, *, seed_host: str, where: str) -> list[Shard]:
+    """Shards of a CLUSTER SLOTS reply: ranges grouped by the primary serving them."""
+    if not isinstance(reply, list):
+        raise DiscoveryError(f"CLUSTER SLOTS answered {reply!r}", where=where)
+    by_primary: dict[str, tuple[ClusterNode, list[tuple[int, int]], list[ClusterNode]]] = {}
+    for entry in reply:
+        if not isinstance(entry, list) or len(entry) < 3:
+            raise DiscoveryError(f"CLUSTER SLOTS: cannot read {entry!r}", where=where)
+        nodes = [_slots_node(raw, seed_host=seed_host, where=where) for raw in entry[2:]]
+        primary = nodes[0]
+        _, ranges, replicas = by_primary.setdefault(primary.node_id, (primary, [], []))
+        ranges.append((int(entry[0]), int(entry[1])))
+        for node in nodes[1:]:
+            if node.node_id not in {r.node_id for r in replicas}:
+                replicas.append(node)
+    return [
+        Shard(slots=tuple(sorted(ranges)), primary=primary, replicas=tuple(replicas))
+        for primary, ranges, replicas in by_primary.values()
+    ]
+
+
+def _slots_node(raw: Any, *, seed_host: str, where: str) -> ClusterNode:
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise DiscoveryError(f"CLUSTER SLOTS: cannot read node {raw!r}", where=where)
+    host = _text(raw[0])
+    port = _port(raw[1], what=f"CLUSTER SLOTS node {raw!r}", where=where)
+    node_id = _text(raw[2]) if len(raw) > 2 else f"{host}:{port}"
+    return ClusterNode(
+        node_id=node_id, host=host if host not in ("", "?") else seed_host, port=port
+    )
+
+
+async def read_shards(seed: Endpoint, *, timeout_s: float) -> tuple[list[Shard], str, str]:
+    """(shards, the command that answered, cluster_state) as seen from `seed`."""
+    client = async_client(seed, timeout_s=timeout_s)
+    where = seed.url()
+    try:
+        with endpoint_errors(seed):
+            try:
+                info = await _cluster(client, "INFO")
+            except ResponseError as exc:
+                if "cluster support disabled" in str(exc).lower():
+                    raise DiscoveryError(
+                        "not a Redis Cluster node (cluster support is disabled)", where=where
+                    ) from None
+                raise
+            try:
+                reply = await _cluster(client, "SHARDS")
+                command = "CLUSTER SHARDS"
+            except ResponseError as exc:
+                if "unknown subcommand" not in str(exc).lower():
+                    raise
+                # Before Redis 7 there is no CLUSTER SHARDS; SLOTS says the same in another shape.
+                reply = await _cluster(client, "SLOTS")
+                command = "CLUSTER SLOTS"
+    finally:
+        await client.aclose()
+    state = _cluster_state(info)
+    if command == "CLUSTER SHARDS":
+        shards = parse_cluster_shards(reply, seed_host=seed.host, where=where)
+    else:
+        shards = parse_cluster_slots(reply, seed_host=seed.host, where=where)
+    return shards, command, state
+
+
+async def _cluster(client: aioredis.Redis, *args: str) -> Any:
+    run: Callable[..., Awaitable[Any]] = client.execute_command  # untyped in redis-py
+    return await run("CLUSTER", *args)
+
+
+def _cluster_state(info: Any) -> str:
+    if isinstance(info, dict):
+        return _text(info.get("cluster_state", "unknown"))
+    for line in _text(info).splitlines():
+        key, _, value = line.partition(":")
+        if key == "cluster_state":
+            return value.strip()
+    return "unknown"
+
+
+async def discover_cluster(url: str, *, timeout_s: float) -> Discovery:
+    """Every shard of the Redis Cluster that the node at `url` belongs to."""
+    try:
+        seed = Endpoint.from_url(url)
+    except ValueError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
+    shards, command, state = await read_shards(seed, timeout_s=timeout_s)
+    if not shards:
+        raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
+    return cluster_topology(shards, seed=seed, command=command, state=state)
+
+
+def cluster_topology(
+    shards: Sequence[Shard], *, seed: Endpoint, command: str, state: str
+) -> Discovery:
+    """One region and one replica group per shard, in slot order."""
+    regions, groups = [], []
+    comments: dict[str, str] = {}
+    endpoint_comments: dict[str, str] = {}
+
+    def endpoint(node: ClusterNode, region: str) -> Endpoint:
+        ep = replace(
+            seed,
+            name=f"{node.host}:{node.port}",
+            host=node.host,
+            port=node.port,
+            region=region,
+            rack=None,
+            kind="redis",
+        )
+        return ep
+
+    for shard in sorted(shards, key=lambda s: s.slots[0]):
+        primary = endpoint(shard.primary, shard.name)
+        replicas = tuple(endpoint(node, shard.name) for node in shard.replicas)
+        endpoint_comments[primary.name] = f"primary, cluster node {shard.primary.node_id}"
+        for node, ep in zip(shard.replicas, replicas, strict=True):
+            health = "" if node.health == "online" else f"; health {node.health} at discovery"
+            endpoint_comments[ep.name] = f"replica, cluster node {node.node_id}{health}"
+        regions.append(Region(name=shard.name, write=primary, replicas=replicas, slots=shard.slots))
+        ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
+        comments[shard.name] = f"shard holding slots {ranges} ({len(replicas)} replicas)"
+        if replicas:
+            groups.append(
+                ReplicaGroup(name=shard.name, members=(primary, *replicas), slots=shard.slots)
+            )
+    covered = sum(b - a + 1 for s in shards for a, b in s.slots)
+    header = [f"Discovered from {command} of Redis Cluster node {seed.url()}."]
+    if state != "ok":
+        header.append(f"cluster_state was {state!r} at discovery.")
+    if covered != SLOT_COUNT:
+        header.append(f"Only {covered} of {SLOT_COUNT} slots are served.")
+    lonely = [s.name for s in shards if not s.replicas]
+    if lonely:
+        header.append(f"Shards without replicas (nothing to compare): {', '.join(lonely)}.")
+    return Discovery(
+        topology=Topology(regions=tuple(regions), groups=tuple(groups)),
+        header="\n".join(header),
+        comments=comments,
+        endpoint_comments=endpoint_comments,
+        facts={"command": command, "cluster_state": state, "slots_covered": covered},
+    )

@@ -1,0 +1,171 @@
+"""Discovery of a Redis primary and every replica INFO replication leads to.
+
+Starting anywhere in the tree (a replica's `master_host` leads up to the
+primary), each node's `slaveN:ip=…,port=…` lines lead down to its replicas,
+chained ones included. Replicas are reached with the credentials of the URL
+given, as replicas of one primary normally share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from replag.connections import async_client, endpoint_errors
+from replag.discovery.result import Discovery
+from replag.errors import DiscoveryError, EndpointError, UsageError
+from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+
+# A replication tree deeper than this is a loop in what the servers told us.
+_MAX_HOPS = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaLink:
+    """One replica as its upstream lists it."""
+
+    endpoint: Endpoint
+    upstream: Endpoint
+    state: str
+    offset: int | None
+
+
+async def read_replication_info(endpoint: Endpoint, *, timeout_s: float) -> dict[str, Any]:
+    client = async_client(endpoint, timeout_s=timeout_s)
+    try:
+        with endpoint_errors(endpoint):
+            info: dict[str, Any] = await client.info("replication")
+    finally:
+        await client.aclose()
+    if "role" not in info:
+        raise DiscoveryError("INFO replication has no `role` line", where=endpoint.url())
+    return info
+
+
+def replicas_listed(info: dict[str, Any], upstream: Endpoint) -> list[ReplicaLink]:
+    """The `slaveN` entries of one INFO replication answer."""
+    links = []
+    for key in sorted(
+        (k for k in info if k.startswith("slave") and k[5:].isdigit()), key=lambda k: int(k[5:])
+    ):
+        entry = info[key]
+        if not isinstance(entry, dict) or "ip" not in entry or "port" not in entry:
+            raise DiscoveryError(
+                f"cannot read {key} in INFO replication: {entry!r}", where=upstream.url()
+            )
+        try:
+            port = int(entry["port"])
+        except (TypeError, ValueError):
+            raise DiscoveryError(
+                f"{key} has a bad port {entry['port']!r}", where=upstream.url()
+            ) from None
+        # An empty or unknown announced ip means "the host you reached me on".
+        host = str(entry["ip"]) if entry["ip"] not in ("", "?") else upstream.host
+        offset = entry.get("offset")
+        links.append(
+            ReplicaLink(
+                endpoint=_node(upstream, host, port),
+                upstream=upstream,
+                state=str(entry.get("state", "unknown")),
+                offset=int(offset)
+                if isinstance(offset, int | str) and str(offset).isdigit()
+                else None,
+            )
+        )
+    return links
+
+
+def _node(like: Endpoint, host: str, port: int) -> Endpoint:
+    return replace(like, name=f"{host}:{port}", host=host, port=port, kind="redis", region=None)
+
+
+async def find_primary(seed: Endpoint, *, timeout_s: float) -> Endpoint:
+    """Follow `master_host:master_port` up from `seed` to the node whose role is master."""
+    node = seed
+    for _ in range(_MAX_HOPS):
+        info = await read_replication_info(node, timeout_s=timeout_s)
+        if info["role"] == "master":
+            return node
+        host, port = info.get("master_host"), info.get("master_port")
+        if not host or not port:
+            raise DiscoveryError("a replica without master_host/master_port", where=node.url())
+        node = _node(seed, str(host), int(port))
+    raise DiscoveryError(f"no primary within {_MAX_HOPS} hops up (a loop?)", where=seed.url())
+
+
+async def discover_replication(url: str, *, timeout_s: float) -> Discovery:
+    """The primary of `url`'s replication tree and every replica under it."""
+    try:
+        seed = Endpoint.from_url(url)
+    except ValueError as exc:
+        raise UsageError(f"--redis: {exc}") from None
+    primary = await find_primary(seed, timeout_s=timeout_s)
+    primary = replace(primary, name=primary.address, region="primary")
+    links: list[ReplicaLink] = []
+    unread: dict[str, str] = {}
+    frontier, seen = [primary], {primary.address}
+    for _ in range(_MAX_HOPS):
+        if not frontier:
+            break
+        below = []
+        for node in frontier:
+            try:
+                info = await read_replication_info(node, timeout_s=timeout_s)
+            except EndpointError as exc:
+                if node is primary:
+                    raise
+                # Listed by its upstream yet not answering us (firewall, other password):
+                # keep it, and say its own replicas could not be followed.
+                unread[node.name] = exc.message
+                continue
+            for link in replicas_listed(info, node):
+                if link.endpoint.address not in seen:
+                    seen.add(link.endpoint.address)
+                    links.append(link)
+                    below.append(link.endpoint)
+        frontier = below
+    return replication_topology(primary, links, unread=unread, source=seed.url())
+
+
+def replication_topology(
+    primary: Endpoint, links: list[ReplicaLink], *, unread: dict[str, str], source: str
+) -> Discovery:
+    """One region "primary" (write = primary, replicas = all) and one replica group."""
+    replicas = tuple(replace(link.endpoint, region="primary") for link in links)
+    endpoint_comments = {primary.name: "primary (role:master in INFO replication)"}
+    for link in links:
+        chained = link.upstream.address != primary.address
+        text = (
+            f"chained replica: replicates from {link.upstream.address}, not the primary"
+            if chained
+            else f"replica of the primary {primary.address}"
+        )
+        text += f" (state {link.state}"
+        text += f", offset {link.offset})" if link.offset is not None else ")"
+        if link.endpoint.name in unread:
+            text += f"\nits INFO could not be read ({unread[link.endpoint.name]}): "
+            text += "replicas below it are not listed"
+        endpoint_comments[link.endpoint.name] = text
+    groups: tuple[ReplicaGroup, ...] = ()
+    comments = {
+        "primary": f"primary {primary.address} and the {len(links)} replicas INFO replication "
+        "leads to (lag per replica)",
+    }
+    if replicas:
+        groups = (ReplicaGroup(name="replication", members=(primary, *replicas)),)
+        comments["replication"] = "the primary and every replica: they should hold the same data"
+    header = [f"Discovered from INFO replication, starting at {source}."]
+    if not replicas:
+        header.append("The primary lists no replicas: nothing to probe or repair against.")
+    return Discovery(
+        topology=Topology(
+            regions=(Region(name="primary", write=primary, replicas=replicas),), groups=groups
+        ),
+        header="\n".join(header),
+        comments=comments,
+        endpoint_comments=endpoint_comments,
+        facts={
+            "replicas": len(links),
+            "chained": sum(link.upstream.address != primary.address for link in links),
+        },
+    )

@@ -1,0 +1,156 @@
+"""Redis Cluster discovery against real `redis-server --cluster-enabled yes` nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replag.config import load_config
+from replag.discovery.cluster import (
+    ClusterNode,
+    Shard,
+    discover_cluster,
+    parse_cluster_shards,
+    parse_cluster_slots,
+)
+from replag.errors import DiscoveryError
+from replag.lab.binary import redis_server_version
+from tests.cluster_fixture import RedisClusterNodes, start_cluster
+from tests.conftest import RedisFactory
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    cluster = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield cluster
+    cluster.stop()
+
+
+async def test_every_shard_becomes_a_region_and_a_replica_group(
+    redis_cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    found = await discover_cluster(redis_cluster.url, timeout_s=5)
+    regions = found.topology.regions
+    assert [r.name for r in regions] == ["shard-0-5460", "shard-5461-10922", "shard-10923-16383"]
+    for region, primary, replica, slots in zip(
+        regions, redis_cluster.primaries, redis_cluster.replicas, redis_cluster.slots, strict=True
+    ):
+        assert region.write is not None and region.write.port == primary.port
+        assert [r.port for r in region.replicas] == [replica.port]
+        assert region.slots == (slots,)
+    groups = found.topology.groups
+    assert [(g.name, [m.port for m in g.members], g.slots) for g in groups] == [
+        (r.name, [r.write.port, *(x.port for x in r.replicas)], r.slots)
+        for r in regions
+        if r.write is not None
+    ]
+    assert found.facts["cluster_state"] == "ok" and found.facts["slots_covered"] == 16384
+    expected = "CLUSTER SHARDS" if redis_server_version() >= (7, 0, 0) else "CLUSTER SLOTS"
+    assert found.facts["command"] == expected
+
+    path = tmp_path / "cluster.toml"
+    path.write_text(found.render())
+    assert f"Discovered from {expected}" in path.read_text()
+    assert load_config(path, environ={}).topology.to_dict() == found.topology.to_dict()
+
+
+async def test_any_node_gives_the_same_shards(redis_cluster: RedisClusterNodes) -> None:
+    from_primary = await discover_cluster(redis_cluster.url, timeout_s=5)
+    from_replica = await discover_cluster(redis_cluster.replicas[2].url, timeout_s=5)
+    assert from_replica.topology.to_dict() == from_primary.topology.to_dict()
+
+
+async def test_cluster_shards_when_the_server_has_it(redis_cluster: RedisClusterNodes) -> None:
+    if redis_server_version() < (7, 0, 0):
+        pytest.skip(f"redis-server {redis_server_version()} has no CLUSTER SHARDS")
+    with redis_cluster.primaries[0].client() as client:
+        reply = client.execute_command("CLUSTER", "SHARDS")
+        slots_reply = client.execute_command("CLUSTER", "SLOTS")
+    from_shards = parse_cluster_shards(reply, seed_host="127.0.0.1", where="t")
+    from_slots = parse_cluster_slots(slots_reply, seed_host="127.0.0.1", where="t")
+    assert sorted(from_shards, key=lambda s: s.slots) == sorted(from_slots, key=lambda s: s.slots)
+
+
+def test_cluster_shards_replies_are_parsed() -> None:
+    # A CLUSTER SHARDS reply in the RESP2 shape Redis 7.0 sends (flat key/value lists).
+    reply = [
+        [
+            b"slots",
+            [0, 100, 200, 300],
+            b"nodes",
+            [
+                [
+                    b"id",
+                    b"aaa",
+                    b"port",
+                    7000,
+                    b"ip",
+                    b"10.0.0.1",
+                    b"endpoint",
+                    b"10.0.0.1",
+                    b"role",
+                    b"master",
+                    b"replication-offset",
+                    10,
+                    b"health",
+                    b"online",
+                ],
+                [
+                    b"id",
+                    b"bbb",
+                    b"port",
+                    7001,
+                    b"ip",
+                    b"",
+                    b"endpoint",
+                    b"?",
+                    b"role",
+                    b"replica",
+                    b"replication-offset",
+                    10,
+                    b"health",
+                    b"failed",
+                ],
+            ],
+        ],
+        [
+            b"slots",
+            [],
+            b"nodes",
+            [
+                [
+                    b"id",
+                    b"ccc",
+                    b"port",
+                    7002,
+                    b"ip",
+                    b"10.0.0.3",
+                    b"role",
+                    b"master",
+                    b"health",
+                    b"online",
+                ]
+            ],
+        ],
+    ]
+    (shard,) = parse_cluster_shards(reply, seed_host="seed", where="t")
+    assert shard == Shard(
+        slots=((0, 100), (200, 300)),
+        primary=ClusterNode(node_id="aaa", host="10.0.0.1", port=7000),
+        replicas=(ClusterNode(node_id="bbb", host="seed", port=7001, health="failed"),),
+    )
+    with pytest.raises(DiscoveryError, match="has no primary"):
+        parse_cluster_shards([[b"slots", [0, 1], b"nodes", []]], seed_host="s", where="t")
+    with pytest.raises(DiscoveryError, match="odd slot list"):
+        parse_cluster_shards([[b"slots", [0], b"nodes", []]], seed_host="s", where="t")
+
+
+async def test_a_server_without_cluster_support_is_a_clear_error(
+    redis_factory: RedisFactory,
+) -> None:
+    plain = redis_factory("plain")
+    with pytest.raises(DiscoveryError, match="not a Redis Cluster node") as err:
+        await discover_cluster(plain.url, timeout_s=5)
+    assert err.value.where == plain.url
