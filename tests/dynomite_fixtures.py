@@ -7,8 +7,10 @@ the CRLF plain-text answers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from aiohttp import web
@@ -68,3 +70,24 @@ async def admin_server(routes: Mapping[str, Route]) -> AsyncIterator[str]:
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+@contextmanager
+def admin_server_in_thread(routes: Mapping[str, Route]) -> Iterator[str]:
+    """`admin_server` on its own event loop thread, for synchronous callers (the CLI)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = admin_server(routes)
+    try:
+        url = asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(timeout=10)
+        try:
+            yield url
+        finally:
+            asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(
+                timeout=10
+            )
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()

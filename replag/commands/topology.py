@@ -1,8 +1,165 @@
-"""`replag topology`: filled in by its issue."""
+"""`replag topology discover`: write the TOML topology of a running Dynomite, Redis or Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
 
 import click
+
+from replag.config import write_config_atomic
+from replag.discovery import Discovery
+from replag.discovery.cluster import discover_cluster
+from replag.discovery.dynomite import (
+    PortMap,
+    discover_dynomite,
+    load_port_map_file,
+    parse_port_override,
+)
+from replag.discovery.replication import discover_replication
+from replag.durations import parse_duration_s
+from replag.errors import UsageError
+from replag.settings import Settings, resolve_settings
 
 
 @click.group(name="topology")
 def command() -> None:
-    """(not yet built)"""
+    """Discover topologies from the systems that run them."""
+
+
+@command.command(name="discover")
+@click.option(
+    "--dynomite",
+    "dynomite_url",
+    metavar="URL",
+    help="A Dynomite node's stats port, e.g. http://10.0.0.1:22222.",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    metavar="URL",
+    help="A Redis primary (or any replica of it), e.g. redis://10.0.0.1:6379.",
+)
+@click.option(
+    "--cluster",
+    "cluster_url",
+    metavar="URL",
+    help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the TOML here (atomically, mode 0600) instead of to stdout.",
+)
+@click.option("--peer-port", type=int, help="Dynomite peer port convention (default 8101).")
+@click.option("--client-port", type=int, help="Dynomite client port convention (default 8102).")
+@click.option("--stats-port", type=int, help="Dynomite stats port convention (default 22222).")
+@click.option("--redis-port", type=int, help="Backend Redis port convention (default 22122).")
+@click.option(
+    "--port-map",
+    "port_maps",
+    multiple=True,
+    metavar="HOST:PEER=client:PORT,redis:[HOST:]PORT,stats:PORT",
+    help="Ports of one Dynomite node, named by its peer address (repeatable).",
+)
+@click.option(
+    "--port-map-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="TOML file of Dynomite port conventions and per-node ports.",
+)
+@click.option(
+    "--timeout",
+    "timeout",
+    metavar="DURATION",
+    help="Timeout of each request (default: settings.connect_timeout).",
+)
+def discover(
+    dynomite_url: str | None,
+    redis_url: str | None,
+    cluster_url: str | None,
+    out: Path | None,
+    peer_port: int | None,
+    client_port: int | None,
+    stats_port: int | None,
+    redis_port: int | None,
+    port_maps: tuple[str, ...],
+    port_map_file: Path | None,
+    timeout: str | None,
+) -> None:
+    """Discover a topology and print (or --out) the TOML file replag reads."""
+    sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
+    if len(sources) != 1:
+        raise UsageError("give exactly one of --dynomite URL, --redis URL, --cluster URL")
+    dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
+    if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
+        raise UsageError("port conventions and --port-map apply to --dynomite only")
+    settings = resolve_settings({}, where="defaults")
+    try:
+        timeout_s = parse_duration_s(timeout) if timeout else float(settings.connect_timeout)
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    if dynomite_url:
+        ports = port_map(
+            settings,
+            peer=peer_port,
+            client=client_port,
+            stats=stats_port,
+            redis=redis_port,
+            overrides=port_maps,
+            path=port_map_file,
+        )
+        found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
+    elif redis_url:
+        found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s))
+    else:
+        assert cluster_url is not None
+        found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
+    text = found.render()
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    write_config_atomic(out, text)
+    click.echo(f"wrote {out}: {summary(found)}", err=True)
+
+
+def port_map(
+    settings: Settings,
+    *,
+    peer: int | None,
+    client: int | None,
+    stats: int | None,
+    redis: int | None,
+    overrides: tuple[str, ...],
+    path: Path | None,
+) -> PortMap:
+    """Conventions from settings < --port-map-file < flags; per-node overrides on top."""
+    ports = PortMap(
+        peer=settings.dynomite_peer_port,
+        client=settings.dynomite_client_port,
+        stats=settings.dynomite_stats_port,
+        redis=settings.dynomite_redis_port,
+    )
+    if path is not None:
+        ports = load_port_map_file(path, ports)
+    ports = replace(
+        ports,
+        peer=ports.peer if peer is None else peer,
+        client=ports.client if client is None else client,
+        stats=ports.stats if stats is None else stats,
+        redis=ports.redis if redis is None else redis,
+    )
+    nodes = dict(ports.overrides)
+    for text in overrides:
+        peer_address, node_ports = parse_port_override(text)
+        nodes[peer_address] = node_ports
+    return replace(ports, overrides=nodes)
+
+
+def summary(found: Discovery) -> str:
+    regions, groups = found.topology.regions, found.topology.groups
+    line = f"{len(regions)} regions, {len(groups)} replica groups"
+    consistency = found.facts.get("consistency")
+    if isinstance(consistency, dict):
+        line += f"; Dynomite consistency read {consistency['read']}, write {consistency['write']}"
+    return line

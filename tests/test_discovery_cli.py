@@ -1,0 +1,99 @@
+"""`replag topology discover` end to end: real HTTP fixture servers and real redis-servers."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import load_config
+from tests.conftest import RedisFactory
+from tests.dynomite_fixtures import admin_server_in_thread, node_routes
+from tests.test_discovery_replication import replica_of, wait_listed
+
+THREE_RACK_PORTS = [
+    "127.0.0.1:8101=client:8102,redis:22121,stats:22222",
+    "127.0.0.1:8111=client:8112,redis:22122,stats:22232",
+    "127.0.0.1:8121=client:8122,redis:22123,stats:22242",
+]
+
+
+def test_dynomite_discovery_prints_the_toml(tmp_path: Path) -> None:
+    args = [arg for spec in THREE_RACK_PORTS for arg in ("--port-map", spec)]
+    with admin_server_in_thread(node_routes("3rack", "node1")) as url:
+        result = CliRunner().invoke(main, ["topology", "discover", "--dynomite", url, *args])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "printed.toml"
+    path.write_text(result.stdout)
+    topology = load_config(path, environ={}).topology
+    (region,) = topology.regions
+    assert region.write is not None and (region.write.kind, region.write.port) == ("dynomite", 8102)
+    assert [r.port for r in region.replicas] == [22121, 22122, 22123]
+    assert [g.name for g in topology.groups] == ["token-12345678"]
+
+
+def test_dynomite_discovery_with_a_port_map_file_and_conventions(tmp_path: Path) -> None:
+    ports = tmp_path / "ports.toml"
+    ports.write_text(
+        "[conventions]\npeer_port = 8201\n\n"
+        '[nodes."127.0.0.1:8201"]\nclient = 8202\nredis = 22131\nstats = 22252\n\n'
+        '[nodes."127.0.0.1:8211"]\nclient = 8212\nredis = 22132\nstats = 22262\n'
+    )
+    out = tmp_path / "dyn.toml"
+    with admin_server_in_thread(node_routes("2dc", "node1")) as url:
+        result = CliRunner().invoke(
+            main,
+            [
+                "topology",
+                "discover",
+                "--dynomite",
+                url,
+                "--port-map-file",
+                str(ports),
+                "--out",
+                str(out),
+            ],
+        )
+    assert result.exit_code == 0, result.output
+    assert "2 regions, 1 replica groups; Dynomite consistency read DC_ONE" in result.stderr
+    assert [r.name for r in load_config(out, environ={}).topology.regions] == ["dc1", "dc2"]
+
+
+def test_dynomite_errors_exit_2_naming_the_url() -> None:
+    routes = node_routes("3rack", "node1")
+    routes["/cluster_describe"] = b'{"dcs": "none"}'
+    with admin_server_in_thread(routes) as url:
+        result = CliRunner().invoke(main, ["topology", "discover", "--dynomite", url])
+    assert result.exit_code == 2
+    assert f"replag: error: {url}/cluster_describe: no `dcs` list" in result.stderr
+
+
+def test_redis_discovery_writes_the_file(redis_factory: RedisFactory, tmp_path: Path) -> None:
+    primary = redis_factory("primary")
+    replica = replica_of(redis_factory, primary, "replica")
+    wait_listed(primary, [replica])
+    out = tmp_path / "redis.toml"
+    result = CliRunner().invoke(
+        main, ["topology", "discover", "--redis", primary.url, "--out", str(out), "--timeout", "2s"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    (region,) = load_config(out, environ={}).topology.regions
+    assert [r.port for r in region.replicas] == [replica.port]
+
+
+def test_usage_errors() -> None:
+    runner = CliRunner()
+    for args in (
+        [],
+        ["--redis", "redis://a", "--cluster", "redis://b"],
+        ["--redis", "redis://a", "--port-map", "127.0.0.1:8101=client:1"],
+        ["--redis", "redis://a", "--timeout", "soon"],
+        ["--dynomite", "http://127.0.0.1:1", "--port-map", "nonsense"],
+    ):
+        result = runner.invoke(main, ["topology", "discover", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stderr.startswith("replag: error: ") or "Usage:" in result.output
