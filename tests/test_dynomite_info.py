@@ -6,6 +6,9 @@ import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from replag.cli import main
 from replag.discovery.dynomite_info import (
     DROPPED_WRITES_MESSAGE,
     collect_dynomite_stats,
@@ -16,7 +19,12 @@ from replag.discovery.dynomite_info import (
 )
 from replag.lab.server import free_port
 from replag.store import Store
-from tests.dynomite_fixtures import admin_server, fixture_bytes, node_routes
+from tests.dynomite_fixtures import (
+    admin_server,
+    admin_server_in_thread,
+    fixture_bytes,
+    node_routes,
+)
 
 NODES = [
     ("3rack", "node1"),
@@ -134,3 +142,23 @@ async def test_growth_needs_a_baseline_and_survives_periodic_resets() -> None:
     )
     assert counter_growth(later, reset, "peer_dropped_requests") == 4
     assert dropped_writes(reset, reset) is None
+
+
+def test_the_cron_command_collects_and_exits_1_on_dropped_writes(tmp_path: Path) -> None:
+    routes = node_routes("3rack", "node1")
+    config = tmp_path / "dyn.toml"
+    with admin_server_in_thread(routes) as url:
+        config.write_text(
+            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\ndynomite_stats_urls = ["{url}"]\n\n'
+            '[[groups]]\nname = "g"\nmembers = ["redis://127.0.0.1:22121", "redis://127.0.0.1:22122"]\n'
+        )
+        runner = CliRunner()
+        first = runner.invoke(main, ["topology", "dynomite-stats", "-c", str(config)])
+        assert first.exit_code == 0, first.output
+        assert "dc1/rack1: peer dropped 0" in first.stdout
+        routes["/info"] = info_with("3rack_node1_22222", uptime=20, peer_dropped_requests=4)
+        second = runner.invoke(main, ["topology", "dynomite-stats", "-c", str(config), "--json"])
+    assert second.exit_code == 1, second.output
+    (finding,) = json.loads(second.stdout)["dropped_writes"]
+    assert (finding["node"], finding["dropped"]) == (url, 4)
+    assert finding["message"] == DROPPED_WRITES_MESSAGE

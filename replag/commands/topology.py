@@ -1,13 +1,17 @@
-"""`replag topology discover`: write the TOML topology of a running Dynomite, Redis or Cluster."""
+"""`replag topology`: discover the TOML topology of a running Dynomite, Redis or Redis Cluster,
+and collect Dynomite's /info figures."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from replag.commands.options import config_option, json_option, load
 from replag.config import write_config_atomic
 from replag.discovery import Discovery
 from replag.discovery.cluster import discover_cluster
@@ -17,10 +21,12 @@ from replag.discovery.dynomite import (
     load_port_map_file,
     parse_port_override,
 )
+from replag.discovery.dynomite_info import collect_dynomite_stats, find_dropped_writes
 from replag.discovery.replication import discover_replication
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
 from replag.settings import Settings, resolve_settings
+from replag.store import Store
 
 
 @click.group(name="topology")
@@ -163,3 +169,66 @@ def summary(found: Discovery) -> str:
     if isinstance(consistency, dict):
         line += f"; Dynomite consistency read {consistency['read']}, write {consistency['write']}"
     return line
+
+
+@command.command(name="dynomite-stats")
+@config_option
+@json_option
+@click.option(
+    "--timeout",
+    "timeout",
+    metavar="DURATION",
+    help="Timeout of each /info request (default: settings.connect_timeout).",
+)
+def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> None:
+    """Collect every Dynomite node's /info into the store; exit 1 if writes were dropped.
+
+    Reads settings.dynomite_stats_urls (written by `topology discover --dynomite`).
+    Run it from cron: a growth of dropped peer requests since the previous
+    sample means replicas may have diverged.
+    """
+    config = load(config_path)
+    urls = config.settings.dynomite_stats_urls
+    if not urls:
+        raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
+    try:
+        timeout_s = parse_duration_s(timeout) if timeout else float(config.settings.connect_timeout)
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    store = Store(config.settings.store)
+    try:
+        collected = asyncio.run(collect_dynomite_stats(urls, store=store, timeout_s=timeout_s))
+        findings = find_dropped_writes(store)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "samples": [s.to_dict() for s in collected.samples],
+                    "errors": dict(collected.errors),
+                    "dropped_writes": [f.to_dict() for f in findings],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for s in collected.samples:
+            f = s.figures
+            click.echo(
+                f"{s.node} {s.dc}/{s.rack}: peer dropped {f['peer_dropped_requests']}, "
+                f"timed out {f['peer_timedout_requests']}; cross-zone p99 "
+                f"{f['cross_zone_latency_p99_us']} µs, cross-region rtt p99 "
+                f"{f['cross_region_rtt_p99_us']} µs"
+            )
+        for url, error in collected.errors.items():
+            click.echo(f"{url}: error: {error}", err=True)
+        for finding in findings:
+            click.echo(
+                f"{finding.node} ({finding.dc}/{finding.rack}): {finding.dropped} "
+                f"dropped: {finding.message}",
+                err=True,
+            )
+    # As with a probe's unreachable replicas: a node we could not read is a finding too.
+    if findings or collected.errors:
+        sys.exit(1)
