@@ -163,6 +163,12 @@ SETTINGS: tuple[Setting, ...] = (
             help="Maximum repair commands in flight per replica."),
     Setting(name="ttl_tolerance", parse=_duration, default="2s",
             help="Expiry times closer than this count as equal when comparing replicas."),
+    Setting(name="repair_settle", parse=_duration, default="50ms",
+            help="Repair reads each divergent key twice this far apart; a key that changed "
+                 "in between is being written and is rechecked later, not repaired."),
+    Setting(name="scan_parallel", parse=_int, default=1,
+            help="Replicas of a group scanned at the same time (0 = all); scanning is "
+                 "CPU-bound on this side, so more only helps with more cores."),
     # Dynomite's port conventions (Netflix's defaults): /cluster_describe names peers by
     # their peer port only, so discovery maps each node to its other ports with these.
     Setting(name="dynomite_peer_port", parse=_int, default=8101,

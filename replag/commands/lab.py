@@ -127,3 +127,46 @@ def set_delay(lab_dir: Path, region: str, delay: str) -> None:
     delay_ms = _ms(delay, option="DELAY")
     names = lab_fault(lab_dir, region, "delay", delay_ms=delay_ms)
     click.echo(f"delay {delay_ms:g} ms on: {', '.join(names)}")
+
+
+@command.command("load")
+@_DIR
+@click.option("--keys", default=100_000, show_default=True, type=click.IntRange(0),
+              help="Number of keys written to every member of the lab's replica group.")
+@click.option("--value-size", default=1024, show_default=True, type=click.IntRange(1),
+              help="Bytes per string value.")
+@click.option("--types", type=click.Choice(["string", "mixed"]), default="string",
+              show_default=True, help="mixed: every 10th key is a hash, set, zset, list or stream.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the value bytes.")
+def load(lab_dir: Path, keys: int, value_size: int, types: str, seed: int) -> None:
+    """Write the same data to every replica of the lab (independent engine), pipelined."""
+    from replag.lab.load import LoadSpec, lab_load
+
+    info = lab_load(lab_dir, LoadSpec(keys=keys, value_size=value_size, types=types, seed=seed))
+    click.echo(f"loaded {keys} keys × {value_size} B ({types}) into "
+               f"{', '.join(info['members'])} in {info['seconds']} s")
+
+
+@command.command("diverge")
+@_DIR
+@click.option("--missing", default=0, type=click.IntRange(0), help="Keys deleted on one replica.")
+@click.option("--changed", default=0, type=click.IntRange(0), help="Keys rewritten on one replica.")
+@click.option("--extra", default=0, type=click.IntRange(0), help="Keys created on one replica.")
+@click.option("--type", "type_", default=0, type=click.IntRange(0),
+              help="Keys turned into a list on one replica.")
+@click.option("--ttl", default=0, type=click.IntRange(0),
+              help="Keys given a 1 h TTL on one replica.")
+@click.option("--seed", default=0, show_default=True, help="Which keys and replicas are picked.")
+@click.option("--truth", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the ground truth (every divergent key and its kind) to this JSON file.")
+def diverge(lab_dir: Path, missing: int, changed: int, extra: int, type_: int, ttl: int,
+            seed: int, truth: Path | None) -> None:
+    """Inject divergence between the lab's replicas and record exactly what was done."""
+    from replag.lab.diverge import DivergeSpec, lab_diverge
+
+    spec = DivergeSpec(missing=missing, changed=changed, extra=extra, type=type_, ttl=ttl,
+                       seed=seed)
+    result = lab_diverge(lab_dir, spec, truth)
+    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(result["counts"].items()))
+    click.echo(f"injected {result['total']} divergent keys ({counts or 'none'})"
+               + (f"; ground truth in {truth}" if truth else ""))

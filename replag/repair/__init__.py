@@ -1,0 +1,22 @@
+"""Anti-entropy for replica groups: Tictac Merkle trees over every replica, safe repair.
+
+report = await check(config, group="main", store=store)
+report = await repair(config, policy="quorum", store=store)
+list_runs(store); get_run(store, report.run_id)
+"""
+
+from replag.repair.engine import ProgressCallback, RepairProgress, check, repair
+from replag.repair.report import RepairReport
+from replag.repair.runs import get_run, list_runs
+from replag.repair.tictac import TictacTree
+
+__all__ = [
+    "ProgressCallback",
+    "RepairProgress",
+    "RepairReport",
+    "TictacTree",
+    "check",
+    "get_run",
+    "list_runs",
+    "repair",
+]

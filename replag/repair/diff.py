@@ -1,0 +1,94 @@
+"""From N replicas' scans to divergent keys: trees first, then keys, then a classification.
+
+The trees name the differing leaves; only keys in those leaves are compared by
+entry hash; only keys whose entries differ are read again on every replica
+(`KeyState`) and classified. That last read is what keeps races out of the
+report: a key deleted, expired or rewritten everywhere during the scan agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from replag.repair.observe import KeyState, key_to_json
+from replag.repair.scan import ScanIndex
+from replag.repair.tictac import TictacTree, differing_leaves, leaf_of
+
+Kind = Literal["missing", "type", "value", "ttl"]
+KINDS: tuple[Kind, ...] = ("missing", "type", "value", "ttl")
+
+
+def candidate_keys(indexes: Sequence[ScanIndex], trees: Sequence[TictacTree]) -> list[bytes]:
+    """Keys in differing leaves whose entry hash is not the same on every replica."""
+    leaves = differing_leaves(trees)
+    if len(leaves) == 0:
+        return []
+    depth = trees[0].depth
+    per_replica: list[dict[int, int]] = []
+    names: dict[int, bytes] = {}
+    for index in indexes:
+        picked = np.flatnonzero(np.isin(leaf_of(index.key_hashes, depth), leaves))
+        seen: dict[int, int] = {}
+        for i in picked:
+            h = int(index.key_hashes[i])
+            seen[h] = int(index.entries[i])
+            if h not in names:
+                names[h] = index.key(int(i))
+        per_replica.append(seen)
+    out = []
+    for h, key in names.items():
+        entries = [seen.get(h) for seen in per_replica]
+        if any(e is None or e != entries[0] for e in entries):
+            out.append(key)
+    return sorted(out)
+
+
+def brute_force_candidates(indexes: Sequence[ScanIndex]) -> list[bytes]:
+    """The same answer without trees (for tests): every key whose entries differ."""
+    maps = [{index.key(i): int(index.entries[i]) for i in range(len(index))} for index in indexes]
+    keys = set().union(*maps)
+    return sorted(k for k in keys if len({m.get(k) for m in maps}) > 1)
+
+
+def classify(states: Sequence[KeyState], *, tolerance_ms: int, now_ms: int) -> Kind | None:
+    """The most severe difference among `states`, None when they agree.
+
+    A key present only where it is about to expire (within the tolerance) is
+    an expiry in progress, not a missing key.
+    """
+    present = [s for s in states if s.exists]
+    if not present:
+        return None
+    if len(present) < len(states):
+        dying = all(
+            (r := s.remaining_ms(now_ms)) is not None and r <= tolerance_ms for s in present
+        )
+        return None if dying else "missing"
+    if len({s.type for s in present}) > 1:
+        return "type"
+    if len({s.digest for s in present}) > 1:
+        return "value"
+    first = present[0]
+    if any(not first.same_expiry(s, tolerance_ms) for s in present[1:]):
+        return "ttl"
+    return None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One divergent key: what each replica (by name) held when it was verified."""
+
+    key: bytes
+    kind: Kind
+    states: dict[str, KeyState]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **key_to_json(self.key),
+            "kind": self.kind,
+            "replicas": {name: state.to_dict() for name, state in self.states.items()},
+        }

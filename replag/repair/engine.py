@@ -1,0 +1,485 @@
+"""`check` and `repair`: scan every replica of a group, diff, verify, resolve, apply.
+
+One run walks the groups in order. Per group: scan each member into a
+`ScanIndex` (checkpointed), build the Tictac trees, collect the keys the
+trees point at, verify them with two reads `repair_settle` apart, record the
+divergent keys, then (repair only) decide and write each key under WATCH,
+rechecking keys that were being written instead of clobbering them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from replag.config import Config
+from replag.errors import EndpointError, RepairError, ReplagError, UsageError
+from replag.repair import report as rp
+from replag.repair.apply import Applier, ReplicaLane
+from replag.repair.diff import Divergence, candidate_keys, classify
+from replag.repair.observe import KeyState, key_from_json, key_to_json, observe_keys
+from replag.repair.policy import Decision, Policy, parse_policy
+from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog, new_run_id
+from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.tictac import DEFAULT_DEPTH
+from replag.store import Store
+from replag.topology import ReplicaGroup
+
+VERIFY_BATCH = 256
+RECHECK_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class RepairProgress:
+    """A progress event: `done` of `total` (None = unknown) in `phase` of `replica`."""
+
+    group: str
+    replica: str
+    phase: str
+    done: int
+    total: int | None
+    rate: float
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.total is None or self.rate <= 0:
+            return None
+        return max(0.0, (self.total - self.done) / self.rate)
+
+
+ProgressCallback = Callable[[RepairProgress], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunParams:
+    kind: str
+    group: str | None
+    policy: str
+    dry_run: bool
+    allow_deletes: bool
+    rate: float | None
+    max_inflight: int
+    match: str | None
+    type_filter: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _KeyRecord:
+    kind: str
+    status: str
+    detail: dict[str, Any]
+
+
+class _GroupRun:
+    """One group within one run."""
+
+    def __init__(
+        self,
+        config: Config,
+        group: ReplicaGroup,
+        params: RunParams,
+        policy: Policy,
+        log: RunLog | None,
+        progress: ProgressCallback | None,
+    ) -> None:
+        s = config.settings
+        self.group, self.params, self.policy, self.log = group, params, policy, log
+        self.progress = progress
+        self.timeout_s = float(s.connect_timeout)
+        self.tolerance_ms = int(float(s.ttl_tolerance) * 1000)
+        self.settle_s = float(s.repair_settle)
+        self.scan_parallel = int(s.scan_parallel) or len(group.members)
+        self.options = ScanOptions(
+            count=max(10, int(s.scan_count)),
+            timeout_s=self.timeout_s,
+            match=params.match.encode() if params.match is not None else None,
+            type_filter=params.type_filter,
+            ttl_bucket_ms=max(self.tolerance_ms, 1),
+        )
+        self.lanes = [
+            ReplicaLane(m, params.max_inflight, params.rate, self.timeout_s) for m in group.members
+        ]
+        self.stats = [rp.ReplicaStats(m.name) for m in group.members]
+        self.records: dict[bytes, _KeyRecord] = {}
+        self.report = rp.GroupReport(group.name, self.stats)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.group.members]
+
+    async def run(self) -> rp.GroupReport:
+        try:
+            phase = self.log.group_phase(self.group.name) if self.log else None
+            if phase is not None:
+                self._restore(phase[1])
+            if phase is None or phase[0] == "scanning":
+                await self._scan_and_verify()
+            if self.params.kind == "repair" and (phase is None or phase[0] != "done"):
+                started = time.perf_counter()
+                await self._repair()
+                self.report.repair_s += time.perf_counter() - started
+            self._save_phase("done")
+        finally:
+            for lane, stats in zip(self.lanes, self.stats, strict=True):
+                stats.busy_s += lane.clock.seconds
+                stats.writes += lane.writes
+                lane.clock.seconds, lane.writes = 0.0, 0
+                await lane.close()
+        self._summarise()
+        return self.report
+
+    # --- persistence --------------------------------------------------------
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        for row in saved.get("replicas", []):
+            for stats in self.stats:
+                if stats.replica == row["replica"]:
+                    stats.keys_scanned, stats.scan_s = row["keys_scanned"], row["scan_s"]
+                    stats.busy_s, stats.writes = row["busy_s"], row["writes"]
+        self.report.candidates = saved.get("candidates", 0)
+        self.report.changing = saved.get("changing_during_check", 0)
+        self.report.scan_s = saved.get("scan_s", 0.0)
+        self.report.repair_s = saved.get("repair_s", 0.0)
+        assert self.log is not None
+        for key, kind, status, detail in self.log.keys(self.group.name):
+            self.records[key] = _KeyRecord(kind, status, detail)
+
+    def _save_phase(self, phase: str) -> None:
+        if self.log is None:
+            return
+        self._summarise()
+        stats = self.report.to_dict()
+        for lane, row in zip(self.lanes, stats["replicas"], strict=True):
+            row["busy_s"] += lane.clock.seconds  # not yet folded in
+            row["writes"] += lane.writes
+        self.log.set_group_phase(self.group.name, phase, stats)
+
+    def _set(self, updates: dict[bytes, _KeyRecord]) -> None:
+        self.records.update(updates)
+        if self.log is not None and updates:
+            self.log.add_keys(
+                self.group.name, ((k, r.kind, r.status, r.detail) for k, r in updates.items())
+            )
+
+    def _summarise(self) -> None:
+        counts = dict.fromkeys(self.report.counts, 0)
+        outcomes: dict[str, int] = {}
+        shown: list[dict[str, Any]] = []
+        for key, record in sorted(self.records.items()):
+            counts[record.kind] = counts.get(record.kind, 0) + 1
+            outcomes[record.status] = outcomes.get(record.status, 0) + 1
+            if len(shown) < rp.KEYS_SHOWN:
+                shown.append({**record.detail, "status": record.status, **key_to_json(key)})
+        self.report.counts, self.report.outcomes, self.report.keys = counts, outcomes, shown
+
+    # --- scan, diff, verify -------------------------------------------------
+
+    async def _scan_and_verify(self) -> None:
+        started = time.perf_counter()
+        slots = asyncio.Semaphore(self.scan_parallel)
+
+        async def one(i: int) -> ScanIndex:
+            async with slots:
+                return await self._scan_member(i)
+
+        indexes = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+        indexes = [index.deduplicated() for index in indexes]
+        trees = [index.tree(DEFAULT_DEPTH) for index in indexes]
+        candidates = candidate_keys(indexes, trees)
+        del indexes
+        self.report.scan_s += time.perf_counter() - started
+        self.report.candidates = len(candidates)
+        divergent, changing = await self._verify(candidates, phase="verify")
+        self.report.changing = len(changing)
+        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
+        self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
+        self._save_phase("diffed")
+        if self.log is not None:
+            self.log.drop_scans(self.group.name)
+
+    async def _scan_member(self, i: int) -> ScanIndex:
+        member = self.group.members[i]
+        state, parts = ScanProgress(member.name), list[ScanIndex]()
+        if self.log is not None:
+            state, parts = self.log.load_scan(self.group.name, member.name)
+        if not state.finished:
+            log = self.log
+            checkpoint = None
+            if log is not None:
+
+                def checkpoint(progress: ScanProgress, chunk: ScanIndex) -> None:
+                    log.save_scan_chunk(self.group.name, progress, chunk)
+
+            scanner = ReplicaScanner(
+                member, self.options, checkpoint=checkpoint, progress=self._scan_progress
+            )
+            with self.lanes[i].clock.busy():
+                parts.append(await scanner.run(state))
+        self.stats[i].keys_scanned, self.stats[i].scan_s = state.keys, state.seconds
+        return ScanIndex.concat(parts)
+
+    def _scan_progress(self, state: ScanProgress) -> None:
+        if self.progress is not None:
+            rate = state.keys / state.seconds if state.seconds > 0 else 0.0
+            self.progress(
+                RepairProgress(
+                    self.group.name, state.replica, "scan", state.keys, state.total, rate
+                )
+            )
+
+    async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
+        async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
+            async with lane.connection() as conn:
+                return await observe_keys(conn, keys, chunk=self.options.count)
+
+        return list(await asyncio.gather(*(one(lane) for lane in self.lanes)))
+
+    async def _verify(
+        self,
+        keys: Sequence[bytes],
+        *,
+        phase: str,
+    ) -> tuple[list[Divergence], list[bytes]]:
+        """Divergent keys (stable over two reads `settle_s` apart) and keys still changing."""
+        divergent: list[Divergence] = []
+        changing: list[bytes] = []
+        started = time.perf_counter()
+        for start in range(0, len(keys), VERIFY_BATCH):
+            batch = keys[start : start + VERIFY_BATCH]
+            first = await self._observe_all(batch)
+            await asyncio.sleep(self.settle_s)
+            second = await self._observe_all(batch)
+            now_ms = time.time_ns() // 1_000_000
+            for key in batch:
+                states = [reads[key] for reads in second]
+                stable = all(
+                    a[key].same_as(b, self.tolerance_ms) and b.readable
+                    for a, b in zip(first, states, strict=True)
+                )
+                if not stable:
+                    changing.append(key)
+                    continue
+                kind = classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
+                if kind is not None:
+                    divergent.append(
+                        Divergence(key, kind, dict(zip(self.names, states, strict=True)))
+                    )
+            if self.progress is not None:
+                done = min(start + VERIFY_BATCH, len(keys))
+                elapsed = time.perf_counter() - started
+                self.progress(
+                    RepairProgress(
+                        self.group.name,
+                        "*",
+                        phase,
+                        done,
+                        len(keys),
+                        done / elapsed if elapsed > 0 else 0.0,
+                    )
+                )
+        return divergent, changing
+
+    # --- resolve and apply --------------------------------------------------
+
+    async def _repair(self) -> None:
+        applier = Applier(
+            self.lanes,
+            tolerance_ms=self.tolerance_ms,
+            dry_run=self.params.dry_run,
+            chunk=self.options.count,
+        )
+        todo = sorted(k for k, r in self.records.items() if r.status == rp.PENDING)
+        for round_ in range(RECHECK_ROUNDS + 1):
+            if not todo:
+                return
+            if round_:
+                # Give writers a moment; a key still changing after the last round is left.
+                await asyncio.sleep(max(self.settle_s * 4, 0.2) * round_)
+            deferred: list[bytes] = []
+            divergent, changing = await self._verify(todo, phase="repair")
+            deferred.extend(changing)
+            found = {d.key for d in divergent}
+            self._set(
+                {
+                    k: _KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
+                    for k in todo
+                    if k not in found and k not in changing
+                }
+            )
+            for start in range(0, len(divergent), VERIFY_BATCH):
+                batch = divergent[start : start + VERIFY_BATCH]
+                results = await asyncio.gather(*(self._resolve(d, applier) for d in batch))
+                updates = {}
+                for divergence, (status, reason) in zip(batch, results, strict=True):
+                    if status == rp.CHANGED:
+                        deferred.append(divergence.key)
+                        continue
+                    detail = divergence.to_dict()
+                    if reason:
+                        detail["reason"] = reason
+                    updates[divergence.key] = _KeyRecord(divergence.kind, status, detail)
+                self._set(updates)
+            todo = sorted(deferred)
+        self._set(
+            {k: _KeyRecord(self.records[k].kind, rp.CHANGED, self.records[k].detail) for k in todo}
+        )
+
+    async def _resolve(self, divergence: Divergence, applier: Applier) -> tuple[str, str]:
+        """(outcome, the policy's reason) for one verified divergent key."""
+        states = [divergence.states[name] for name in self.names]
+        decision: Decision = self.policy.decide(
+            states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
+        )
+        if decision.action == "conflict":
+            return rp.CONFLICT, decision.reason
+        if decision.action == "keep" or not decision.targets:
+            return rp.KEPT, decision.reason
+        outcomes = await applier.apply(divergence.key, decision, states)
+        if any(o == "changed" for o in outcomes.values()):
+            return rp.CHANGED, decision.reason
+        if all(o == "dry_run" for o in outcomes.values()):
+            return rp.DRY_RUN, decision.reason
+        return rp.REPAIRED, decision.reason
+
+
+def _settings_int(config: Config, name: str, value: int | None) -> int:
+    return int(getattr(config.settings, name) if value is None else value)
+
+
+async def _run(
+    config: Config,
+    params: RunParams,
+    *,
+    store: Store | None,
+    resume: str | None,
+    progress: ProgressCallback | None,
+) -> rp.RepairReport:
+    log: RunLog | None = None
+    if resume is not None:
+        if store is None:
+            raise UsageError("--resume needs the results store (settings.store)")
+        log = RunLog(store, resume)
+        row = log.row()
+        if row is None:
+            raise UsageError(f"--resume: no run {resume!r} in {store.path}")
+        _, status, saved = row
+        if status == DONE:
+            raise UsageError(f"--resume: run {resume} has already finished")
+        params = RunParams(**saved)
+        log.set_status(RUNNING)
+    elif store is not None:
+        log = RunLog.create(store, kind=params.kind, params=params.to_dict())
+    run_id = log.run_id if log is not None else new_run_id(params.kind)
+    topology = config.topology
+    groups = [topology.group(params.group)] if params.group else list(topology.groups)
+    if not groups:
+        raise UsageError("the topology has no replica groups to compare ([[groups]])")
+    policies = [parse_policy(params.policy, g.members) for g in groups]
+    for g in groups:
+        if len(g.members) < 2:
+            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
+    started = time.perf_counter()
+    reports: list[rp.GroupReport] = []
+
+    def result(status: str) -> rp.RepairReport:
+        return rp.RepairReport(
+            run_id=run_id,
+            kind=params.kind,
+            group=params.group,
+            policy=params.policy if params.kind == "repair" else None,
+            dry_run=params.dry_run,
+            allow_deletes=params.allow_deletes,
+            status=status,
+            groups=reports,
+            seconds=time.perf_counter() - started,
+        )
+
+    try:
+        for g, policy in zip(groups, policies, strict=True):
+            reports.append(await _GroupRun(config, g, params, policy, log, progress).run())
+    except EndpointError as exc:
+        message = f"{exc.message}; run {run_id} can be resumed with --resume {run_id}"
+        if log is not None:
+            log.set_status(FAILED, error=str(exc))
+        raise RepairError(message, where=exc.where) from exc
+    except ReplagError as exc:
+        if log is not None:
+            log.set_status(FAILED, error=str(exc))
+        raise
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        if log is not None:
+            log.set_status(INTERRUPTED, error="interrupted")
+        raise
+    report = result(DONE)
+    if log is not None:
+        log.set_status(DONE, report=report.to_dict())
+    return report
+
+
+async def check(
+    config: Config,
+    *,
+    group: str | None = None,
+    store: Store | None = None,
+    progress: ProgressCallback | None = None,
+    match: str | None = None,
+    type_filter: str | None = None,
+    resume: str | None = None,
+) -> rp.RepairReport:
+    """Find the keys on which the members of `group` (None = every group) differ."""
+    params = RunParams(
+        kind="check",
+        group=group,
+        policy="quorum",
+        dry_run=True,
+        allow_deletes=False,
+        rate=None,
+        max_inflight=_settings_int(config, "max_inflight", None),
+        match=match,
+        type_filter=type_filter,
+    )
+    return await _run(config, params, store=store, resume=resume, progress=progress)
+
+
+async def repair(
+    config: Config,
+    *,
+    group: str | None = None,
+    policy: str = "quorum",
+    dry_run: bool = False,
+    allow_deletes: bool = False,
+    rate: float | None = None,
+    max_inflight: int | None = None,
+    resume: str | None = None,
+    store: Store | None = None,
+    progress: ProgressCallback | None = None,
+    match: str | None = None,
+    type_filter: str | None = None,
+) -> rp.RepairReport:
+    """Find and repair divergence; see the module docstring of `policy` for the rules."""
+    if rate is not None and rate < 0:
+        raise UsageError("--rate: must be >= 0")
+    if max_inflight is not None and max_inflight < 1:
+        raise UsageError("--max-inflight: must be >= 1")
+    configured_rate = float(config.settings.repair_rate)
+    params = RunParams(
+        kind="repair",
+        group=group,
+        policy=policy,
+        dry_run=dry_run,
+        allow_deletes=allow_deletes,
+        rate=(rate if rate is not None else configured_rate) or None,
+        max_inflight=_settings_int(config, "max_inflight", max_inflight),
+        match=match,
+        type_filter=type_filter,
+    )
+    return await _run(config, params, store=store, resume=resume, progress=progress)
+
+
+__all__ = ["ProgressCallback", "RepairProgress", "check", "key_from_json", "repair"]

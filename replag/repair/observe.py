@@ -1,0 +1,122 @@
+"""What a key holds on one replica right now (`KeyState`), read in pipelined rounds.
+
+Used to verify every candidate the trees point at before it is reported, and
+under WATCH before every repair write. Expiry is kept as an absolute time on
+our own clock (arrival time of the PTTL reply + PTTL), so replicas scanned at
+different moments compare by when the key dies, not by how long it has left.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from replag.repair.digest import string_digest
+from replag.repair.values import Data, read_values
+from replag.repair.wire import RespConnection, error_text, pack
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One key on one replica. `digest is None` on a present key means it changed while read."""
+
+    exists: bool
+    type: str | None = None
+    digest: int | None = None
+    expiry_ms: int | None = None
+    data: Data | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def readable(self) -> bool:
+        return not self.exists or self.digest is not None
+
+    def same_value(self, other: KeyState) -> bool:
+        return (self.exists, self.type, self.digest) == (other.exists, other.type, other.digest)
+
+    def same_expiry(self, other: KeyState, tolerance_ms: int) -> bool:
+        if self.expiry_ms is None or other.expiry_ms is None:
+            return self.expiry_ms is None and other.expiry_ms is None
+        return abs(self.expiry_ms - other.expiry_ms) <= tolerance_ms
+
+    def same_as(self, other: KeyState, tolerance_ms: int) -> bool:
+        return self.same_value(other) and (not self.exists or self.same_expiry(other, tolerance_ms))
+
+    def remaining_ms(self, now_ms: int | None = None) -> int | None:
+        if self.expiry_ms is None:
+            return None
+        return self.expiry_ms - (now_ms if now_ms is not None else time.time_ns() // 1_000_000)
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.exists:
+            return {"exists": False}
+        return {
+            "exists": True,
+            "type": self.type,
+            "digest": f"{self.digest:016x}" if self.digest is not None else None,
+            "ttl_ms": self.remaining_ms(),
+        }
+
+
+ABSENT = KeyState(exists=False)
+
+
+def key_to_json(key: bytes) -> dict[str, str]:
+    """A key for JSON: text when it is UTF-8, else base64 (keys are bytes)."""
+    try:
+        return {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"key_b64": base64.b64encode(key).decode("ascii")}
+
+
+def key_from_json(item: dict[str, Any]) -> bytes:
+    if "key" in item:
+        return str(item["key"]).encode("utf-8")
+    return base64.b64decode(item["key_b64"])
+
+
+async def observe_keys(
+    conn: RespConnection, keys: Sequence[bytes], *, chunk: int = 1000, keep: bool = True
+) -> dict[bytes, KeyState]:
+    """TYPE, PTTL and GET per key in one round, then chunked reads of collections."""
+    if not keys:
+        return {}
+    payload = b"".join(pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GET", k) for k in keys)
+    replies, arrived_ns = await conn.wait(conn.send(payload, 3 * len(keys)))
+    now_ms = arrived_ns // 1_000_000
+    out: dict[bytes, KeyState] = {}
+    collections: list[tuple[bytes, str]] = []
+    expiries: dict[bytes, int | None] = {}
+    for i, key in enumerate(keys):
+        type_reply, ttl, value = replies[3 * i : 3 * i + 3]
+        conn.check([type_reply, ttl])
+        type_name = type_reply.decode() if isinstance(type_reply, bytes) else str(type_reply)
+        if type_name == "none" or ttl == -2:
+            out[key] = ABSENT
+            continue
+        expiries[key] = int(ttl) + now_ms if int(ttl) >= 0 else None
+        if type_name == "string":
+            if isinstance(value, bytes):
+                out[key] = KeyState(
+                    True, "string", string_digest(value), expiries[key], value if keep else None
+                )
+            else:  # changed type between TYPE and GET
+                out[key] = KeyState(True, "string", None, expiries[key])
+        elif error_text(value) is not None or value is None:
+            collections.append((key, type_name))
+        else:
+            out[key] = KeyState(True, type_name, None, expiries[key])
+    if collections:
+        values = await read_values(conn, collections, chunk=chunk, keep=keep)
+        for key, type_name in collections:
+            read = values[key]
+            out[key] = KeyState(
+                True,
+                type_name,
+                read.digest if read else None,
+                expiries[key],
+                read.data if read else None,
+            )
+    return out

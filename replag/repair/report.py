@@ -1,0 +1,158 @@
+"""What a check or repair run found and did: `RepairReport`, its dict and its table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replag.repair.diff import KINDS
+
+KEYS_SHOWN = 100
+
+# Per-key outcomes recorded in the store (repair_keys.status).
+FOUND = "found"  # check runs: divergent, nothing attempted
+PENDING = "pending"  # repair runs: not handled yet
+REPAIRED = "repaired"
+CONFLICT = "conflict"
+CHANGED = "skipped_changed"
+KEPT = "kept"  # policy wanted a delete that --allow-deletes did not allow
+DRY_RUN = "would_repair"
+AGREED = "agreed"  # replicas agreed by the time we came to repair it
+OUTCOMES = (REPAIRED, CONFLICT, CHANGED, KEPT, DRY_RUN, AGREED, PENDING)
+
+
+@dataclass
+class ReplicaStats:
+    replica: str
+    keys_scanned: int = 0
+    scan_s: float = 0.0
+    busy_s: float = 0.0
+    writes: int = 0
+
+    @property
+    def keys_per_s(self) -> float:
+        return self.keys_scanned / self.scan_s if self.scan_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "keys_scanned": self.keys_scanned,
+            "scan_s": round(self.scan_s, 3),
+            "keys_per_s": round(self.keys_per_s),
+            "busy_s": round(self.busy_s, 3),
+            "writes": self.writes,
+        }
+
+
+@dataclass
+class GroupReport:
+    group: str
+    replicas: list[ReplicaStats]
+    candidates: int = 0
+    changing: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    outcomes: dict[str, int] = field(default_factory=dict)
+    keys: list[dict[str, Any]] = field(default_factory=list)
+    scan_s: float = 0.0
+    repair_s: float = 0.0
+
+    @property
+    def divergent(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "divergent": self.divergent,
+            "counts": dict(self.counts),
+            "candidates": self.candidates,
+            "changing_during_check": self.changing,
+            **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
+            "scan_s": round(self.scan_s, 3),
+            "repair_s": round(self.repair_s, 3),
+            "replicas": [r.to_dict() for r in self.replicas],
+        }
+
+
+@dataclass
+class RepairReport:
+    """A run's result. `to_dict()` is what the API returns and the store keeps."""
+
+    run_id: str
+    kind: str
+    group: str | None
+    policy: str | None
+    dry_run: bool
+    allow_deletes: bool
+    status: str
+    groups: list[GroupReport]
+    seconds: float = 0.0
+
+    @property
+    def divergent(self) -> int:
+        return sum(g.divergent for g in self.groups)
+
+    def _total(self, outcome: str) -> int:
+        return sum(g.outcomes.get(outcome, 0) for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = [dict(k, group=g.group) for g in self.groups for k in g.keys]
+        return {
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "status": self.status,
+            "group": self.group,
+            "policy": self.policy,
+            "dry_run": self.dry_run,
+            "allow_deletes": self.allow_deletes,
+            "seconds": round(self.seconds, 3),
+            "divergent": self.divergent,
+            "counts": {k: sum(g.counts[k] for g in self.groups) for k in KINDS},
+            "repaired": self._total(REPAIRED),
+            "conflicts": self._total(CONFLICT),
+            "skipped_changed": self._total(CHANGED),
+            "kept": self._total(KEPT),
+            "would_repair": self._total(DRY_RUN),
+            "agreed": self._total(AGREED),
+            "pending": self._total(PENDING),
+            "replicas": [dict(r.to_dict(), group=g.group) for g in self.groups for r in g.replicas],
+            "groups": [g.to_dict() for g in self.groups],
+            "divergent_keys": keys[:KEYS_SHOWN],
+            "divergent_keys_total": self.divergent,
+        }
+
+    def render(self) -> str:
+        """The human report: counts by kind, outcomes, per-replica throughput."""
+        d = self.to_dict()
+        title = f"{self.kind} {self.run_id}: {d['status']}"
+        if self.policy and self.kind == "repair":
+            title += f", policy {self.policy}" + (", dry run" if self.dry_run else "")
+        lines = [
+            title,
+            "",
+            f"{'group':<14} {'missing':>8} {'value':>8} {'type':>8} {'ttl':>8} "
+            f"{'repaired':>9} {'conflicts':>10} {'changed':>8}",
+        ]
+        for g in self.groups:
+            gd = g.to_dict()
+            lines.append(
+                f"{g.group:<14} {g.counts['missing']:>8} {g.counts['value']:>8} "
+                f"{g.counts['type']:>8} {g.counts['ttl']:>8} {gd[REPAIRED]:>9} "
+                f"{gd[CONFLICT]:>10} {gd[CHANGED]:>8}"
+            )
+        extras = [
+            f"{name.replace('_', ' ')} {d[name]}"
+            for name in ("would_repair", "kept", "agreed", "pending")
+            if d[name]
+        ]
+        if extras:
+            lines.append("also: " + ", ".join(extras))
+        lines += ["", f"{'replica':<24} {'keys':>10} {'keys/s':>10} {'busy s':>8} {'writes':>7}"]
+        for g in self.groups:
+            for r in g.replicas:
+                lines.append(
+                    f"{r.replica:<24} {r.keys_scanned:>10} {r.keys_per_s:>10,.0f} "
+                    f"{r.busy_s:>8.2f} {r.writes:>7}"
+                )
+        lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
+        return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""A minimal pipelined RESP connection for the scan hot path.
+
+redis-py costs ~10 µs of Python per pipelined command; scanning a replica at
+300k keys/s needs one PTTL per key, so the scanner packs commands itself and
+parses replies with hiredis directly. Replies are grouped per request: one
+future resolves with all `n` replies of a request (and the time they arrived).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+
+from replag.connections import translate
+from replag.errors import EndpointError
+from replag.topology import Endpoint
+
+Arg = bytes | str | int | float
+
+
+def pack(*args: Arg) -> bytes:
+    """One command in RESP (hiredis packs it in C)."""
+    return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
+
+
+def pack_per_key(command: bytes, keys: Sequence[bytes]) -> bytes:
+    """`command key` once per key, packed in one pass (the PTTL/TYPE fan-out of a batch)."""
+    head = b"*2\r\n$%d\r\n%s\r\n" % (len(command), command)
+    return b"".join([head + b"$%d\r\n%s\r\n" % (len(k), k) for k in keys])
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()
+        self.waiting: collections.deque[tuple[int, asyncio.Future[tuple[list[Any], int]]]] = (
+            collections.deque()
+        )
+        self.current: list[Any] = []
+        self.transport: asyncio.Transport | None = None
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        # Hot loop: one iteration per reply (one per key while scanning), so
+        # everything is a local and completion is checked by countdown.
+        reader = self.reader
+        reader.feed(data)
+        gets = reader.gets
+        waiting = self.waiting
+        current = self.current
+        append = current.append
+        while waiting:
+            count, future = waiting[0]
+            for _ in range(count - len(current)):
+                reply = gets()
+                if reply is False:
+                    return
+                append(reply)
+            waiting.popleft()
+            if not future.done():
+                future.set_result((current, time.time_ns()))
+            current = self.current = []
+            append = current.append
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = exc or ConnectionResetError("connection closed by the server")
+        while self.waiting:
+            _, future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(self.lost)
+
+
+class RespConnection:
+    """One TCP (or TLS) connection to `endpoint`, authenticated and on the right db."""
+
+    def __init__(self, endpoint: Endpoint, protocol: _Protocol, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self._protocol = protocol
+        self._timeout_s = timeout_s
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, *, timeout_s: float) -> RespConnection:
+        loop = asyncio.get_running_loop()
+        context = ssl.create_default_context() if endpoint.tls else None
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(_Protocol, endpoint.host, endpoint.port, ssl=context),
+                timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise translate(exc, endpoint) from exc
+        conn = cls(endpoint, protocol, timeout_s)
+        setup: list[bytes] = []
+        if endpoint.password is not None:
+            auth = (
+                (endpoint.username, endpoint.password)
+                if endpoint.username
+                else (endpoint.password,)
+            )
+            setup.append(pack(b"AUTH", *auth))
+        if endpoint.db:
+            setup.append(pack(b"SELECT", endpoint.db))
+        if setup:
+            replies = await conn.request(b"".join(setup), len(setup))
+            conn.check(replies)
+        return conn
+
+    def send(self, payload: bytes, count: int) -> asyncio.Future[tuple[list[Any], int]]:
+        """Write `payload` (holding `count` commands); the future gets (replies, arrival ns)."""
+        protocol = self._protocol
+        if protocol.lost is not None or protocol.transport is None:
+            raise translate(ConnectionResetError("connection closed"), self.endpoint)
+        future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
+        protocol.waiting.append((count, future))
+        protocol.transport.write(payload)
+        return future
+
+    async def wait(self, future: asyncio.Future[tuple[list[Any], int]]) -> tuple[list[Any], int]:
+        try:
+            return await asyncio.wait_for(future, self._timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self.abort()
+            raise translate(exc, self.endpoint) from exc
+
+    async def request(self, payload: bytes, count: int) -> list[Any]:
+        replies, _ = await self.wait(self.send(payload, count))
+        return replies
+
+    def check(self, replies: Sequence[Any]) -> None:
+        """Raise the first error reply as an EndpointError naming the endpoint."""
+        for reply in replies:
+            if isinstance(reply, hiredis.ReplyError):
+                raise translate(_as_redis_error(reply), self.endpoint)
+
+    def abort(self) -> None:
+        if self._protocol.transport is not None:
+            self._protocol.transport.abort()
+
+    async def close(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        await asyncio.sleep(0)
+
+
+def _as_redis_error(reply: Exception) -> Exception:
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    text = str(reply)
+    if text.startswith(("WRONGPASS", "NOAUTH", "NOPERM")) or "invalid password" in text:
+        return AuthenticationError(text)
+    return ResponseError(text)
+
+
+def error_text(reply: Any) -> str | None:
+    """The message of an error reply, None for anything else."""
+    return str(reply) if isinstance(reply, hiredis.ReplyError) else None
+
+
+__all__ = ["EndpointError", "RespConnection", "error_text", "pack", "pack_per_key"]
