@@ -6,21 +6,20 @@ discovers, writes the TOML, loads it back and runs the real thing on it.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+import redis
 
 from replag.config import Config, load_config
 from replag.discovery import Discovery
 from replag.discovery.cluster import discover_cluster
 from replag.discovery.dynomite import Address, NodePorts, PortMap, discover_dynomite
 from replag.discovery.replication import discover_replication
-from replag.errors import ReplagError
+from replag.errors import RepairError
 from replag.probes import ProbeReport, run_probe
+from replag.repair import check
 from tests.cluster_fixture import RedisClusterNodes, start_cluster
 from tests.conftest import LabFactory, RedisFactory
 from tests.dynomite_fixtures import admin_server, node_routes
@@ -35,22 +34,10 @@ async def probe(config: Config, source: str | None = None) -> ProbeReport:
     return await run_probe(config, source=source, count=20, rate=0.0, timeout_s=3.0)
 
 
-async def repair_check(config: Config, group: str) -> Any:
-    """`replag.repair.check(config, group=…)`, awaited if it is a coroutine."""
-    check = getattr(importlib.import_module("replag.repair"), "check", None)
-    if check is None:
-        pytest.skip("replag.repair.check has not landed yet")
-    result = check(config, group=group)
-    return await result if inspect.isawaitable(result) else result
-
-
-async def repair_outcome(config: Config, group: str) -> tuple[int, str]:
-    """(exit code, what it said) of a repair check, whether it reports or raises."""
-    try:
-        result = await repair_check(config, group)
-    except ReplagError as exc:
-        return exc.exit_code, str(exc)
-    return result.exit_code, str(result.to_dict() if hasattr(result, "to_dict") else result)
+async def divergent_after_check(config: Config, group: str) -> int:
+    report = await check(config, group=group)
+    assert report.status == "done", report.to_dict()
+    return report.divergent
 
 
 @pytest.fixture
@@ -74,8 +61,12 @@ async def test_lab_discovered_from_its_primary_is_probed_and_checked(
     assert report.unreachable == []
     assert sorted((p.sent, p.seen, p.lost) for p in report.pairs) == [(20, 20, 0)] * 2
 
-    result = await repair_check(config, "replication")
-    assert result.exit_code == 0
+    assert await divergent_after_check(config, "replication") == 0
+    # A write straight to one replica (made writable) is divergence the check must find.
+    with redis.Redis(port=sorted(replicas)[0]) as client:
+        client.config_set("replica-read-only", "no")
+        client.set("user:9", "only here")
+    assert await divergent_after_check(config, "replication") == 1
 
 
 async def test_cluster_shards_are_probed_including_one_whose_replica_is_down(
@@ -99,9 +90,10 @@ async def test_cluster_shards_are_probed_including_one_whose_replica_is_down(
     assert healthy.unreachable == [] and healthy.exit_code == 0
 
     # Repair per shard: a healthy shard compares clean; the one missing a replica says so.
-    assert (await repair_outcome(config, config.topology.groups[0].name))[0] == 0
-    code, said = await repair_outcome(config, shard.name)
-    assert code != 0 and str(down.port) in said
+    assert await divergent_after_check(config, config.topology.groups[0].name) == 0
+    with pytest.raises(RepairError) as err:
+        await check(config, group=shard.name)
+    assert err.value.where is not None and str(down.port) in err.value.where
 
 
 async def test_dynomite_replica_group_is_checked_on_the_racks_backends(
@@ -124,11 +116,9 @@ async def test_dynomite_replica_group_is_checked_on_the_racks_backends(
     for backend in backends:
         with backend.client() as client:
             client.set("user:1", "alice")
-    result = await repair_check(config, "token-12345678")
-    assert result.exit_code == 0
+    assert await divergent_after_check(config, "token-12345678") == 0
     # A write DC_ONE dropped on its way to rack3 (README: no hinted handoff).
     for backend in backends[:2]:
         with backend.client() as client:
             client.set("user:2", "bob")
-    result = await repair_check(config, "token-12345678")
-    assert result.exit_code == 1
+    assert await divergent_after_check(config, "token-12345678") == 1
