@@ -241,3 +241,15 @@ async def test_dynomite_seed_method_reports_an_average(lab_factory: LabFactory) 
     rows = await run_seed_method(config, repeats=1, writes=100, polled=5, seed=1)
     row_b = next(r for r in rows if r["target"] == "b")
     assert row_b["keys"] == 5 and row_b["avg_ms"] >= 5.0
+
+
+def test_source_all_probes_every_writable_region(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    result = CliRunner().invoke(main, [
+        "probe", "--config", str(Path(state["dir"]) / "topology.toml"), "--source", "all",
+        "--count", "10", "--rate", "0", "--json", "--no-store",
+    ])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert {p["source"] for p in out["pairs"]} == {"a"}  # only a has a write endpoint
+    assert all(p["seen"] == 10 for p in out["pairs"])

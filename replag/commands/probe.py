@@ -14,7 +14,7 @@ from replag.commands.options import config_option, json_option, load
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
-from replag.probes import ProbeReport, run_probe, run_seed_method
+from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.store import Store
 
 
@@ -29,18 +29,34 @@ async def probe_once(
     method: str,
     store: Store | None,
 ) -> ProbeReport:
-    report = await run_probe(
-        config, source=source, count=count, rate=rate, mode=mode, timeout_s=wait_s, store=store
-    )
+    if source == "all":
+        report = await run_probe_all(
+            config, count=count, rate=rate, mode=mode, timeout_s=wait_s, store=store
+        )
+    else:
+        report = await run_probe(
+            config,
+            source=source,
+            count=count,
+            rate=rate,
+            mode=mode,
+            timeout_s=wait_s,
+            store=store,
+        )
     if method == "dynomite-seed":
-        report.seed_method = await run_seed_method(config, source=report.source)
+        sources = [p.source for p in report.pairs] or [report.source]
+        report.seed_method = []
+        for name in dict.fromkeys(sources):
+            report.seed_method += await run_seed_method(config, source=name)
     return report
 
 
 @click.command(name="probe")
 @config_option
 @click.option(
-    "--source", help="Region to write probes in (default: the first with a write endpoint)."
+    "--source",
+    help="Region to write probes in (default: the first with a write endpoint); "
+    "`all` probes from every region (every shard of a Redis Cluster) in turn.",
 )
 @click.option("--count", type=click.IntRange(1, 1_000_000), help="Probe keys to write.")
 @click.option(

@@ -270,7 +270,10 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     ready = Path(spec["ready_path"])
-    ready.write_text(json.dumps({"control_port": relay.control_port}))
+    # Written then renamed: the lab polls for the file and must never read it half-written.
+    tmp = ready.with_name(ready.name + ".tmp")
+    tmp.write_text(json.dumps({"control_port": relay.control_port}))
+    tmp.replace(ready)
     done.wait()
     relay.stop()
 

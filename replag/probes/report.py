@@ -199,3 +199,29 @@ def _iso(ns: int) -> str:
     return (
         time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 10**9 // 10**6:03d}Z"
     )
+
+
+def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
+    """One report over several sources' runs (pairs, samples and breaches side by side)."""
+    if len(reports) == 1:
+        return reports[0]
+    first = reports[0]
+    out = ProbeReport(
+        run_id=",".join(r.run_id for r in reports),
+        source="all",
+        mode=first.mode,
+        started_ns=min(r.started_ns for r in reports),
+        finished_ns=max(r.finished_ns for r in reports),
+        write_endpoint=", ".join(r.write_endpoint for r in reports),
+        consistency=first.consistency,
+    )
+    for r in reports:
+        out.pairs += r.pairs
+        out.samples += r.samples
+        out.write.merge(r.write)
+        out.write_errors += r.write_errors
+        out.clock += r.clock
+        out.unreachable += r.unreachable
+        out.breaches += r.breaches
+        out.notes += [f"{r.source}: {n}" for n in r.notes]
+    return out

@@ -25,7 +25,7 @@ from replag.config import Config
 from replag.errors import ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, PollObserver, PushObserver
-from replag.probes.report import PairResult, ProbeReport, ProbeSample
+from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
 from replag.probes.wire import RespConnection
 from replag.settings import Settings
 from replag.store import LagWindow, Store
@@ -41,6 +41,7 @@ _NOT_FOR_DYNOMITE = frozenset({"TIME", "CONFIG", "MULTI", "SUBSCRIBE", "CLIENT"}
 class _Target:
     region: str
     replica: Endpoint
+    cluster: bool = False
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
@@ -76,9 +77,12 @@ async def run_probe(
         prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
     )
     writer = await _open_writer(write_ep, settings)
+    # A Redis Cluster shard's keys only reach that shard's replicas; elsewhere every
+    # replica of every region (the source's own racks included) should receive them.
+    scope = [region] if region.slots else list(config.topology.regions)
     targets = [
-        _Target(region=r.name, replica=rep)
-        for r in config.topology.regions
+        _Target(region=r.name, replica=rep, cluster=bool(r.slots))
+        for r in scope
         for rep in r.replicas
         if (rep.host, rep.port, rep.db) != (write_ep.host, write_ep.port, write_ep.db)
     ]
@@ -110,6 +114,34 @@ async def run_probe(
     return report
 
 
+async def run_probe_all(
+    config: Config,
+    *,
+    count: int | None = None,
+    rate: float | None = None,
+    mode: str | None = None,
+    timeout_s: float | None = None,
+    store: Store | None = None,
+) -> ProbeReport:
+    """Probe from every region that has a write endpoint (every shard of a Redis Cluster)."""
+    reports = [
+        await run_probe(
+            config,
+            source=r.name,
+            count=count,
+            rate=rate,
+            mode=mode,
+            timeout_s=timeout_s,
+            store=store,
+        )
+        for r in config.topology.regions
+        if r.write is not None
+    ]
+    if not reports:
+        raise UsageError("no region has a write endpoint to probe from")
+    return combine_reports(reports)
+
+
 async def _time(conn: RespConnection) -> tuple[int, int]:
     seconds, micros = await conn.checked("TIME")
     return int(seconds), int(micros)
@@ -135,6 +167,9 @@ async def _open_target(
     try:
         conn = await RespConnection(replica, timeout_s=settings.connect_timeout).connect()
         target.conn = conn
+        if target.cluster:
+            # A Redis Cluster replica redirects reads to its primary unless told READONLY.
+            await conn.checked("READONLY")
         rtt = await conn.min_rtt_ns()
         with contextlib.suppress(ReplagError):
             report.clock.append(await estimate_offset(lambda: _time(conn), endpoint=replica.name))
