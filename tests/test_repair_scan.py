@@ -1,0 +1,218 @@
+"""Scanning and checking real redis-server replicas: types, encodings, TTLs, races, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from replag.config import Config, config_from_dict
+from replag.errors import RepairError
+from replag.lab.server import RedisServer
+from replag.repair import RepairProgress, check, get_run
+from replag.store import Store
+from tests.conftest import RedisFactory
+
+
+def group_config(tmp_path: Path, servers: Sequence[RedisServer], **settings: Any) -> Config:
+    """A topology with one region and one replica per server, all in replica group "g"."""
+    data = {
+        "settings": {"store": str(tmp_path / "replag.sqlite"), "repair_settle": "10ms", **settings},
+        "regions": [
+            {"name": f"r{i}", "replicas": [{"name": f"n{i}", "url": s.url}]}
+            for i, s in enumerate(servers)
+        ],
+        "groups": [{"name": "g", "members": [f"n{i}" for i in range(len(servers))]}],
+    }
+    return config_from_dict(data, where="test")
+
+
+def fill(client: redis.Redis, count: int, *, prefix: str = "k:", size: int = 64) -> None:
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.set(f"{prefix}{i:07d}", b"%07d" % i + b"x" * size)
+    pipe.execute()
+
+
+def write_every_type(client: redis.Redis, *, reverse: bool = False) -> None:
+    """The same logical values, inserted in the opposite order when `reverse`."""
+    order: Any = reversed if reverse else (lambda x: x)
+    fields = [(f"f{i}".encode(), f"v{i}".encode()) for i in range(50)]
+    for f, v in order(fields):
+        client.hset(b"t:hash", f, v)
+    for m in order(list(range(40))):
+        client.sadd(b"t:set", m)  # integers: intset encoding on one server
+    for m in order(list(range(30))):
+        client.zadd(b"t:zset", {f"m{m}": m / 3})
+    client.rpush(b"t:list", *[f"e{i}" for i in range(20)])
+    for i in range(5):
+        client.xadd(b"t:stream", {b"n": str(i).encode(), b"\xff": b"\x00"}, id=f"{i + 1}-0")
+    client.set(b"t:string", b"\xfe\xff not utf-8 \x00")
+    client.set(b"\xff\xfe\x00bin-key", b"value")
+
+
+async def test_every_type_agrees_across_encodings_and_differences_are_found(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    plain = redis_factory("plain")
+    # Force hashtable/skiplist/linkedlist encodings on the second server.
+    encoded = redis_factory(
+        "encoded",
+        extra_args=(
+            "--hash-max-ziplist-entries",
+            "0",
+            "--set-max-intset-entries",
+            "0",
+            "--zset-max-ziplist-entries",
+            "0",
+            "--list-max-ziplist-size",
+            "1",
+        ),
+    )
+    with plain.client() as a, encoded.client() as b:
+        write_every_type(a)
+        write_every_type(b, reverse=True)
+        assert a.object("encoding", b"t:hash") != b.object("encoding", b"t:hash")
+        config = group_config(tmp_path, [plain, encoded])
+        report = await check(config)
+        assert report.divergent == 0, report.to_dict()["divergent_keys"]
+
+        b.hset(b"t:hash", b"f7", b"other")
+        b.srem(b"t:set", 39)
+        b.zadd(b"t:zset", {"m3": 99})
+        b.lset(b"t:list", 5, b"moved")
+        b.xadd(b"t:stream", {b"n": b"new"}, id="9-0")
+        b.set(b"t:string", b"\xfe\xff not utf-8 \x01")
+        b.set(b"\xff\xfe\x00bin-key", b"other")
+        report = await check(config)
+    result = report.to_dict()
+    assert result["counts"] == {"missing": 0, "type": 0, "value": 7, "ttl": 0}
+    keys = {k.get("key") or base64.b64decode(k["key_b64"]) for k in result["divergent_keys"]}
+    assert b"\xff\xfe\x00bin-key" in keys and "t:hash" in keys
+
+
+async def test_a_200000_field_hash_is_read_in_chunks(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("big"), redis_factory("big")]
+    for server in servers:
+        with server.client() as c:
+            pipe = c.pipeline(transaction=False)
+            for start in range(0, 200_000, 5000):
+                pipe.hset(
+                    b"huge", mapping={b"f%d" % i: b"v%d" % i for i in range(start, start + 5000)}
+                )
+            pipe.execute()
+            assert c.hlen(b"huge") == 200_000 and c.object("encoding", b"huge") == b"hashtable"
+    config = group_config(tmp_path, servers)
+    assert (await check(config)).divergent == 0
+    with servers[1].client() as c:
+        c.hset(b"huge", b"f123456", b"changed")
+    report = await check(config)
+    assert report.to_dict()["counts"]["value"] == 1
+
+
+async def test_ttls_compare_as_absolute_expiry_with_tolerance(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    a, b = redis_factory("ttl"), redis_factory("ttl")
+    with a.client() as ca, b.client() as cb:
+        ca.set("close", "v", px=100_000)
+        cb.set("close", "v", px=100_700)  # within the 2 s tolerance
+        ca.set("far", "v", px=100_000)
+        cb.set("far", "v", px=200_000)
+        ca.set("persistent-vs-ttl", "v")
+        cb.set("persistent-vs-ttl", "v", px=500_000)
+        report = await check(group_config(tmp_path, [a, b]))
+    result = report.to_dict()
+    assert result["counts"]["ttl"] == 2
+    assert {k["key"] for k in result["divergent_keys"]} == {"far", "persistent-vs-ttl"}
+
+
+async def test_keys_expiring_or_deleted_during_the_scan_are_not_reported(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("exp"), redis_factory("exp")]
+    clients = [s.client() for s in servers]
+    for c in clients:
+        fill(c, 5000)
+        for i in range(300):
+            c.set(f"volatile:{i}", "v", px=600_000)
+            c.set(f"doomed:{i}", "v")
+    fired = []
+
+    def expire_when_second_replica_starts(event: RepairProgress) -> None:
+        # The first replica has been scanned with these keys; now they go away everywhere.
+        if event.phase == "scan" and event.replica == "n1" and not fired:
+            fired.append(True)
+            for c in clients:
+                for i in range(300):
+                    c.pexpire(f"volatile:{i}", 1)
+                    c.delete(f"doomed:{i}")
+
+    config = group_config(tmp_path, servers, scan_count=100)
+    report = await check(config, progress=expire_when_second_replica_starts)
+    for c in clients:
+        c.close()
+    assert fired
+    assert report.groups[0].candidates > 0  # the trees did see them differ…
+    assert report.divergent == 0  # …and the verification read dropped them
+
+
+async def test_a_replica_dying_mid_scan_fails_clearly_and_the_run_resumes(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("die"), redis_factory("die"), redis_factory("die")]
+    for s in servers:
+        with s.client() as c:
+            fill(c, 20_000)
+    config = group_config(tmp_path, servers, scan_count=200)
+    store = Store(tmp_path / "replag.sqlite")
+    victim = servers[1]
+
+    def kill_mid_scan(event: RepairProgress) -> None:
+        if event.replica == "n1" and event.done > 2000 and victim.pid is not None:
+            victim.kill()
+
+    with pytest.raises(RepairError) as caught:
+        await check(config, store=store, progress=kill_mid_scan)
+    message = str(caught.value)
+    assert "n1" in message and "--resume" in message
+    run_id = message.rsplit("--resume ", 1)[1].split()[0]
+    run = get_run(store, run_id)
+    assert run is not None and run["status"] == "failed"
+
+    # The replica comes back with its data; the resumed run does not rescan n0.
+    replacement = RedisServer(name="die-again", port=victim.port, workdir=tmp_path / "redis2")
+    replacement.start()
+    try:
+        with replacement.client() as c:
+            fill(c, 20_000)
+        rescanned: set[str] = set()
+        report = await check(
+            config, store=store, resume=run_id, progress=lambda e: rescanned.add(e.replica)
+        )
+    finally:
+        replacement.stop()
+    assert report.run_id == run_id and report.divergent == 0
+    assert "n0" not in rescanned and "n1" in rescanned
+    assert report.to_dict()["replicas"][0]["keys_scanned"] == 20_000
+    run = get_run(store, run_id)
+    assert run is not None and run["status"] == "done"
+    store.close()
+
+
+async def test_an_unreachable_replica_is_one_clear_error(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    alive = redis_factory("up")
+    dead = redis_factory("down")
+    config = group_config(tmp_path, [alive, dead], connect_timeout="1s")
+    dead.stop()
+    with pytest.raises(RepairError, match=r"n1.*unreachable"):
+        await asyncio.wait_for(check(config), 30)
