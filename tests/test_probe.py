@@ -245,10 +245,22 @@ async def test_dynomite_seed_method_reports_an_average(lab_factory: LabFactory) 
 
 def test_source_all_probes_every_writable_region(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
-    result = CliRunner().invoke(main, [
-        "probe", "--config", str(Path(state["dir"]) / "topology.toml"), "--source", "all",
-        "--count", "10", "--rate", "0", "--json", "--no-store",
-    ])
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--config",
+            str(Path(state["dir"]) / "topology.toml"),
+            "--source",
+            "all",
+            "--count",
+            "10",
+            "--rate",
+            "0",
+            "--json",
+            "--no-store",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert {p["source"] for p in out["pairs"]} == {"a"}  # only a has a write endpoint

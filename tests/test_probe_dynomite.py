@@ -1,0 +1,79 @@
+"""Probing through a Dynomite client port: only commands Dynomite accepts are sent to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replag.config import load_config
+from replag.errors import UnreachableError
+from replag.probes import run_probe
+from replag.probes.wire import RespConnection
+from replag.topology import Endpoint
+from tests.conftest import RedisFactory
+from tests.dynomite_proxy import REJECTED, running_proxy
+
+
+def _config(tmp_path: Path, proxy_port: int, backends: list[int], consistency: str = "") -> Path:
+    path = tmp_path / "dyno.toml"
+    replicas = ", ".join(
+        f'{{ name = "rack{i + 1}", url = "redis://127.0.0.1:{port}", rack = "rack{i + 1}" }}'
+        for i, port in enumerate(backends)
+    )
+    path.write_text(
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
+        + (f'dynomite_consistency = "{consistency}"\n' if consistency else "")
+        + f'[[regions]]\nname = "dc1"\nwrite = "redis://127.0.0.1:{proxy_port}"\n'
+        f'write_kind = "dynomite"\nreplicas = [{replicas}]\n'
+    )
+    return path
+
+
+async def test_probe_through_a_dynomite_client_port(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    racks = [
+        redis_factory(f"rack{i}", extra_args=("--notify-keyspace-events", "K$")) for i in range(3)
+    ]
+    with running_proxy(racks[0].port, [r.port for r in racks[1:]]) as proxy:
+        config = load_config(
+            _config(tmp_path, proxy.port, [r.port for r in racks], consistency="DC_QUORUM")
+        )
+        report = await run_probe(config, count=30, rate=0)
+    assert report.exit_code == 0, report.to_dict()
+    assert [(p.replica, p.seen) for p in report.pairs] == [
+        ("rack1", 30),
+        ("rack2", 30),
+        ("rack3", 30),
+    ]
+    assert report.consistency == "DC_QUORUM" and proxy.consistency == [b"DC_QUORUM"]
+    assert not set(proxy.commands) & REJECTED, "a command Dynomite rejects reached the proxy"
+    assert b"CONFIG" not in proxy.commands
+    # The clock of the proxy is never read (TIME closes the connection); the racks' are.
+    assert {c.endpoint for c in report.clock} == {"rack1", "rack2", "rack3"}
+
+
+async def test_a_rack_down_under_dc_one_loses_probes(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    racks = [redis_factory(f"rack{i}") for i in range(3)]
+    with running_proxy(racks[0].port, [r.port for r in racks[1:]]) as proxy:
+        config = load_config(_config(tmp_path, proxy.port, [r.port for r in racks]))
+        racks[2].stop()
+        report = await run_probe(config, count=10, rate=0, timeout_s=0.5)
+    assert report.exit_code == 1
+    assert [u["replica"] for u in report.unreachable] == ["rack3"]
+    assert [(p.replica, p.seen) for p in report.pairs][:2] == [("rack1", 10), ("rack2", 10)]
+
+
+async def test_a_rejected_command_is_a_clear_error(redis_factory: RedisFactory) -> None:
+    rack = redis_factory("rack")
+    with running_proxy(rack.port, []) as proxy:
+        endpoint = Endpoint.from_url(
+            f"redis://127.0.0.1:{proxy.port}", name="dc1-node1", kind="dynomite"
+        )
+        conn = await RespConnection(endpoint, timeout_s=2).connect()
+        with pytest.raises(UnreachableError, match="Dynomite closes the connection"):
+            await conn.call("TIME")
+        conn.close()
