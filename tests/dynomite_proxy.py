@@ -69,7 +69,7 @@ class DynomiteProxy:
     port: int = 0
     commands: list[bytes] = field(default_factory=list)
     consistency: list[bytes] = field(default_factory=list)
-    _loop: asyncio.AbstractEventLoop | None = None
+    _pending: set[asyncio.Future[None]] = field(default_factory=set)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         parser = hiredis.Reader()
@@ -92,7 +92,9 @@ class DynomiteProxy:
                     writer.write(encode_reply(reply))
                     if name in WRITES:
                         for remote in remotes:
-                            asyncio.ensure_future(self._replicate(remote, command))
+                            task = asyncio.ensure_future(self._replicate(remote, command))
+                            self._pending.add(task)
+                            task.add_done_callback(self._pending.discard)
                 await writer.drain()
         finally:
             local[1].close()
