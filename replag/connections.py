@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -27,6 +29,7 @@ from redis.exceptions import (
 from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
+from redis.retry import Retry as SyncRetry
 
 from replag.errors import AuthError, EndpointError, UnreachableError
 from replag.topology import Endpoint
@@ -61,6 +64,9 @@ def async_client(
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         max_connections=max_connections,
+        # redis-py retries with backoff by default (seconds on a dead node); replag
+        # decides itself what to retry, so a dead endpoint is reported at once.
+        retry=Retry(NoBackoff(), 0),
         **_NO_SETINFO,
     )
 
@@ -75,6 +81,7 @@ def sync_client(endpoint: Endpoint, *, timeout_s: float) -> redis.Redis:
         ssl=endpoint.tls,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
+        retry=SyncRetry(NoBackoff(), 0),
         **_NO_SETINFO,
     )
 

@@ -200,10 +200,15 @@ class Settings:
 
     def replace(self, **overrides: Any) -> Settings:
         """A copy with `overrides` parsed through each setting's own parser (None = keep)."""
+        from replag.errors import UsageError
+
         values = dict(self._values)
         for name, raw in overrides.items():
             if raw is not None:
-                values[name] = SETTINGS_BY_NAME[name].parse(raw)
+                try:
+                    values[name] = SETTINGS_BY_NAME[name].parse(raw)
+                except ValueError as exc:
+                    raise UsageError(f"--{name.replace('_', '-')}: {exc}") from None
         return Settings(values)
 
     def public(self) -> dict[str, Any]:

@@ -77,3 +77,36 @@ async def test_a_rejected_command_is_a_clear_error(redis_factory: RedisFactory) 
         with pytest.raises(UnreachableError, match="Dynomite closes the connection"):
             await conn.call("TIME")
         conn.close()
+
+
+def test_write_latency_per_consistency_level(redis_factory: RedisFactory, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from replag.cli import main
+
+    racks = [redis_factory(f"rack{i}") for i in range(2)]
+    with running_proxy(racks[0].port, [racks[1].port]) as proxy:
+        path = _config(tmp_path, proxy.port, [r.port for r in racks])
+        result = CliRunner().invoke(
+            main,
+            [
+                "probe",
+                "--config",
+                str(path),
+                "--count",
+                "10",
+                "--rate",
+                "0",
+                "--consistency",
+                "DC_ONE,DC_QUORUM",
+                "--json",
+            ],
+        )
+        bad = CliRunner().invoke(main, ["probe", "--config", str(path), "--consistency", "ALL"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out["write_ms_by_consistency"]) == {"DC_ONE", "DC_QUORUM"}
+    assert proxy.consistency == [b"DC_ONE", b"DC_QUORUM"]
+    assert bad.exit_code == 2 and "--dynomite-consistency" in bad.output

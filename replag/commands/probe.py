@@ -15,6 +15,7 @@ from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
+from replag.probes.report import combine_reports
 from replag.store import Store
 
 
@@ -28,7 +29,26 @@ async def probe_once(
     wait_s: float | None,
     method: str,
     store: Store | None,
+    consistency: str | None = None,
 ) -> ProbeReport:
+    if consistency:
+        # One run per Dynomite consistency level, write latency reported per level.
+        runs = []
+        for level in consistency.split(","):
+            settings = config.settings.replace(dynomite_consistency=level.strip())
+            runs.append(
+                await probe_once(
+                    dataclasses.replace(config, settings=settings),
+                    source=source,
+                    count=count,
+                    rate=rate,
+                    mode=mode,
+                    wait_s=wait_s,
+                    method=method,
+                    store=store,
+                )
+            )
+        return combine_reports(runs)
     if source == "all":
         report = await run_probe_all(
             config, count=count, rate=rate, mode=mode, timeout_s=wait_s, store=store
@@ -76,6 +96,11 @@ async def probe_once(
     help="dynomite-seed also runs the Dynomite benchmark's method, reported beside ours.",
 )
 @click.option(
+    "--consistency",
+    help="Dynomite write consistency per probe connection: DC_ONE, DC_QUORUM, DC_SAFE_QUORUM, "
+    "or a comma-separated list to compare write latency across levels.",
+)
+@click.option(
     "--alerts",
     "with_alerts",
     is_flag=True,
@@ -93,6 +118,7 @@ def command(
     max_p99: str | None,
     max_loss: str | None,
     method: str,
+    consistency: str | None,
     with_alerts: bool,
     no_store: bool,
     as_json: bool,
@@ -113,6 +139,7 @@ def command(
                 wait_s=_seconds(timeout, option="--timeout"),
                 method=method,
                 store=store,
+                consistency=consistency,
             )
         )
         alert_lines: list[str] = []

@@ -78,6 +78,8 @@ class ProbeReport:
     breaches: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seed_method: list[dict[str, Any]] | None = None
+    # Filled when runs at several Dynomite consistency levels are combined.
+    write_by_consistency: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -136,6 +138,11 @@ class ProbeReport:
             "breaches": self.breaches,
             "notes": self.notes,
             **({"dynomite_seed": self.seed_method} if self.seed_method is not None else {}),
+            **(
+                {"write_ms_by_consistency": self.write_by_consistency}
+                if self.write_by_consistency
+                else {}
+            ),
         }
 
     def render(self) -> str:
@@ -215,6 +222,9 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
         write_endpoint=", ".join(r.write_endpoint for r in reports),
         consistency=first.consistency,
     )
+    levels = {r.consistency for r in reports}
+    if len(levels) > 1:
+        out.consistency = ", ".join(str(r.consistency) for r in reports)
     for r in reports:
         out.pairs += r.pairs
         out.samples += r.samples
@@ -224,4 +234,10 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
         out.unreachable += r.unreachable
         out.breaches += r.breaches
         out.notes += [f"{r.source}: {n}" for n in r.notes]
+        if len(levels) > 1 and r.consistency:
+            out.write_by_consistency[r.consistency] = {
+                "count": r.write.count,
+                "errors": r.write_errors,
+                **r.write.summary_ms(),
+            }
     return out
