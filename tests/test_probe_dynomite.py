@@ -110,3 +110,28 @@ def test_write_latency_per_consistency_level(redis_factory: RedisFactory, tmp_pa
     assert set(out["write_ms_by_consistency"]) == {"DC_ONE", "DC_QUORUM"}
     assert proxy.consistency == [b"DC_ONE", b"DC_QUORUM"]
     assert bad.exit_code == 2 and "--dynomite-consistency" in bad.output
+
+
+async def test_a_rack_of_several_nodes_counts_a_key_once(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    # rack1 and rack2 each hold two nodes; each key lives on one node per rack (here:
+    # the proxy writes rack1's first node and forwards to rack2's first node only).
+    nodes = [redis_factory(f"n{i}") for i in range(4)]
+    with running_proxy(nodes[0].port, [nodes[2].port]) as proxy:
+        path = tmp_path / "dyno.toml"
+        replicas = ", ".join(
+            f'{{ name = "n{i}", url = "redis://127.0.0.1:{n.port}", rack = "rack{i // 2 + 1}" }}'
+            for i, n in enumerate(nodes)
+        )
+        path.write_text(
+            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n[[regions]]\nname = "dc1"\n'
+            f'write = "redis://127.0.0.1:{proxy.port}"\nwrite_kind = "dynomite"\n'
+            f"replicas = [{replicas}]\n"
+        )
+        report = await run_probe(load_config(path), count=10, rate=0)
+    assert [(p.replica, p.seen, p.lost) for p in report.pairs] == [
+        ("rack1", 10, 0),
+        ("rack2", 10, 0),
+    ]
+    assert report.exit_code == 0

@@ -100,7 +100,7 @@ async def run_probe(
         await _wait_for_arrivals(live, writes, settings.timeout)
         for obs in live:
             await obs.stop()
-        _collect(report, targets, writes)
+        _collect(report, targets, writes, by_rack=write_ep.kind == "dynomite")
         await _cleanup(writer, [keys.key(seq) for seq in writes], report)
     finally:
         writer.close()
@@ -279,42 +279,68 @@ async def _wait_for_arrivals(
         await asyncio.sleep(0.002)
 
 
-def _collect(
-    report: ProbeReport, targets: list[_Target], writes: dict[int, tuple[int, int]]
-) -> None:
+def _observation_units(targets: list[_Target], *, by_rack: bool) -> list[list[_Target]]:
+    """Targets whose arrivals count together: one rack of a Dynomite DC, else one replica.
+
+    In a Dynomite rack of several nodes each key lives on the one node owning its
+    token, so the rack (not each backend) is what received the write or not.
+    """
+    units: dict[tuple[str, str], list[_Target]] = {}
     for t in targets:
+        label = t.replica.rack if by_rack and t.replica.rack else t.replica.name
+        units.setdefault((t.region, label), []).append(t)
+    return list(units.values())
+
+
+def _collect(
+    report: ProbeReport,
+    targets: list[_Target],
+    writes: dict[int, tuple[int, int]],
+    *,
+    by_rack: bool = False,
+) -> None:
+    for unit in _observation_units(targets, by_rack=by_rack):
+        first = unit[0]
+        label = first.replica.rack if len(unit) > 1 and first.replica.rack else first.replica.name
+        observers = [t.observer for t in unit if t.observer is not None]
+        errors = [t for t in unit if t.error]
         pair = PairResult(
             source=report.source,
-            target=t.region,
-            replica=t.replica.name,
-            observed_by=t.observer.mode if t.observer else "-",
+            target=first.region,
+            replica=str(label),
+            observed_by=observers[0].mode if observers else "-",
             sent=len(writes),
-            error=t.error,
+            error="; ".join(str(t.error) for t in errors) or None,
         )
         report.pairs.append(pair)
-        if t.observer is None:
+        if not observers:
             continue
-        by_seq = _arrivals_by_seq(t.observer)
+        by_seq: dict[int, Arrival] = {}
+        for obs in observers:
+            for seq, seen in _arrivals_by_seq(obs).items():
+                if seq not in by_seq or seen.estimate_ns < by_seq[seq].estimate_ns:
+                    by_seq[seq] = seen
         for seq, (t_a, t_b) in writes.items():
             arrival = by_seq.get(seq)
             if arrival is None:
                 pair.lost += 1
-                report.samples.append(ProbeSample(t.region, t.replica.name, seq, None, 0))
+                report.samples.append(ProbeSample(first.region, pair.replica, seq, None, 0))
                 continue
             lag = arrival.estimate_ns - (t_a + t_b) // 2
             unc = arrival.half_width_ns + (t_b - t_a) // 2
             pair.lag.record_ns(max(lag, 0))
             pair.uncertainty.record_ns(unc)
-            report.samples.append(ProbeSample(t.region, t.replica.name, seq, lag, unc))
-        if t.observer.error and pair.lost:
-            pair.error = t.observer.error
-            report.unreachable.append(
-                {
-                    "replica": t.replica.name,
-                    "region": t.region,
-                    "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
-                }
-            )
+            report.samples.append(ProbeSample(first.region, pair.replica, seq, lag, unc))
+        for t in unit:
+            if t.observer is not None and t.observer.error and pair.lost:
+                pair.error = t.observer.error
+                report.unreachable.append(
+                    {
+                        "replica": t.replica.name,
+                        "region": t.region,
+                        "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
+                    }
+                )
 
 
 def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
