@@ -39,7 +39,11 @@ SinkKind = Literal["webhook", "slack", "pagerduty", "command"]
 Severity = Literal["critical", "warning", "info"]
 
 RULE_KINDS: tuple[RuleKind, ...] = (
-    "lag_p99", "probe_loss", "divergent_keys", "unreachable", "no_probe"
+    "lag_p99",
+    "probe_loss",
+    "divergent_keys",
+    "unreachable",
+    "no_probe",
 )
 SINK_KINDS: tuple[SinkKind, ...] = ("webhook", "slack", "pagerduty", "command")
 SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
@@ -48,12 +52,25 @@ PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 _ALERTS_KEYS = {"rules", "sinks", "repeat_interval", "send_resolved"}
 _RULE_KEYS = {"name", "kind", "threshold", "for", "over", "severity", "source", "target", "group"}
 _SINK_KEYS = {
-    "name", "kind", "url", "secret", "secret_env", "routing_key", "routing_key_env", "command",
-    "timeout", "retries", "backoff", "max_backoff",
+    "name",
+    "kind",
+    "url",
+    "secret",
+    "secret_env",
+    "routing_key",
+    "routing_key_env",
+    "command",
+    "timeout",
+    "retries",
+    "backoff",
+    "max_backoff",
 }
 # Thresholds used when a rule omits one.
 _DEFAULT_THRESHOLD: dict[RuleKind, float] = {
-    "lag_p99": 500.0, "probe_loss": 0.01, "divergent_keys": 0.0, "unreachable": 0.0,
+    "lag_p99": 500.0,
+    "probe_loss": 0.01,
+    "divergent_keys": 0.0,
+    "unreachable": 0.0,
     "no_probe": 300.0,
 }
 
@@ -75,9 +92,15 @@ class AlertRule:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kind": self.kind, "threshold": self.threshold,
-            "for_s": self.for_s, "over_s": self.over_s, "severity": self.severity,
-            "source": self.source, "target": self.target, "group": self.group,
+            "name": self.name,
+            "kind": self.kind,
+            "threshold": self.threshold,
+            "for_s": self.for_s,
+            "over_s": self.over_s,
+            "severity": self.severity,
+            "source": self.source,
+            "target": self.target,
+            "group": self.group,
         }
 
 
@@ -113,8 +136,12 @@ class AlertSink:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kind": self.kind, "target": self.target_description(),
-            "signed": bool(self.secret), "timeout_s": self.timeout_s, "retries": self.retries,
+            "name": self.name,
+            "kind": self.kind,
+            "target": self.target_description(),
+            "signed": bool(self.secret),
+            "timeout_s": self.timeout_s,
+            "retries": self.retries,
         }
 
 
@@ -148,8 +175,9 @@ def parse_alerts(raw: Any, *, where: str, environ: Mapping[str, str]) -> AlertsC
         for name in names:
             if names.count(name) > 1:
                 raise ConfigError(f"duplicate {what} name {name!r}", where=f"{where}: alerts")
-    return AlertsConfig(rules=rules, sinks=sinks, repeat_interval_s=repeat,
-                        send_resolved=send_resolved)
+    return AlertsConfig(
+        rules=rules, sinks=sinks, repeat_interval_s=repeat, send_resolved=send_resolved
+    )
 
 
 def _rule(raw: dict[str, Any], *, where: str) -> AlertRule:
@@ -157,12 +185,14 @@ def _rule(raw: dict[str, Any], *, where: str) -> AlertRule:
     name = _name(raw, where=where)
     kind = raw.get("kind")
     if kind not in RULE_KINDS:
-        raise ConfigError(f"expected one of {', '.join(RULE_KINDS)}, got {kind!r}",
-                          where=f"{where}.kind")
+        raise ConfigError(
+            f"expected one of {', '.join(RULE_KINDS)}, got {kind!r}", where=f"{where}.kind"
+        )
     severity = raw.get("severity", "warning")
     if severity not in SEVERITIES:
-        raise ConfigError(f"expected one of {', '.join(SEVERITIES)}, got {severity!r}",
-                          where=f"{where}.severity")
+        raise ConfigError(
+            f"expected one of {', '.join(SEVERITIES)}, got {severity!r}", where=f"{where}.severity"
+        )
     threshold = _threshold(kind, raw.get("threshold"), where=f"{where}.threshold")
     filters = {}
     for key in ("source", "target", "group"):
@@ -174,9 +204,13 @@ def _rule(raw: dict[str, Any], *, where: str) -> AlertRule:
     if over <= 0:
         raise ConfigError("must be longer than 0s", where=f"{where}.over")
     return AlertRule(
-        name=name, kind=kind, threshold=threshold,
-        for_s=_duration(raw.get("for", "0s"), where=f"{where}.for"), over_s=over,
-        severity=severity, **filters,
+        name=name,
+        kind=kind,
+        threshold=threshold,
+        for_s=_duration(raw.get("for", "0s"), where=f"{where}.for"),
+        over_s=over,
+        severity=severity,
+        **filters,
     )
 
 
@@ -199,8 +233,9 @@ def _sink(raw: dict[str, Any], *, where: str, environ: Mapping[str, str]) -> Ale
     name = _name(raw, where=where)
     kind = raw.get("kind")
     if kind not in SINK_KINDS:
-        raise ConfigError(f"expected one of {', '.join(SINK_KINDS)}, got {kind!r}",
-                          where=f"{where}.kind")
+        raise ConfigError(
+            f"expected one of {', '.join(SINK_KINDS)}, got {kind!r}", where=f"{where}.kind"
+        )
     secret = _secret(raw, "secret", where=where, environ=environ)
     routing_key = _secret(raw, "routing_key", where=where, environ=environ)
     url = raw.get("url", PAGERDUTY_URL if kind == "pagerduty" else None)
@@ -209,15 +244,21 @@ def _sink(raw: dict[str, Any], *, where: str, environ: Mapping[str, str]) -> Ale
         value = raw.get("command")
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not value or not all(
-            isinstance(v, str) and v for v in value
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(v, str) and v for v in value)
         ):
-            raise ConfigError("expected a program and its arguments, e.g. [\"/usr/bin/page\"]",
-                              where=f"{where}.command")
+            raise ConfigError(
+                'expected a program and its arguments, e.g. ["/usr/bin/page"]',
+                where=f"{where}.command",
+            )
         command = tuple(value)
     else:
-        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not (
-            urlsplit(url).hostname
+        if (
+            not isinstance(url, str)
+            or urlsplit(url).scheme not in ("http", "https")
+            or not (urlsplit(url).hostname)
         ):
             raise ConfigError("expected an http:// or https:// URL", where=f"{where}.url")
     if kind == "pagerduty" and not routing_key:
@@ -229,8 +270,14 @@ def _sink(raw: dict[str, Any], *, where: str, environ: Mapping[str, str]) -> Ale
     if timeout <= 0:
         raise ConfigError("must be longer than 0s", where=f"{where}.timeout")
     return AlertSink(
-        name=name, kind=kind, url=url if kind != "command" else None, secret=secret,
-        routing_key=routing_key, command=command, timeout_s=timeout, retries=retries,
+        name=name,
+        kind=kind,
+        url=url if kind != "command" else None,
+        secret=secret,
+        routing_key=routing_key,
+        command=command,
+        timeout_s=timeout,
+        retries=retries,
         backoff_s=_duration(raw.get("backoff", "500ms"), where=f"{where}.backoff"),
         max_backoff_s=_duration(raw.get("max_backoff", "30s"), where=f"{where}.max_backoff"),
     )

@@ -39,6 +39,10 @@ _UNIT = int(_GEOMETRY.unit_magnitude)
 _COUNTS_LEN = int(_GEOMETRY.counts_len)
 
 
+class NotCached(LookupError):
+    """`LagIndex.answer(may_compute=False)` found no cached value."""
+
+
 @dataclass(frozen=True, slots=True)
 class SparseHistogram:
     """Non-zero buckets of a LagHistogram: sorted bucket indexes and their counts."""
@@ -68,6 +72,10 @@ class SparseHistogram:
             count=np.rint(dense[merged]).astype(np.int64),
             out_of_range=sum(p.out_of_range for p in parts),
         )
+
+    def values_us(self) -> list[tuple[int, int]]:
+        """(lowest value of the bucket in µs, count) per non-empty bucket."""
+        return list(zip(_value_from_index(self.index).tolist(), self.count.tolist(), strict=True))
 
     @property
     def total(self) -> int:
@@ -132,10 +140,15 @@ def summarize_stats(
     lag = SparseHistogram.merge([s.lag for s in stats])
     unc = SparseHistogram.merge([s.uncertainty for s in stats]).summary_ms()
     return LagSummary(
-        source=source, target=target, replica=replica,
-        sent=sum(s.sent for s in stats), seen=sum(s.seen for s in stats),
-        lost=sum(s.lost for s in stats), lag_ms=lag.summary_ms(),
-        uncertainty_ms={"p50": unc["p50"], "max": unc["max"]}, out_of_range=lag.out_of_range,
+        source=source,
+        target=target,
+        replica=replica,
+        sent=sum(s.sent for s in stats),
+        seen=sum(s.seen for s in stats),
+        lost=sum(s.lost for s in stats),
+        lag_ms=lag.summary_ms(),
+        uncertainty_ms={"p50": unc["p50"], "max": unc["max"]},
+        out_of_range=lag.out_of_range,
     )
 
 
@@ -147,7 +160,11 @@ class _PairWindows:
         self.generation = 0  # bumped on every insert: (generation, lo, hi) names a window set
 
     def add(self, end_ns: int, window_id: int) -> None:
-        bisect.insort(self.keys, (end_ns, window_id))
+        # Copy on write: a query holding `keys` from before keeps a consistent view without
+        # copying 1,440 entries per request. Windows arrive about once a minute, so this is cheap.
+        keys = list(self.keys)
+        bisect.insort(keys, (end_ns, window_id))
+        self.keys = keys
         self.generation += 1
 
     def span(self, since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
@@ -181,15 +198,22 @@ class LagIndex:
                 self._pairs.setdefault((source, target), _PairWindows()).add(end_ns, window_id)
                 self._last_id = window_id
 
-    def pairs(self, *, since_ns: int | None = None, until_ns: int | None = None) -> list[tuple[str, str]]:
+    def pairs(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[tuple[str, str]]:
         self.refresh()
         with self._lock:
             spans = {pair: w.span(since_ns, until_ns) for pair, w in self._pairs.items()}
         return sorted(pair for pair, (lo, hi) in spans.items() if hi > lo)
 
     def summary(
-        self, source: str, target: str, *, since_ns: int | None = None,
-        until_ns: int | None = None, replica: str | None = None,
+        self,
+        source: str,
+        target: str,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        replica: str | None = None,
     ) -> LagSummary:
         """Merged percentiles of the windows ending within [since_ns, until_ns)."""
         if replica is not None:
@@ -204,27 +228,33 @@ class LagIndex:
             pair = self._pairs.get((source, target), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)
             key = ("summary", source, target, pair.generation, lo, hi)
-            ids = [window_id for _, window_id in pair.keys[lo:hi]]
-        return self._answer(key, lambda: summarize_stats(
-            self._load(ids), source=source, target=target, replica=None
-        ))
+            keys = pair.keys
+
+        def compute() -> LagSummary:
+            ids = [window_id for _, window_id in keys[lo:hi]]
+            return summarize_stats(self._load(ids), source=source, target=target, replica=None)
+
+        return self._answer(key, compute)
 
     def series(
         self, source: str, target: str, *, since_ns: int, until_ns: int, step_ns: int
     ) -> list[tuple[int, LagSummary]]:
-        """(bucket start, summary) for each step-long bucket holding at least one window."""
+        """(bucket start, summary) per epoch-aligned step-long bucket holding a window's end."""
         self.refresh()
         with self._lock:
             pair = self._pairs.get((source, target), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)
-            keys = list(pair.keys[lo:hi])
-            key = ("series", source, target, pair.generation, lo, hi, since_ns % step_ns, step_ns)
+            all_keys = pair.keys
+            key = ("series", source, target, pair.generation, lo, hi, step_ns)
 
         def compute() -> list[tuple[int, LagSummary]]:
+            keys = all_keys[lo:hi]
             stats = dict(zip([k[1] for k in keys], self._load([k[1] for k in keys]), strict=True))
             buckets: dict[int, list[WindowStats]] = {}
             for end_ns, window_id in keys:
-                start = since_ns + (end_ns - since_ns) // step_ns * step_ns
+                # Buckets aligned to the epoch, not to `since`, so a sliding "last 24h"
+                # keeps its buckets (and its cache entry) from one request to the next.
+                start = end_ns // step_ns * step_ns
                 buckets.setdefault(start, []).append(stats[window_id])
             return [
                 (start, summarize_stats(parts, source=source, target=target, replica=None))
@@ -233,15 +263,44 @@ class LagIndex:
 
         return self._answer(key, compute)
 
+    def warm(self, *, since_ns: int | None = None) -> int:
+        """Decode every window ending since `since_ns` now (the service does it in a thread at
+        start), so the first dashboard load after a restart is not the one that pays."""
+        self.refresh()
+        with self._lock:
+            ids = [i for w in self._pairs.values() for _, i in w.keys[w.span(since_ns, None)[0] :]]
+        return len(self._load(ids))
+
+    def signature(
+        self, *, since_ns: int | None, until_ns: int | None
+    ) -> tuple[tuple[str, str, int, int, int], ...]:
+        """Names the exact set of windows in range per pair: equal signatures, equal answers."""
+        self.refresh()
+        with self._lock:
+            return tuple(
+                (source, target, windows.generation, *windows.span(since_ns, until_ns))
+                for (source, target), windows in sorted(self._pairs.items())
+            )
+
+    def answer(self, key: Hashable, compute: Callable[[], _T], *, may_compute: bool = True) -> _T:
+        """The cached value for `key`, else `compute()` (or NotCached if not `may_compute`).
+
+        Callers on the event loop pass may_compute=False and retry in a thread on
+        NotCached, so a cache miss never blocks the loop.
+        """
+        return self._answer(key, compute, may_compute=may_compute)
+
     # --- internals -----------------------------------------------------------
 
-    def _answer(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+    def _answer(self, key: Hashable, compute: Callable[[], _T], *, may_compute: bool = True) -> _T:
         with self._lock:
             if key in self._answers:
                 self.hits += 1
                 self._answers.move_to_end(key)
                 cached: _T = self._answers[key]
                 return cached
+            if not may_compute:
+                raise NotCached(key)
             self.misses += 1
         value = compute()
         with self._lock:
@@ -276,6 +335,9 @@ def _stats_of(
     sent: int, seen: int, lost: int, lag: LagHistogram, uncertainty: LagHistogram
 ) -> WindowStats:
     return WindowStats(
-        sent=sent, seen=seen, lost=lost, lag=SparseHistogram.from_lag_histogram(lag),
+        sent=sent,
+        seen=seen,
+        lost=lost,
+        lag=SparseHistogram.from_lag_histogram(lag),
         uncertainty=SparseHistogram.from_lag_histogram(uncertainty),
     )

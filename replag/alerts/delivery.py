@@ -1,0 +1,293 @@
+"""Delivering alert events to sinks: HTTP over aiohttp or a local command, with retries.
+
+Each attempt that fails with a connection error, a timeout, HTTP 429 or 5xx
+(or a command that fails or times out) is retried after an exponential
+backoff with jitter. Failures are logged, counted and stored per sink
+(`/api/v1/alerts` shows them); they never propagate to the caller. In the
+service every sink has its own queue and worker task, so a slow sink delays
+neither the other sinks nor probing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from replag.alert_config import AlertSink
+from replag.alerts import payloads
+from replag.alerts.state import AlertEvent
+from replag.store import Store
+
+log = logging.getLogger(__name__)
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS alert_deliveries (
+        sink TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        last_attempt_ns INTEGER NOT NULL,
+        last_ok_ns INTEGER,
+        last_status TEXT NOT NULL,
+        last_error TEXT,
+        delivered INTEGER NOT NULL DEFAULT 0,
+        failed INTEGER NOT NULL DEFAULT 0
+    )""",
+)
+_QUEUE_SIZE = 1000
+
+
+class DeliveryFailed(Exception):
+    """One attempt failed; `retry` says whether another attempt may succeed."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeliveryResult:
+    sink: str
+    ok: bool
+    attempts: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sink": self.sink, "ok": self.ok, "attempts": self.attempts, "error": self.error}
+
+
+class AlertSender:
+    """Owns the HTTP session and the per-sink workers; `close()` ends both."""
+
+    def __init__(
+        self,
+        sinks: Sequence[AlertSink],
+        store: Store,
+        *,
+        external_url: str = "",
+        on_result: Callable[[DeliveryResult], None] | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.sinks = tuple(sinks)
+        self.store = store
+        self.external_url = external_url
+        self._on_result = on_result
+        self._rng = rng
+        self._session: aiohttp.ClientSession | None = None
+        self._queues: dict[str, asyncio.Queue[Sequence[AlertEvent]]] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        store.ensure_schema(SCHEMA)
+
+    async def deliver(self, events: Sequence[AlertEvent]) -> list[DeliveryResult]:
+        """Send `events` to every sink concurrently and wait for the outcomes."""
+        if not events:
+            return []
+        return list(await asyncio.gather(*(self._deliver(s, events) for s in self.sinks)))
+
+    def submit(self, events: Sequence[AlertEvent]) -> None:
+        """Queue `events` for every sink and return at once (the service's path)."""
+        if not events:
+            return
+        for sink in self.sinks:
+            queue = self._queues.get(sink.name)
+            if queue is None:
+                queue = self._queues[sink.name] = asyncio.Queue(_QUEUE_SIZE)
+                self._workers.append(
+                    asyncio.create_task(self._work(sink, queue), name=f"alert-sink-{sink.name}")
+                )
+            try:
+                queue.put_nowait(events)
+            except asyncio.QueueFull:
+                log.error(
+                    "alert sink %s: %d notifications queued, dropping this one",
+                    sink.name,
+                    _QUEUE_SIZE,
+                )
+                self._record(
+                    sink,
+                    DeliveryResult(
+                        sink=sink.name,
+                        ok=False,
+                        attempts=0,
+                        error="queue full: notification dropped",
+                    ),
+                )
+
+    async def close(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def statuses(self) -> list[dict[str, Any]]:
+        rows = {r[0]: r for r in self.store.execute("SELECT * FROM alert_deliveries")}
+        return [delivery_status(sink, rows.get(sink.name)) for sink in self.sinks]
+
+    # --- one sink ------------------------------------------------------------
+
+    async def _work(self, sink: AlertSink, queue: asyncio.Queue[Sequence[AlertEvent]]) -> None:
+        while True:
+            events = await queue.get()
+            await self._deliver(sink, events)
+
+    async def _deliver(self, sink: AlertSink, events: Sequence[AlertEvent]) -> DeliveryResult:
+        requests = self._requests(sink, events)
+        attempts, error = 0, None
+        for attempt in range(sink.retries + 1):
+            attempts += 1
+            try:
+                for send in requests:
+                    await send()
+                error = None
+                break
+            except DeliveryFailed as exc:
+                error = _redact(str(exc), sink)
+                if not exc.retry or attempt == sink.retries:
+                    break
+                delay = min(sink.max_backoff_s, sink.backoff_s * 2**attempt) * (0.5 + self._rng())
+                log.warning(
+                    "alert sink %s: %s; %d tries left, next in %.2f s",
+                    sink.name,
+                    error,
+                    sink.retries - attempt,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        result = DeliveryResult(sink=sink.name, ok=error is None, attempts=attempts, error=error)
+        if error:
+            log.error("alert sink %s: giving up after %d attempts: %s", sink.name, attempts, error)
+        self._record(sink, result)
+        return result
+
+    def _requests(
+        self, sink: AlertSink, events: Sequence[AlertEvent]
+    ) -> list[Callable[[], Awaitable[None]]]:
+        """The calls one delivery makes (PagerDuty takes one event per alert)."""
+        if sink.kind == "pagerduty":
+            assert sink.routing_key is not None  # checked by the config
+            key = sink.routing_key
+            return [
+                functools.partial(self._post, sink, payloads.pagerduty(e, routing_key=key))
+                for e in events
+            ]
+        if sink.kind == "slack":
+            return [lambda: self._post(sink, payloads.slack(events))]
+        body = payloads.alertmanager(events, receiver=sink.name, external_url=self.external_url)
+        if sink.kind == "command":
+            return [lambda: _run_command(sink, body)]
+        return [lambda: self._post(sink, body)]
+
+    async def _post(self, sink: AlertSink, body: dict[str, Any]) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "replag"}
+        if sink.secret:
+            headers[payloads.SIGNATURE_HEADER] = payloads.signature(sink.secret, data)
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        assert sink.url is not None
+        try:
+            async with self._session.post(
+                sink.url,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=sink.timeout_s),
+            ) as response:
+                text = (await response.text(errors="replace"))[:200]
+                if response.status < 300:
+                    return
+                raise DeliveryFailed(
+                    f"HTTP {response.status}: {text}",
+                    retry=response.status == 429 or response.status >= 500,
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise DeliveryFailed(f"{type(exc).__name__}: {exc}", retry=True) from None
+
+    def _record(self, sink: AlertSink, result: DeliveryResult) -> None:
+        now = time.time_ns()
+        self.store.execute(
+            """INSERT INTO alert_deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (sink) DO UPDATE SET kind = excluded.kind,
+                 last_attempt_ns = excluded.last_attempt_ns,
+                 last_ok_ns = COALESCE(excluded.last_ok_ns, last_ok_ns),
+                 last_status = excluded.last_status, last_error = excluded.last_error,
+                 delivered = delivered + excluded.delivered, failed = failed + excluded.failed""",
+            (
+                sink.name,
+                sink.kind,
+                now,
+                now if result.ok else None,
+                "ok" if result.ok else "failed",
+                result.error,
+                int(result.ok),
+                int(not result.ok),
+            ),
+        )
+        if self._on_result is not None:
+            self._on_result(result)
+
+
+async def _run_command(sink: AlertSink, body: dict[str, Any]) -> None:
+    """Run the hook with the alert JSON on stdin; a non-zero exit or a timeout fails it."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *sink.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise DeliveryFailed(f"cannot run {sink.command[0]}: {exc}", retry=False) from None
+    try:
+        _, stderr = await asyncio.wait_for(
+            proc.communicate(json.dumps(body).encode()), sink.timeout_s
+        )
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise DeliveryFailed(
+            f"{sink.command[0]} timed out after {sink.timeout_s:g} s", retry=True
+        ) from None
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip()[-200:]
+        raise DeliveryFailed(f"{sink.command[0]} exited {proc.returncode}: {tail}", retry=True)
+
+
+def _redact(text: str, sink: AlertSink) -> str:
+    for secret in sink.secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def delivery_status(sink: AlertSink, row: tuple[Any, ...] | None) -> dict[str, Any]:
+    out = sink.to_dict()
+    if row is None:
+        return {
+            **out,
+            "last_status": "never",
+            "last_attempt_ns": None,
+            "last_ok_ns": None,
+            "last_error": None,
+            "delivered": 0,
+            "failed": 0,
+        }
+    return {
+        **out,
+        "last_attempt_ns": row[2],
+        "last_ok_ns": row[3],
+        "last_status": row[4],
+        "last_error": row[5],
+        "delivered": row[6],
+        "failed": row[7],
+    }

@@ -1,0 +1,135 @@
+"""The latest outcome of each source's probe and each group's repair check, kept in the store.
+
+Alert rules (unreachable replicas, divergent keys, no successful probe) read
+these rows, so a rule evaluated by `replag probe --alerts` from cron sees what
+the service recorded and the other way round.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from replag.store import Store
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS probe_health (
+        source TEXT PRIMARY KEY,
+        last_attempt_ns INTEGER NOT NULL,
+        last_success_ns INTEGER,
+        last_run_id TEXT,
+        unreachable_json TEXT NOT NULL DEFAULT '[]',
+        error TEXT
+    )""",
+    """CREATE TABLE IF NOT EXISTS group_health (
+        group_name TEXT PRIMARY KEY,
+        checked_ns INTEGER NOT NULL,
+        divergent INTEGER,
+        run_id TEXT,
+        error TEXT
+    )""",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeHealth:
+    source: str
+    last_attempt_ns: int
+    last_success_ns: int | None
+    last_run_id: str | None
+    unreachable: list[dict[str, str]]
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "last_attempt_ns": self.last_attempt_ns,
+            "last_success_ns": self.last_success_ns,
+            "last_run_id": self.last_run_id,
+            "unreachable": self.unreachable,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupHealth:
+    group: str
+    checked_ns: int
+    divergent: int | None
+    run_id: str | None
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "checked_ns": self.checked_ns,
+            "divergent": self.divergent,
+            "run_id": self.run_id,
+            "error": self.error,
+        }
+
+
+def record_probe(
+    store: Store,
+    *,
+    source: str,
+    run_id: str | None,
+    unreachable: list[dict[str, str]],
+    error: str | None,
+    at_ns: int | None = None,
+) -> None:
+    """Remember a probe attempt; `error` set means the run failed (nothing was measured)."""
+    store.ensure_schema(SCHEMA)
+    now = at_ns or time.time_ns()
+    store.execute(
+        """INSERT INTO probe_health (source, last_attempt_ns, last_success_ns, last_run_id,
+               unreachable_json, error) VALUES (?, ?, ?, ?, ?, ?)
+           ON CONFLICT (source) DO UPDATE SET last_attempt_ns = excluded.last_attempt_ns,
+               last_success_ns = COALESCE(excluded.last_success_ns, last_success_ns),
+               last_run_id = COALESCE(excluded.last_run_id, last_run_id),
+               unreachable_json = excluded.unreachable_json, error = excluded.error""",
+        (source, now, None if error else now, run_id, json.dumps(unreachable), error),
+    )
+
+
+def record_check(
+    store: Store,
+    *,
+    group: str,
+    divergent: int | None,
+    run_id: str | None,
+    error: str | None,
+    at_ns: int | None = None,
+) -> None:
+    store.ensure_schema(SCHEMA)
+    store.execute(
+        "INSERT OR REPLACE INTO group_health VALUES (?, ?, ?, ?, ?)",
+        (group, at_ns or time.time_ns(), divergent, run_id, error),
+    )
+
+
+def probe_health(store: Store) -> dict[str, ProbeHealth]:
+    store.ensure_schema(SCHEMA)
+    rows = store.execute("SELECT * FROM probe_health ORDER BY source")
+    return {
+        r[0]: ProbeHealth(
+            source=r[0],
+            last_attempt_ns=r[1],
+            last_success_ns=r[2],
+            last_run_id=r[3],
+            unreachable=json.loads(r[4]),
+            error=r[5],
+        )
+        for r in rows
+    }
+
+
+def group_health(store: Store) -> dict[str, GroupHealth]:
+    store.ensure_schema(SCHEMA)
+    rows = store.execute("SELECT * FROM group_health ORDER BY group_name")
+    return {
+        r[0]: GroupHealth(group=r[0], checked_ns=r[1], divergent=r[2], run_id=r[3], error=r[4])
+        for r in rows
+    }

@@ -1,0 +1,124 @@
+"""The bodies each kind of sink receives for a batch of alert events.
+
+The generic webhook (and the command hook's stdin) get Alertmanager's webhook
+payload (version 4), so receivers written for Alertmanager work unchanged;
+Slack gets an incoming-webhook message; PagerDuty one Events v2 event per alert,
+deduplicated by the alert's fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import socket
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from replag.alerts.state import AlertEvent
+
+SIGNATURE_HEADER = "X-Replag-Signature"
+_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not ended"
+_SLACK_COLOURS = {"critical": "#d93025", "warning": "#f29900", "info": "#1a73e8"}
+_PAGERDUTY_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+def iso(ns: int | None) -> str:
+    if ns is None:
+        return _ZERO_TIME
+    return (
+        datetime.fromtimestamp(ns / 1e9, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def alertmanager(
+    events: Sequence[AlertEvent], *, receiver: str, external_url: str = ""
+) -> dict[str, Any]:
+    """Alertmanager's webhook body (version 4) for `events`."""
+    alerts = [
+        {
+            "status": e.status,
+            "labels": e.labels,
+            "annotations": {
+                "summary": e.summary,
+                **({"value": f"{e.value:g}"} if e.value is not None else {}),
+            },
+            "startsAt": iso(e.starts_ns),
+            "endsAt": iso(e.ends_ns),
+            "generatorURL": f"{external_url}/#alerts" if external_url else "",
+            "fingerprint": e.fingerprint,
+        }
+        for e in events
+    ]
+    common = _common(e.labels for e in events)
+    return {
+        "version": "4",
+        "groupKey": "{}:" + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(common.items())) + "}",
+        "truncatedAlerts": 0,
+        "status": "firing" if any(e.status == "firing" for e in events) else "resolved",
+        "receiver": receiver,
+        "groupLabels": {k: v for k, v in common.items() if k == "alertname"},
+        "commonLabels": common,
+        "commonAnnotations": {},
+        "externalURL": external_url,
+        "alerts": alerts,
+    }
+
+
+def _common(label_sets: Any) -> dict[str, str]:
+    sets = list(label_sets)
+    if not sets:
+        return {}
+    first = dict(sets[0])
+    return {k: v for k, v in first.items() if all(s.get(k) == v for s in sets[1:])}
+
+
+def signature(secret: str, body: bytes) -> str:
+    """The value of the signature header: `sha256=` + hex HMAC-SHA256 of the exact body."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def slack(events: Sequence[AlertEvent]) -> dict[str, Any]:
+    firing = sum(e.status == "firing" for e in events)
+    title = (
+        f"replag: {firing} alert(s) firing"
+        if firing
+        else f"replag: {len(events)} alert(s) resolved"
+    )
+    return {
+        "text": title,
+        "attachments": [
+            {
+                "color": "#1e8e3e"
+                if e.status == "resolved"
+                else _SLACK_COLOURS.get(e.severity, "#f29900"),
+                "title": f"[{e.status.upper()}] {e.rule}" + (" (repeat)" if e.repeat else ""),
+                "text": e.summary,
+                "ts": e.starts_ns // 1_000_000_000,
+            }
+            for e in events
+        ],
+    }
+
+
+def pagerduty(event: AlertEvent, *, routing_key: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "resolve" if event.status == "resolved" else "trigger",
+        "dedup_key": f"replag-{event.fingerprint}",
+    }
+    if event.status == "firing":
+        body["payload"] = {
+            "summary": event.summary[:1024],
+            "source": event.labels.get("source")
+            or event.labels.get("group")
+            or socket.gethostname(),
+            "severity": _PAGERDUTY_SEVERITY.get(event.severity, "warning"),
+            "timestamp": iso(event.starts_ns),
+            "component": "replag",
+            "class": event.labels.get("kind", ""),
+            "custom_details": {"labels": event.labels, "value": event.value},
+        }
+    return body

@@ -1,0 +1,174 @@
+"""Evaluating alert rules against the store: one `Condition` per rule and subject.
+
+A subject is what an alert is about (a region pair, a replica, a group); its
+labels plus the rule name make the alert's fingerprint, so the same problem is
+one alert however often it is evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from replag.alert_config import AlertRule
+from replag.alerts.health import group_health, probe_health
+from replag.config import Config
+from replag.durations import format_ms
+from replag.lagindex import LagIndex
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    rule: AlertRule
+    labels: dict[str, str] = field(default_factory=dict)
+    active: bool
+    value: float | None
+    summary: str
+
+    @property
+    def all_labels(self) -> dict[str, str]:
+        return {
+            "alertname": self.rule.name,
+            "kind": self.rule.kind,
+            "severity": self.rule.severity,
+            **self.labels,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.rule.name, self.labels)
+
+
+def fingerprint(rule_name: str, labels: dict[str, str]) -> str:
+    text = json.dumps([rule_name, sorted(labels.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Condition]:
+    """Every rule's current conditions (active or not) for every subject it covers."""
+    out: list[Condition] = []
+    for rule in config.alerts.rules:
+        if rule.kind in ("lag_p99", "probe_loss"):
+            out += _lag_conditions(rule, index, now_ns=now_ns)
+        elif rule.kind == "divergent_keys":
+            out += _divergence_conditions(rule, index)
+        elif rule.kind == "unreachable":
+            out += _unreachable_conditions(rule, index)
+        else:
+            out += _no_probe_conditions(rule, config, index, now_ns=now_ns)
+    return out
+
+
+def _lag_conditions(rule: AlertRule, index: LagIndex, *, now_ns: int) -> list[Condition]:
+    since = now_ns - int(rule.over_s * 1e9)
+    out = []
+    for source, target in index.pairs(since_ns=since):
+        if rule.source not in (None, source) or rule.target not in (None, target):
+            continue
+        summary = index.summary(source, target, since_ns=since)
+        labels = {"source": source, "target": target}
+        if rule.kind == "lag_p99":
+            p99 = summary.lag_ms["p99"]
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels=labels,
+                    value=p99,
+                    active=p99 is not None and p99 > rule.threshold,
+                    summary=f"{source}→{target}: p99 lag {format_ms(p99)} ms over the last "
+                    f"{rule.over_s:g} s (limit {format_ms(rule.threshold)} ms)",
+                )
+            )
+        else:
+            ratio = summary.loss_ratio
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels=labels,
+                    value=ratio,
+                    active=summary.sent > 0 and ratio > rule.threshold,
+                    summary=f"{source}→{target}: lost {summary.lost}/{summary.sent} probes "
+                    f"({ratio:.2%}, limit {rule.threshold:.2%})",
+                )
+            )
+    return out
+
+
+def _divergence_conditions(rule: AlertRule, index: LagIndex) -> list[Condition]:
+    out = []
+    for name, health in group_health(index.store).items():
+        if rule.group not in (None, name) or health.divergent is None:
+            continue
+        out.append(
+            Condition(
+                rule=rule,
+                labels={"group": name},
+                value=float(health.divergent),
+                active=health.divergent > rule.threshold,
+                summary=f"replica group {name}: {health.divergent} divergent keys "
+                f"(check {health.run_id or '-'})",
+            )
+        )
+    return out
+
+
+def _unreachable_conditions(rule: AlertRule, index: LagIndex) -> list[Condition]:
+    out = []
+    for source, health in probe_health(index.store).items():
+        if rule.source not in (None, source):
+            continue
+        for item in health.unreachable:
+            region, replica = item.get("region", ""), item.get("replica", "")
+            if rule.target not in (None, region):
+                continue
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels={"source": source, "region": region, "replica": replica},
+                    value=1.0,
+                    active=True,
+                    summary=f"replica {replica} in {region} unreachable from {source}: "
+                    f"{item.get('error', 'no answer')}",
+                )
+            )
+    return out
+
+
+def _no_probe_conditions(
+    rule: AlertRule, config: Config, index: LagIndex, *, now_ns: int
+) -> list[Condition]:
+    health = probe_health(index.store)
+    last_window = dict(
+        index.store.execute("SELECT source, MAX(end_ns) FROM lag_windows GROUP BY source")
+    )
+    out = []
+    for region in config.topology.regions:
+        if region.write is None or rule.source not in (None, region.name):
+            continue
+        seen = [
+            t
+            for t in (
+                last_window.get(region.name),
+                getattr(health.get(region.name), "last_success_ns", None),
+            )
+            if t
+        ]
+        if not seen and region.name not in health:
+            continue  # never attempted: nothing to say yet
+        age_s = (now_ns - max(seen)) / 1e9 if seen else None
+        out.append(
+            Condition(
+                rule=rule,
+                labels={"source": region.name},
+                value=age_s,
+                active=age_s is None or age_s > rule.threshold,
+                summary=(
+                    f"no successful probe from {region.name} for {age_s:.0f} s "
+                    f"(limit {rule.threshold:g} s)"
+                    if age_s is not None
+                    else f"no successful probe from {region.name} yet"
+                ),
+            )
+        )
+    return out

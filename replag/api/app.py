@@ -1,0 +1,83 @@
+"""The FastAPI application: JSON API, dashboard, `/metrics`, and the service's lifespan.
+
+`create_app(config)` builds one app around one `ReplagService`; the lifespan
+starts the service's schedulers and stops them on shutdown (uvicorn turns
+SIGTERM/SIGINT into that shutdown). Errors become JSON with a message and a
+4xx status (503 when repair is missing, 502 when an endpoint failed): a bad
+query never produces a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from replag import __version__
+from replag.api import lag, routes
+from replag.config import Config
+from replag.errors import EndpointError, ReplagError
+from replag.service import JobConflict, RepairUnavailable, ReplagService
+from replag.store import Store
+
+log = logging.getLogger(__name__)
+STATIC = resources.files("replag.api") / "static"
+
+
+def create_app(
+    config: Config,
+    *,
+    store: Store | None = None,
+    run_schedulers: bool = True,
+    service: ReplagService | None = None,
+    external_url: str = "",
+) -> FastAPI:
+    """The app; with `run_schedulers=False` it only serves what the store already holds."""
+    svc = service or ReplagService(config, store=store, external_url=external_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if run_schedulers:
+            await svc.start()
+        try:
+            yield
+        finally:
+            await svc.stop()
+
+    app = FastAPI(
+        title="replag",
+        version=__version__,
+        lifespan=lifespan,
+        description="Replication lag, divergence checks and alerts for Redis across regions.",
+    )
+    app.state.service = svc
+    app.include_router(routes.router)
+    app.include_router(lag.router)
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(ReplagError)
+    async def replag_error(request: Request, exc: ReplagError) -> JSONResponse:
+        status = 400
+        if isinstance(exc, JobConflict):
+            status = 409
+        elif isinstance(exc, RepairUnavailable):
+            status = 503
+        elif isinstance(exc, EndpointError):
+            status = 502
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    return app

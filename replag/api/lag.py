@@ -1,0 +1,179 @@
+"""The lag endpoints: merged percentiles, the region matrix, and chart series.
+
+Answers are cached as JSON bytes keyed by the exact set of windows they cover
+(`LagIndex.signature`), so a dashboard polling "the last 24 h" costs a cache
+lookup until a window arrives or ages out. A cache hit is served on the event
+loop; a miss is computed in the thread pool so it never stalls probing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Hashable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from replag.api.params import TimeRange
+from replag.api.routes import Service
+from replag.errors import UsageError
+from replag.lagindex import LagIndex, NotCached
+from replag.service import ReplagService
+
+router = APIRouter(prefix="/api/v1")
+TIME_HELP = "a duration ago (15m), Unix seconds or ISO 8601"
+Since = Annotated[str | None, Query(max_length=64, description=TIME_HELP)]
+Region = Annotated[str | None, Query(max_length=200)]
+
+
+async def _cached(index: LagIndex, key: Hashable, build: Callable[[], bytes]) -> bytes:
+    try:
+        return index.answer(key, build, may_compute=False)
+    except NotCached:
+        return await run_in_threadpool(index.answer, key, build)
+
+
+def _json(head: dict[str, Any], body: bytes) -> Response:
+    """`head` (per request: the resolved range) spliced before the cached `body` members."""
+    text = json.dumps(head, separators=(",", ":")).encode()[:-1] + b"," + body + b"}"
+    return Response(text, media_type="application/json")
+
+
+def _members(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()[1:-1]
+
+
+def _regions(svc: ReplagService) -> list[str]:
+    names = [r.name for r in svc.config.topology.regions]
+    for source, target in svc.index.pairs():
+        names += [n for n in (source, target) if n not in names]
+    return names
+
+
+def _check_region(svc: ReplagService, name: str | None, *, param: str) -> None:
+    if name is not None and name not in (known := _regions(svc)):
+        raise UsageError(f"{param}: unknown region {name!r} (known: {', '.join(known)})")
+
+
+@router.get("/lag")
+async def lag(
+    svc: Service,
+    source: Region = None,
+    target: Region = None,
+    since: Since = None,
+    until: Since = None,
+) -> Response:
+    """Merged percentiles, count and loss per (source, target) over the range (default 15m)."""
+    _check_region(svc, source, param="source")
+    _check_region(svc, target, param="target")
+    span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=900)
+    signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
+    chosen = [
+        (s, t)
+        for s, t, _, lo, hi in signature
+        if hi > lo and source in (None, s) and target in (None, t)
+    ]
+
+    def build() -> bytes:
+        pairs = [
+            svc.index.summary(s, t, since_ns=span.since_ns, until_ns=span.until_ns).to_dict()
+            for s, t in chosen
+        ]
+        return _members({"pairs": pairs})
+
+    body = await _cached(svc.index, ("lag", source, target, signature), build)
+    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
+
+
+@router.get("/lag/matrix")
+async def lag_matrix(svc: Service, since: Since = None) -> Response:
+    """Region × region p50/p99/loss since `since` (default 15m), with colour thresholds."""
+    span = TimeRange.parse(since, None, now_ns=time.time_ns(), default_since_s=900)
+    signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
+
+    def build() -> bytes:
+        cells = []
+        for source, target, _, lo, hi in signature:
+            if hi <= lo:
+                continue
+            s = svc.index.summary(source, target, since_ns=span.since_ns, until_ns=span.until_ns)
+            cells.append(
+                {
+                    "source": source,
+                    "target": target,
+                    "p50_ms": s.lag_ms["p50"],
+                    "p99_ms": s.lag_ms["p99"],
+                    "max_ms": s.lag_ms["max"],
+                    "sent": s.sent,
+                    "seen": s.seen,
+                    "lost": s.lost,
+                    "loss_ratio": round(s.loss_ratio, 6),
+                }
+            )
+        return _members(
+            {"regions": _regions(svc), "cells": cells, "thresholds_ms": _thresholds_ms(svc)}
+        )
+
+    body = await _cached(svc.index, ("matrix", signature), build)
+    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
+
+
+def _thresholds_ms(svc: ReplagService) -> dict[str, float]:
+    """Colour bands of the matrix: the configured p99 alert limits, else the breach setting."""
+    rules = [r for r in svc.config.alerts.rules if r.kind == "lag_p99"]
+    critical = [r.threshold for r in rules if r.severity == "critical"]
+    warning = [r.threshold for r in rules if r.severity != "critical"]
+    if svc.settings.max_p99 is not None:
+        warning.append(svc.settings.max_p99 * 1000)
+    warn = min(warning or critical or [100.0])
+    return {"warning": warn, "critical": min(critical or [warn * 5])}
+
+
+@router.get("/lag/series")
+async def lag_series(
+    svc: Service,
+    source: Annotated[str, Query(max_length=200)],
+    target: Annotated[str, Query(max_length=200)],
+    since: Since = None,
+    until: Since = None,
+    step: Annotated[
+        str | None, Query(max_length=32, description="e.g. 1m (default: ~240 points)")
+    ] = None,
+) -> Response:
+    """Percentiles per epoch-aligned step (default range 1h) for charts."""
+    _check_region(svc, source, param="source")
+    _check_region(svc, target, param="target")
+    span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=3600)
+    step_ns = span.step_ns(step, minimum_s=svc.settings.window)
+    signature = [
+        entry
+        for entry in svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
+        if entry[:2] == (source, target)
+    ]
+
+    def build() -> bytes:
+        series = svc.index.series(
+            source, target, since_ns=span.since_ns, until_ns=span.until_ns, step_ns=step_ns
+        )
+        points = [
+            {
+                "t_ns": start,
+                "p50_ms": s.lag_ms["p50"],
+                "p90_ms": s.lag_ms["p90"],
+                "p99_ms": s.lag_ms["p99"],
+                "max_ms": s.lag_ms["max"],
+                "sent": s.sent,
+                "seen": s.seen,
+                "lost": s.lost,
+            }
+            for start, s in series
+        ]
+        return _members(
+            {"source": source, "target": target, "step_s": step_ns / 1e9, "points": points}
+        )
+
+    body = await _cached(svc.index, ("series", source, target, step_ns, tuple(signature)), build)
+    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)

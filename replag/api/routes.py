@@ -1,0 +1,119 @@
+"""The versioned JSON API (`/api/v1/…`) apart from lag: health, topology, repairs, alerts.
+
+A thin layer over the service object. Read endpoints are plain functions, so
+FastAPI runs them in its thread pool, off the event loop the probes time their
+observations on. Anything that changes data needs the bearer token from
+`settings.api_token`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from replag import __version__
+from replag.service import RepairUnavailable, ReplagService, repair_module
+
+router = APIRouter(prefix="/api/v1")
+_bearer = HTTPBearer(auto_error=False, description="settings.api_token")
+
+
+async def service(request: Request) -> ReplagService:
+    svc: ReplagService = request.app.state.service
+    return svc
+
+
+Service = Annotated[ReplagService, Depends(service)]
+
+
+def require_token(
+    svc: Service, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    expected = svc.settings.api_token
+    if not expected:
+        raise HTTPException(
+            403,
+            "data-changing calls are disabled: this server has no api_token configured "
+            "(set settings.api_token or REPLAG_API_TOKEN)",
+        )
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(
+            401,
+            "missing bearer token (Authorization: Bearer …)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(401, "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+@router.get("/health")
+def health(svc: Service) -> dict[str, Any]:
+    """Liveness and the last probe outcome of every source."""
+    return {"version": __version__, **svc.health()}
+
+
+@router.get("/topology")
+def topology(svc: Service) -> dict[str, Any]:
+    """Regions, replicas and groups; passwords and tokens are never included."""
+    return {**svc.config.topology.to_dict(), "settings": svc.settings.public()}
+
+
+@router.get("/repairs")
+def repairs(svc: Service, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
+    """Recent repair checks and runs from the store, and jobs this service is running."""
+    try:
+        runs, available = repair_module().list_runs(svc.store, limit=limit), True
+    except RepairUnavailable:
+        runs, available = [], False
+    jobs = sorted(svc.jobs.values(), key=lambda j: j.started_ns, reverse=True)[:limit]
+    return {"available": available, "runs": runs, "jobs": [j.to_dict() for j in jobs]}
+
+
+@router.get("/repairs/{run_id}")
+def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> dict[str, Any]:
+    """One repair run by its run id (or a service job by its job id)."""
+    if run_id in svc.jobs:
+        return {"job": svc.jobs[run_id].to_dict()}
+    run = repair_module().get_run(svc.store, run_id)
+    if run is None:
+        raise HTTPException(404, f"no repair run {run_id!r}")
+    return dict(run)
+
+
+class RepairRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["check", "repair"] = "check"
+    group: str | None = Field(default=None, max_length=200, description="default: every group")
+    policy: str = Field(default="quorum", max_length=200, pattern=r"^(quorum|newest|source=.+)$")
+    dry_run: bool = False
+    allow_deletes: bool = False
+
+
+@router.post("/repairs", status_code=202, dependencies=[Depends(require_token)])
+async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
+    """Start a check or a repair in the background; poll `/repairs/{job_id}` for it."""
+    options: dict[str, Any] = {}
+    if body.action == "repair":
+        options = {
+            "policy": body.policy,
+            "dry_run": body.dry_run,
+            "allow_deletes": body.allow_deletes,
+        }
+    job = svc.start_job(body.action, body.group, **options)
+    return job.to_dict()
+
+
+@router.get("/alerts")
+def alerts(svc: Service, history: Annotated[int, Query(ge=0, le=1000)] = 50) -> dict[str, Any]:
+    """Active alerts, recent state changes, and each sink's last delivery status."""
+    return {
+        "active": svc.alert_book.active(),
+        "history": svc.alert_book.history(limit=history),
+        "sinks": svc.sender.statuses(),
+        "rules": [r.to_dict() for r in svc.config.alerts.rules],
+    }

@@ -1,0 +1,329 @@
+"""The long-running service: one object owning the store, the schedulers and the alert sender.
+
+`ReplagService.start()` launches the probe scheduler (every region with a write
+endpoint, every `probe_interval`), the repair-check scheduler (every replica
+group, every `check_interval`, repairing when `auto_repair` is on) and the
+alert sender's workers; `stop()` cancels and awaits them and closes what they
+opened. FastAPI's lifespan calls both (see `replag.api.app`); the API reads
+through the same object, so what it shows is what the schedulers stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import import_module
+from types import ModuleType
+from typing import Any, Literal
+
+from replag.alerts import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
+from replag.alerts.health import probe_health, record_check, record_probe
+from replag.api.metrics import ServiceMetrics
+from replag.config import Config
+from replag.errors import EndpointError, ReplagError, UsageError
+from replag.lagindex import LagIndex
+from replag.probes.report import ProbeReport
+from replag.store import Store
+
+log = logging.getLogger(__name__)
+
+ProbeFunction = Callable[..., Awaitable[ProbeReport]]
+JobAction = Literal["check", "repair"]
+
+
+class RepairUnavailable(ReplagError):
+    """The repair package is not installed in this build (or has no such function)."""
+
+
+class JobConflict(UsageError):
+    """A check or repair of the same group is already running."""
+
+
+@dataclass(kw_only=True)
+class RepairJob:
+    """A check or repair started by the API or the scheduler, tracked while it runs."""
+
+    id: str
+    action: JobAction
+    group: str | None
+    started_ns: int
+    state: Literal["running", "done", "failed"] = "running"
+    finished_ns: int | None = None
+    run_id: str | None = None
+    divergent: int | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.id,
+            "action": self.action,
+            "group": self.group,
+            "state": self.state,
+            "started_ns": self.started_ns,
+            "finished_ns": self.finished_ns,
+            "run_id": self.run_id,
+            "divergent": self.divergent,
+            "error": self.error,
+        }
+
+
+def repair_module() -> ModuleType:
+    """`replag.repair`, imported when first needed so the service runs without it."""
+    try:
+        module = import_module("replag.repair")
+    except ImportError as exc:
+        raise RepairUnavailable(f"repair cannot be imported: {exc}") from None
+    if not hasattr(module, "check"):
+        raise RepairUnavailable("repair is not available in this build of replag")
+    return module
+
+
+class ReplagService:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        probe: ProbeFunction | None = None,
+        external_url: str = "",
+    ) -> None:
+        self.config = config
+        self.settings = config.settings
+        self.store = store or Store(config.settings.store)
+        self._own_store = store is None
+        self.metrics = ServiceMetrics()
+        self.index = LagIndex(self.store)
+        self.alert_book = AlertBook(self.store)
+        self.sender = AlertSender(
+            config.alerts.sinks,
+            self.store,
+            external_url=external_url,
+            on_result=self._count_delivery,
+        )
+        self._probe = probe
+        self.started_ns = time.time_ns()
+        self.jobs: dict[str, RepairJob] = {}
+        self.counters: Counter[str] = Counter()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._job_tasks: dict[str, asyncio.Task[None]] = {}
+        self._group_locks: dict[str | None, asyncio.Lock] = {}
+        self._stopping = asyncio.Event()
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self.started_ns = time.time_ns()
+        self._stopping.clear()
+        sources = [r.name for r in self.config.topology.regions if r.write is not None]
+        # Decode the last day of windows off the event loop, before the dashboard asks.
+        day_ago = time.time_ns() - 86_400 * 10**9
+        self._spawn("index-warmup", asyncio.to_thread(self.index.warm, since_ns=day_ago))
+        if sources:
+            self._spawn(
+                "probe-scheduler", self._every(self.settings.probe_interval, self.probe_round)
+            )
+        if self.config.topology.groups:
+            self._spawn(
+                "check-scheduler", self._every(self.settings.check_interval, self.check_round)
+            )
+        log.info(
+            "service started: probing %s every %gs, checking %d groups every %gs",
+            ", ".join(sources) or "nothing",
+            self.settings.probe_interval,
+            len(self.config.topology.groups),
+            self.settings.check_interval,
+        )
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        tasks = [*self._tasks, *self._job_tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.sender.close()
+        if self._own_store:
+            self.store.close()
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"
+        log.warning("service stopped: %s", summary)
+
+    def _spawn(self, name: str, coro: Awaitable[Any]) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))
+        self._tasks[-1].set_name(name)
+
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[Any]]) -> None:
+        """Run `step` now and then every `interval_s`, keeping the loop alive through failures."""
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                await step()
+            except ReplagError as exc:
+                log.warning("%s: %s", step.__name__, exc)
+            except Exception:
+                # A bug in one round must not end a service an SRE team relies on: log it
+                # with its traceback and try again next round.
+                self.counters["crashed rounds"] += 1
+                log.exception("%s failed; retrying next round", step.__name__)
+            delay = max(0.0, interval_s - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+
+    # --- probing -------------------------------------------------------------
+
+    async def probe_round(self) -> list[ProbeReport]:
+        """Probe from every region with a write endpoint, one after the other, then alert."""
+        reports = []
+        for region in self.config.topology.regions:
+            if region.write is None:
+                continue
+            report = await self._probe_source(region.name, region.write.name)
+            if report is not None:
+                reports.append(report)
+        await self.evaluate_alerts()
+        return reports
+
+    async def _probe_source(self, source: str, write_name: str) -> ProbeReport | None:
+        probe = self._probe or import_module("replag.probes.runner").run_probe
+        try:
+            report: ProbeReport = await probe(self.config, source=source, store=self.store)
+        except EndpointError as exc:
+            self.counters["probe errors"] += 1
+            self.metrics.probe_runs.labels(source, "error").inc()
+            record_probe(
+                self.store,
+                source=source,
+                run_id=None,
+                error=str(exc),
+                unreachable=[{"replica": write_name, "region": source, "error": str(exc)}],
+            )
+            log.warning("probe from %s failed: %s", source, exc)
+            return None
+        self.counters["probe runs"] += 1
+        self.metrics.observe_probe(
+            source=source,
+            samples=report.samples,
+            write=report.write,
+            unreachable=len(report.unreachable),
+            finished_s=time.time(),
+        )
+        record_probe(
+            self.store,
+            source=source,
+            run_id=report.run_id,
+            error=None,
+            unreachable=list(report.unreachable),
+        )
+        return report
+
+    async def evaluate_alerts(self) -> None:
+        outcome = await evaluate_and_notify(
+            self.config, self.store, index=self.index, sender=self.sender
+        )
+        self.counters["alert notifications"] += len(outcome.events)
+        self.metrics.alerts_firing.set(self.alert_book.firing_count())
+
+    def _count_delivery(self, result: DeliveryResult) -> None:
+        self.metrics.alert_deliveries.labels(result.sink, "ok" if result.ok else "failed").inc()
+
+    # --- repair checks and runs ----------------------------------------------
+
+    async def check_round(self) -> None:
+        for group in self.config.topology.groups:
+            with contextlib.suppress(JobConflict):
+                job = self.start_job("check", group.name)
+                await self.wait_job(job.id)
+        await self.evaluate_alerts()
+
+    def start_job(self, action: JobAction, group: str | None, **options: Any) -> RepairJob:
+        """Start a check or repair in the background; raise JobConflict if one is running."""
+        repair_module()  # fail now, not in the background, when repair is missing
+        if group is not None:
+            self.config.topology.group(group)  # UsageError naming the known groups
+        lock = self._group_locks.setdefault(group, asyncio.Lock())
+        if lock.locked():
+            raise JobConflict(f"a check or repair of {group or 'every group'} is already running")
+        job = RepairJob(
+            id=uuid.uuid4().hex[:12], action=action, group=group, started_ns=time.time_ns()
+        )
+        self.jobs[job.id] = job
+        self._prune_jobs()
+        task = asyncio.create_task(self._run_job(job, lock, options), name=f"job-{job.id}")
+        self._job_tasks[job.id] = task
+        task.add_done_callback(lambda _: self._job_tasks.pop(job.id, None))
+        return job
+
+    async def wait_job(self, job_id: str) -> RepairJob:
+        task = self._job_tasks.get(job_id)
+        if task is not None:
+            await asyncio.shield(task)
+        return self.jobs[job_id]
+
+    async def _run_job(self, job: RepairJob, lock: asyncio.Lock, options: dict[str, Any]) -> None:
+        repair = repair_module()
+        group_label = job.group or "all"
+        async with lock:
+            try:
+                if job.action == "check":
+                    report = await repair.check(self.config, group=job.group, store=self.store)
+                else:
+                    report = await repair.repair(
+                        self.config, group=job.group, store=self.store, **options
+                    )
+                job.run_id, job.divergent = report.run_id, int(report.divergent)
+                job.state = "done"
+            except ReplagError as exc:
+                job.state, job.error = "failed", str(exc)
+                self.metrics.repair_runs.labels(group_label, job.action, "error").inc()
+                if job.group:
+                    record_check(
+                        self.store, group=job.group, divergent=None, run_id=None, error=str(exc)
+                    )
+                log.warning("%s of %s failed: %s", job.action, group_label, exc)
+                return
+            finally:
+                job.finished_ns = time.time_ns()
+        self.counters[f"{job.action}s"] += 1
+        outcome = "divergent" if job.divergent else "clean"
+        self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
+        self.metrics.last_success.labels(job.action, group_label).set(time.time())
+        if job.action == "check" and job.group:
+            self.metrics.divergent.labels(job.group).set(job.divergent or 0)
+            record_check(
+                self.store, group=job.group, divergent=job.divergent, run_id=job.run_id, error=None
+            )
+            if job.divergent and self.settings.auto_repair:
+                log.warning("group %s: %d divergent keys, auto-repairing", job.group, job.divergent)
+                follow = RepairJob(
+                    id=uuid.uuid4().hex[:12],
+                    action="repair",
+                    group=job.group,
+                    started_ns=time.time_ns(),
+                )
+                self.jobs[follow.id] = follow
+                await self._run_job(follow, lock, {})
+
+    def _prune_jobs(self, keep: int = 200) -> None:
+        finished = [j for j in self.jobs.values() if j.state != "running"]
+        for job in finished[: max(0, len(self.jobs) - keep)]:
+            del self.jobs[job.id]
+
+    # --- what the API shows ----------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+        return {
+            "status": "ok",
+            "started_ns": self.started_ns,
+            "uptime_s": round((time.time_ns() - self.started_ns) / 1e9, 3),
+            "probe_interval_s": self.settings.probe_interval,
+            "check_interval_s": self.settings.check_interval,
+            "auto_repair": self.settings.auto_repair,
+            "probes": probes,
+            "jobs_running": sum(j.state == "running" for j in self.jobs.values()),
+        }
