@@ -48,12 +48,19 @@ def fill_store(store: Store, *, hours: int = 24, samples: int = 200, seed: int =
                 lag_us = rng.lognormal(math.log(BASE_MS[target] * 1000 * wave), 0.35, samples)
                 lost = int(rng.random() < 0.02)
                 window = LagWindow(
-                    run_id=f"bench{minute}", source=source, target=target, replica=f"{target}-1",
-                    start_ns=start_ns, end_ns=start_ns + MINUTE_NS, sent=samples,
-                    seen=samples - lost, lost=lost,
+                    run_id=f"bench{minute}",
+                    source=source,
+                    target=target,
+                    replica=f"{target}-1",
+                    start_ns=start_ns,
+                    end_ns=start_ns + MINUTE_NS,
+                    sent=samples,
+                    seen=samples - lost,
+                    lost=lost,
                 )
-                for value, count in zip(*np.unique(np.rint(lag_us[lost:]), return_counts=True),
-                                        strict=True):
+                for value, count in zip(
+                    *np.unique(np.rint(lag_us[lost:]), return_counts=True), strict=True
+                ):
                     window.lag.hdr.record_value(int(value), int(count))
                     window.uncertainty.hdr.record_value(int(value) // 20 + 1, int(count))
                 window.write.hdr.record_value(400, samples)
@@ -73,8 +80,12 @@ def write_config(directory: Path) -> Path:
     # Regions without write endpoints: the service probes nothing and only serves the store.
     lines = ["[settings]", f'store = "{directory / "bench.sqlite"}"', 'window = "60s"', ""]
     for i, region in enumerate(REGIONS):
-        lines += ["[[regions]]", f'name = "{region}"',
-                  f'replicas = ["redis://127.0.0.1:{7001 + i}"]', ""]
+        lines += [
+            "[[regions]]",
+            f'name = "{region}"',
+            f'replicas = ["redis://127.0.0.1:{7001 + i}"]',
+            "",
+        ]
     path = directory / "bench.toml"
     path.write_text("\n".join(lines))
     return path
@@ -117,15 +128,18 @@ async def open_loop(base: str, paths: list[str], rate: float, seconds: float) ->
             delay = started + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(timed_get(session, base + paths[i % len(paths)],
-                                                       latencies)))
+            tasks.append(
+                asyncio.create_task(timed_get(session, base + paths[i % len(paths)], latencies))
+            )
         results = await asyncio.gather(*tasks, return_exceptions=True)
         elapsed = time.perf_counter() - started
     errors = sum(r is not True for r in results)
     return summarize(latencies, elapsed, errors)
 
 
-async def closed_loop(base: str, paths: list[str], clients: int, seconds: float) -> dict[str, float]:
+async def closed_loop(
+    base: str, paths: list[str], clients: int, seconds: float
+) -> dict[str, float]:
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
@@ -147,56 +161,70 @@ async def closed_loop(base: str, paths: list[str], clients: int, seconds: float)
 def summarize(latencies: list[float], elapsed: float, errors: int) -> dict[str, float]:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else math.nan
-    return {"rps": len(latencies) / elapsed, "p50": statistics.median(ordered) if ordered else
-            math.nan, "p99": p99, "n": len(latencies), "errors": errors}
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50": statistics.median(ordered) if ordered else math.nan,
+        "p99": p99,
+        "n": len(latencies),
+        "errors": errors,
+    }
 
 
 def line(name: str, mode: str, result: dict[str, float]) -> str:
-    return (f"{name:<34} {mode:<24} {result['rps']:7.0f} req/s  p50 {result['p50']:6.2f} ms  "
-            f"p99 {result['p99']:6.2f} ms  ({int(result['n'])} requests, "
-            f"{int(result['errors'])} errors)")
+    return (
+        f"{name:<34} {mode:<24} {result['rps']:7.0f} req/s  p50 {result['p50']:6.2f} ms  "
+        f"p99 {result['p99']:6.2f} ms  ({int(result['n'])} requests, "
+        f"{int(result['errors'])} errors)"
+    )
 
 
-async def run(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
-        directory = Path(tmp)
-        config = write_config(directory)
-        store = Store(directory / "bench.sqlite")
-        t0 = time.perf_counter()
-        count = fill_store(store, hours=args.hours)
-        store.close()
-        print(f"store: {count} windows ({args.hours} h × 60 × 6 pairs) written in "
-              f"{time.perf_counter() - t0:.1f} s")
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port),
-             "--log-level", "warning"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+async def drive(base: str, proc: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+    await wait_ready(base, proc)
+    matrix = [
+        "/api/v1/lag/matrix?since=24h",
+        "/api/v1/lag/matrix?since=1h",
+        "/api/v1/lag/matrix?since=15m",
+    ]
+    series = [
+        f"/api/v1/lag/series?source={s}&target={t}&since=24h&step=5m"
+        for s in REGIONS
+        for t in REGIONS
+        if s != t
+    ]
+    async with aiohttp.ClientSession() as session:
+        for path in matrix + series:  # the first of each may decode windows: report it apart
+            first: list[float] = []
+            await timed_get(session, base + path, first)
+            if path in (matrix[0], series[0]):
+                print(f"first request {path}: {first[0]:.0f} ms")
+    print(
+        line(
+            "GET /api/v1/lag/matrix (3 ranges)",
+            f"open loop {args.rate:g}/s",
+            await open_loop(base, matrix, args.rate, args.seconds),
         )
-        try:
-            await wait_ready(base, proc)
-            matrix = ["/api/v1/lag/matrix?since=24h", "/api/v1/lag/matrix?since=1h",
-                      "/api/v1/lag/matrix?since=15m"]
-            series = [f"/api/v1/lag/series?source={s}&target={t}&since=24h&step=5m"
-                      for s in REGIONS for t in REGIONS if s != t]
-            async with aiohttp.ClientSession() as session:
-                for path in matrix + series:  # cold: decode every window once
-                    cold: list[float] = []
-                    await timed_get(session, base + path, cold)
-                    if path in (matrix[0], series[0]):
-                        print(f"cold first request {path}: {cold[0]:.0f} ms")
-            print(line("GET /api/v1/lag/matrix (3 ranges)", f"open loop {args.rate:g}/s",
-                       await open_loop(base, matrix, args.rate, args.seconds)))
-            print(line("GET /api/v1/lag/series (6 pairs)", f"open loop {args.rate:g}/s",
-                       await open_loop(base, series, args.rate, args.seconds)))
-            print(line("GET /api/v1/lag/matrix (3 ranges)", f"closed {args.clients} clients",
-                       await closed_loop(base, matrix, args.clients, args.seconds)))
-            print(line("GET /api/v1/lag/series (6 pairs)", f"closed {args.clients} clients",
-                       await closed_loop(base, series, args.clients, args.seconds)))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+    )
+    print(
+        line(
+            "GET /api/v1/lag/series (6 pairs)",
+            f"open loop {args.rate:g}/s",
+            await open_loop(base, series, args.rate, args.seconds),
+        )
+    )
+    print(
+        line(
+            "GET /api/v1/lag/matrix (3 ranges)",
+            f"closed {args.clients} clients",
+            await closed_loop(base, matrix, args.clients, args.seconds),
+        )
+    )
+    print(
+        line(
+            "GET /api/v1/lag/series (6 pairs)",
+            f"closed {args.clients} clients",
+            await closed_loop(base, series, args.clients, args.seconds),
+        )
+    )
 
 
 def main() -> None:
@@ -205,7 +233,39 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--hours", type=int, default=24)
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
+        directory = Path(tmp)
+        config = write_config(directory)
+        store = Store(directory / "bench.sqlite")
+        t0 = time.perf_counter()
+        count = fill_store(store, hours=args.hours)
+        store.close()
+        print(
+            f"store: {count} windows ({args.hours} h × 60 × 6 pairs) written in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "replag",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            asyncio.run(drive(f"http://127.0.0.1:{port}", proc, args))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class AlertSink:
 
     name: str
     kind: SinkKind
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # a Slack URL is a credential
     secret: str | None = field(default=None, repr=False)
     routing_key: str | None = field(default=None, repr=False)
     command: tuple[str, ...] = ()

@@ -21,7 +21,7 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ class Config:
     path: Path | None
     settings: Settings
     topology: Topology
-    alerts: AlertsConfig = AlertsConfig()
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:

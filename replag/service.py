@@ -277,6 +277,7 @@ class ReplagService:
                     )
                 job.run_id, job.divergent = report.run_id, int(report.divergent)
                 job.state = "done"
+                self._observe_repair(job, report)
             except ReplagError as exc:
                 job.state, job.error = "failed", str(exc)
                 self.metrics.repair_runs.labels(group_label, job.action, "error").inc()
@@ -292,21 +293,31 @@ class ReplagService:
         outcome = "divergent" if job.divergent else "clean"
         self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
         self.metrics.last_success.labels(job.action, group_label).set(time.time())
-        if job.action == "check" and job.group:
-            self.metrics.divergent.labels(job.group).set(job.divergent or 0)
-            record_check(
-                self.store, group=job.group, divergent=job.divergent, run_id=job.run_id, error=None
+        if job.action == "check" and job.group and job.divergent and self.settings.auto_repair:
+            log.warning("group %s: %d divergent keys, auto-repairing", job.group, job.divergent)
+            follow = RepairJob(
+                id=uuid.uuid4().hex[:12],
+                action="repair",
+                group=job.group,
+                started_ns=time.time_ns(),
             )
-            if job.divergent and self.settings.auto_repair:
-                log.warning("group %s: %d divergent keys, auto-repairing", job.group, job.divergent)
-                follow = RepairJob(
-                    id=uuid.uuid4().hex[:12],
-                    action="repair",
-                    group=job.group,
-                    started_ns=time.time_ns(),
+            self.jobs[follow.id] = follow
+            await self._run_job(follow, lock, {})
+
+    def _observe_repair(self, job: RepairJob, report: Any) -> None:
+        """Per-group figures of a RepairReport: divergent keys, repair outcomes, group health."""
+        for group in report.groups:
+            if job.action == "check" or not report.dry_run:
+                self.metrics.divergent.labels(group.group).set(group.divergent)
+                record_check(
+                    self.store,
+                    group=group.group,
+                    divergent=group.divergent,
+                    run_id=report.run_id,
+                    error=None,
                 )
-                self.jobs[follow.id] = follow
-                await self._run_job(follow, lock, {})
+            for outcome, count in group.outcomes.items():
+                self.metrics.repaired_keys.labels(group.group, outcome).inc(count)
 
     def _prune_jobs(self, keep: int = 200) -> None:
         finished = [j for j in self.jobs.values() if j.state != "running"]

@@ -26,7 +26,7 @@ __all__ = [
     "Condition",
     "DeliveryResult",
     "evaluate_and_notify",
-    "test_events",
+    "sample_events",
 ]
 
 
@@ -103,7 +103,7 @@ async def evaluate_and_notify(
     return outcome
 
 
-def test_events(now_ns: int | None = None) -> list[AlertEvent]:
+def sample_events(now_ns: int | None = None) -> list[AlertEvent]:
     """The alert `replag alerts test` sends: clearly a test, harmless to resolve."""
     now_ns = now_ns or time.time_ns()
     return [

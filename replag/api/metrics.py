@@ -104,6 +104,12 @@ class ServiceMetrics:
             ["group", "action", "outcome"],
             registry=r,
         )
+        self.repaired_keys = Counter(
+            "replag_repair_keys",
+            "Divergent keys handled by repair runs, by outcome (repaired, conflict, …).",
+            ["group", "outcome"],
+            registry=r,
+        )
         self.last_success = Gauge(
             "replag_last_success_timestamp_seconds",
             "Unix time of the last successful probe, check or repair.",

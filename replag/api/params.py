@@ -1,6 +1,6 @@
 """Query parameters shared by the lag endpoints: times, ranges and steps, validated once.
 
-A time is relative ("15m" ago, "now"), Unix seconds ("1718000000.5") or ISO 8601
+A time is relative ("15m" or "7d" ago, "now"), Unix seconds ("1718000000.5") or ISO 8601
 ("2024-06-10T12:00:00Z"; no offset means UTC). Anything else is a UsageError,
 which the app turns into a 400 naming the parameter.
 """
@@ -19,6 +19,14 @@ _MAX_NS = 7_258_118_400 * 10**9  # 2200-01-01: anything later is a typo, not a q
 MAX_POINTS = 5000
 
 
+def duration_ns(text: str) -> int:
+    """parse_duration_ns plus days ("7d"), which ranges need and probe settings do not."""
+    text = text.strip()
+    if text.endswith("d") and text[:-1].replace(".", "", 1).isdigit():
+        return int(float(text[:-1]) * 86_400 * 10**9)
+    return parse_duration_ns(text)
+
+
 def parse_time(value: str | None, *, name: str, now_ns: int, default_ns: int) -> int:
     if value is None or value == "":
         return default_ns
@@ -32,7 +40,7 @@ def parse_time(value: str | None, *, name: str, now_ns: int, default_ns: int) ->
     if math.isfinite(seconds):
         return _bounded(int(seconds * 1e9), name=name, value=value)
     try:
-        return _bounded(now_ns - parse_duration_ns(text), name=name, value=value)
+        return _bounded(now_ns - duration_ns(text), name=name, value=value)
     except ValueError:
         pass
     try:
@@ -78,7 +86,7 @@ class TimeRange:
             wanted = max(int(minimum_s * 1e9), span // 240, 1_000_000_000)
             return -(-wanted // 1_000_000_000) * 1_000_000_000
         try:
-            step_ns = parse_duration_ns(step.strip())
+            step_ns = duration_ns(step)
         except ValueError as exc:
             raise UsageError(f"step: {exc}") from None
         if step_ns < 1_000_000_000:

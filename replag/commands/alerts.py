@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from replag.alerts import AlertSender, DeliveryResult, test_events
+from replag.alerts import AlertSender, DeliveryResult, sample_events
 from replag.commands.options import config_option, json_option, load
 from replag.config import Config
 from replag.errors import UsageError
@@ -49,7 +49,7 @@ async def _send_test(config: Config) -> list[DeliveryResult]:
     store = Store(config.settings.store)
     sender = AlertSender(config.alerts.sinks, store)
     try:
-        return await sender.deliver(test_events())
+        return await sender.deliver(sample_events())
     finally:
         await sender.close()
         store.close()

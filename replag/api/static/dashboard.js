@@ -210,9 +210,11 @@ function drawRepairs(data) {
   host.replaceChildren(el("table", { class: "list" },
     el("thead", {}, el("tr", {}, el("th", {}, "run"), el("th", {}, "group"), el("th", {}, "kind"), el("th", {}, "divergent"), el("th", {}, "state"), el("th", {}, "started"))),
     el("tbody", {}, ...rows.map((r) => {
-      const state = r.state || r.status || (r.finished_ns ? "done" : "running");
-      const divergent = r.divergent ?? "–";
-      const started = r.started_ns || (r.started ? Date.parse(r.started) * 1e6 : 0);
+      const report = r.report || {};
+      const state = r.state || r.status || "running";
+      const divergent = r.divergent ?? report.divergent ?? "–";
+      const started = r.started_ns || (r.started ? r.started * 1e9 : 0);
+      r.group = r.group || report.group || (r.params || {}).group;
       return el("tr", {},
         el("td", {}, el("code", {}, r.run_id || r.job_id || "–")),
         el("td", {}, r.group || "all"), el("td", {}, r.action || r.kind || r.mode || "–"),

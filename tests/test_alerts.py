@@ -1,0 +1,151 @@
+"""Alert config, rules and the persisted state machine (pending → firing → resolved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replag.alerts import AlertBook, evaluate_and_notify
+from replag.alerts.health import record_check, record_probe
+from replag.alerts.rules import evaluate_rules
+from replag.config import Config, config_from_dict
+from replag.errors import ConfigError
+from replag.lagindex import LagIndex
+from replag.store import Store
+from tests.lag_windows import add_windows
+
+MIN = 60 * 10**9
+
+
+def make_config(tmp_path: Path, rules: list[dict[str, Any]], **alerts: Any) -> Config:
+    data = {
+        "settings": {"store": str(tmp_path / "s.sqlite")},
+        "regions": [
+            {"name": "us-east", "write": "redis://127.0.0.1:1", "replicas": []},
+            {"name": "eu-west", "replicas": ["redis://127.0.0.1:2"]},
+        ],
+        "groups": [{"name": "main", "members": ["redis://127.0.0.1:3", "redis://127.0.0.1:4"]}],
+        "alerts": {"rules": rules, **alerts},
+    }
+    return config_from_dict(data, where="replag.toml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("alerts", "where", "message"),
+    [
+        ({"rules": [{"name": "x", "kind": "lag"}]}, "alerts.rules[0].kind", "expected one of"),
+        ({"rules": [{"name": "x", "kind": "lag_p99", "threshold": "fast"}]},
+         "alerts.rules[0].threshold", "not a duration"),
+        ({"rules": [{"name": "x", "kind": "probe_loss", "threshold": 2}]},
+         "alerts.rules[0].threshold", "between 0 and 1"),
+        ({"sinks": [{"name": "s", "kind": "webhook", "url": "ftp://x"}]},
+         "alerts.sinks[0].url", "http"),
+        ({"sinks": [{"name": "s", "kind": "pagerduty"}]}, "alerts.sinks[0]", "routing_key"),
+        ({"sinks": [{"name": "s", "kind": "webhook", "url": "http://h", "secret_env": "NOPE"}]},
+         "alerts.sinks[0].secret_env", "NOPE is not set"),
+        ({"bogus": 1}, "alerts", "unknown key 'bogus'"),
+    ],
+)
+def test_config_errors_name_file_and_key(alerts: dict[str, Any], where: str, message: str) -> None:
+    data = {"regions": [{"name": "a", "write": "redis://h:1"}], "alerts": alerts}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, where="replag.toml", environ={})
+    assert info.value.where == f"replag.toml: {where}"
+    assert message in info.value.message
+
+
+def test_secrets_stay_out_of_repr_and_public_dicts() -> None:
+    data = {
+        "regions": [{"name": "a", "write": "redis://h:1"}],
+        "alerts": {"sinks": [
+            {"name": "hook", "kind": "webhook", "url": "http://h/x", "secret": "hmac-s3cret"},
+            {"name": "pd", "kind": "pagerduty", "routing_key_env": "PD_KEY"},
+            {"name": "chat", "kind": "slack", "url": "https://hooks.slack.test/T0/B0/tok3n"},
+        ]},
+    }
+    config = config_from_dict(data, where="f", environ={"PD_KEY": "pd-r0uting"})
+    shown = repr(config.alerts) + repr([s.to_dict() for s in config.alerts.sinks])
+    for secret in ("hmac-s3cret", "pd-r0uting", "tok3n"):
+        assert secret not in shown
+    assert config.alerts.sinks[1].routing_key == "pd-r0uting"
+
+
+def test_p99_rule_goes_pending_then_firing_then_resolved(tmp_path: Path) -> None:
+    config = make_config(tmp_path, [
+        {"name": "lag", "kind": "lag_p99", "threshold": "100ms", "for": "2m", "over": "5m",
+         "severity": "critical"},
+    ])  # fmt: skip
+    store = Store(tmp_path / "s.sqlite")
+    add_windows(store, pairs=[("us-east", "eu-west", 250.0)], minutes=5)
+    index = LagIndex(store)
+    t0 = store.execute("SELECT MAX(end_ns) FROM lag_windows")[0][0]
+    book = AlertBook(store)
+
+    def step(at: int) -> list[str]:
+        conditions = evaluate_rules(config, index, now_ns=at)
+        events = book.apply(conditions, now_ns=at, repeat_interval_s=3600)
+        return [f"{e.status}{'+' if e.repeat else ''}" for e in events]
+
+    assert step(t0) == []  # pending: the condition must hold for 2 minutes
+    assert [a["status"] for a in book.active()] == ["pending"]
+    assert step(t0 + MIN) == []
+    assert step(t0 + 2 * MIN) == ["firing"]
+    assert step(t0 + 3 * MIN) == []  # deduplicated until the repeat interval
+    # A restarted service (new objects on the same store) carries on.
+    book = AlertBook(Store(tmp_path / "s.sqlite"))
+    assert step(t0 + 63 * MIN) == ["resolved"]  # no windows in the last 5 min: subject gone
+    assert book.active() == []
+    history = [h["status"] for h in book.history()]
+    assert history == ["resolved", "firing", "pending"]
+
+
+def test_repeat_interval_renotifies_a_firing_alert(tmp_path: Path) -> None:
+    config = make_config(tmp_path, [{"name": "lag", "kind": "lag_p99", "threshold": "1ms"}])
+    store = Store(tmp_path / "s.sqlite")
+    add_windows(store, pairs=[("us-east", "eu-west", 50.0)], minutes=200)
+    index, book = LagIndex(store), AlertBook(store)
+    t0 = store.execute("SELECT MAX(end_ns) FROM lag_windows")[0][0] - 150 * MIN
+    statuses = []
+    for minute in range(0, 150, 10):
+        conditions = evaluate_rules(config, index, now_ns=t0 + minute * MIN)
+        events = book.apply(conditions, now_ns=t0 + minute * MIN, repeat_interval_s=3600)
+        statuses += [(minute, e.status, e.repeat) for e in events]
+    assert statuses == [(0, "firing", False), (60, "firing", True), (120, "firing", True)]
+
+
+def test_loss_divergence_unreachable_and_no_probe_rules(tmp_path: Path) -> None:
+    config = make_config(tmp_path, [
+        {"name": "loss", "kind": "probe_loss", "threshold": 0.05},
+        {"name": "diverged", "kind": "divergent_keys"},
+        {"name": "down", "kind": "unreachable"},
+        {"name": "stale", "kind": "no_probe", "threshold": "10m"},
+    ])  # fmt: skip
+    store = Store(tmp_path / "s.sqlite")
+    add_windows(store, pairs=[("us-east", "eu-west", 5.0)], minutes=3, lost=10)
+    now = store.execute("SELECT MAX(end_ns) FROM lag_windows")[0][0]
+    record_check(store, group="main", divergent=7, run_id="r1", error=None)
+    record_probe(store, source="us-east", run_id="p1", error=None,
+                 unreachable=[{"replica": "eu-1", "region": "eu-west", "error": "refused"}])
+    active = {c.rule.name: c for c in evaluate_rules(config, LagIndex(store), now_ns=now) if c.active}
+    assert set(active) == {"loss", "diverged", "down"}
+    assert active["diverged"].labels == {"group": "main"}
+    assert active["down"].labels["replica"] == "eu-1"
+    later = evaluate_rules(config, LagIndex(store), now_ns=now + 11 * MIN)
+    assert [c.rule.name for c in later if c.active] == ["diverged", "down", "stale"]
+
+
+async def test_evaluate_and_notify_without_sinks_records_the_report(tmp_path: Path) -> None:
+    config = make_config(tmp_path, [{"name": "down", "kind": "unreachable"}])
+    store = Store(tmp_path / "s.sqlite")
+
+    class Report:
+        run_id, source = "run1", "us-east"
+        unreachable = [{"replica": "eu-1", "region": "eu-west", "error": "timeout"}]
+
+    outcome = await evaluate_and_notify(config, store, Report())
+    assert [e.status for e in outcome.events] == ["firing"]
+    assert outcome.deliveries == []
+    again = await evaluate_and_notify(config, store, Report())
+    assert again.events == [] and again.firing == 1

@@ -1,0 +1,206 @@
+"""Alert delivery to real HTTP servers (aiohttp on port 0) and a real command hook."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from replag.alert_config import AlertSink
+from replag.alerts import AlertSender, sample_events
+from replag.alerts.payloads import SIGNATURE_HEADER, signature
+from replag.alerts.state import AlertEvent
+from replag.store import Store
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver answering with `statuses` in turn (then 200)."""
+
+    statuses: list[int] = field(default_factory=list)
+    requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append((dict(request.headers), await request.read()))
+        status = self.statuses.pop(0) if self.statuses else 200
+        return web.Response(status=status, text="boom" if status >= 500 else "ok")
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", rec.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    rec.url = f"http://127.0.0.1:{port}"
+    yield rec
+    await runner.cleanup()
+
+
+def sink(**kw: Any) -> AlertSink:
+    kw.setdefault("backoff_s", 0.001)
+    kw.setdefault("max_backoff_s", 0.01)
+    return AlertSink(**kw)
+
+
+def event(status: str = "firing") -> AlertEvent:
+    return AlertEvent(
+        fingerprint="fp1", rule="lag", status=status,  # type: ignore[arg-type]
+        labels={"alertname": "lag", "severity": "critical", "source": "us-east",
+                "target": "eu-west", "kind": "lag_p99"},
+        value=250.0, summary="us-east→eu-west: p99 lag 250 ms", starts_ns=1_700_000_000 * 10**9,
+        ends_ns=1_700_000_600 * 10**9 if status == "resolved" else None,
+    )  # fmt: skip
+
+
+async def test_webhook_retries_after_500s_and_signs_every_attempt(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    receiver.statuses = [500, 503]
+    hook = sink(name="ops", kind="webhook", url=receiver.url + "/hook", secret="s3cret", retries=3)
+    sender = AlertSender([hook], Store(tmp_path / "s.sqlite"), rng=lambda: 0.5)
+    [result] = await sender.deliver([event()])
+    await sender.close()
+    assert result.ok and result.attempts == 3
+    assert len(receiver.requests) == 3
+    for headers, body in receiver.requests:
+        assert headers[SIGNATURE_HEADER] == signature("s3cret", body)
+    payload = json.loads(receiver.requests[-1][1])
+    assert payload["version"] == "4" and payload["status"] == "firing"
+    assert payload["alerts"][0]["labels"]["alertname"] == "lag"
+    assert payload["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
+    [status] = sender.statuses()
+    assert status["last_status"] == "ok" and status["delivered"] == 1
+    assert "s3cret" not in json.dumps(status)
+
+
+async def test_resolved_message_and_unsigned_without_secret(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    sender = AlertSender([sink(name="ops", kind="webhook", url=receiver.url)],
+                         Store(tmp_path / "s.sqlite"))  # fmt: skip
+    await sender.deliver([event("resolved")])
+    await sender.close()
+    headers, body = receiver.requests[0]
+    assert SIGNATURE_HEADER not in headers
+    payload = json.loads(body)
+    assert payload["status"] == "resolved"
+    assert payload["alerts"][0]["endsAt"].startswith("2023-11-14T22:23:20")
+
+
+async def test_failures_are_recorded_not_raised(receiver: Receiver, tmp_path: Path) -> None:
+    receiver.statuses = [500] * 10
+    store = Store(tmp_path / "s.sqlite")
+    seen: list[bool] = []
+    sender = AlertSender(
+        [sink(name="bad", kind="webhook", url=receiver.url, retries=2),
+         sink(name="gone", kind="webhook", url="http://127.0.0.1:9", retries=1)],
+        store, on_result=lambda r: seen.append(r.ok),
+    )  # fmt: skip
+    results = await sender.deliver([event()])
+    await sender.close()
+    assert [(r.ok, r.attempts) for r in results] == [(False, 3), (False, 2)]
+    assert "HTTP 500" in (results[0].error or "")
+    statuses = {s["name"]: s for s in sender.statuses()}
+    assert statuses["bad"]["last_status"] == "failed" and statuses["bad"]["failed"] == 1
+    assert seen == [False, False]
+
+
+async def test_client_errors_are_not_retried(receiver: Receiver, tmp_path: Path) -> None:
+    receiver.statuses = [400]
+    sender = AlertSender([sink(name="x", kind="webhook", url=receiver.url, retries=5)],
+                         Store(tmp_path / "s.sqlite"))  # fmt: skip
+    [result] = await sender.deliver([event()])
+    await sender.close()
+    assert not result.ok and result.attempts == 1
+
+
+async def test_slack_and_pagerduty_bodies(receiver: Receiver, tmp_path: Path) -> None:
+    sinks = [
+        sink(name="chat", kind="slack", url=receiver.url + "/slack"),
+        sink(name="pd", kind="pagerduty", url=receiver.url + "/pd", routing_key="rk-123"),
+    ]
+    sender = AlertSender(sinks, Store(tmp_path / "s.sqlite"))
+    await sender.deliver([event("firing")])
+    await sender.deliver([event("resolved")])
+    await sender.close()
+    bodies = [json.loads(body) for _, body in receiver.requests]
+    slack = [b for b in bodies if "attachments" in b]
+    pager = [b for b in bodies if "routing_key" in b]
+    assert slack[0]["attachments"][0]["title"] == "[FIRING] lag"
+    assert [p["event_action"] for p in pager] == ["trigger", "resolve"]
+    assert pager[0]["dedup_key"] == pager[1]["dedup_key"] == "replag-fp1"
+    assert pager[0]["payload"]["severity"] == "critical"
+
+
+async def test_command_hook_gets_json_on_stdin_and_times_out(tmp_path: Path) -> None:
+    out = tmp_path / "alert.json"
+    copy = sink(name="cmd", kind="command", timeout_s=10,
+                command=(sys.executable, "-c", f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"))  # fmt: skip
+    slow = sink(name="slow", kind="command", timeout_s=0.2, retries=1,
+                command=(sys.executable, "-c", "import time; time.sleep(30)"))  # fmt: skip
+    failing = sink(name="fail", kind="command", retries=0,
+                   command=(sys.executable, "-c", "import sys; sys.exit('no pager today')"))  # fmt: skip
+    sender = AlertSender([copy, slow, failing], Store(tmp_path / "s.sqlite"))
+    results = await sender.deliver(sample_events())
+    await sender.close()
+    assert [r.ok for r in results] == [True, False, False]
+    assert json.loads(out.read_text())["alerts"][0]["labels"]["alertname"] == "ReplagTestAlert"
+    assert "timed out" in (results[1].error or "") and results[1].attempts == 2
+    assert "no pager today" in (results[2].error or "")
+
+
+async def test_submit_queues_per_sink_and_returns_at_once(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    import asyncio
+
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        arrived.set()
+        await release.wait()
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_post("/", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    slow_url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    sender = AlertSender(
+        [sink(name="slow", kind="webhook", url=slow_url, timeout_s=30),
+         sink(name="fast", kind="webhook", url=receiver.url)],
+        Store(tmp_path / "s.sqlite"),
+    )  # fmt: skip
+    sender.submit([event()])  # returns while the slow sink holds its request
+    await arrived.wait()
+    await _until(lambda: sender.statuses()[1]["last_status"] == "ok")
+    assert sender.statuses()[0]["last_status"] == "never"  # still held by the slow receiver
+    release.set()
+    await _until(lambda: sender.statuses()[0]["last_status"] == "ok")
+    await sender.close()
+    await runner.cleanup()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    import asyncio
+
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never became true")
