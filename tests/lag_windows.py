@@ -1,4 +1,4 @@
-"""Lag windows with known lags, appended straight to a store (for API, alert and dashboard tests)."""
+"""Lag windows with known lags, appended straight to a store (API, alert, dashboard tests)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ MINUTE_NS = 60 * 10**9
 
 
 def add_windows(
-    store: Store, *, pairs: Iterable[tuple[str, str, float]], minutes: int = 30,
-    lost: int = 0, end_ns: int | None = None,
+    store: Store,
+    *,
+    pairs: Iterable[tuple[str, str, float]],
+    minutes: int = 30,
+    lost: int = 0,
+    end_ns: int | None = None,
 ) -> int:
     """One window per minute for each (source, target, lag_ms); 50 samples at lag_ms ± 10 %."""
     end_ns = end_ns or time.time_ns()
@@ -21,8 +25,15 @@ def add_windows(
         for minute in range(minutes):
             stop = end_ns - (minutes - 1 - minute) * MINUTE_NS
             w = LagWindow(
-                run_id=f"t{minute}", source=source, target=target, replica=f"{target}-1",
-                start_ns=stop - MINUTE_NS, end_ns=stop, sent=50 + lost, seen=50, lost=lost,
+                run_id=f"t{minute}",
+                source=source,
+                target=target,
+                replica=f"{target}-1",
+                start_ns=stop - MINUTE_NS,
+                end_ns=stop,
+                sent=50 + lost,
+                seen=50,
+                lost=lost,
             )
             for i in range(50):
                 w.lag.record_us(lag_ms * 1000 * (0.9 + 0.2 * i / 49))

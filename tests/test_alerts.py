@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,27 @@ def make_config(tmp_path: Path, rules: list[dict[str, Any]], **alerts: Any) -> C
     ("alerts", "where", "message"),
     [
         ({"rules": [{"name": "x", "kind": "lag"}]}, "alerts.rules[0].kind", "expected one of"),
-        ({"rules": [{"name": "x", "kind": "lag_p99", "threshold": "fast"}]},
-         "alerts.rules[0].threshold", "not a duration"),
-        ({"rules": [{"name": "x", "kind": "probe_loss", "threshold": 2}]},
-         "alerts.rules[0].threshold", "between 0 and 1"),
-        ({"sinks": [{"name": "s", "kind": "webhook", "url": "ftp://x"}]},
-         "alerts.sinks[0].url", "http"),
+        (
+            {"rules": [{"name": "x", "kind": "lag_p99", "threshold": "fast"}]},
+            "alerts.rules[0].threshold",
+            "not a duration",
+        ),
+        (
+            {"rules": [{"name": "x", "kind": "probe_loss", "threshold": 2}]},
+            "alerts.rules[0].threshold",
+            "between 0 and 1",
+        ),
+        (
+            {"sinks": [{"name": "s", "kind": "webhook", "url": "ftp://x"}]},
+            "alerts.sinks[0].url",
+            "http",
+        ),
         ({"sinks": [{"name": "s", "kind": "pagerduty"}]}, "alerts.sinks[0]", "routing_key"),
-        ({"sinks": [{"name": "s", "kind": "webhook", "url": "http://h", "secret_env": "NOPE"}]},
-         "alerts.sinks[0].secret_env", "NOPE is not set"),
+        (
+            {"sinks": [{"name": "s", "kind": "webhook", "url": "http://h", "secret_env": "NOPE"}]},
+            "alerts.sinks[0].secret_env",
+            "NOPE is not set",
+        ),
         ({"bogus": 1}, "alerts", "unknown key 'bogus'"),
     ],
 )
@@ -59,11 +72,13 @@ def test_config_errors_name_file_and_key(alerts: dict[str, Any], where: str, mes
 def test_secrets_stay_out_of_repr_and_public_dicts() -> None:
     data = {
         "regions": [{"name": "a", "write": "redis://h:1"}],
-        "alerts": {"sinks": [
-            {"name": "hook", "kind": "webhook", "url": "http://h/x", "secret": "hmac-s3cret"},
-            {"name": "pd", "kind": "pagerduty", "routing_key_env": "PD_KEY"},
-            {"name": "chat", "kind": "slack", "url": "https://hooks.slack.test/T0/B0/tok3n"},
-        ]},
+        "alerts": {
+            "sinks": [
+                {"name": "hook", "kind": "webhook", "url": "http://h/x", "secret": "hmac-s3cret"},
+                {"name": "pd", "kind": "pagerduty", "routing_key_env": "PD_KEY"},
+                {"name": "chat", "kind": "slack", "url": "https://hooks.slack.test/T0/B0/tok3n"},
+            ]
+        },
     }
     config = config_from_dict(data, where="f", environ={"PD_KEY": "pd-r0uting"})
     shown = repr(config.alerts) + repr([s.to_dict() for s in config.alerts.sinks])
@@ -126,9 +141,16 @@ def test_loss_divergence_unreachable_and_no_probe_rules(tmp_path: Path) -> None:
     add_windows(store, pairs=[("us-east", "eu-west", 5.0)], minutes=3, lost=10)
     now = store.execute("SELECT MAX(end_ns) FROM lag_windows")[0][0]
     record_check(store, group="main", divergent=7, run_id="r1", error=None)
-    record_probe(store, source="us-east", run_id="p1", error=None,
-                 unreachable=[{"replica": "eu-1", "region": "eu-west", "error": "refused"}])
-    active = {c.rule.name: c for c in evaluate_rules(config, LagIndex(store), now_ns=now) if c.active}
+    record_probe(
+        store,
+        source="us-east",
+        run_id="p1",
+        error=None,
+        unreachable=[{"replica": "eu-1", "region": "eu-west", "error": "refused"}],
+    )
+    active = {
+        c.rule.name: c for c in evaluate_rules(config, LagIndex(store), now_ns=now) if c.active
+    }
     assert set(active) == {"loss", "diverged", "down"}
     assert active["diverged"].labels == {"group": "main"}
     assert active["down"].labels["replica"] == "eu-1"
@@ -140,9 +162,13 @@ async def test_evaluate_and_notify_without_sinks_records_the_report(tmp_path: Pa
     config = make_config(tmp_path, [{"name": "down", "kind": "unreachable"}])
     store = Store(tmp_path / "s.sqlite")
 
+    @dataclass
     class Report:
-        run_id, source = "run1", "us-east"
-        unreachable = [{"replica": "eu-1", "region": "eu-west", "error": "timeout"}]
+        run_id: str = "run1"
+        source: str = "us-east"
+        unreachable: list[dict[str, str]] = field(
+            default_factory=lambda: [{"replica": "eu-1", "region": "eu-west", "error": "timeout"}]
+        )
 
     outcome = await evaluate_and_notify(config, store, Report())
     assert [e.status for e in outcome.events] == ["firing"]

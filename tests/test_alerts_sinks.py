@@ -146,12 +146,12 @@ async def test_slack_and_pagerduty_bodies(receiver: Receiver, tmp_path: Path) ->
 
 async def test_command_hook_gets_json_on_stdin_and_times_out(tmp_path: Path) -> None:
     out = tmp_path / "alert.json"
-    copy = sink(name="cmd", kind="command", timeout_s=10,
-                command=(sys.executable, "-c", f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"))  # fmt: skip
+    script = f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"
+    copy = sink(name="cmd", kind="command", timeout_s=10, command=(sys.executable, "-c", script))
     slow = sink(name="slow", kind="command", timeout_s=0.2, retries=1,
                 command=(sys.executable, "-c", "import time; time.sleep(30)"))  # fmt: skip
-    failing = sink(name="fail", kind="command", retries=0,
-                   command=(sys.executable, "-c", "import sys; sys.exit('no pager today')"))  # fmt: skip
+    fail = "import sys; sys.exit('no pager today')"
+    failing = sink(name="fail", kind="command", retries=0, command=(sys.executable, "-c", fail))
     sender = AlertSender([copy, slow, failing], Store(tmp_path / "s.sqlite"))
     results = await sender.deliver(sample_events())
     await sender.close()

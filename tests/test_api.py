@@ -95,14 +95,19 @@ async def test_matrix_cells_and_thresholds(client: httpx.AsyncClient) -> None:
 
 
 async def test_series_buckets(client: httpx.AsyncClient) -> None:
-    body = (await client.get("/api/v1/lag/series", params={
-        "source": "us-east", "target": "eu-west", "since": "1h", "step": "5m"})).json()
+    body = (
+        await client.get(
+            "/api/v1/lag/series",
+            params={"source": "us-east", "target": "eu-west", "since": "1h", "step": "5m"},
+        )
+    ).json()
     assert body["step_s"] == 300
     assert 6 <= len(body["points"]) <= 7
     assert sum(p["sent"] for p in body["points"]) == 30 * 50
     assert all(p["t_ns"] % (300 * 10**9) == 0 for p in body["points"])
-    default = (await client.get("/api/v1/lag/series", params={
-        "source": "us-east", "target": "eu-west"})).json()
+    default = (
+        await client.get("/api/v1/lag/series", params={"source": "us-east", "target": "eu-west"})
+    ).json()
     assert default["step_s"] >= 60 and default["points"]
 
 
@@ -204,6 +209,8 @@ async def test_no_response_contains_a_secret(client: httpx.AsyncClient) -> None:
 
 async def test_dashboard_and_assets_are_served_locally(client: httpx.AsyncClient) -> None:
     page = (await client.get("/")).text
-    assert "/static/dashboard.js" in page and "http" not in page.split("<body>")[1].split("<footer")[0]
+    assert (
+        "/static/dashboard.js" in page and "http" not in page.split("<body>")[1].split("<footer")[0]
+    )
     for asset in ("/static/dashboard.js", "/static/dashboard.css"):
         assert (await client.get(asset)).status_code == 200

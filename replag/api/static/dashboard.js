@@ -229,8 +229,8 @@ function drawStatus(health) {
   const probes = Object.values(health.probes);
   const failing = probes.filter((p) => p.error || p.unreachable.length);
   const last = Math.max(0, ...probes.map((p) => p.last_success_ns || 0));
-  node.className = `status ${failing.length ? "status-bad" : "status-ok"}`;
-  node.textContent = failing.length
+  node.className = `status ${failing.length ? "status-bad" : probes.length ? "status-ok" : "status-unknown"}`;
+  node.textContent = !probes.length ? "no probe runs recorded yet" : failing.length
     ? `${failing.length} source(s) with errors · last probe ${ago(last)}`
     : `healthy · last probe ${ago(last)}`;
 }

@@ -1,0 +1,139 @@
+"""The service against a real lab: `replag serve` as a subprocess, and in-process scheduling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+from aiohttp import web
+
+from replag.config import load_config
+from replag.lab.server import free_port
+from replag.service import ReplagService
+from tests.conftest import LabFactory
+
+FAST = {"count": 20, "rate": 0, "timeout": "2s", "probe_interval": "300ms"}
+
+
+def service_config(
+    lab: dict[str, Any], tmp_path: Path, alerts: dict[str, Any] | None = None
+) -> Path:
+    """The lab's topology file with fast service settings (and an [alerts] table) added."""
+    data = tomllib.loads((Path(lab["dir"]) / "topology.toml").read_text())
+    data.setdefault("settings", {}).update(FAST, store=str(tmp_path / "svc.sqlite"))
+    if alerts:
+        data["alerts"] = alerts
+    path = tmp_path / "replag.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def test_serve_subprocess_shows_probe_data_and_stops_on_sigterm(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={"eu-west": 20})
+    config = service_config(lab, tmp_path)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def measured(r: httpx.Response) -> bool:
+            return any(p["target"] == "eu-west" and p["seen"] for p in r.json()["pairs"])
+
+        lag = _poll(base, "/api/v1/lag?since=5m", measured, proc)
+        pair = next(p for p in lag.json()["pairs"] if p["target"] == "eu-west")
+        assert pair["lag_ms"]["p50"] >= 15  # the relay holds bytes 20 ms one way
+        metrics = _poll(base, "/metrics", lambda r: 'replag_lag_seconds_count{source="us-east",'
+                        'target="eu-west"}' in r.text, proc).text  # fmt: skip
+        assert 'replag_last_success_timestamp_seconds{job="probe",name="us-east"}' in metrics
+        health = httpx.get(base + "/api/v1/health").json()
+        assert health["probes"]["us-east"]["last_success_ns"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    # uvicorn shuts down cleanly, then re-raises SIGTERM so a supervisor sees how it ended.
+    assert proc.returncode in (0, -signal.SIGTERM), stderr
+    assert "Application shutdown complete" in stderr
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in stderr  # loopback unless told
+    assert "service stopped: " in stderr and "probe runs" in stderr
+
+
+def _poll(base: str, path: str, ok: Any, proc: subprocess.Popen[str]) -> httpx.Response:
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            response = httpx.get(base + path, timeout=5)
+            if response.status_code == 200 and ok(response):
+                return response
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never showed probe data")
+
+
+async def test_a_slow_sink_does_not_block_probing(lab_factory: LabFactory, tmp_path: Path) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_hook(request: web.Request) -> web.Response:
+        held.set()
+        await release.wait()
+        return web.Response(text="finally")
+
+    app = web.Application()
+    app.router.add_post("/", slow_hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    alerts = {
+        "rules": [{"name": "any-lag", "kind": "lag_p99", "threshold": "0ms", "over": "1m"}],
+        "sinks": [{"name": "slow", "kind": "webhook", "url": url, "timeout": "60s"}],
+    }
+    service = ReplagService(load_config(service_config(lab, tmp_path, alerts)))
+    await service.start()
+    try:
+        await asyncio.wait_for(held.wait(), 30)  # the alert fired; its hook is stuck
+        runs_then = service.counters["probe runs"]
+        await _until(lambda: service.counters["probe runs"] >= runs_then + 3)
+        assert [s["last_status"] for s in service.sender.statuses()] == ["never"]
+        release.set()
+        await _until(lambda: service.sender.statuses()[0]["last_status"] == "ok")
+        assert service.alert_book.firing_count() >= 1
+    finally:
+        release.set()
+        await service.stop()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1"])
+def test_serve_binds_loopback_by_default(host: str) -> None:
+    from replag.commands.serve import command
+
+    defaults = {p.name: p.default for p in command.params}
+    assert defaults["host"] == host and defaults["port"] == 8700
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(600):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never became true")
