@@ -90,7 +90,11 @@ class SparseHistogram:
         lowest = _value_from_index(self.index)
         bucket = np.maximum((self.index >> _HALF_MAG) - 1, 0)
         median = lowest + ((np.int64(1) << (bucket + _UNIT)) >> 1)
-        mean_us = sum(int(c) * int(m) for c, m in zip(self.count, median, strict=True)) / total
+        if total * int(median[-1]) < 2**62:  # int64 cannot overflow: exact and vectorised
+            weighted = int(np.dot(self.count, median))
+        else:
+            weighted = sum(int(c) * int(m) for c, m in zip(self.count, median, strict=True))
+        mean_us = weighted / total
 
         def at(pct: float) -> float:
             target = max(int((min(pct, 100.0) * total / 100) + 0.5), 1)
@@ -182,6 +186,7 @@ class LagIndex:
         self._pairs: dict[tuple[str, str], _PairWindows] = {}
         self._stats: dict[int, WindowStats] = {}
         self._answers: OrderedDict[Hashable, Any] = OrderedDict()
+        self._computing: dict[Hashable, threading.Event] = {}
         self._max_answers = max_cached_answers
         self._last_id = 0
         self._lock = threading.RLock()
@@ -293,20 +298,33 @@ class LagIndex:
     # --- internals -----------------------------------------------------------
 
     def _answer(self, key: Hashable, compute: Callable[[], _T], *, may_compute: bool = True) -> _T:
-        with self._lock:
-            if key in self._answers:
-                self.hits += 1
-                self._answers.move_to_end(key)
-                cached: _T = self._answers[key]
-                return cached
-            if not may_compute:
-                raise NotCached(key)
-            self.misses += 1
-        value = compute()
-        with self._lock:
-            self._answers[key] = value
-            while len(self._answers) > self._max_answers:
-                self._answers.popitem(last=False)
+        while True:
+            with self._lock:
+                if key in self._answers:
+                    self.hits += 1
+                    self._answers.move_to_end(key)
+                    cached: _T = self._answers[key]
+                    return cached
+                if not may_compute:
+                    raise NotCached(key)
+                running = self._computing.get(key)
+                if running is None:
+                    # Single flight: when a window ages out, every client asks for the same
+                    # new answer at once; one thread computes it and the others wait for it.
+                    running = self._computing[key] = threading.Event()
+                    self.misses += 1
+                    break
+            running.wait()
+        try:
+            value = compute()
+            with self._lock:
+                self._answers[key] = value
+                while len(self._answers) > self._max_answers:
+                    self._answers.popitem(last=False)
+        finally:
+            with self._lock:
+                del self._computing[key]
+            running.set()
         return value
 
     def _load(self, ids: Sequence[int]) -> list[WindowStats]:

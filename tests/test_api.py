@@ -214,3 +214,30 @@ async def test_dashboard_and_assets_are_served_locally(client: httpx.AsyncClient
     )
     for asset in ("/static/dashboard.js", "/static/dashboard.css"):
         assert (await client.get(asset)).status_code == 200
+
+
+def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> None:
+    import re
+
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "grafana" / "replag-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(replag_[a-z_]+)", e)}
+    registry = create_app(
+        make_config(tmp_path), run_schedulers=False
+    ).state.service.metrics.registry
+    exported = {s.name for metric in registry.collect() for s in metric.samples} | {
+        metric.name for metric in registry.collect()
+    }
+    suffixes = ("_bucket", "_total", "_count", "_sum")
+    exported |= {metric.name + sfx for metric in registry.collect() for sfx in suffixes}
+    assert used and used <= exported, used - exported
+
+
+def test_every_endpoint_and_metric_is_documented(app: FastAPI) -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "service.md").read_text()
+    for path in app.openapi()["paths"]:
+        assert f"`GET {path}" in docs or f"`POST {path}" in docs, path
+    for metric in app.state.service.metrics.registry.collect():
+        assert metric.name in docs, metric.name

@@ -60,7 +60,7 @@ def test_serve_subprocess_shows_probe_data_and_stops_on_sigterm(
         assert pair["lag_ms"]["p50"] >= 15  # the relay holds bytes 20 ms one way
         metrics = _poll(base, "/metrics", lambda r: 'replag_lag_seconds_count{source="us-east",'
                         'target="eu-west"}' in r.text, proc).text  # fmt: skip
-        assert 'replag_last_success_timestamp_seconds{job="probe",name="us-east"}' in metrics
+        assert 'replag_last_success_timestamp_seconds{name="us-east",task="probe"}' in metrics
         health = httpx.get(base + "/api/v1/health").json()
         assert health["probes"]["us-east"]["last_success_ns"]
     finally:

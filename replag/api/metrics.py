@@ -113,7 +113,7 @@ class ServiceMetrics:
         self.last_success = Gauge(
             "replag_last_success_timestamp_seconds",
             "Unix time of the last successful probe, check or repair.",
-            ["job", "name"],
+            ["task", "name"],
             registry=r,
         )
         self.alerts_firing = Gauge("replag_alerts_firing", "Alerts currently firing.", registry=r)
