@@ -12,10 +12,17 @@ from replag.probes import run_probe
 from replag.probes.wire import RespConnection
 from replag.topology import Endpoint
 from tests.conftest import RedisFactory
+from tests.dynomite_fixtures import admin_server, node_routes
 from tests.dynomite_proxy import REJECTED, running_proxy
 
 
-def _config(tmp_path: Path, proxy_port: int, backends: list[int], consistency: str = "") -> Path:
+def _config(
+    tmp_path: Path,
+    proxy_port: int,
+    backends: list[int],
+    consistency: str = "",
+    stats_url: str = "",
+) -> Path:
     path = tmp_path / "dyno.toml"
     replicas = ", ".join(
         f'{{ name = "rack{i + 1}", url = "redis://127.0.0.1:{port}", rack = "rack{i + 1}" }}'
@@ -24,6 +31,7 @@ def _config(tmp_path: Path, proxy_port: int, backends: list[int], consistency: s
     path.write_text(
         f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
         + (f'dynomite_consistency = "{consistency}"\n' if consistency else "")
+        + (f'dynomite_stats_urls = ["{stats_url}"]\n' if stats_url else "")
         + f'[[regions]]\nname = "dc1"\nwrite = "redis://127.0.0.1:{proxy_port}"\n'
         f'write_kind = "dynomite"\nreplicas = [{replicas}]\n'
     )
@@ -37,10 +45,17 @@ async def test_probe_through_a_dynomite_client_port(
         redis_factory(f"rack{i}", extra_args=("--notify-keyspace-events", "K$")) for i in range(3)
     ]
     with running_proxy(racks[0].port, [r.port for r in racks[1:]]) as proxy:
-        config = load_config(
-            _config(tmp_path, proxy.port, [r.port for r in racks], consistency="DC_QUORUM")
-        )
-        report = await run_probe(config, count=30, rate=0)
+        async with admin_server(node_routes("3rack", "node1")) as stats_url:
+            config = load_config(
+                _config(
+                    tmp_path,
+                    proxy.port,
+                    [r.port for r in racks],
+                    consistency="DC_QUORUM",
+                    stats_url=stats_url,
+                )
+            )
+            report = await run_probe(config, count=30, rate=0)
     assert report.exit_code == 0, report.to_dict()
     assert [(p.replica, p.seen) for p in report.pairs] == [
         ("rack1", 30),
@@ -48,6 +63,12 @@ async def test_probe_through_a_dynomite_client_port(
         ("rack3", 30),
     ]
     assert report.consistency == "DC_QUORUM" and proxy.consistency == [b"DC_QUORUM"]
+    # What the cluster itself runs with, read from the node's stats port (captured answer).
+    assert report.cluster_consistency is not None
+    assert (report.cluster_consistency["read"], report.cluster_consistency["write"]) == (
+        "DC_ONE",
+        "DC_ONE",
+    )
     assert not set(proxy.commands) & REJECTED, "a command Dynomite rejects reached the proxy"
     assert b"CONFIG" not in proxy.commands
     # The clock of the proxy is never read (TIME closes the connection); the racks' are.

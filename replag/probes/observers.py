@@ -185,6 +185,7 @@ class PollObserver(Observer):
         # key -> (lo_ns, lo_mid_ns): the latest moment the key was surely not applied yet.
         self._outstanding: dict[bytes, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.rounds = 0
 
     def expect(self, key: bytes, written_lo_ns: int) -> None:
@@ -195,7 +196,7 @@ class PollObserver(Observer):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             started = loop.time()
             keys = list(self._outstanding)
             if keys:
@@ -221,6 +222,7 @@ class PollObserver(Observer):
             await asyncio.sleep(max(delay, 0))
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

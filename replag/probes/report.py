@@ -69,6 +69,8 @@ class ProbeReport:
     finished_ns: int = 0
     write_endpoint: str = ""
     consistency: str | None = None
+    # What the Dynomite cluster itself runs with ({"read", "write", "from"}), when known.
+    cluster_consistency: dict[str, str] | None = None
     pairs: list[PairResult] = field(default_factory=list)
     samples: list[ProbeSample] = field(default_factory=list)
     write: LagHistogram = field(default_factory=LagHistogram)
@@ -125,6 +127,7 @@ class ProbeReport:
             "write_endpoint": self.write_endpoint,
             "mode": self.mode,
             "consistency": self.consistency,
+            "cluster_consistency": self.cluster_consistency,
             "started": _iso(self.started_ns),
             "duration_s": round((self.finished_ns - self.started_ns) / 1e9, 3),
             "pairs": [p.to_dict() for p in self.pairs],
@@ -151,7 +154,13 @@ class ProbeReport:
         lines = [
             f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
             f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
-            + (f", write consistency {self.consistency}" if self.consistency else ""),
+            + (f", write consistency {self.consistency}" if self.consistency else "")
+            + (
+                f" (cluster runs read {self.cluster_consistency['read']}, "
+                f"write {self.cluster_consistency['write']})"
+                if self.cluster_consistency
+                else ""
+            ),
             "",
             f"{'target':<12} {'replica':<18} {'via':<4} {'sent':>5} {'seen':>5} {'lost':>5} "
             f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",

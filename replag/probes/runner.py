@@ -76,6 +76,8 @@ async def run_probe(
     keys = ProbeKeys(
         prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
     )
+    if write_ep.kind == "dynomite":
+        await _cluster_consistency(settings, report)
     writer = await _open_writer(write_ep, settings)
     # A Redis Cluster shard's keys only reach that shard's replicas; elsewhere every
     # replica of every region (the source's own racks included) should receive them.
@@ -97,10 +99,15 @@ async def run_probe(
         for obs in live:
             await obs.start()
         writes = await _write_keys(writer, keys, settings, live, report)
-        await _wait_for_arrivals(live, writes, settings.timeout)
+        by_rack = write_ep.kind == "dynomite"
+        units = [
+            [t.observer for t in unit if t.observer is not None]
+            for unit in _observation_units(targets, by_rack=by_rack)
+        ]
+        await _wait_for_arrivals([u for u in units if u], writes, settings.timeout)
         for obs in live:
             await obs.stop()
-        _collect(report, targets, writes, by_rack=write_ep.kind == "dynomite")
+        _collect(report, targets, writes, by_rack=by_rack)
         await _cleanup(writer, [keys.key(seq) for seq in writes], report)
     finally:
         writer.close()
@@ -140,6 +147,23 @@ async def run_probe_all(
     if not reports:
         raise UsageError("no region has a write endpoint to probe from")
     return combine_reports(reports)
+
+
+async def _cluster_consistency(settings: Settings, report: ProbeReport) -> None:
+    """Ask the Dynomite stats ports which read/write consistency the cluster runs with."""
+    from replag.discovery.dynomite import fetch_consistency
+
+    for url in settings.dynomite_stats_urls:
+        try:
+            found = await fetch_consistency(url, timeout_s=settings.connect_timeout)
+        except ReplagError as exc:
+            report.notes.append(f"cluster consistency unknown from {url}: {exc.message}")
+            continue
+        if found is not None:
+            report.cluster_consistency = {"read": found.read, "write": found.write, "from": url}
+            if not settings.dynomite_consistency:
+                report.consistency = f"{found.write} (cluster)"
+            return
 
 
 async def _time(conn: RespConnection) -> tuple[int, int]:
@@ -266,15 +290,21 @@ async def _write_keys(
 
 
 async def _wait_for_arrivals(
-    observers: list[Observer], writes: dict[int, tuple[int, int]], timeout_s: float
+    units: list[list[Observer]], writes: dict[int, tuple[int, int]], timeout_s: float
 ) -> None:
+    """Until every unit (replica, or Dynomite rack) has seen every key, or the timeout."""
     if not writes:
         return
     deadline = max(t_b for _, t_b in writes.values()) + int(timeout_s * 1e9)
     want = len(writes)
+
+    def waiting(unit: list[Observer]) -> bool:
+        if all(o.error is not None for o in unit):
+            return False
+        return sum(len(o.arrivals) for o in unit) < want
+
     while time.monotonic_ns() < deadline:
-        pending = [o for o in observers if o.error is None and len(o.arrivals) < want]
-        if not pending:
+        if not any(waiting(u) for u in units):
             return
         await asyncio.sleep(0.002)
 

@@ -108,7 +108,10 @@ class RespConnection:
     async def call(self, *parts: bytes | str | int) -> tuple[Any, int, int]:
         fut, t_sent = self.send(*parts)
         try:
-            reply, t_recv = await asyncio.wait_for(fut, self.timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the reply, and the observer would never stop.
+            async with asyncio.timeout(self.timeout_s):
+                reply, t_recv = await fut
         except TimeoutError:
             raise UnreachableError(
                 f"timed out after {self.timeout_s:g}s", where=self.where
