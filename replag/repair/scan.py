@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from replag.errors import ReplagError
 from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.tictac import TictacTree
 from replag.repair.values import read_values
@@ -160,7 +161,7 @@ class ReplicaScanner:
         (size,) = await scan_conn.request(pack(b"DBSIZE"), 1)
         state.total = size if isinstance(size, int) else None
         queue: asyncio.Queue[
-            tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | None
+            tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ] = asyncio.Queue(maxsize=opts.in_flight_batches)
         parts: list[ScanIndex] = []
         pending: list[ScanIndex] = []
@@ -169,6 +170,8 @@ class ReplicaScanner:
         producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue))
         try:
             while (item := await queue.get()) is not None:
+                if isinstance(item, ReplagError):
+                    raise item
                 cursor, keys, future = item
                 replies, arrived_ns = await fetch_conn.wait(future)
                 part = await self._index_batch(fetch_conn, keys, replies, arrived_ns)
@@ -209,7 +212,7 @@ class ReplicaScanner:
         fetch_conn: RespConnection,
         cursor: bytes,
         queue: asyncio.Queue[
-            tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | None
+            tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ],
     ) -> None:
         opts = self.options
@@ -218,17 +221,22 @@ class ReplicaScanner:
             extra += [b"MATCH", opts.match]
         if opts.type_filter is not None:
             extra += [b"TYPE", opts.type_filter.encode()]
-        while True:
-            replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
-            scan_conn.check(replies)
-            cursor, keys = replies[0]
-            if keys:
-                future = fetch_conn.send(
-                    pack(b"MGET", *keys) + pack_per_key(b"PTTL", keys), 1 + len(keys)
-                )
-                await queue.put((cursor, keys, future))
-            if cursor == b"0":
-                break
+        try:
+            while True:
+                replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
+                scan_conn.check(replies)
+                cursor, keys = replies[0]
+                if keys:
+                    future = fetch_conn.send(
+                        pack(b"MGET", *keys) + pack_per_key(b"PTTL", keys), 1 + len(keys)
+                    )
+                    await queue.put((cursor, keys, future))
+                if cursor == b"0":
+                    break
+        except ReplagError as exc:
+            # The consumer waits on the queue: hand it the failure, or it waits forever.
+            await queue.put(exc)
+            return
         await queue.put(None)
 
     async def _index_batch(

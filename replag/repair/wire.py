@@ -127,7 +127,9 @@ class RespConnection:
 
     async def wait(self, future: asyncio.Future[tuple[list[Any], int]]) -> tuple[list[Any], int]:
         try:
-            return await asyncio.wait_for(future, self._timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+            async with asyncio.timeout(self._timeout_s):
+                return await future
         except (OSError, TimeoutError) as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
