@@ -61,7 +61,10 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
 
 
 def config_from_dict(
-    data: Mapping[str, Any], *, where: str, path: Path | None = None,
+    data: Mapping[str, Any],
+    *,
+    where: str,
+    path: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
     environ = os.environ if environ is None else environ
@@ -103,13 +106,19 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
         write_kind = raw.get("write_kind", "redis")
         if write_kind not in ("redis", "dynomite"):
             raise ConfigError(
-                f"expected redis or dynomite, got {write_kind!r}", where=f"{where}: {key}.write_kind"
+                f"expected redis or dynomite, got {write_kind!r}",
+                where=f"{where}: {key}.write_kind",
             )
         write = None
         if "write" in raw:
             write = _endpoint(
-                raw["write"], where=where, key=f"{key}.write", default_name=f"{name}-write",
-                region=name, kind=write_kind, environ=environ,
+                raw["write"],
+                where=where,
+                key=f"{key}.write",
+                default_name=f"{name}-write",
+                region=name,
+                kind=write_kind,
+                environ=environ,
             )
             remember(write, f"{key}.write")
         raw_replicas = raw.get("replicas", [])
@@ -118,13 +127,20 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
         replicas = []
         for j, raw_ep in enumerate(raw_replicas):
             ep = _endpoint(
-                raw_ep, where=where, key=f"{key}.replicas[{j}]", default_name=f"{name}-{j + 1}",
-                region=name, kind="redis", environ=environ,
+                raw_ep,
+                where=where,
+                key=f"{key}.replicas[{j}]",
+                default_name=f"{name}-{j + 1}",
+                region=name,
+                kind="redis",
+                environ=environ,
             )
             remember(ep, f"{key}.replicas[{j}]")
             replicas.append(ep)
         if write is None and not replicas:
-            raise ConfigError("a region needs a write endpoint or replicas", where=f"{where}: {key}")
+            raise ConfigError(
+                "a region needs a write endpoint or replicas", where=f"{where}: {key}"
+            )
         slots = _slots(raw.get("slots", []), where=f"{where}: {key}.slots")
         regions.append(Region(name=name, write=write, replicas=tuple(replicas), slots=slots))
 
@@ -149,10 +165,17 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
             elif isinstance(member, str) and "://" not in member:
                 raise ConfigError(f"no endpoint named {member!r}", where=f"{where}: {mkey}")
             else:
-                members.append(_endpoint(
-                    member, where=where, key=mkey, default_name=f"{name}-{j + 1}",
-                    region=None, kind="redis", environ=environ,
-                ))
+                members.append(
+                    _endpoint(
+                        member,
+                        where=where,
+                        key=mkey,
+                        default_name=f"{name}-{j + 1}",
+                        region=None,
+                        kind="redis",
+                        environ=environ,
+                    )
+                )
         if any(m.kind != "redis" for m in members):
             raise ConfigError(
                 "group members must be Redis servers, not proxy ports", where=f"{where}: {key}"
@@ -160,7 +183,9 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
         slots = _slots(raw.get("slots", []), where=f"{where}: {key}.slots")
         groups.append(ReplicaGroup(name=name, members=tuple(members), slots=slots))
     if not regions and not groups:
-        raise ConfigError("no [[regions]] and no [[groups]]: nothing to probe or repair", where=where)
+        raise ConfigError(
+            "no [[regions]] and no [[groups]]: nothing to probe or repair", where=where
+        )
     return Topology(regions=tuple(regions), groups=tuple(groups))
 
 
@@ -170,8 +195,10 @@ def _slots(raw: Any, *, where: str) -> tuple[tuple[int, int], ...]:
     out = []
     for pair in raw:
         if (
-            not isinstance(pair, list) or len(pair) != 2
-            or not all(isinstance(x, int) and 0 <= x < 16384 for x in pair) or pair[0] > pair[1]
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(x, int) and 0 <= x < 16384 for x in pair)
+            or pair[0] > pair[1]
         ):
             raise ConfigError(f"bad slot range {pair!r}", where=where)
         out.append((pair[0], pair[1]))
@@ -188,8 +215,14 @@ def _no_unknown(raw: Mapping[str, Any], known: set[str], *, where: str, key: str
 
 
 def _endpoint(
-    raw: Any, *, where: str, key: str, default_name: str, region: str | None,
-    kind: EndpointKind, environ: Mapping[str, str],
+    raw: Any,
+    *,
+    where: str,
+    key: str,
+    default_name: str,
+    region: str | None,
+    kind: EndpointKind,
+    environ: Mapping[str, str],
 ) -> Endpoint:
     rack = None
     password_env = None
@@ -201,13 +234,17 @@ def _endpoint(
         kind = raw.get("kind", kind)
         password_env = raw.get("password_env")
         if kind not in ("redis", "dynomite"):
-            raise ConfigError(f"expected redis or dynomite, got {kind!r}", where=f"{where}: {key}.kind")
+            raise ConfigError(
+                f"expected redis or dynomite, got {kind!r}", where=f"{where}: {key}.kind"
+            )
         if not isinstance(default_name, str) or not default_name:
             raise ConfigError("name must be a non-empty string", where=f"{where}: {key}.name")
     else:
         url = raw
     if not isinstance(url, str):
-        raise ConfigError("expected a Redis URL string or a table with `url`", where=f"{where}: {key}")
+        raise ConfigError(
+            "expected a Redis URL string or a table with `url`", where=f"{where}: {key}"
+        )
     try:
         ep = Endpoint.from_url(str(url), name=default_name, kind=kind, region=region, rack=rack)
     except ValueError as exc:
@@ -215,7 +252,8 @@ def _endpoint(
     if password_env:
         if password_env not in environ:
             raise ConfigError(
-                f"environment variable {password_env} is not set", where=f"{where}: {key}.password_env"
+                f"environment variable {password_env} is not set",
+                where=f"{where}: {key}.password_env",
             )
         from dataclasses import replace
 

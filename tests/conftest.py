@@ -20,10 +20,16 @@ def redis_factory(tmp_path: Path) -> Iterator[RedisFactory]:
     """`redis_factory(name="a", password=None, extra_args=())` → a started RedisServer."""
     servers: list[RedisServer] = []
 
-    def start(name: str = "r", *, password: str | None = None,
-              extra_args: tuple[str, ...] = ()) -> RedisServer:
-        srv = RedisServer(name=f"{name}{len(servers)}", port=free_port(),
-                          workdir=tmp_path / "redis", password=password, extra_args=extra_args)
+    def start(
+        name: str = "r", *, password: str | None = None, extra_args: tuple[str, ...] = ()
+    ) -> RedisServer:
+        srv = RedisServer(
+            name=f"{name}{len(servers)}",
+            port=free_port(),
+            workdir=tmp_path / "redis",
+            password=password,
+            extra_args=extra_args,
+        )
         servers.append(srv)
         return srv.start()
 

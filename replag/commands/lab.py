@@ -12,7 +12,10 @@ from replag.errors import UsageError
 from replag.lab.cluster import LabSpec, lab_down, lab_fault, lab_status, lab_up
 
 _DIR = click.option(
-    "--dir", "lab_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+    "--dir",
+    "lab_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
     help="Directory holding the lab's processes, logs and topology.toml.",
 )
 
@@ -42,24 +45,42 @@ def command() -> None:
 
 @command.command("up")
 @_DIR
-@click.option("--regions", default="us-east,us-west,eu-west", show_default=True,
-              help="Comma-separated region names; the first holds the primary.")
-@click.option("--delay", "delay", default="", help="One-way delays, e.g. us-west=40ms,eu-west=80ms.")
+@click.option(
+    "--regions",
+    default="us-east,us-west,eu-west",
+    show_default=True,
+    help="Comma-separated region names; the first holds the primary.",
+)
+@click.option(
+    "--delay", "delay", default="", help="One-way delays, e.g. us-west=40ms,eu-west=80ms."
+)
 @click.option("--jitter", default="0ms", show_default=True, help="Uniform ± jitter on every link.")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 16),
-              help="Replicas per region.")
-@click.option("--engine", type=click.Choice(["replicated", "independent"]), default="replicated",
-              show_default=True,
-              help="replicated: primary + delayed replicas; independent: one unreplicated Redis "
-                   "per region (Dynomite racks as repair sees them).")
+@click.option(
+    "--replicas",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="Replicas per region.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["replicated", "independent"]),
+    default="replicated",
+    show_default=True,
+    help="replicated: primary + delayed replicas; independent: one unreplicated Redis "
+    "per region (Dynomite racks as repair sees them).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
-def up(lab_dir: Path, regions: str, delay: str, jitter: str, replicas: int, engine: str,
-       as_json: bool) -> None:
+def up(
+    lab_dir: Path, regions: str, delay: str, jitter: str, replicas: int, engine: str, as_json: bool
+) -> None:
     """Start the lab and return once every replication link is up."""
     spec = LabSpec(
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
-        delays_ms=parse_delays(delay), jitter_ms=_ms(jitter, option="--jitter"),
-        replicas=replicas, engine=engine,  # type: ignore[arg-type]
+        delays_ms=parse_delays(delay),
+        jitter_ms=_ms(jitter, option="--jitter"),
+        replicas=replicas,
+        engine=engine,  # type: ignore[arg-type]
     )
     state = lab_up(lab_dir, spec)
     if as_json:
@@ -94,12 +115,16 @@ def status(lab_dir: Path, as_json: bool) -> None:
     click.echo(f"lab {info['dir']} ({info['engine']})")
     for p in info["processes"]:
         state = "up" if p["alive"] else "DEAD"
-        click.echo(f"  {p['name']:<22} {p['role']:<12} port {p['port'] or '-':<6} {state:<5} "
-                   f"link {p.get('link', '-'):<5} keys {p.get('keys', '-')}")
+        click.echo(
+            f"  {p['name']:<22} {p['role']:<12} port {p['port'] or '-':<6} {state:<5} "
+            f"link {p.get('link', '-'):<5} keys {p.get('keys', '-')}"
+        )
     for link in info["links"]:
         flag = "PARTITIONED" if link["partitioned"] else f"{link['connections']} conn"
-        click.echo(f"  link {link['name']:<17} delay {link['delay_ms']:g} ms "
-                   f"± {link['jitter_ms']:g} ms  {flag}")
+        click.echo(
+            f"  link {link['name']:<17} delay {link['delay_ms']:g} ms "
+            f"± {link['jitter_ms']:g} ms  {flag}"
+        )
 
 
 @command.command("partition")
@@ -131,20 +156,37 @@ def set_delay(lab_dir: Path, region: str, delay: str) -> None:
 
 @command.command("load")
 @_DIR
-@click.option("--keys", default=100_000, show_default=True, type=click.IntRange(0),
-              help="Number of keys written to every member of the lab's replica group.")
-@click.option("--value-size", default=1024, show_default=True, type=click.IntRange(1),
-              help="Bytes per string value.")
-@click.option("--types", type=click.Choice(["string", "mixed"]), default="string",
-              show_default=True, help="mixed: every 10th key is a hash, set, zset, list or stream.")
+@click.option(
+    "--keys",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Number of keys written to every member of the lab's replica group.",
+)
+@click.option(
+    "--value-size",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Bytes per string value.",
+)
+@click.option(
+    "--types",
+    type=click.Choice(["string", "mixed"]),
+    default="string",
+    show_default=True,
+    help="mixed: every 10th key is a hash, set, zset, list or stream.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the value bytes.")
 def load(lab_dir: Path, keys: int, value_size: int, types: str, seed: int) -> None:
     """Write the same data to every replica of the lab (independent engine), pipelined."""
     from replag.lab.load import LoadSpec, lab_load
 
     info = lab_load(lab_dir, LoadSpec(keys=keys, value_size=value_size, types=types, seed=seed))
-    click.echo(f"loaded {keys} keys × {value_size} B ({types}) into "
-               f"{', '.join(info['members'])} in {info['seconds']} s")
+    click.echo(
+        f"loaded {keys} keys × {value_size} B ({types}) into "
+        f"{', '.join(info['members'])} in {info['seconds']} s"
+    )
 
 
 @command.command("diverge")
@@ -152,21 +194,41 @@ def load(lab_dir: Path, keys: int, value_size: int, types: str, seed: int) -> No
 @click.option("--missing", default=0, type=click.IntRange(0), help="Keys deleted on one replica.")
 @click.option("--changed", default=0, type=click.IntRange(0), help="Keys rewritten on one replica.")
 @click.option("--extra", default=0, type=click.IntRange(0), help="Keys created on one replica.")
-@click.option("--type", "type_", default=0, type=click.IntRange(0),
-              help="Keys turned into a list on one replica.")
-@click.option("--ttl", default=0, type=click.IntRange(0),
-              help="Keys given a 1 h TTL on one replica.")
+@click.option(
+    "--type",
+    "type_",
+    default=0,
+    type=click.IntRange(0),
+    help="Keys turned into a list on one replica.",
+)
+@click.option(
+    "--ttl", default=0, type=click.IntRange(0), help="Keys given a 1 h TTL on one replica."
+)
 @click.option("--seed", default=0, show_default=True, help="Which keys and replicas are picked.")
-@click.option("--truth", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the ground truth (every divergent key and its kind) to this JSON file.")
-def diverge(lab_dir: Path, missing: int, changed: int, extra: int, type_: int, ttl: int,
-            seed: int, truth: Path | None) -> None:
+@click.option(
+    "--truth",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the ground truth (every divergent key and its kind) to this JSON file.",
+)
+def diverge(
+    lab_dir: Path,
+    missing: int,
+    changed: int,
+    extra: int,
+    type_: int,
+    ttl: int,
+    seed: int,
+    truth: Path | None,
+) -> None:
     """Inject divergence between the lab's replicas and record exactly what was done."""
     from replag.lab.diverge import DivergeSpec, lab_diverge
 
-    spec = DivergeSpec(missing=missing, changed=changed, extra=extra, type=type_, ttl=ttl,
-                       seed=seed)
+    spec = DivergeSpec(
+        missing=missing, changed=changed, extra=extra, type=type_, ttl=ttl, seed=seed
+    )
     result = lab_diverge(lab_dir, spec, truth)
     counts = ", ".join(f"{kind} {n}" for kind, n in sorted(result["counts"].items()))
-    click.echo(f"injected {result['total']} divergent keys ({counts or 'none'})"
-               + (f"; ground truth in {truth}" if truth else ""))
+    click.echo(
+        f"injected {result['total']} divergent keys ({counts or 'none'})"
+        + (f"; ground truth in {truth}" if truth else "")
+    )

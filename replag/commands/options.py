@@ -15,7 +15,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def config_option(func: F) -> F:
     return click.option(
-        "--config", "-c", "config_path", required=True,
+        "--config",
+        "-c",
+        "config_path",
+        required=True,
         type=click.Path(dir_okay=False, path_type=Path),
         help="TOML file with [[regions]], [[groups]] and [settings] (see README).",
     )(func)
