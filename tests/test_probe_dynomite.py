@@ -9,7 +9,7 @@ import pytest
 from replag.config import load_config
 from replag.errors import UnreachableError
 from replag.probes import run_probe
-from replag.probes.wire import RespConnection
+from replag.resp import RespConnection
 from replag.topology import Endpoint
 from tests.conftest import RedisFactory
 from tests.dynomite_fixtures import admin_server, node_routes
@@ -94,10 +94,10 @@ async def test_a_rejected_command_is_a_clear_error(redis_factory: RedisFactory) 
         endpoint = Endpoint.from_url(
             f"redis://127.0.0.1:{proxy.port}", name="dc1-node1", kind="dynomite"
         )
-        conn = await RespConnection(endpoint, timeout_s=2).connect()
+        conn = await RespConnection.open(endpoint, timeout_s=2)
         with pytest.raises(UnreachableError, match="Dynomite closes the connection"):
             await conn.call("TIME")
-        conn.close()
+        await conn.close()
 
 
 def test_write_latency_per_consistency_level(redis_factory: RedisFactory, tmp_path: Path) -> None:

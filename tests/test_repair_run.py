@@ -17,7 +17,7 @@ from replag.lab.server import RedisServer
 from replag.repair import check, get_run, list_runs, repair
 from replag.repair.apply import _typed_writes
 from replag.repair.observe import observe_keys
-from replag.repair.wire import RespConnection
+from replag.resp import RespConnection
 from replag.store import Store
 from tests.conftest import RedisFactory
 from tests.test_repair_scan import group_config, write_every_type

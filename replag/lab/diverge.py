@@ -19,7 +19,7 @@ from replag.errors import UsageError
 from replag.lab.cluster import lab_topology, read_state
 from replag.lab.load import key_name, key_type, read_load
 from replag.repair.observe import key_to_json
-from replag.repair.wire import RespConnection, pack
+from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
 # injected → what `repair check` should call it (an extra key is missing elsewhere)

@@ -18,7 +18,7 @@ from typing import Any
 
 from replag.errors import UsageError
 from replag.lab.cluster import lab_topology, read_state
-from replag.repair.wire import RespConnection, pack
+from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
 LOAD_FILE = "load.json"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import hiredis
 
 from replag.errors import ReplagError
-from replag.probes.wire import RespConnection
+from replag.resp import RespConnection
 from replag.topology import Endpoint
 
 log = logging.getLogger(__name__)

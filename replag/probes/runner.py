@@ -26,15 +26,13 @@ from replag.errors import ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, PollObserver, PushObserver
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
-from replag.probes.wire import RespConnection
+from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import LagWindow, Store
 from replag.topology import Endpoint
 
 log = logging.getLogger(__name__)
 _CLEANUP_BATCH = 500
-# Commands Dynomite rejects by closing the connection: never sent to a client port.
-_NOT_FOR_DYNOMITE = frozenset({"TIME", "CONFIG", "MULTI", "SUBSCRIBE", "CLIENT"})
 
 
 @dataclass
@@ -110,10 +108,10 @@ async def run_probe(
         _collect(report, targets, writes, by_rack=by_rack)
         await _cleanup(writer, [keys.key(seq) for seq in writes], report)
     finally:
-        writer.close()
+        await writer.close()
         for t in targets:
             if t.conn is not None:
-                t.conn.close()
+                await t.conn.close()
     report.finished_ns = time.time_ns()
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
     if store is not None:
@@ -172,13 +170,15 @@ async def _time(conn: RespConnection) -> tuple[int, int]:
 
 
 async def _open_writer(endpoint: Endpoint, settings: Settings) -> RespConnection:
-    writer = await RespConnection(endpoint, timeout_s=settings.connect_timeout).connect()
+    writer = await RespConnection.open(
+        endpoint, timeout_s=settings.connect_timeout, clock=time.monotonic_ns
+    )
     try:
         await writer.checked("PING")
         if endpoint.kind == "dynomite" and settings.dynomite_consistency:
             await writer.checked("dyno_config:conn_consistency", settings.dynomite_consistency)
     except ReplagError:
-        writer.close()
+        await writer.close()
         raise
     return writer
 
@@ -189,7 +189,9 @@ async def _open_target(
     """Connect to one replica and choose push or poll; failures land in report.unreachable."""
     replica = target.replica
     try:
-        conn = await RespConnection(replica, timeout_s=settings.connect_timeout).connect()
+        conn = await RespConnection.open(
+            replica, timeout_s=settings.connect_timeout, clock=time.monotonic_ns
+        )
         target.conn = conn
         if target.cluster:
             # A Redis Cluster replica redirects reads to its primary unless told READONLY.
@@ -386,7 +388,7 @@ async def _cleanup(writer: RespConnection, keys: list[bytes], report: ProbeRepor
     """Delete the run's keys, pipelined (they also carry a TTL, so a failure leaks nothing long)."""
     try:
         for i in range(0, len(keys), _CLEANUP_BATCH):
-            futures = [writer.send("DEL", key)[0] for key in keys[i : i + _CLEANUP_BATCH]]
+            futures = [writer.send(pack(b"DEL", key), 1) for key in keys[i : i + _CLEANUP_BATCH]]
             await asyncio.wait_for(asyncio.gather(*futures), writer.timeout_s)
     except (ReplagError, OSError, TimeoutError, ConnectionError) as exc:
         report.notes.append(f"could not delete probe keys ({exc}); they expire by their TTL")

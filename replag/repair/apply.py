@@ -23,7 +23,7 @@ from replag.errors import EndpointError
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.policy import Decision
 from replag.repair.values import StreamEntry
-from replag.repair.wire import RespConnection, pack
+from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
 Outcome = Literal["repaired", "changed", "dry_run"]

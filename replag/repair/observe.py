@@ -16,7 +16,7 @@ from typing import Any
 
 from replag.repair.digest import string_digest
 from replag.repair.values import Data, read_values
-from replag.repair.wire import RespConnection, error_text, pack
+from replag.resp import RespConnection, error_text, pack
 
 
 @dataclass(frozen=True)

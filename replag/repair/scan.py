@@ -25,7 +25,7 @@ from replag.errors import ReplagError
 from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.tictac import TictacTree
 from replag.repair.values import read_values
-from replag.repair.wire import RespConnection, pack, pack_per_key
+from replag.resp import RespConnection, pack, pack_per_key
 from replag.topology import Endpoint
 
 U64 = npt.NDArray[np.uint64]

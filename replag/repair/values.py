@@ -19,7 +19,7 @@ from replag.repair.digest import (
     string_digest,
     zset_digest,
 )
-from replag.repair.wire import RespConnection, error_text, pack
+from replag.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
 Data = (

@@ -1,9 +1,13 @@
-"""A minimal pipelined RESP connection for the scan hot path.
+"""A minimal pipelined RESP connection, for the scan hot path and for probe timing.
 
 redis-py costs ~10 µs of Python per pipelined command; scanning a replica at
 300k keys/s needs one PTTL per key, so the scanner packs commands itself and
 parses replies with hiredis directly. Replies are grouped per request: one
-future resolves with all `n` replies of a request (and the time they arrived).
+future resolves with all `n` replies of a request and the moment their bytes
+arrived, read on the connection's clock (wall time by default; probes use the
+monotonic clock) before any parsing, which is what probe timing needs too:
+library-level timestamps carry encode/parse overhead larger than a loopback
+round trip, and not symmetric.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -36,8 +40,12 @@ def pack_per_key(command: bytes, keys: Sequence[bytes]) -> bytes:
     return b"".join(map(template.__mod__, zip(map(len, keys), keys, strict=True)))
 
 
+Clock = Callable[[], int]
+
+
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self.reader = hiredis.Reader()
         self.waiting: collections.deque[tuple[int, asyncio.Future[tuple[list[Any], int]]]] = (
             collections.deque()
@@ -51,6 +59,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        arrived = self.clock()
         # Hot loop: one iteration per reply (one per key while scanning), so
         # everything is a local and completion is checked by countdown.
         reader = self.reader
@@ -68,7 +77,7 @@ class _Protocol(asyncio.Protocol):
                 append(reply)
             waiting.popleft()
             if not future.done():
-                future.set_result((current, time.time_ns()))
+                future.set_result((current, arrived))
             current = self.current = []
             append = current.append
 
@@ -89,12 +98,17 @@ class RespConnection:
         self._timeout_s = timeout_s
 
     @classmethod
-    async def open(cls, endpoint: Endpoint, *, timeout_s: float) -> RespConnection:
+    async def open(
+        cls, endpoint: Endpoint, *, timeout_s: float, clock: Clock = time.time_ns
+    ) -> RespConnection:
+        """Connect, AUTH and SELECT as the endpoint says; reply times read on `clock`."""
         loop = asyncio.get_running_loop()
         context = ssl.create_default_context() if endpoint.tls else None
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(_Protocol, endpoint.host, endpoint.port, ssl=context),
+                loop.create_connection(
+                    lambda: _Protocol(clock), endpoint.host, endpoint.port, ssl=context
+                ),
                 timeout_s,
             )
         except (OSError, TimeoutError) as exc:
@@ -137,6 +151,33 @@ class RespConnection:
     async def request(self, payload: bytes, count: int) -> list[Any]:
         replies, _ = await self.wait(self.send(payload, count))
         return replies
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    async def call(self, *args: Arg) -> tuple[Any, int, int]:
+        """One command: (reply, sent, arrived) on the connection's clock; error replies returned."""
+        payload = pack(*args)
+        sent = self._protocol.clock()  # just before the bytes go to the socket
+        future = self.send(payload, 1)
+        (reply,), arrived = await self.wait(future)
+        return reply, sent, arrived
+
+    async def checked(self, *args: Arg) -> Any:
+        """`call`, raising an EndpointError on an error reply."""
+        reply, _, _ = await self.call(*args)
+        self.check([reply])
+        return reply
+
+    async def min_rtt_ns(self, rounds: int = 9) -> int:
+        """Smallest PING round trip (on a monotonic-clock connection: a one-way bound)."""
+        best: int | None = None
+        for _ in range(rounds):
+            _, sent, arrived = await self.call(b"PING")
+            best = arrived - sent if best is None else min(best, arrived - sent)
+        assert best is not None
+        return best
 
     def check(self, replies: Sequence[Any]) -> None:
         """Raise the first error reply as an EndpointError naming the endpoint."""
