@@ -216,3 +216,18 @@ async def test_an_unreachable_replica_is_one_clear_error(
     dead.stop()
     with pytest.raises(RepairError, match=r"n1.*unreachable"):
         await asyncio.wait_for(check(config), 30)
+
+
+async def test_probe_keys_in_flight_are_not_divergence(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("p"), redis_factory("p")]
+    for s in servers:
+        with s.client() as c:
+            fill(c, 100)
+    with servers[0].client() as c:  # a probe key that has not reached the other replica yet
+        c.set("replag:probe:abc:1", "1|a|abc|1", px=60_000)
+        c.set("k:only-here", "real divergence")
+    report = await check(group_config(tmp_path, servers))
+    keys = [k["key"] for k in report.to_dict()["divergent_keys"]]
+    assert keys == ["k:only-here"]

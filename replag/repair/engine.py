@@ -100,6 +100,7 @@ class _GroupRun:
             timeout_s=self.timeout_s,
             match=params.match.encode() if params.match is not None else None,
             type_filter=params.type_filter,
+            exclude_prefix=str(s.prefix).encode(),
             ttl_bucket_ms=max(self.tolerance_ms, 1),
         )
         self.lanes = [

@@ -113,6 +113,9 @@ class ScanOptions:
     count: int = 1000
     match: bytes | None = None
     type_filter: str | None = None
+    # replag's own probe keys: transient by design (in flight to far replicas, then
+    # deleted), so comparing them would report lag as divergence.
+    exclude_prefix: bytes | None = None
     ttl_bucket_ms: int = 2000
     timeout_s: float = 5.0
     in_flight_batches: int = 8
@@ -226,6 +229,9 @@ class ReplicaScanner:
                 replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
                 scan_conn.check(replies)
                 cursor, keys = replies[0]
+                if keys and opts.exclude_prefix:
+                    skip = opts.exclude_prefix
+                    keys = [k for k in keys if not k.startswith(skip)]
                 if keys:
                     future = fetch_conn.send(
                         pack(b"MGET", *keys) + pack_per_key(b"PTTL", keys), 1 + len(keys)
