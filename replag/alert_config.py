@@ -7,10 +7,13 @@
     [[alerts.rules]]
     name = "cross-region-lag"
     kind = "lag_p99"              # lag_p99 | probe_loss | divergent_keys | unreachable | no_probe
+                                  # | dynomite_dropped_writes
     threshold = "200ms"           # lag_p99: duration; probe_loss: ratio; divergent_keys: count;
-                                  # no_probe: duration without a successful probe
+                                  # no_probe: duration without a successful probe;
+                                  # dynomite_dropped_writes: dropped peer requests
     for = "5m"                    # the condition must hold this long before firing
-    over = "5m"                   # lag_p99 / probe_loss: the range of windows merged
+    over = "5m"                   # lag_p99 / probe_loss: the range of windows merged;
+                                  # dynomite_dropped_writes: how far back growth counts
     severity = "critical"         # critical | warning | info
     source = "us-east"            # optional filters: source, target (regions), group
     target = "eu-west"
@@ -34,7 +37,9 @@ from urllib.parse import urlsplit
 from replag.durations import parse_duration_s
 from replag.errors import ConfigError
 
-RuleKind = Literal["lag_p99", "probe_loss", "divergent_keys", "unreachable", "no_probe"]
+RuleKind = Literal[
+    "lag_p99", "probe_loss", "divergent_keys", "unreachable", "no_probe", "dynomite_dropped_writes"
+]
 SinkKind = Literal["webhook", "slack", "pagerduty", "command"]
 Severity = Literal["critical", "warning", "info"]
 
@@ -44,6 +49,7 @@ RULE_KINDS: tuple[RuleKind, ...] = (
     "divergent_keys",
     "unreachable",
     "no_probe",
+    "dynomite_dropped_writes",
 )
 SINK_KINDS: tuple[SinkKind, ...] = ("webhook", "slack", "pagerduty", "command")
 SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
@@ -72,13 +78,15 @@ _DEFAULT_THRESHOLD: dict[RuleKind, float] = {
     "divergent_keys": 0.0,
     "unreachable": 0.0,
     "no_probe": 300.0,
+    "dynomite_dropped_writes": 0.0,
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlertRule:
     """One rule; `threshold` is in ms (lag_p99), a ratio (probe_loss), keys
-    (divergent_keys) or seconds (no_probe)."""
+    (divergent_keys), seconds (no_probe) or dropped peer requests within `over`
+    (dynomite_dropped_writes)."""
 
     name: str
     kind: RuleKind

@@ -2,10 +2,12 @@
 
 `ReplagService.start()` launches the probe scheduler (every region with a write
 endpoint, every `probe_interval`), the repair-check scheduler (every replica
-group, every `check_interval`, repairing when `auto_repair` is on) and the
-alert sender's workers; `stop()` cancels and awaits them and closes what they
-opened. FastAPI's lifespan calls both (see `replag.api.app`); the API reads
-through the same object, so what it shows is what the schedulers stored.
+group, every `check_interval`, repairing when `auto_repair` is on), the
+Dynomite stats collector (every `dynomite_stats_urls` node's /info, every
+`probe_interval`) and the alert sender's workers; `stop()` cancels and awaits
+them and closes what they opened. FastAPI's lifespan calls both (see
+`replag.api.app`); the API reads through the same object, so what it shows is
+what the schedulers stored.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any, Literal
 
 from replag.alerts import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
 from replag.alerts.health import probe_health, record_check, record_probe
+from replag.alerts.rules import dropped_writes_since
 from replag.api.metrics import ServiceMetrics
 from replag.config import Config
+from replag.discovery.dynomite_info import FIGURES, collect_dynomite_stats, recent_stats
 from replag.errors import EndpointError, ReplagError, UsageError
 from replag.lagindex import LagIndex
 from replag.probes.report import ProbeReport
@@ -114,6 +118,9 @@ class ReplagService:
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
         self._group_locks: dict[str | None, asyncio.Lock] = {}
         self._stopping = asyncio.Event()
+        # The last Dynomite collection (the samples themselves are in the store).
+        self.dynomite_collected_ns: int | None = None
+        self.dynomite_errors: dict[str, str] = {}
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -132,12 +139,18 @@ class ReplagService:
             self._spawn(
                 "check-scheduler", self._every(self.settings.check_interval, self.check_round)
             )
+        if self.settings.dynomite_stats_urls:
+            self._spawn(
+                "dynomite-stats", self._every(self.settings.probe_interval, self.dynomite_round)
+            )
         log.info(
-            "service started: probing %s every %gs, checking %d groups every %gs",
+            "service started: probing %s every %gs, checking %d groups every %gs, "
+            "reading %d Dynomite nodes' /info",
             ", ".join(sources) or "nothing",
             self.settings.probe_interval,
             len(self.config.topology.groups),
             self.settings.check_interval,
+            len(self.settings.dynomite_stats_urls),
         )
 
     async def stop(self) -> None:
@@ -227,6 +240,60 @@ class ReplagService:
         )
         self.counters["alert notifications"] += len(outcome.events)
         self.metrics.alerts_firing.set(self.alert_book.firing_count())
+
+    # --- Dynomite /info ---------------------------------------------------------
+
+    async def dynomite_round(self) -> None:
+        """Read every Dynomite node's /info into the store and metrics, then alert.
+
+        A node that does not answer is logged when it starts or stops failing (not
+        every round), counted in the metrics and listed by the API; the others'
+        samples are kept all the same.
+        """
+        collection = await collect_dynomite_stats(
+            self.settings.dynomite_stats_urls,
+            store=self.store,
+            timeout_s=float(self.settings.connect_timeout),
+        )
+        for url, error in collection.errors.items():
+            if self.dynomite_errors.get(url) != error:
+                log.warning("Dynomite stats from %s: %s", url, error)
+        for url in self.dynomite_errors.keys() - collection.errors.keys():
+            log.info("Dynomite stats from %s: answering again", url)
+        self.dynomite_errors = dict(collection.errors)
+        self.dynomite_collected_ns = time.time_ns()
+        self.counters["dynomite samples"] += len(collection.samples)
+        if collection.errors:
+            self.counters["dynomite errors"] += len(collection.errors)
+        self.metrics.observe_dynomite(
+            samples=collection.samples, errors=collection.errors, finished_s=time.time()
+        )
+        await self.evaluate_alerts()
+
+    def dynomite_status(self) -> dict[str, Any]:
+        """What `GET /api/v1/dynomite` returns: each configured node's latest stored sample,
+        the last collection's errors, and nodes whose dropped peer requests grew within
+        the window of the first `dynomite_dropped_writes` rule (5 minutes without one)."""
+        urls = self.settings.dynomite_stats_urls
+        latest = [s for s in recent_stats(self.store, limit=1) if s.node in urls]
+        window_s = next(
+            (r.over_s for r in self.config.alerts.rules if r.kind == "dynomite_dropped_writes"),
+            300.0,
+        )
+        since_ns = time.time_ns() - int(window_s * 1e9)
+        findings = dropped_writes_since(self.store, since_ns=since_ns)
+        return {
+            "configured": len(urls),
+            "interval_s": self.settings.probe_interval,
+            "collected_ns": self.dynomite_collected_ns,
+            "window_s": window_s,
+            "nodes": [s.to_dict() for s in sorted(latest, key=lambda s: (s.dc, s.rack, s.node))],
+            "errors": [
+                {"node": url, "error": error} for url, error in self.dynomite_errors.items()
+            ],
+            "dropped_writes": [f.to_dict() for f in findings if f.node in urls],
+            "figures": [{"name": f.name, "help": f.help, "counter": f.counter} for f in FIGURES],
+        }
 
     def _count_delivery(self, result: DeliveryResult) -> None:
         self.metrics.alert_deliveries.labels(result.sink, "ok" if result.ok else "failed").inc()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from replag.discovery.dynomite_info import parse_info, record_stats
 from replag.lab.server import free_port
 from replag.store import Store
+from tests.dynomite_fixtures import fixture_bytes
 from tests.lag_windows import add_windows
 
 CHROMIUM = next(
@@ -28,13 +31,37 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 
 @pytest.fixture
 def dashboard_url(tmp_path: Path) -> Iterator[str]:
+    yield from serve_dashboard(tmp_path)
+
+
+@pytest.fixture
+def dynomite_dashboard_url(tmp_path: Path) -> Iterator[str]:
+    """Two stored /info samples of three nodes (node 2 dropped requests in between); the
+    nodes' stats ports are closed now, so the service's own collection reports errors."""
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
+    store = Store(tmp_path / "s.sqlite")
+    now = time.time_ns()
+    for age_s, extra in ((20, 0), (10, 12)):
+        samples = []
+        for i, url in enumerate(urls):
+            info = json.loads(fixture_bytes(f"3rack_node{i + 1}_{22222 + 10 * i}_info.json"))
+            if i == 1:
+                info["dyn_o_mite"]["peer_dropped_requests"] += extra
+                info["dyn_o_mite"]["peer_timedout_requests"] += extra // 2
+            samples.append(parse_info(info, node=url, sampled_ns=now - age_s * 10**9))
+        record_stats(store, samples)
+    store.close()
+    yield from serve_dashboard(tmp_path, f"dynomite_stats_urls = {json.dumps(urls)}\n")
+
+
+def serve_dashboard(tmp_path: Path, settings: str = "") -> Iterator[str]:
     store = Store(tmp_path / "s.sqlite")
     add_windows(store, pairs=[("us-east", "us-west", 35.0), ("us-east", "eu-west", 160.0),
                               ("us-west", "eu-west", 520.0)], minutes=90)  # fmt: skip
     store.close()
     config = tmp_path / "replag.toml"
     config.write_text(
-        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n\n'
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n{settings}\n'
         '[[alerts.rules]]\nname = "slow"\nkind = "lag_p99"\nthreshold = "100ms"\n'
         + "".join(f'[[regions]]\nname = "{r}"\nreplicas = ["redis://127.0.0.1:{i + 1}"]\n'
                   for i, r in enumerate(("us-east", "us-west", "eu-west")))
@@ -82,9 +109,26 @@ def test_matrix_and_charts_render_with_data(dashboard_url: str, tmp_path: Path) 
     assert len(charts) == 3 and all(int(n) > 10 for n in charts)
     lines = re.findall(r'class="line-p99" d="M([\d.]+),([\d.]+)((?:L[\d.]+,[\d.]+)+)"', dom)
     assert len(lines) == 3
+    assert '<section class="card" id="dynomite-card" hidden=""' in dom  # no Dynomite: no panel
     # The screenshot is for a person to look at; see docs/service.md.
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", dashboard_url)
     assert shot.stat().st_size > 20_000
     if os.environ.get("REPLAG_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"])
+
+
+def test_dynomite_panel_shows_each_node_and_the_one_dropping(
+    dynomite_dashboard_url: str, tmp_path: Path
+) -> None:
+    dom = chromium(tmp_path, "--dump-dom", dynomite_dashboard_url)
+    assert 'data-loaded="true"' in dom and 'id="dynomite-card" hidden' not in dom
+    dropped = dict(re.findall(r'<tr data-node="([^"]+)" data-dropped="(\d+)">', dom))
+    assert sorted(dropped.values()) == ["0", "0", "12"]
+    assert dom.count("writes were dropped; replicas may have diverged: run repair") == 1
+    assert dom.count('class="badge badge-failed">unreachable<') == 3  # the ports are closed now
+    assert "217 µs" in dom  # node 1's cross-zone p99
+    shot = tmp_path / "dynomite.png"
+    chromium(tmp_path, f"--screenshot={shot}", dynomite_dashboard_url)
+    if os.environ.get("REPLAG_SCREENSHOT"):
+        shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-dynomite.png"))

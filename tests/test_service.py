@@ -66,8 +66,8 @@ def test_serve_subprocess_shows_probe_data_and_stops_on_sigterm(
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
-    # uvicorn shuts down cleanly, then re-raises SIGTERM so a supervisor sees how it ended.
-    assert proc.returncode in (0, -signal.SIGTERM), stderr
+    # A clean stop on SIGTERM exits 0, as a systemd unit expects (uvicorn alone re-raises it).
+    assert proc.returncode == 0, stderr
     assert "Application shutdown complete" in stderr
     assert f"Uvicorn running on http://127.0.0.1:{port}" in stderr  # loopback unless told
     assert "service stopped: " in stderr and "probe runs" in stderr

@@ -1,21 +1,34 @@
 """Evaluating alert rules against the store: one `Condition` per rule and subject.
 
-A subject is what an alert is about (a region pair, a replica, a group); its
-labels plus the rule name make the alert's fingerprint, so the same problem is
-one alert however often it is evaluated.
+A subject is what an alert is about (a region pair, a replica, a group, a
+Dynomite node); its labels plus the rule name make the alert's fingerprint, so
+the same problem is one alert however often it is evaluated.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from replag.alert_config import AlertRule
 from replag.alerts.health import group_health, probe_health
 from replag.config import Config
+from replag.discovery.dynomite_info import (
+    DroppedWrites,
+    DynomiteStats,
+    dropped_writes,
+    ensure_stats_schema,
+    recent_stats,
+)
 from replag.durations import format_ms
 from replag.lagindex import LagIndex
+from replag.store import Store
+
+# Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s
+# interval would be 60k; beyond this the growth counts over the most recent samples only.
+MAX_STATS_SAMPLES = 2000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +68,8 @@ def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Cond
             out += _divergence_conditions(rule, index)
         elif rule.kind == "unreachable":
             out += _unreachable_conditions(rule, index)
+        elif rule.kind == "dynomite_dropped_writes":
+            out += _dropped_write_conditions(rule, index.store, now_ns=now_ns)
         else:
             out += _no_probe_conditions(rule, config, index, now_ns=now_ns)
     return out
@@ -171,4 +186,79 @@ def _no_probe_conditions(
                 ),
             )
         )
+    return out
+
+
+def _dropped_write_conditions(rule: AlertRule, store: Store, *, now_ns: int) -> list[Condition]:
+    """One condition per Dynomite node whose dropped peer requests grew within `over`.
+
+    The alert resolves once no sample within `over` shows growth.
+    """
+    out = []
+    for found in dropped_writes_since(store, since_ns=now_ns - int(rule.over_s * 1e9)):
+        where = f"Dynomite node {found.node} (DC {found.dc}, rack {found.rack})"
+        active = found.dropped > rule.threshold
+        out.append(
+            Condition(
+                rule=rule,
+                labels={"node": found.node, "dc": found.dc, "rack": found.rack},
+                value=float(found.dropped),
+                active=active,
+                summary=(
+                    f"{where}: {found.dropped} peer requests dropped ({found.timed_out} timed "
+                    f"out) in the last {rule.over_s:g} s: {found.message}"
+                    if active
+                    else f"{where}: {found.dropped} peer requests dropped in the last "
+                    f"{rule.over_s:g} s (limit {rule.threshold:g})"
+                ),
+            )
+        )
+    return out
+
+
+def dropped_writes_since(store: Store, *, since_ns: int) -> list[DroppedWrites]:
+    """Dynomite nodes whose dropped peer requests grew from `since_ns` on, with how much.
+
+    Growth is summed over consecutive stored samples, so a restart or Dynomite's
+    periodic counter reset in between is not mistaken for a drop to zero.
+    """
+    out = []
+    for samples in _samples_since(store, since_ns=since_ns).values():
+        pairs = [(a, b) for a, b in pairwise(samples) if b.sampled_ns >= since_ns]
+        findings = [f for a, b in pairs if (f := dropped_writes(a, b)) is not None]
+        if findings:
+            out.append(
+                replace(
+                    findings[-1],
+                    dropped=sum(f.dropped for f in findings),
+                    timed_out=sum(f.timed_out for f in findings),
+                    since_ns=findings[0].since_ns,
+                )
+            )
+    return out
+
+
+def _samples_since(store: Store, *, since_ns: int) -> dict[str, list[DynomiteStats]]:
+    """Each node's samples from `since_ns` on, after the last one before it (the baseline).
+
+    Nodes with no sample since then are left out: a node that stopped answering is
+    the collector's error to report, not evidence of dropped writes.
+    """
+    ensure_stats_schema(store)
+    rows = store.execute(
+        "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM dynomite_stats WHERE sampled_ns >= ? "
+        "GROUP BY node)",
+        (since_ns,),
+    )
+    newest = rows[0][0] if rows else None
+    if not newest:
+        return {}
+    by_node: dict[str, list[DynomiteStats]] = {}
+    for sample in recent_stats(store, limit=min(newest + 1, MAX_STATS_SAMPLES)):
+        by_node.setdefault(sample.node, []).append(sample)
+    out = {}
+    for node, samples in by_node.items():
+        first = next((i for i, s in enumerate(samples) if s.sampled_ns >= since_ns), None)
+        if first is not None:
+            out[node] = samples[max(0, first - 1) :]
     return out

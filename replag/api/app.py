@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from replag import __version__
-from replag.api import lag, routes
+from replag.api import dynomite, lag, routes
 from replag.config import Config
 from replag.errors import EndpointError, ReplagError
 from replag.service import JobConflict, RepairUnavailable, ReplagService
@@ -59,6 +59,7 @@ def create_app(
     app.state.service = svc
     app.include_router(routes.router)
     app.include_router(lag.router)
+    app.include_router(dynomite.router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -2,16 +2,21 @@
 
 Lag is observed per probe sample, so `histogram_quantile()` over
 `replag_lag_seconds` gives the same shape as the stored HDR windows, at the
-coarser resolution of the buckets below (0.1 ms to 10 s).
+coarser resolution of the buckets below (0.1 ms to 10 s). Dynomite's /info
+figures are exported as they were last read, one series per node
+(`replag_dynomite_*`, labels dc, rack, node), µs converted to seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from replag.discovery.dynomite_info import FIGURES, DynomiteStats, Figure
 from replag.lagindex import SparseHistogram
 from replag.probes.histogram import LagHistogram
 
@@ -48,6 +53,57 @@ WRITE_BUCKETS_S = (
     0.5,
     1.0,
 )
+
+
+class DynomiteCollector(Collector):
+    """The last /info sample of every node that answered, as Prometheus series.
+
+    Dynomite's counters are exported as counters holding Dynomite's own value
+    (as exporters do), so `rate()` and `increase()` handle its restarts and
+    periodic resets; queue lengths and latencies are gauges.
+    """
+
+    LABELS = ("dc", "rack", "node")
+
+    def __init__(self) -> None:
+        self._samples: tuple[DynomiteStats, ...] = ()
+
+    def update(self, samples: Sequence[DynomiteStats]) -> None:
+        # A node missing from this round drops out rather than repeating stale figures.
+        self._samples = tuple(samples)
+
+    def collect(self) -> Iterator[Metric]:
+        uptime = GaugeMetricFamily(
+            "replag_dynomite_uptime_seconds", "Dynomite node uptime.", labels=self.LABELS
+        )
+        for s in self._samples:
+            uptime.add_metric([s.dc, s.rack, s.node], s.uptime_s)
+        yield uptime
+        for figure in FIGURES:
+            family = _family(figure)
+            scale = 1e-6 if figure.name.endswith("_us") else 1.0
+            for s in self._samples:
+                value = s.figures.get(figure.name)
+                if value is not None:
+                    family.add_metric([s.dc, s.rack, s.node], value * scale)
+            yield family
+
+
+def dynomite_metric_name(figure: Figure) -> str:
+    """`replag_dynomite_<figure>`, µs figures in seconds (counters gain `_total` on export)."""
+    name = figure.name.removesuffix("_us") + ("_seconds" if figure.name.endswith("_us") else "")
+    return f"replag_dynomite_{name}"
+
+
+def _family(figure: Figure) -> CounterMetricFamily | GaugeMetricFamily:
+    help_text = figure.help.replace("(µs)", "(seconds)")
+    if figure.counter:
+        return CounterMetricFamily(
+            dynomite_metric_name(figure), help_text, labels=DynomiteCollector.LABELS
+        )
+    return GaugeMetricFamily(
+        dynomite_metric_name(figure), help_text, labels=DynomiteCollector.LABELS
+    )
 
 
 class ServiceMetrics:
@@ -123,6 +179,14 @@ class ServiceMetrics:
             ["sink", "outcome"],
             registry=r,
         )
+        self.dynomite = DynomiteCollector()
+        r.register(self.dynomite)
+        self.dynomite_errors = Counter(
+            "replag_dynomite_stats_errors",
+            "Dynomite /info requests that failed (unreachable, bad answer), per stats URL.",
+            ["node"],
+            registry=r,
+        )
 
     def observe_probe(
         self,
@@ -146,6 +210,16 @@ class ServiceMetrics:
         self.unreachable.labels(source).set(unreachable)
         self.probe_runs.labels(source, "ok").inc()
         self.last_success.labels("probe", source).set(finished_s)
+
+    def observe_dynomite(
+        self, *, samples: Sequence[DynomiteStats], errors: Iterable[str], finished_s: float
+    ) -> None:
+        """Record one collection of Dynomite /info: figures, failed nodes, last success."""
+        self.dynomite.update(samples)
+        for node in errors:
+            self.dynomite_errors.labels(node).inc()
+        for sample in samples:
+            self.last_success.labels("dynomite_stats", sample.node).set(finished_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

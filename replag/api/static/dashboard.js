@@ -224,6 +224,61 @@ function drawRepairs(data) {
     }))));
 }
 
+// --- Dynomite ----------------------------------------------------------------
+
+function fmtUs(v) {
+  if (v === null || v === undefined) return "–";
+  return v < 1000 ? `${v} µs` : `${fmtMs(v / 1000)} ms`;
+}
+
+function latencyBar(v, max) {
+  const root = svg("svg", { class: "bar", viewBox: "0 0 120 10", preserveAspectRatio: "none" });
+  root.append(svg("rect", { class: "track", x: 0, y: 0, width: 120, height: 10, rx: 3 }));
+  if (v) root.append(svg("rect", { class: "fill", x: 0, y: 0, width: Math.max(2, (120 * v) / max), height: 10, rx: 3 }));
+  return root;
+}
+
+function drawDynomite(data) {
+  const card = document.getElementById("dynomite-card");
+  card.hidden = !data.nodes.length && !data.errors.length;
+  if (card.hidden) return;
+  const answering = data.configured - data.errors.length;
+  document.getElementById("dynomite-summary").textContent = data.collected_ns
+    ? `${answering}/${data.configured} node(s) answering · collected ${ago(data.collected_ns)}`
+    : `${data.configured} node(s) · figures from the store`;
+  const dropping = new Map(data.dropped_writes.map((f) => [f.node, f]));
+  const failing = new Map(data.errors.map((e) => [e.node, e.error]));
+  const maxZone = niceMax(Math.max(0, ...data.nodes.map((n) => n.cross_zone_latency_p99_us || 0)));
+  const sum = (a, b) => (a ?? 0) + (b ?? 0);
+  const stateBadge = (finding, error) => el("span", { class: `badge badge-${error ? "failed" : finding ? "critical" : "ok"}` },
+    error ? "unreachable" : finding ? "dropping" : "ok");
+  const rows = data.nodes.map((n) => {
+    const finding = dropping.get(n.node), error = failing.get(n.node);
+    const dropped = sum(n.peer_dropped_requests, n.remote_peer_dropped_requests);
+    const timedOut = sum(n.peer_timedout_requests, n.remote_peer_timedout_requests);
+    return el("tr", { "data-node": n.node, "data-dropped": dropped },
+      el("td", {}, el("strong", {}, `${n.dc} / ${n.rack}`), el("div", { class: "node" }, n.node),
+        ...(finding ? [el("div", { class: "message" }, `+${finding.dropped} dropped in the last ${data.window_s < 120 ? `${data.window_s} s` : `${Math.round(data.window_s / 60)} min`}: ${finding.message}`)] : []),
+        ...(error ? [el("div", { class: "message" }, error)] : [])),
+      el("td", { class: `num${dropped ? " bad" : ""}`, title: `local DC ${n.peer_dropped_requests ?? "–"} · remote DCs ${n.remote_peer_dropped_requests ?? "–"}` }, String(dropped)),
+      el("td", { class: "num", title: `local DC ${n.peer_timedout_requests ?? "–"} · remote DCs ${n.remote_peer_timedout_requests ?? "–"}` }, String(timedOut)),
+      el("td", { class: "num" }, fmtUs(n.cross_zone_latency_p99_us), latencyBar(n.cross_zone_latency_p99_us, maxZone)),
+      el("td", { class: "num" }, fmtUs(n.cross_region_rtt_p99_us)),
+      el("td", { class: "num" }, `${n.peer_out_queue ?? "–"} / ${n.remote_peer_out_queue ?? "–"}`),
+      el("td", {}, stateBadge(finding, error), el("div", { class: "node" }, `sampled ${ago(n.sampled_ns)}`)));
+  });
+  const sampled = new Set(data.nodes.map((n) => n.node));
+  const errors = data.errors.filter((e) => !sampled.has(e.node)).map((e) => el("tr", { "data-node": e.node },
+    el("td", {}, el("div", { class: "node" }, e.node), el("div", { class: "message" }, e.error)),
+    ...[1, 2, 3, 4, 5].map(() => el("td", { class: "num" }, "–")), el("td", {}, stateBadge(null, e.error))));
+  document.getElementById("dynomite").replaceChildren(el("table", { class: "list dynomite", id: "dynomite-table" },
+    el("thead", {}, el("tr", {}, el("th", {}, "DC / rack · node"), el("th", { class: "num" }, "peer dropped"),
+      el("th", { class: "num" }, "peer timed out"), el("th", { class: "num" }, "cross-zone p99"),
+      el("th", { class: "num" }, "cross-region RTT p99"), el("th", { class: "num" }, "out queue local / remote"),
+      el("th", {}, "state"))),
+    el("tbody", {}, ...rows, ...errors)));
+}
+
 function drawStatus(health) {
   const node = document.getElementById("status");
   const probes = Object.values(health.probes);
@@ -239,14 +294,15 @@ function drawStatus(health) {
 
 async function refresh() {
   try {
-    const [matrix, health, alerts, repairs] = await Promise.all([
+    const [matrix, health, alerts, repairs, dynomite] = await Promise.all([
       getJSON(`/api/v1/lag/matrix?since=${state.range}`), getJSON("/api/v1/health"),
-      getJSON("/api/v1/alerts"), getJSON("/api/v1/repairs?limit=12"),
+      getJSON("/api/v1/alerts"), getJSON("/api/v1/repairs?limit=12"), getJSON("/api/v1/dynomite"),
     ]);
     drawMatrix(matrix);
     drawStatus(health);
     drawAlerts(alerts);
     drawRepairs(repairs);
+    drawDynomite(dynomite);
     await drawCharts(matrix.cells.map((c) => [c.source, c.target]));
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
     document.body.dataset.loaded = "true";
