@@ -12,8 +12,9 @@ _UNITS_NS = {
     "s": 1_000_000_000,
     "m": 60_000_000_000,
     "h": 3_600_000_000_000,
+    "d": 86_400_000_000_000,
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h|d)?\s*$")
 
 
 def parse_duration_ns(text: str | float | int, *, default_unit: str = "s") -> int:

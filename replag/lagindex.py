@@ -171,6 +171,16 @@ class _PairWindows:
         self.keys = keys
         self.generation += 1
 
+    def drop_before(self, end_ns: int) -> list[int]:
+        """Forget windows ending before `end_ns`; return their ids."""
+        cut = bisect.bisect_left(self.keys, (end_ns, -1))
+        if not cut:
+            return []
+        dropped = [window_id for _, window_id in self.keys[:cut]]
+        self.keys = self.keys[cut:]
+        self.generation += 1
+        return dropped
+
     def span(self, since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
         """Positions [lo, hi) of windows ending within [since_ns, until_ns), as Store.windows."""
         lo = 0 if since_ns is None else bisect.bisect_left(self.keys, (since_ns, -1))
@@ -202,6 +212,16 @@ class LagIndex:
             for window_id, source, target, end_ns in rows:
                 self._pairs.setdefault((source, target), _PairWindows()).add(end_ns, window_id)
                 self._last_id = window_id
+
+    def forget_before(self, end_ns: int) -> int:
+        """Drop windows ending before `end_ns` (pruned from the store); return how many."""
+        with self._lock:
+            dropped = [i for w in self._pairs.values() for i in w.drop_before(end_ns)]
+            for window_id in dropped:
+                self._stats.pop(window_id, None)
+            if dropped:
+                self._answers.clear()
+            return len(dropped)
 
     def pairs(
         self, *, since_ns: int | None = None, until_ns: int | None = None

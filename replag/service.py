@@ -139,6 +139,7 @@ class ReplagService:
             self._spawn(
                 "check-scheduler", self._every(self.settings.check_interval, self.check_round)
             )
+        self._spawn("retention", self._every(3600.0, self.prune_round))
         if self.settings.dynomite_stats_urls:
             self._spawn(
                 "dynomite-stats", self._every(self.settings.probe_interval, self.dynomite_round)
@@ -186,6 +187,18 @@ class ReplagService:
             delay = max(0.0, interval_s - (time.monotonic() - started))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
+
+    async def prune_round(self) -> None:
+        """Keep the store (and the in-memory index) to `retention`."""
+        cutoff = time.time_ns() - int(self.settings.retention * 1e9)
+        deleted = await asyncio.to_thread(self.store.prune, cutoff)
+        forgotten = self.index.forget_before(cutoff)
+        if any(deleted.values()):
+            log.info(
+                "retention: pruned %s; %d windows dropped from the index",
+                ", ".join(f"{n} {t}" for t, n in deleted.items() if n),
+                forgotten,
+            )
 
     # --- probing -------------------------------------------------------------
 

@@ -87,7 +87,9 @@ def _choice(*choices: str) -> Callable[[Any], str]:
 def _prefix(value: Any) -> str:
     text = _str(value)
     if len(text) < 3 or any(ch in text for ch in "*?[]"):
-        raise ValueError(f"the probe prefix must be ≥ 3 characters without glob characters: {text!r}")
+        raise ValueError(
+            f"the probe prefix must be ≥ 3 characters without glob characters: {text!r}"
+        )
     return text
 
 
@@ -118,69 +120,185 @@ class Setting:
 _DEFAULT_STORE = str(Path("~/.local/state/replag/replag.sqlite"))
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting(name="prefix", parse=_prefix, default="replag:probe:",
-            help="Key prefix of probe keys; replag never writes other keys when probing."),
-    Setting(name="ttl", parse=_duration, default="60s",
-            help="TTL set on every probe key (keys are also deleted after each run)."),
-    Setting(name="timeout", parse=_duration, default="5s",
-            help="How long a probe waits for a key on a replica before counting it lost."),
-    Setting(name="connect_timeout", parse=_duration, default="2s",
-            help="Connect and command timeout for every Redis endpoint."),
-    Setting(name="count", parse=_int, default=200,
-            help="Probe keys written per probe run."),
-    Setting(name="rate", parse=_float, default=200.0,
-            help="Probe writes per second (0 = as fast as acknowledgements allow)."),
-    Setting(name="mode", parse=_choice("auto", "push", "poll"), default="auto",
-            help="Observation: push (keyspace notifications), poll (MGET), auto (push if allowed)."),
-    Setting(name="poll_interval", parse=_duration, default="1ms",
-            help="Interval between MGET rounds per replica in poll mode."),
-    Setting(name="store", parse=_str, default=_DEFAULT_STORE,
-            help="Path of the SQLite results store (lag windows, repair runs, alert state)."),
-    Setting(name="max_p99", parse=_optional_duration, default=None,
-            help="Breach when a pair's p99 lag exceeds this (e.g. 200ms); unset = no check."),
-    Setting(name="max_loss", parse=_optional_float, default=0.0,
-            help="Breach when a pair's lost/sent ratio exceeds this (default 0: any lost probe)."),
-    Setting(name="dynomite_consistency",
-            parse=lambda v: None if v in (None, "") else _choice(
-                "DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")(str(v).upper()),
-            default=None,
-            help="Per-connection consistency for probe writes through a Dynomite client port."),
-    Setting(name="probe_interval", parse=_duration, default="10s",
-            help="Service: time between probe rounds of every source region."),
-    Setting(name="window", parse=_duration, default="60s",
-            help="Service: length of one stored lag window."),
-    Setting(name="check_interval", parse=_duration, default="15m",
-            help="Service: time between repair checks of every replica group."),
-    Setting(name="auto_repair", parse=_bool, default=False,
-            help="Service: run `repair run` after a check finds divergence."),
-    Setting(name="api_token", parse=_optional_str, default=None, secret=True,
-            help="Bearer token required by API calls that change data."),
-    Setting(name="scan_count", parse=_int, default=1000,
-            help="SCAN COUNT hint used when scanning replicas."),
-    Setting(name="repair_rate", parse=_float, default=0.0,
-            help="Repair writes per second per replica (0 = unthrottled)."),
-    Setting(name="max_inflight", parse=_int, default=64,
-            help="Maximum repair commands in flight per replica."),
-    Setting(name="ttl_tolerance", parse=_duration, default="2s",
-            help="Expiry times closer than this count as equal when comparing replicas."),
-    Setting(name="repair_settle", parse=_duration, default="50ms",
-            help="Repair reads each divergent key twice this far apart; a key that changed "
-                 "in between is being written and is rechecked later, not repaired."),
-    Setting(name="scan_parallel", parse=_int, default=1,
-            help="Replicas of a group scanned at the same time (0 = all); scanning is "
-                 "CPU-bound on this side, so more only helps with more cores."),
+    Setting(
+        name="prefix",
+        parse=_prefix,
+        default="replag:probe:",
+        help="Key prefix of probe keys; replag never writes other keys when probing.",
+    ),
+    Setting(
+        name="ttl",
+        parse=_duration,
+        default="60s",
+        help="TTL set on every probe key (keys are also deleted after each run).",
+    ),
+    Setting(
+        name="timeout",
+        parse=_duration,
+        default="5s",
+        help="How long a probe waits for a key on a replica before counting it lost.",
+    ),
+    Setting(
+        name="connect_timeout",
+        parse=_duration,
+        default="2s",
+        help="Connect and command timeout for every Redis endpoint.",
+    ),
+    Setting(name="count", parse=_int, default=200, help="Probe keys written per probe run."),
+    Setting(
+        name="rate",
+        parse=_float,
+        default=200.0,
+        help="Probe writes per second (0 = as fast as acknowledgements allow).",
+    ),
+    Setting(
+        name="mode",
+        parse=_choice("auto", "push", "poll"),
+        default="auto",
+        help="Observation: push (keyspace notifications), poll (MGET), auto (push if allowed).",
+    ),
+    Setting(
+        name="poll_interval",
+        parse=_duration,
+        default="1ms",
+        help="Interval between MGET rounds per replica in poll mode.",
+    ),
+    Setting(
+        name="store",
+        parse=_str,
+        default=_DEFAULT_STORE,
+        help="Path of the SQLite results store (lag windows, repair runs, alert state).",
+    ),
+    Setting(
+        name="max_p99",
+        parse=_optional_duration,
+        default=None,
+        help="Breach when a pair's p99 lag exceeds this (e.g. 200ms); unset = no check.",
+    ),
+    Setting(
+        name="max_loss",
+        parse=_optional_float,
+        default=0.0,
+        help="Breach when a pair's lost/sent ratio exceeds this (default 0: any lost probe).",
+    ),
+    Setting(
+        name="dynomite_consistency",
+        parse=lambda v: (
+            None
+            if v in (None, "")
+            else _choice("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")(str(v).upper())
+        ),
+        default=None,
+        help="Per-connection consistency for probe writes through a Dynomite client port.",
+    ),
+    Setting(
+        name="probe_interval",
+        parse=_duration,
+        default="10s",
+        help="Service: time between probe rounds of every source region.",
+    ),
+    Setting(
+        name="window",
+        parse=_duration,
+        default="60s",
+        help="Service: length of one stored lag window.",
+    ),
+    Setting(
+        name="retention",
+        parse=_duration,
+        default="30d",
+        help="Service: lag windows, probe runs and Dynomite samples older than this are "
+        "pruned from the store (hourly).",
+    ),
+    Setting(
+        name="check_interval",
+        parse=_duration,
+        default="15m",
+        help="Service: time between repair checks of every replica group.",
+    ),
+    Setting(
+        name="auto_repair",
+        parse=_bool,
+        default=False,
+        help="Service: run `repair run` after a check finds divergence.",
+    ),
+    Setting(
+        name="api_token",
+        parse=_optional_str,
+        default=None,
+        secret=True,
+        help="Bearer token required by API calls that change data.",
+    ),
+    Setting(
+        name="scan_count",
+        parse=_int,
+        default=1000,
+        help="SCAN COUNT hint used when scanning replicas.",
+    ),
+    Setting(
+        name="repair_rate",
+        parse=_float,
+        default=0.0,
+        help="Repair writes per second per replica (0 = unthrottled).",
+    ),
+    Setting(
+        name="max_inflight",
+        parse=_int,
+        default=64,
+        help="Maximum repair commands in flight per replica.",
+    ),
+    Setting(
+        name="ttl_tolerance",
+        parse=_duration,
+        default="2s",
+        help="Expiry times closer than this count as equal when comparing replicas.",
+    ),
+    Setting(
+        name="repair_settle",
+        parse=_duration,
+        default="50ms",
+        help="Repair reads each divergent key twice this far apart; a key that changed "
+        "in between is being written and is rechecked later, not repaired.",
+    ),
+    Setting(
+        name="scan_parallel",
+        parse=_int,
+        default=1,
+        help="Replicas of a group scanned at the same time (0 = all); scanning is "
+        "CPU-bound on this side, so more only helps with more cores.",
+    ),
     # Dynomite's port conventions (Netflix's defaults): /cluster_describe names peers by
     # their peer port only, so discovery maps each node to its other ports with these.
-    Setting(name="dynomite_peer_port", parse=_int, default=8101,
-            help="Dynomite peer (dnode) port that /cluster_describe lists for every node."),
-    Setting(name="dynomite_client_port", parse=_int, default=8102,
-            help="Dynomite client port probes write through (same host as the peer port)."),
-    Setting(name="dynomite_stats_port", parse=_int, default=22222,
-            help="Dynomite stats (admin HTTP) port serving /info and /cluster_describe."),
-    Setting(name="dynomite_redis_port", parse=_int, default=22122,
-            help="Port of the backend Redis next to every Dynomite node."),
-    Setting(name="dynomite_stats_urls", parse=_url_list, default=(),
-            help="Dynomite stats URLs whose /info is collected (written by topology discover)."),
+    Setting(
+        name="dynomite_peer_port",
+        parse=_int,
+        default=8101,
+        help="Dynomite peer (dnode) port that /cluster_describe lists for every node.",
+    ),
+    Setting(
+        name="dynomite_client_port",
+        parse=_int,
+        default=8102,
+        help="Dynomite client port probes write through (same host as the peer port).",
+    ),
+    Setting(
+        name="dynomite_stats_port",
+        parse=_int,
+        default=22222,
+        help="Dynomite stats (admin HTTP) port serving /info and /cluster_describe.",
+    ),
+    Setting(
+        name="dynomite_redis_port",
+        parse=_int,
+        default=22122,
+        help="Port of the backend Redis next to every Dynomite node.",
+    ),
+    Setting(
+        name="dynomite_stats_urls",
+        parse=_url_list,
+        default=(),
+        help="Dynomite stats URLs whose /info is collected (written by topology discover).",
+    ),
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

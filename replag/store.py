@@ -210,6 +210,30 @@ class Store:
             for r in rows
         ]
 
+    def prune(self, before_ns: int) -> dict[str, int]:
+        """Delete measurements older than `before_ns` (UTC epoch ns); return rows deleted per table.
+
+        Repair runs and alert history are kept: they are small and an audit trail.
+        """
+        targets = [
+            ("lag_windows", "end_ns"),
+            ("probe_runs", "finished_ns"),
+            ("dynomite_stats", "sampled_ns"),
+        ]
+        deleted: dict[str, int] = {}
+        with self._lock:
+            existing = {
+                row[0]
+                for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            for table, column in targets:
+                if table in existing:
+                    cursor = self._conn.execute(
+                        f"DELETE FROM {table} WHERE {column} < ?", (before_ns,)
+                    )
+                    deleted[table] = cursor.rowcount
+        return deleted
+
     def pairs(self, *, since_ns: int | None = None) -> list[tuple[str, str]]:
         rows = self.execute(
             "SELECT DISTINCT source, target FROM lag_windows WHERE end_ns >= ? ORDER BY 1, 2",

@@ -237,7 +237,7 @@ def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> 
 
 
 def test_every_endpoint_and_metric_is_documented(app: FastAPI) -> None:
-    docs = (Path(__file__).parent.parent / "docs" / "service.md").read_text()
+    docs = (Path(__file__).parent.parent / "README.md").read_text()
     for path in app.openapi()["paths"]:
         assert f"`GET {path}" in docs or f"`POST {path}" in docs, path
     for metric in app.state.service.metrics.registry.collect():

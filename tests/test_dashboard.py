@@ -110,7 +110,7 @@ def test_matrix_and_charts_render_with_data(dashboard_url: str, tmp_path: Path) 
     lines = re.findall(r'class="line-p99" d="M([\d.]+),([\d.]+)((?:L[\d.]+,[\d.]+)+)"', dom)
     assert len(lines) == 3
     assert '<section class="card" id="dynomite-card" hidden=""' in dom  # no Dynomite: no panel
-    # The screenshot is for a person to look at; see docs/service.md.
+    # The screenshot is for a person to look at; see the README, "Dashboard".
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", dashboard_url)
     assert shot.stat().st_size > 20_000

@@ -69,3 +69,20 @@ def test_out_of_range_values_are_counted_not_dropped() -> None:
     h = LagHistogram()
     h.record_us(10**13)
     assert h.count == 1 and h.out_of_range == 1
+
+
+def test_prune_deletes_old_measurements_and_the_index_forgets_them(tmp_path: Path) -> None:
+    from replag.lagindex import LagIndex
+
+    store = Store(tmp_path / "s.sqlite")
+    store.append_windows([_window(i, [1000 + i]) for i in range(10)])
+    index = LagIndex(store)
+    before = index.summary(source="a", target="b")
+    assert before.seen == 10
+    deleted = store.prune(5_000)  # windows 0-4 end before 5,000 ns
+    assert deleted["lag_windows"] == 5
+    assert index.forget_before(5_000) == 5
+    after = index.summary(source="a", target="b")
+    assert after.seen == 5 and after.lag_ms["max"] is not None
+    assert [w.run_id for w in store.windows()] == [f"r{i}" for i in range(5, 10)]
+    store.close()
