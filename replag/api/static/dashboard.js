@@ -37,9 +37,11 @@ function fmtMs(v) {
 
 function unit(v) { return v !== null && v !== undefined && v < 1000 ? "ms" : ""; }
 
-function fmtTime(ns, withDate) {
+function fmtTime(ns, withDate, withSeconds = false) {
   const d = new Date(ns / 1e6);
-  const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+  const parts = { hour: "2-digit", minute: "2-digit", hour12: false };
+  if (withSeconds) parts.second = "2-digit";
+  const hm = d.toLocaleTimeString([], parts);
   return withDate ? `${d.toLocaleDateString([], { month: "short", day: "numeric" })} ${hm}` : hm;
 }
 
@@ -128,10 +130,11 @@ function drawChart(series, sinceNs, untilNs) {
     root.append(label);
   }
   const withDate = untilNs - sinceNs > 86400e9;
+  const withSeconds = untilNs - sinceNs < 600e9;  // ticks a minute or less apart
   for (let i = 0; i <= 4; i++) {
     const t = sinceNs + ((untilNs - sinceNs) * i) / 4;
     const label = svg("text", { class: "axis", x: x(t), y: H - 6, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
-    label.textContent = fmtTime(t, withDate);
+    label.textContent = fmtTime(t, withDate, withSeconds);
     root.append(label);
   }
   if (pts.length) {
@@ -166,6 +169,13 @@ document.body.append(tip);
 function showTip(ev, html) { tip.innerHTML = html; tip.style.display = "block"; tip.style.left = `${ev.clientX + 12}px`; tip.style.top = `${ev.clientY + 12}px`; }
 function hideTip() { tip.style.display = "none"; }
 
+// A pair measured for less than the chosen range is drawn from its first window,
+// not squeezed against the right edge of an empty axis.
+function chartStart(series) {
+  if (!series.points.length) return series.since_ns;
+  return Math.max(series.since_ns, series.points[0].t_ns - series.step_s * 1e9);
+}
+
 async function drawCharts(pairs) {
   const host = document.getElementById("charts");
   if (!pairs.length) { host.replaceChildren(el("p", { class: "empty" }, "No series yet.")); return; }
@@ -178,7 +188,7 @@ async function drawCharts(pairs) {
     return el("div", { class: `chart-card${state.focus === pair ? " focus" : ""}`, "data-pair": pair },
       el("div", { class: "chart-title" }, el("strong", {}, `${series.source} → ${series.target}`),
         el("span", { class: "now" }, last ? `latest p99 ${fmtMs(last.p99_ms)} ms · p50 ${fmtMs(last.p50_ms)} ms` : "no data")),
-      drawChart(series, series.since_ns, series.until_ns));
+      drawChart(series, chartStart(series), series.until_ns));
   }));
 }
 
@@ -313,13 +323,21 @@ async function refresh() {
   }
 }
 
+function selectRange(range) {
+  state.range = range;
+  for (const b of document.querySelectorAll("#range button")) b.classList.toggle("active", b.dataset.range === range);
+}
+
 for (const button of document.querySelectorAll("#range button")) {
   button.addEventListener("click", () => {
-    state.range = button.dataset.range;
-    for (const b of document.querySelectorAll("#range button")) b.classList.toggle("active", b === button);
+    selectRange(button.dataset.range);
+    // Shareable: the range lives in the URL (?range=6h).
+    history.replaceState(null, "", `?range=${encodeURIComponent(state.range)}`);
     refresh();
   });
 }
+const wanted = new URLSearchParams(location.search).get("range");
+if (wanted && RANGE_STEP[wanted]) selectRange(wanted);
 document.getElementById("refresh-s").textContent = String(REFRESH_MS / 1000);
 refresh();
 setInterval(refresh, REFRESH_MS);
