@@ -43,6 +43,18 @@ def pack_per_key(command: bytes, keys: Sequence[bytes]) -> bytes:
 Clock = Callable[[], int]
 
 
+def pack_multi_and_per_key(multi: bytes, per_key: bytes, keys: Sequence[bytes]) -> bytes:
+    """`multi key1 … keyN` then `per_key key` for each key (MGET + PTTL of a scan batch).
+
+    Each key is encoded as a bulk string once and reused by both halves: the two
+    joins run in C, which halves the per-key packing cost of the scan's hot path.
+    """
+    bulks = list(map(b"$%d\r\n%s\r\n".__mod__, zip(map(len, keys), keys, strict=True)))
+    head = b"*%d\r\n$%d\r\n%s\r\n" % (len(keys) + 1, len(multi), multi)
+    prefix = b"*2\r\n$%d\r\n%s\r\n" % (len(per_key), per_key)
+    return head + b"".join(bulks) + prefix + prefix.join(bulks)
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, clock: Clock) -> None:
         self.clock = clock

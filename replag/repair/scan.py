@@ -25,7 +25,7 @@ from replag.errors import ReplagError
 from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.tictac import TictacTree
 from replag.repair.values import read_values
-from replag.resp import RespConnection, pack, pack_per_key
+from replag.resp import RespConnection, pack, pack_multi_and_per_key, pack_per_key
 from replag.topology import Endpoint
 
 U64 = npt.NDArray[np.uint64]
@@ -234,7 +234,7 @@ class ReplicaScanner:
                     keys = [k for k in keys if not k.startswith(skip)]
                 if keys:
                     future = fetch_conn.send(
-                        pack(b"MGET", *keys) + pack_per_key(b"PTTL", keys), 1 + len(keys)
+                        pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys)
                     )
                     await queue.put((cursor, keys, future))
                 if cursor == b"0":
