@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -142,17 +143,18 @@ def command(
                 consistency=consistency,
             )
         )
-        alert_lines: list[str] = []
-        if with_alerts:
-            alert_lines = _fire_alerts(config, store, report)
+        outcome = _fire_alerts(config, store, report) if with_alerts else None
     finally:
         if store is not None:
             store.close()
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        out = report.to_dict()
+        if outcome is not None:
+            out["alerts"] = outcome
+        click.echo(json.dumps(out, indent=2))
     else:
         click.echo(report.render())
-        for line in alert_lines:
+        for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     sys.exit(report.exit_code)
 
@@ -166,10 +168,23 @@ def _seconds(text: str | None, *, option: str) -> float | None:
         raise UsageError(f"{option}: {exc}") from None
 
 
-def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> list[str]:
+def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> dict[str, Any]:
+    """Evaluate the alert rules with this run (cron path) and wait for the deliveries."""
     from replag.alerts import evaluate_and_notify
 
-    if store is None:
-        store = Store(config.settings.store)
-    result = asyncio.run(evaluate_and_notify(config, store, report))
-    return [str(line) for line in getattr(result, "lines", [])]
+    own = store is None
+    store = Store(config.settings.store) if store is None else store
+    try:
+        return asyncio.run(evaluate_and_notify(config, store, report)).to_dict()
+    finally:
+        if own:
+            store.close()
+
+
+def _alert_lines(outcome: dict[str, Any]) -> list[str]:
+    lines = [f"alerts: {outcome['active_conditions']} condition(s) active"]
+    lines += [f"  {e['status'].upper()}: {e['rule']}: {e['summary']}" for e in outcome["events"]]
+    for d in outcome["deliveries"]:
+        state = "sent" if d["ok"] else f"FAILED ({d['error']})"
+        lines.append(f"  → {d['sink']}: {state} after {d['attempts']} attempt(s)")
+    return lines
