@@ -41,16 +41,42 @@ async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> N
     assert far.uncertainty_ms["p50"] is not None and far.uncertainty_ms["p50"] > 0
 
 
-async def test_auto_falls_back_to_poll_without_notifications(lab_factory: LabFactory) -> None:
+async def test_auto_turns_notifications_on_for_the_run_and_restores_them(
+    lab_factory: LabFactory,
+) -> None:
     state = lab_factory(regions=("a", "b"))
     replica = next(p for p in state["processes"] if p["region"] == "b")
     with redis.Redis(port=replica["port"]) as r:
         r.config_set("notify-keyspace-events", "")
-    config = load_config(Path(state["dir"]) / "topology.toml")
-    report = await run_probe(config, count=20, rate=0, mode="auto")
+        config = load_config(Path(state["dir"]) / "topology.toml")
+        report = await run_probe(config, count=20, rate=0, mode="auto")
+        assert r.config_get("notify-keyspace-events")["notify-keyspace-events"] == ""
     pair_b = next(p for p in report.pairs if p.target == "b")
-    assert pair_b.observed_by == "poll" and pair_b.seen == 20
-    assert any("notifications off" in n for n in report.notes)
+    assert pair_b.observed_by == "push" and pair_b.seen == 20
+    assert any("turned on (K$) for this run, then restored" in n for n in report.notes)
+
+
+async def test_auto_polls_where_config_is_refused(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    # Managed Redis often renames CONFIG away: auto mode must still measure, by polling.
+    primary = redis_factory("p")
+    replica = redis_factory(
+        "r",
+        extra_args=(
+            "--replicaof",
+            "127.0.0.1",
+            str(primary.port),
+            "--rename-command",
+            "CONFIG",
+            "",
+        ),
+    )
+    path = _topology(tmp_path, primary.url, replica.url)
+    report = await run_probe(load_config(path), count=20, rate=0, mode="auto")
+    (pair,) = report.pairs
+    assert pair.observed_by == "poll" and pair.seen == 20
+    assert any("polling" in n for n in report.notes)
 
 
 def test_partitioned_region_gives_lost_samples_and_exit_1(lab_factory: LabFactory) -> None:
@@ -295,3 +321,25 @@ def test_probe_alerts_fires_the_hooks_from_cron(lab_factory: LabFactory, tmp_pat
     assert "FIRING: slow" in result.output and "capture: sent" in result.output
     payload = json.loads(received.read_text())
     assert "slow" in json.dumps(payload)
+
+
+async def test_push_mode_reports_a_replica_that_cannot_push(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    primary = redis_factory("p")
+    replica = redis_factory(
+        "r",
+        extra_args=(
+            "--replicaof",
+            "127.0.0.1",
+            str(primary.port),
+            "--rename-command",
+            "CONFIG",
+            "",
+        ),
+    )
+    report = await run_probe(
+        load_config(_topology(tmp_path, primary.url, replica.url)), count=5, mode="push"
+    )
+    assert report.exit_code == 1
+    assert "push mode" in report.unreachable[0]["error"]

@@ -22,7 +22,7 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import ReplagError, UsageError
+from replag.errors import EndpointError, ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, PollObserver, PushObserver
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -43,6 +43,8 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
+    # notify-keyspace-events as we found it, when we turned notifications on for push.
+    restore_flags: str | None = None
 
 
 async def run_probe(
@@ -110,6 +112,7 @@ async def run_probe(
     finally:
         await writer.close()
         for t in targets:
+            await _restore_notifications(t, report)
             if t.conn is not None:
                 await t.conn.close()
     report.finished_ns = time.time_ns()
@@ -199,11 +202,18 @@ async def _open_target(
         rtt = await conn.min_rtt_ns()
         with contextlib.suppress(ReplagError):
             report.clock.append(await estimate_offset(lambda: _time(conn), endpoint=replica.name))
-        if await _push_allowed(conn, replica, settings.mode, report):
+        if await _push_allowed(conn, target, settings.mode, report):
             observer: Observer = PushObserver(
                 replica, pattern=keys.pattern, rtt_ns=rtt, timeout_s=settings.connect_timeout
             )
             await observer.start()
+        elif settings.mode == "push":
+            # --mode push asked for push alone: say so rather than quietly polling.
+            raise EndpointError(
+                "push mode: keyspace notifications are off and cannot be turned on "
+                "(use --mode auto or poll)",
+                where=f"{replica.name} ({replica.url()})",
+            )
         else:
             observer = PollObserver(replica, conn, interval_s=settings.poll_interval)
         target.observer = observer
@@ -224,8 +234,10 @@ async def _open_target(
 
 
 async def _push_allowed(
-    conn: RespConnection, replica: Endpoint, mode: str, report: ProbeReport
+    conn: RespConnection, target: _Target, mode: str, report: ProbeReport
 ) -> bool:
+    """Push where keyspace notifications are on or can be turned on (and later restored)."""
+    replica = target.replica
     if mode == "poll":
         return False
     answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
@@ -237,19 +249,28 @@ async def _push_allowed(
     flags = answer[1].decode()
     if "K" in flags and ("$" in flags or "A" in flags):
         return True
-    if mode == "auto":
-        report.notes.append(
-            f"{replica.name}: keyspace notifications off; polling (--mode push turns them on)"
-        )
-        return False
     reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
     if isinstance(reply, hiredis.ReplyError):
         report.notes.append(
-            f"{replica.name}: cannot enable keyspace notifications ({reply}); polling"
+            f"{replica.name}: keyspace notifications off and cannot be turned on ({reply}); polling"
         )
         return False
-    report.notes.append(f"{replica.name}: enabled keyspace notifications (K$) for push mode")
+    target.restore_flags = flags
+    report.notes.append(
+        f"{replica.name}: keyspace notifications turned on (K$) for this run, then restored"
+    )
     return True
+
+
+async def _restore_notifications(target: _Target, report: ProbeReport) -> None:
+    if target.restore_flags is None or target.conn is None:
+        return
+    try:
+        await target.conn.checked("CONFIG", "SET", "notify-keyspace-events", target.restore_flags)
+    except ReplagError as exc:
+        report.notes.append(
+            f"{target.replica.name}: could not restore notify-keyspace-events: {exc.message}"
+        )
 
 
 async def _write_keys(
