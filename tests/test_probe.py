@@ -41,7 +41,7 @@ async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> N
     assert far.uncertainty_ms["p50"] is not None and far.uncertainty_ms["p50"] > 0
 
 
-async def test_auto_turns_notifications_on_for_the_run_and_restores_them(
+async def test_auto_turns_notifications_on_where_config_allows(
     lab_factory: LabFactory,
 ) -> None:
     state = lab_factory(regions=("a", "b"))
@@ -50,10 +50,14 @@ async def test_auto_turns_notifications_on_for_the_run_and_restores_them(
         r.config_set("notify-keyspace-events", "")
         config = load_config(Path(state["dir"]) / "topology.toml")
         report = await run_probe(config, count=20, rate=0, mode="auto")
-        assert r.config_get("notify-keyspace-events")["notify-keyspace-events"] == ""
+        # Left on: a concurrent probe (cron beside the service) may still be watching.
+        assert set(r.config_get("notify-keyspace-events")["notify-keyspace-events"]) >= {
+            "K",
+            "$",
+        }
     pair_b = next(p for p in report.pairs if p.target == "b")
     assert pair_b.observed_by == "push" and pair_b.seen == 20
-    assert any("turned on (K$) for this run, then restored" in n for n in report.notes)
+    assert any("keyspace notifications turned on" in n for n in report.notes)
 
 
 async def test_auto_polls_where_config_is_refused(

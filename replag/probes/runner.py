@@ -43,8 +43,6 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
-    # notify-keyspace-events as we found it, when we turned notifications on for push.
-    restore_flags: str | None = None
 
 
 async def run_probe(
@@ -112,7 +110,6 @@ async def run_probe(
     finally:
         await writer.close()
         for t in targets:
-            await _restore_notifications(t, report)
             if t.conn is not None:
                 await t.conn.close()
     report.finished_ns = time.time_ns()
@@ -236,7 +233,13 @@ async def _open_target(
 async def _push_allowed(
     conn: RespConnection, target: _Target, mode: str, report: ProbeReport
 ) -> bool:
-    """Push where keyspace notifications are on or can be turned on (and later restored)."""
+    """Push where keyspace notifications are on or can be turned on.
+
+    Once turned on they are left on: restoring them at the end of a run would cut
+    off another probe (cron beside the service) still watching the same replica,
+    and its keys would be counted lost. Publishing to a channel nobody subscribes
+    to costs the server a dictionary lookup per write.
+    """
     replica = target.replica
     if mode == "poll":
         return False
@@ -255,22 +258,11 @@ async def _push_allowed(
             f"{replica.name}: keyspace notifications off and cannot be turned on ({reply}); polling"
         )
         return False
-    target.restore_flags = flags
     report.notes.append(
-        f"{replica.name}: keyspace notifications turned on (K$) for this run, then restored"
+        f"{replica.name}: keyspace notifications turned on (notify-keyspace-events "
+        f"{flags!r} → {flags + 'K$'!r}) for push observation; left on"
     )
     return True
-
-
-async def _restore_notifications(target: _Target, report: ProbeReport) -> None:
-    if target.restore_flags is None or target.conn is None:
-        return
-    try:
-        await target.conn.checked("CONFIG", "SET", "notify-keyspace-events", target.restore_flags)
-    except ReplagError as exc:
-        report.notes.append(
-            f"{target.replica.name}: could not restore notify-keyspace-events: {exc.message}"
-        )
 
 
 async def _write_keys(
