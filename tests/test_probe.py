@@ -64,19 +64,7 @@ async def test_auto_polls_where_config_is_refused(
     redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
     # Managed Redis often renames CONFIG away: auto mode must still measure, by polling.
-    primary = redis_factory("p")
-    replica = redis_factory(
-        "r",
-        extra_args=(
-            "--replicaof",
-            "127.0.0.1",
-            str(primary.port),
-            "--rename-command",
-            "CONFIG",
-            "",
-        ),
-    )
-    path = _topology(tmp_path, primary.url, replica.url)
+    path = _config_refusing_replica(redis_factory, tmp_path)
     report = await run_probe(load_config(path), count=20, rate=0, mode="auto")
     (pair,) = report.pairs
     assert pair.observed_by == "poll" and pair.seen == 20
@@ -330,20 +318,15 @@ def test_probe_alerts_fires_the_hooks_from_cron(lab_factory: LabFactory, tmp_pat
 async def test_push_mode_reports_a_replica_that_cannot_push(
     redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
-    primary = redis_factory("p")
-    replica = redis_factory(
-        "r",
-        extra_args=(
-            "--replicaof",
-            "127.0.0.1",
-            str(primary.port),
-            "--rename-command",
-            "CONFIG",
-            "",
-        ),
-    )
-    report = await run_probe(
-        load_config(_topology(tmp_path, primary.url, replica.url)), count=5, mode="push"
-    )
+    path = _config_refusing_replica(redis_factory, tmp_path)
+    report = await run_probe(load_config(path), count=5, mode="push")
     assert report.exit_code == 1
     assert "push mode" in report.unreachable[0]["error"]
+
+
+def _config_refusing_replica(redis_factory: RedisFactory, tmp_path: Path) -> Path:
+    """A primary and a replica that refuses CONFIG, as managed Redis services do."""
+    primary = redis_factory("p")
+    args = ("--replicaof", "127.0.0.1", str(primary.port), "--rename-command", "CONFIG", "")
+    replica = redis_factory("r", extra_args=args)
+    return _topology(tmp_path, primary.url, replica.url)

@@ -20,39 +20,9 @@ from replag.discovery.dynomite_info import FIGURES, DynomiteStats, Figure
 from replag.lagindex import SparseHistogram
 from replag.probes.histogram import LagHistogram
 
-LAG_BUCKETS_S = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-WRITE_BUCKETS_S = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-)
+# 1-2.5-5 per decade: 0.1 ms to 10 s for lag, up to 1 s for write acknowledgements.
+LAG_BUCKETS_S = tuple(m * 10.0**e for e in range(-4, 1) for m in (1, 2.5, 5)) + (10.0,)
+WRITE_BUCKETS_S = tuple(b for b in LAG_BUCKETS_S if b <= 1.0)
 
 
 class DynomiteCollector(Collector):
