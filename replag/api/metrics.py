@@ -21,7 +21,7 @@ from replag.lagindex import SparseHistogram
 from replag.probes.histogram import LagHistogram
 
 # 1-2.5-5 per decade: 0.1 ms to 10 s for lag, up to 1 s for write acknowledgements.
-LAG_BUCKETS_S = tuple(m * 10.0**e for e in range(-4, 1) for m in (1, 2.5, 5)) + (10.0,)
+LAG_BUCKETS_S = (*(m * 10.0**e for e in range(-4, 1) for m in (1, 2.5, 5)), 10.0)
 WRITE_BUCKETS_S = tuple(b for b in LAG_BUCKETS_S if b <= 1.0)
 
 
