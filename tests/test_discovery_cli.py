@@ -97,3 +97,21 @@ def test_usage_errors() -> None:
         result = runner.invoke(main, ["topology", "discover", *args])
         assert result.exit_code == 2, (args, result.output)
         assert result.stderr.startswith("replag: error: ") or "Usage:" in result.output
+
+
+def test_printed_topology_never_shows_a_password(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    primary = redis_factory("secure", password="s3cret-pw")
+    replica = replica_of(redis_factory, primary, "secure-replica")
+    wait_listed(primary, [replica])
+    printed = CliRunner().invoke(main, ["topology", "discover", "--redis", primary.url])
+    assert printed.exit_code == 0, printed.output
+    assert "s3cret-pw" not in printed.output and ":***@" in printed.stdout
+    out = tmp_path / "secure.toml"
+    written = CliRunner().invoke(
+        main, ["topology", "discover", "--redis", primary.url, "--out", str(out)]
+    )
+    assert written.exit_code == 0 and "s3cret-pw" not in written.output
+    (region,) = load_config(out, environ={}).topology.regions
+    assert region.write is not None and region.write.password == "s3cret-pw"

@@ -121,11 +121,13 @@ def discover(
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
-    text = found.render()
     if out is None:
-        click.echo(text, nl=False)
+        # The terminal (and whatever log captures it) never sees a password: the file does.
+        click.echo(found.render(redact=True), nl=False)
+        if any(ep.password for ep in found.topology.endpoints()):
+            click.echo("note: passwords shown as ***; --out FILE writes them (mode 0600)", err=True)
         return
-    write_config_atomic(out, text)
+    write_config_atomic(out, found.render())
     click.echo(f"wrote {out}: {summary(found)}", err=True)
 
 

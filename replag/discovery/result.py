@@ -22,12 +22,13 @@ class Discovery:
     # Findings worth reporting that the topology cannot hold (e.g. Dynomite's consistency).
     facts: Mapping[str, Any] = field(default_factory=dict)
 
-    def render(self) -> str:
-        """The TOML file `load_config` reads back to `topology`."""
+    def render(self, *, redact: bool = False) -> str:
+        """The TOML file `load_config` reads back to `topology` (passwords as *** if `redact`)."""
         return render_config(
             self.topology,
             settings=self.settings or None,
             header=self.header,
             comments=self.comments,
             endpoint_comments=self.endpoint_comments,
+            redact=redact,
         )
