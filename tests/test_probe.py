@@ -330,3 +330,21 @@ def _config_refusing_replica(redis_factory: RedisFactory, tmp_path: Path) -> Pat
     args = ("--replicaof", "127.0.0.1", str(primary.port), "--rename-command", "CONFIG", "")
     replica = redis_factory("r", extra_args=args)
     return _topology(tmp_path, primary.url, replica.url)
+
+
+async def test_a_primary_dying_mid_run_is_reported(lab_factory: LabFactory) -> None:
+    import asyncio
+
+    from replag.lab.server import stop_pid
+
+    state = lab_factory(regions=("a", "b"))
+    primary = next(p for p in state["processes"] if p["role"] == "primary")
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    run = asyncio.ensure_future(run_probe(config, count=400, rate=200, timeout_s=0.5))
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(stop_pid, primary["pid"])
+    report = await run
+    assert report.exit_code == 1 and report.write_errors == 1
+    assert report.unreachable[0]["replica"] == "a-primary"
+    assert "write endpoint failed after" in report.unreachable[0]["error"]
+    assert 0 < report.write.count < 400

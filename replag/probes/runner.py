@@ -289,8 +289,15 @@ async def _write_keys(
                 "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms
             )
         except ReplagError as exc:
+            # The run goes on with what was written; the source itself is reported (exit 1).
             report.write_errors += 1
-            report.notes.append(f"write endpoint failed after {len(writes)} writes: {exc}")
+            report.unreachable.append(
+                {
+                    "replica": writer.endpoint.name,
+                    "region": report.source,
+                    "error": f"write endpoint failed after {len(writes)} writes: {exc}",
+                }
+            )
             break
         if isinstance(reply, hiredis.ReplyError):
             # Dynomite under DC_QUORUM answers an error yet may keep the local write.
