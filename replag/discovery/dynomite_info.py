@@ -320,18 +320,37 @@ def record_stats(store: Store, samples: Sequence[DynomiteStats]) -> None:
 
 
 def recent_stats(store: Store, *, node: str | None = None, limit: int = 2) -> list[DynomiteStats]:
-    """The last `limit` samples of each node (or of `node`), oldest first per node."""
+    """The last `limit` samples of each node (or of `node`), oldest first per node.
+
+    Read through the (node, sampled_ns) index, node by node: the table holds a sample
+    per node per collection for the whole retention period, and this runs after every
+    collection, so it must not scan the table.
+    """
     ensure_stats_schema(store)
-    columns = ("node", "dc", "rack", "sampled_ns", "uptime_s", *FIGURE_NAMES, "backends")
-    where, params = ("WHERE node = ?", [node]) if node is not None else ("", [])
-    rows = store.execute(
-        f"""SELECT {", ".join(columns)} FROM (
-              SELECT *, ROW_NUMBER() OVER (PARTITION BY node ORDER BY sampled_ns DESC, id DESC)
-                     AS recent
-              FROM dynomite_stats {where})
-            WHERE recent <= ? ORDER BY node, sampled_ns, id""",
-        (*params, limit),
-    )
+    columns = ", ".join(("node", "dc", "rack", "sampled_ns", "uptime_s", *FIGURE_NAMES, "backends"))
+    if node is not None:
+        nodes = [node]
+    else:
+        # Distinct nodes by skipping through the index (SQLite has no skip-scan for DISTINCT).
+        nodes = [
+            row[0]
+            for row in store.execute(
+                """WITH RECURSIVE n(node) AS (
+                       SELECT MIN(node) FROM dynomite_stats
+                       UNION ALL
+                       SELECT (SELECT MIN(node) FROM dynomite_stats WHERE node > n.node)
+                       FROM n WHERE n.node IS NOT NULL)
+                   SELECT node FROM n WHERE node IS NOT NULL"""
+            )
+        ]
+    rows: list[tuple[Any, ...]] = []
+    for name in nodes:
+        latest = store.execute(
+            f"""SELECT {columns} FROM dynomite_stats WHERE node = ?
+                ORDER BY sampled_ns DESC, id DESC LIMIT ?""",
+            (name, limit),
+        )
+        rows += reversed(latest)
     out = []
     for row in rows:
         figures = dict(zip(FIGURE_NAMES, row[5:-1], strict=True))
