@@ -190,6 +190,8 @@ _SCHEMA = (
     + "".join(f"    {name} INTEGER,\n" for name in FIGURE_NAMES)
     + "    backends TEXT NOT NULL\n)",
     "CREATE INDEX IF NOT EXISTS dynomite_stats_node ON dynomite_stats (node, sampled_ns)",
+    # Time-range reads (the dropped-writes rule, retention pruning) without a table scan.
+    "CREATE INDEX IF NOT EXISTS dynomite_stats_time ON dynomite_stats (sampled_ns)",
 )
 
 
