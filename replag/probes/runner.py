@@ -439,5 +439,17 @@ def save_report(store: Store, report: ProbeReport) -> None:
         started_ns=report.started_ns,
         source=report.source,
         mode=report.mode,
-        summary_json=json.dumps(report.to_dict()),
+        # The histograms live in the windows; per run keep only what explains an outcome
+        # (one row per source every probe interval adds up over the retention period).
+        summary_json=json.dumps(
+            {
+                "sent": sum(p.sent for p in report.pairs),
+                "lost": sum(p.lost for p in report.pairs),
+                "write_errors": report.write_errors,
+                "consistency": report.consistency,
+                "unreachable": report.unreachable,
+                "breaches": [b["message"] for b in report.breaches],
+                "notes": report.notes,
+            }
+        ),
     )
