@@ -201,7 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
         name="window",
         parse=_duration,
         default="60s",
-        help="Service: length of one stored lag window.",
+        help="Finest step of lag series and charts; each probe run is stored as its own "
+        "window (about 640 bytes per replica per run).",
     ),
     Setting(
         name="retention",
