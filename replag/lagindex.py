@@ -181,6 +181,14 @@ class _PairWindows:
         self.generation += 1
         return dropped
 
+    def drop_ids(self, ids: set[int]) -> int:
+        keys = [k for k in self.keys if k[1] not in ids]
+        dropped = len(self.keys) - len(keys)
+        if dropped:
+            self.keys = keys
+            self.generation += 1
+        return dropped
+
     def span(self, since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
         """Positions [lo, hi) of windows ending within [since_ns, until_ns), as Store.windows."""
         lo = 0 if since_ns is None else bisect.bisect_left(self.keys, (since_ns, -1))
@@ -222,6 +230,17 @@ class LagIndex:
             if dropped:
                 self._answers.clear()
             return len(dropped)
+
+    def forget_ids(self, ids: Sequence[int]) -> int:
+        """Drop windows replaced by compaction (their merged window arrives on refresh)."""
+        gone = set(ids)
+        with self._lock:
+            dropped = sum(w.drop_ids(gone) for w in self._pairs.values())
+            for window_id in gone:
+                self._stats.pop(window_id, None)
+            if dropped:
+                self._answers.clear()
+            return dropped
 
     def pairs(
         self, *, since_ns: int | None = None, until_ns: int | None = None

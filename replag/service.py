@@ -189,8 +189,17 @@ class ReplagService:
                 await asyncio.wait_for(self._stopping.wait(), delay)
 
     async def prune_round(self) -> None:
-        """Keep the store (and the in-memory index) to `retention`."""
-        cutoff = time.time_ns() - int(self.settings.retention * 1e9)
+        """Compact old windows, and keep the store (and the in-memory index) to `retention`."""
+        now = time.time_ns()
+        merged, written, removed = await asyncio.to_thread(
+            self.store.compact,
+            older_than_ns=now - int(self.settings.compact_after * 1e9),
+            window_ns=max(1, int(self.settings.window * 1e9)),
+        )
+        if merged:
+            self.index.forget_ids(removed)
+            log.info("compaction: %d lag windows merged into %d", merged, written)
+        cutoff = now - int(self.settings.retention * 1e9)
         deleted = await asyncio.to_thread(self.store.prune, cutoff)
         forgotten = self.index.forget_before(cutoff)
         if any(deleted.values()):

@@ -201,8 +201,14 @@ SETTINGS: tuple[Setting, ...] = (
         name="window",
         parse=_duration,
         default="60s",
-        help="Finest step of lag series and charts; each probe run is stored as its own "
-        "window (about 640 bytes per replica per run).",
+        help="Service: windows older than `compact_after` are merged (exactly) into one per "
+        "replica per this length; also the finest step of lag series.",
+    ),
+    Setting(
+        name="compact_after",
+        parse=_duration,
+        default="1h",
+        help="Service: age after which per-run lag windows are merged into `window`-long ones.",
     ),
     Setting(
         name="retention",

@@ -139,29 +139,7 @@ class Store:
     # --- lag windows -------------------------------------------------------
 
     def append_windows(self, windows: Sequence[LagWindow]) -> None:
-        self.transaction(
-            (
-                """INSERT INTO lag_windows (run_id, source, target, replica, start_ns, end_ns,
-                   sent, seen, lost, out_of_range, lag_hist, uncertainty_hist, write_hist)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (
-                    w.run_id,
-                    w.source,
-                    w.target,
-                    w.replica,
-                    w.start_ns,
-                    w.end_ns,
-                    w.sent,
-                    w.seen,
-                    w.lost,
-                    w.lag.out_of_range,
-                    w.lag.encode(),
-                    w.uncertainty.encode(),
-                    w.write.encode(),
-                ),
-            )
-            for w in windows
-        )
+        self.transaction(_insert_window(w) for w in windows)
 
     def windows(
         self,
@@ -234,6 +212,57 @@ class Store:
                     deleted[table] = cursor.rowcount
         return deleted
 
+    def compact(self, *, older_than_ns: int, window_ns: int) -> tuple[int, int, list[int]]:
+        """Merge windows ending before `older_than_ns` into one per `window_ns` per replica.
+
+        HDR merges are exact, so every range query over whole compacted windows gives
+        the same figures as before; only the time resolution of old data coarsens.
+        Returns (windows merged, windows written, ids removed).
+        """
+        rows = self.execute(
+            """SELECT id, source, target, replica, start_ns, end_ns, sent, seen, lost,
+                      out_of_range, lag_hist, uncertainty_hist, write_hist
+               FROM lag_windows WHERE end_ns < ?
+               ORDER BY source, target, replica, end_ns, id""",
+            (older_than_ns,),
+        )
+        groups: dict[tuple[str, str, str, int], list[tuple[Any, ...]]] = {}
+        for row in rows:
+            groups.setdefault((row[1], row[2], row[3], row[5] // window_ns), []).append(row)
+        merged: list[LagWindow] = []
+        removed: list[int] = []
+        for (source, target, replica, _), members in groups.items():
+            if len(members) < 2:
+                continue
+            window = LagWindow(
+                run_id=f"compacted:{len(members)}",
+                source=source,
+                target=target,
+                replica=replica,
+                start_ns=min(m[4] for m in members),
+                end_ns=max(m[5] for m in members),
+                sent=sum(m[6] for m in members),
+                seen=sum(m[7] for m in members),
+                lost=sum(m[8] for m in members),
+            )
+            for m in members:
+                window.lag.merge(LagHistogram.decode(m[10], m[9]))
+                window.uncertainty.merge(LagHistogram.decode(m[11]))
+                window.write.merge(LagHistogram.decode(m[12]))
+            merged.append(window)
+            removed += [m[0] for m in members]
+        if not merged:
+            return 0, 0, []
+        # Insert before deleting: new ids stay above every id readers have seen (SQLite
+        # reuses max(rowid) + 1), so an index that follows ids picks the merged ones up.
+        statements = [_insert_window(w) for w in merged]
+        statements += [
+            (f"DELETE FROM lag_windows WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            for chunk in (removed[i : i + 500] for i in range(0, len(removed), 500))
+        ]
+        self.transaction(statements)
+        return len(removed), len(merged), removed
+
     def pairs(self, *, since_ns: int | None = None) -> list[tuple[str, str]]:
         rows = self.execute(
             "SELECT DISTINCT source, target FROM lag_windows WHERE end_ns >= ? ORDER BY 1, 2",
@@ -248,3 +277,26 @@ class Store:
             "INSERT OR REPLACE INTO probe_runs VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, started_ns, time.time_ns(), source, mode, summary_json),
         )
+
+
+def _insert_window(w: LagWindow) -> tuple[str, Sequence[Any]]:
+    return (
+        """INSERT INTO lag_windows (run_id, source, target, replica, start_ns, end_ns,
+           sent, seen, lost, out_of_range, lag_hist, uncertainty_hist, write_hist)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (
+            w.run_id,
+            w.source,
+            w.target,
+            w.replica,
+            w.start_ns,
+            w.end_ns,
+            w.sent,
+            w.seen,
+            w.lost,
+            w.lag.out_of_range,
+            w.lag.encode(),
+            w.uncertainty.encode(),
+            w.write.encode(),
+        ),
+    )

@@ -86,3 +86,29 @@ def test_prune_deletes_old_measurements_and_the_index_forgets_them(tmp_path: Pat
     assert after.seen == 5 and after.lag_ms["max"] is not None
     assert [w.run_id for w in store.windows()] == [f"r{i}" for i in range(5, 10)]
     store.close()
+
+
+def test_compaction_keeps_every_figure_of_whole_windows(tmp_path: Path) -> None:
+    from replag.lagindex import LagIndex
+
+    rng = random.Random(3)
+    store = Store(tmp_path / "s.sqlite")
+    # 60 runs, one every 10 "seconds" (here: 10,000 ns); compact into 60,000 ns windows.
+    store.append_windows(
+        [
+            _window(i * 10, [int(rng.lognormvariate(9, 1)) for _ in range(rng.randint(1, 50))])
+            for i in range(60)
+        ]
+    )
+    index = LagIndex(store)
+    before = index.summary(source="a", target="b")
+    merged, written, removed = store.compact(older_than_ns=10**9, window_ns=60_000)
+    assert (merged, written, len(removed)) == (60, 10, 60)
+    assert index.forget_ids(removed) == 60
+    after = index.summary(source="a", target="b")
+    assert after == before
+    assert summarize(store.windows(), source="a", target="b", replica=None) == before
+    assert len(store.windows()) == 10
+    # Nothing older than the cut-off left to merge: a second pass is a no-op.
+    assert store.compact(older_than_ns=10**9, window_ns=60_000) == (0, 0, [])
+    store.close()
