@@ -348,3 +348,16 @@ async def test_a_primary_dying_mid_run_is_reported(lab_factory: LabFactory) -> N
     assert report.unreachable[0]["replica"] == "a-primary"
     assert "write endpoint failed after" in report.unreachable[0]["error"]
     assert 0 < report.write.count < 400
+
+
+async def test_repeated_runs_leave_no_connection_behind(lab_factory: LabFactory) -> None:
+    # The service probes every few seconds for weeks: a leaked subscription per run
+    # would exhaust a replica's maxclients within a day.
+    state = lab_factory(regions=("a", "b"))
+    replica = next(p for p in state["processes"] if p["region"] == "b")
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    with redis.Redis(port=replica["port"]) as r:
+        before = len(r.client_list())
+        for mode in ("push", "poll", "push"):
+            await run_probe(config, count=5, rate=0, mode=mode)
+        assert len(r.client_list()) == before

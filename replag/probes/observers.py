@@ -120,6 +120,7 @@ class PushObserver(Observer):
         self.rtt_ns = rtt_ns
         self.timeout_s = timeout_s
         self.protocol: _PushProtocol | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
 
     def on_event(self, channel: bytes, now_ns: int) -> None:
@@ -135,6 +136,9 @@ class PushObserver(Observer):
         return await asyncio.wait_for(self.protocol.replies.get(), self.timeout_s)
 
     async def start(self) -> None:
+        """Subscribe (once: the runner starts every observer, push ones already are)."""
+        if self.protocol is not None:
+            return
         loop = asyncio.get_running_loop()
         ssl = True if self.replica.tls else None
         _, protocol = await asyncio.wait_for(
@@ -145,23 +149,27 @@ class PushObserver(Observer):
         )
         self.protocol = protocol
         assert protocol.transport is not None
-        if self.replica.password:
-            auth = (
-                ("AUTH", self.replica.username, self.replica.password)
-                if self.replica.username
-                else ("AUTH", self.replica.password)
-            )
-            protocol.transport.write(_command(*auth))
+        try:
+            if self.replica.password:
+                auth = (
+                    ("AUTH", self.replica.username, self.replica.password)
+                    if self.replica.username
+                    else ("AUTH", self.replica.password)
+                )
+                protocol.transport.write(_command(*auth))
+                reply = await self._reply()
+                if isinstance(reply, Exception):
+                    raise ConnectionError(f"AUTH refused: {reply}")
+            protocol.transport.write(_command("PSUBSCRIBE", self.pattern))
             reply = await self._reply()
-            if isinstance(reply, Exception):
-                raise ConnectionError(f"AUTH refused: {reply}")
-        protocol.transport.write(_command("PSUBSCRIBE", self.pattern))
-        reply = await self._reply()
-        if isinstance(reply, Exception) or not (
-            isinstance(reply, list) and reply[0] == b"psubscribe"
-        ):
-            raise ConnectionError(f"PSUBSCRIBE refused: {reply!r}")
-        asyncio.get_running_loop().create_task(self._watch_close())
+            if isinstance(reply, Exception) or not (
+                isinstance(reply, list) and reply[0] == b"psubscribe"
+            ):
+                raise ConnectionError(f"PSUBSCRIBE refused: {reply!r}")
+        except BaseException:
+            await self.stop()
+            raise
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_close())
 
     async def _watch_close(self) -> None:
         assert self.protocol is not None
@@ -173,6 +181,11 @@ class PushObserver(Observer):
         self._stopping = True
         if self.protocol and self.protocol.transport:
             self.protocol.transport.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
 
 
 class PollObserver(Observer):
@@ -192,7 +205,8 @@ class PollObserver(Observer):
         self._outstanding[key] = (written_lo_ns, written_lo_ns)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

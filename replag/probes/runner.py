@@ -108,8 +108,12 @@ async def run_probe(
         _collect(report, targets, writes, by_rack=by_rack)
         await _cleanup(writer, [keys.key(seq) for seq in writes], report)
     finally:
+        # Also on error or cancellation: no subscription, poll task or socket outlives a run
+        # (the service runs one per source every probe interval).
         await writer.close()
         for t in targets:
+            if t.observer is not None:
+                await t.observer.stop()
             if t.conn is not None:
                 await t.conn.close()
     report.finished_ns = time.time_ns()
