@@ -137,8 +137,12 @@ class RespConnection:
         if endpoint.db:
             setup.append(pack(b"SELECT", endpoint.db))
         if setup:
-            replies = await conn.request(b"".join(setup), len(setup))
-            conn.check(replies)
+            try:
+                replies = await conn.request(b"".join(setup), len(setup))
+                conn.check(replies)
+            except BaseException:
+                conn.abort()  # a refused AUTH must not leave the socket open
+                raise
         return conn
 
     def send(self, payload: bytes, count: int) -> asyncio.Future[tuple[list[Any], int]]:

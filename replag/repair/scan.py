@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from replag.errors import ReplagError
+from replag.errors import RepairError, ReplagError
 from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.tictac import TictacTree
 from replag.repair.values import read_values
@@ -160,7 +160,21 @@ class ReplicaScanner:
     async def run(self, state: ScanProgress) -> ScanIndex:
         opts = self.options
         scan_conn = await RespConnection.open(self.endpoint, timeout_s=opts.timeout_s)
-        fetch_conn = await RespConnection.open(self.endpoint, timeout_s=opts.timeout_s)
+        try:
+            fetch_conn = await RespConnection.open(self.endpoint, timeout_s=opts.timeout_s)
+        except BaseException:
+            await scan_conn.close()
+            raise
+        try:
+            return await self._run(state, scan_conn, fetch_conn)
+        finally:
+            await scan_conn.close()
+            await fetch_conn.close()
+
+    async def _run(
+        self, state: ScanProgress, scan_conn: RespConnection, fetch_conn: RespConnection
+    ) -> ScanIndex:
+        opts = self.options
         (size,) = await scan_conn.request(pack(b"DBSIZE"), 1)
         state.total = size if isinstance(size, int) else None
         queue: asyncio.Queue[
@@ -199,8 +213,6 @@ class ReplicaScanner:
             if not producer.done():
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
-            await scan_conn.close()
-            await fetch_conn.close()
 
     def _flush(self, state: ScanProgress, parts: list[ScanIndex], pending: list[ScanIndex]) -> None:
         chunk = ScanIndex.concat(pending)
@@ -242,6 +254,10 @@ class ReplicaScanner:
         except ReplagError as exc:
             # The consumer waits on the queue: hand it the failure, or it waits forever.
             await queue.put(exc)
+            return
+        except Exception as exc:
+            # Anything else (a malformed reply) is a bug to surface, not a silent hang.
+            await queue.put(RepairError(f"scan failed: {exc!r}", where=self.endpoint.name))
             return
         await queue.put(None)
 
