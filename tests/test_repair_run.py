@@ -240,3 +240,19 @@ async def test_ctrl_c_leaves_a_resumable_run(tmp_path: Path, redis_factory: Redi
     assert result["repaired"] + result["agreed"] == 300 and result["repaired"] < 300
     assert (await check(config)).divergent == 0
     store.close()
+
+
+async def test_a_rate_limited_repair_does_not_stretch_ttls(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # The TTL copied is the winner's remaining TTL at the moment of writing: time spent
+    # waiting for the rate limiter must not be added to the copy's life.
+    servers, (a, b, c) = three(redis_factory)
+    for i in range(8):
+        a.set(f"t{i}", "v", px=100_000)
+        b.set(f"t{i}", "v", px=100_000)
+    report = await repair(group_config(tmp_path, servers), rate=4, max_inflight=8)
+    assert report.to_dict()["repaired"] == 8
+    gaps = [abs(c.pttl(f"t{i}") - a.pttl(f"t{i}")) for i in range(8)]
+    assert max(gaps) < 250, gaps
+    assert (await check(group_config(tmp_path, servers))).divergent == 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -210,31 +210,60 @@ class Applier:
         pttl: int,
         read_at: float,
     ) -> Outcome:
-        remaining = 0
-        if pttl >= 0:
-            remaining = pttl - int((time.monotonic() - read_at) * 1000)
-            if remaining <= 0:
-                return "changed"  # the winner's copy has expired meanwhile
+        def remaining_ms() -> int | None:
+            """The winner's TTL left now; None once it has expired. Read at write time:
+            waiting for the rate limiter must not stretch the copy's life."""
+            if pttl < 0:
+                return 0
+            left = pttl - int((time.monotonic() - read_at) * 1000)
+            return left if left > 0 else None
+
         if expected.exists and expected.same_value(winner):
             # Only the expiry differs: leave the value alone.
-            ttl_fix = pack(b"PEXPIRE", key, remaining) if remaining else pack(b"PERSIST", key)
-            return await self._write(target, key, expected, [ttl_fix])
-        restore = [pack(b"RESTORE", key, remaining, payload, b"REPLACE")]
+            def ttl_fix() -> list[bytes] | None:
+                left = remaining_ms()
+                if left is None:
+                    return None
+                return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
+
+            return await self._write(target, key, expected, ttl_fix)
+
+        def restore() -> list[bytes] | None:
+            left = remaining_ms()
+            return None if left is None else [pack(b"RESTORE", key, left, payload, b"REPLACE")]
+
         try:
             return await self._write(target, key, expected, restore)
         except EndpointError as exc:
             if "payload" not in exc.message.lower() or winner.data is None:
                 raise
+
         # The target cannot read the winner's DUMP format (an older server):
         # rebuild the value with type-specific writes, still under WATCH.
-        typed = _typed_writes(key, winner)
-        if remaining:
-            typed.append(pack(b"PEXPIRE", key, remaining))
+        def typed() -> list[bytes] | None:
+            left = remaining_ms()
+            if left is None:
+                return None
+            commands = _typed_writes(key, winner)
+            if left:
+                commands.append(pack(b"PEXPIRE", key, left))
+            return commands
+
         return await self._write(target, key, expected, typed)
 
     async def _write(
-        self, target: int, key: bytes, expected: KeyState, commands: list[bytes]
+        self,
+        target: int,
+        key: bytes,
+        expected: KeyState,
+        commands: list[bytes] | Callable[[], list[bytes] | None],
     ) -> Outcome:
+        """Under WATCH: if the key still holds `expected`, run `commands` in MULTI/EXEC.
+
+        `commands` may be a function, called once the connection (and the rate
+        limiter's slot) is ours, so a TTL in it is computed at the moment of writing;
+        it returns None when there is nothing valid left to write (winner expired).
+        """
         lane = self.lanes[target]
         async with lane.connection(write=True) as conn:
             conn.check(await conn.request(pack(b"WATCH", key), 1))
@@ -242,6 +271,11 @@ class Applier:
             if not now[key].same_as(expected, self.tolerance_ms):
                 conn.check(await conn.request(pack(b"UNWATCH"), 1))
                 return "changed"
+            built = commands() if callable(commands) else commands
+            if built is None:
+                conn.check(await conn.request(pack(b"UNWATCH"), 1))
+                return "changed"
+            commands = built
             body = [pack(b"MULTI"), *commands, pack(b"EXEC")]
             replies = await conn.request(b"".join(body), len(body))
             conn.check(replies[:1])

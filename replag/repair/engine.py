@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from replag.config import Config
 from replag.errors import EndpointError, RepairError, ReplagError, UsageError
@@ -29,6 +29,7 @@ from replag.store import Store
 from replag.topology import ReplicaGroup
 
 VERIFY_BATCH = 256
+_T = TypeVar("_T")
 RECHECK_ROUNDS = 3
 
 
@@ -306,16 +307,17 @@ class _GroupRun:
             divergent, changing = await self._verify(todo, phase="repair")
             deferred.extend(changing)
             found = {d.key for d in divergent}
+            still_changing = set(changing)
             self._set(
                 {
                     k: _KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
                     for k in todo
-                    if k not in found and k not in changing
+                    if k not in found and k not in still_changing
                 }
             )
             for start in range(0, len(divergent), VERIFY_BATCH):
                 batch = divergent[start : start + VERIFY_BATCH]
-                results = await asyncio.gather(*(self._resolve(d, applier) for d in batch))
+                results = await _all_or_none(self._resolve(d, applier) for d in batch)
                 updates = {}
                 for divergence, (status, reason) in zip(batch, results, strict=True):
                     if status == rp.CHANGED:
@@ -417,6 +419,11 @@ async def _run(
         if log is not None:
             log.set_status(INTERRUPTED, error="interrupted")
         raise
+    except Exception as exc:
+        # A bug, not an endpoint: the run must not stay "running" forever in the store.
+        if log is not None:
+            log.set_status(FAILED, error=f"internal error: {exc!r}")
+        raise
     report = result(DONE)
     if log is not None:
         log.set_status(DONE, report=report.to_dict())
@@ -484,3 +491,16 @@ async def repair(
 
 
 __all__ = ["ProgressCallback", "RepairProgress", "check", "key_from_json", "repair"]
+
+
+async def _all_or_none(coros: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Like gather, but when one fails the others are cancelled and awaited before the
+    error propagates: no repair keeps writing on lanes the run is about to close."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
