@@ -29,6 +29,7 @@ Errors name the file and the key, as everywhere else in the config.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -229,8 +230,8 @@ def _threshold(kind: RuleKind, raw: Any, *, where: str) -> float:
         return _duration(raw, where=where) * 1000
     if kind == "no_probe":
         return _duration(raw, where=where)
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
-        raise ConfigError(f"expected a non-negative number, got {raw!r}", where=where)
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw < math.inf:
+        raise ConfigError(f"expected a finite, non-negative number, got {raw!r}", where=where)
     if kind == "probe_loss" and raw > 1:
         raise ConfigError(f"a loss ratio is between 0 and 1, got {raw!r}", where=where)
     return float(raw)

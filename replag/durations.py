@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS_NS = {
@@ -22,8 +23,8 @@ def parse_duration_ns(text: str | float | int, *, default_unit: str = "s") -> in
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, int | float):
-        if text < 0:
-            raise ValueError(f"negative duration: {text!r}")
+        if not math.isfinite(text) or text < 0:
+            raise ValueError(f"not a finite, non-negative duration: {text!r}")
         return int(text * _UNITS_NS[default_unit])
     match = _DURATION.match(text)
     if not match:

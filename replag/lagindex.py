@@ -293,9 +293,13 @@ class LagIndex:
 
         def compute() -> list[tuple[int, LagSummary]]:
             keys = all_keys[lo:hi]
-            stats = dict(zip([k[1] for k in keys], self._load([k[1] for k in keys]), strict=True))
+            # A window compacted away meanwhile is simply absent (its merged window arrives
+            # on the next refresh, when the cache is cleared).
+            stats = self._load_map([k[1] for k in keys])
             buckets: dict[int, list[WindowStats]] = {}
             for end_ns, window_id in keys:
+                if window_id not in stats:
+                    continue
                 # Buckets aligned to the epoch, not to `since`, so a sliding "last 24h"
                 # keeps its buckets (and its cache entry) from one request to the next.
                 start = end_ns // step_ns * step_ns
@@ -366,7 +370,7 @@ class LagIndex:
             running.set()
         return value
 
-    def _load(self, ids: Sequence[int]) -> list[WindowStats]:
+    def _load_map(self, ids: Sequence[int]) -> dict[int, WindowStats]:
         with self._lock:
             missing = [i for i in ids if i not in self._stats]
         for start in range(0, len(missing), _LOAD_CHUNK):
@@ -385,7 +389,10 @@ class LagIndex:
             with self._lock:
                 self._stats.update(decoded)
         with self._lock:
-            return [self._stats[i] for i in ids if i in self._stats]
+            return {i: self._stats[i] for i in ids if i in self._stats}
+
+    def _load(self, ids: Sequence[int]) -> list[WindowStats]:
+        return list(self._load_map(ids).values())
 
 
 def _stats_of(

@@ -8,6 +8,7 @@ default < file < environment < command-line flag.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"expected a number, got {value!r}")
     number = float(value)
-    if number < 0:
-        raise ValueError(f"expected a non-negative number, got {value!r}")
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"expected a finite, non-negative number, got {value!r}")
     return number
 
 

@@ -49,6 +49,11 @@ _LAG_SCHEMA = (
 )
 
 
+_META_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS store_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
 @dataclass(kw_only=True)
 class LagWindow:
     """Samples of one (source, target, replica) between start_ns and end_ns (UTC epoch ns)."""
@@ -217,14 +222,36 @@ class Store:
 
         HDR merges are exact, so every range query over whole compacted windows gives
         the same figures as before; only the time resolution of old data coarsens.
-        Returns (windows merged, windows written, ids removed).
+        Incremental: each pass starts where the last one stopped (kept in `store_meta`),
+        and reads a few hours at a time, releasing the lock in between, so readers on
+        the service's event loop never wait long. Returns (merged, written, ids removed).
         """
+        self.ensure_schema(_META_SCHEMA)
+        done = self._meta("compacted_before_ns")
+        first = self.execute("SELECT MIN(end_ns) FROM lag_windows WHERE end_ns >= ?", (done,))
+        if first[0][0] is None:
+            return 0, 0, []
+        # Chunks are whole windows, so no merged window straddles two chunks.
+        chunk_ns = window_ns * max(1, (6 * 3600 * 10**9) // window_ns)
+        stop = older_than_ns // window_ns * window_ns
+        merged_total, written_total, removed_total = 0, 0, []
+        t = first[0][0] // window_ns * window_ns
+        while t < stop:
+            merged, written, removed = self._compact_range(t, min(t + chunk_ns, stop), window_ns)
+            merged_total += merged
+            written_total += written
+            removed_total += removed
+            t += chunk_ns
+        self._set_meta("compacted_before_ns", max(done, stop))
+        return merged_total, written_total, removed_total
+
+    def _compact_range(self, lo_ns: int, hi_ns: int, window_ns: int) -> tuple[int, int, list[int]]:
         rows = self.execute(
             """SELECT id, source, target, replica, start_ns, end_ns, sent, seen, lost,
                       out_of_range, lag_hist, uncertainty_hist, write_hist
-               FROM lag_windows WHERE end_ns < ?
+               FROM lag_windows WHERE end_ns >= ? AND end_ns < ?
                ORDER BY source, target, replica, end_ns, id""",
-            (older_than_ns,),
+            (lo_ns, hi_ns),
         )
         groups: dict[tuple[str, str, str, int], list[tuple[Any, ...]]] = {}
         for row in rows:
@@ -262,6 +289,13 @@ class Store:
         ]
         self.transaction(statements)
         return len(removed), len(merged), removed
+
+    def _meta(self, key: str) -> int:
+        rows = self.execute("SELECT value FROM store_meta WHERE key = ?", (key,))
+        return int(rows[0][0]) if rows else 0
+
+    def _set_meta(self, key: str, value: int) -> None:
+        self.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES (?, ?)", (key, value))
 
     def pairs(self, *, since_ns: int | None = None) -> list[tuple[str, str]]:
         rows = self.execute(

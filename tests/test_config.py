@@ -81,6 +81,19 @@ def test_render_round_trips(tmp_path: Path) -> None:
             "groups[0].members[0]: no endpoint named 'nobody'",
         ),
         ('[[regions]]\nname = "a"\nwrite = "redis://h:99999"', "bad port"),
+        (
+            '[settings]\nprobe_interval = inf\n[[regions]]\nname = "a"\nwrite = "redis://h"',
+            "settings.probe_interval: not a finite",
+        ),
+        (
+            '[settings]\nrate = nan\n[[regions]]\nname = "a"\nwrite = "redis://h"',
+            "settings.rate: expected a finite",
+        ),
+        (
+            '[[regions]]\nname = "a"\nwrite = "redis://h"\n[alerts]\n[[alerts.rules]]\n'
+            'name = "x"\nkind = "probe_loss"\nthreshold = nan',
+            "threshold: expected a finite",
+        ),
     ],
 )
 def test_bad_files_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

@@ -112,3 +112,16 @@ def test_compaction_keeps_every_figure_of_whole_windows(tmp_path: Path) -> None:
     # Nothing older than the cut-off left to merge: a second pass is a no-op.
     assert store.compact(older_than_ns=10**9, window_ns=60_000) == (0, 0, [])
     store.close()
+
+
+def test_compaction_is_incremental(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.append_windows([_window(i * 10, [1000 + i]) for i in range(60)])  # ends < 600,000
+    assert store.compact(older_than_ns=600_000, window_ns=60_000)[:2] == (60, 10)
+    # Later runs arrive; the next pass reads only from where the last one stopped.
+    store.append_windows([_window(600 + i * 10, [2000 + i]) for i in range(12)])
+    merged, written, _ = store.compact(older_than_ns=720_000, window_ns=60_000)
+    assert (merged, written) == (12, 2)
+    assert len(store.windows()) == 12
+    assert sum(w.seen for w in store.windows()) == 72
+    store.close()
