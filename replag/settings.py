@@ -48,6 +48,13 @@ def _duration(value: Any) -> float:
     return parse_duration_s(value)
 
 
+def _positive_duration(value: Any) -> float:
+    seconds = _duration(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above 0, got {value!r}")
+    return seconds
+
+
 def _optional_duration(value: Any) -> float | None:
     if value in (None, "", "none", "off"):
         return None
@@ -129,19 +136,19 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="ttl",
-        parse=_duration,
+        parse=_positive_duration,
         default="60s",
         help="TTL set on every probe key (keys are also deleted after each run).",
     ),
     Setting(
         name="timeout",
-        parse=_duration,
+        parse=_positive_duration,
         default="5s",
         help="How long a probe waits for a key on a replica before counting it lost.",
     ),
     Setting(
         name="connect_timeout",
-        parse=_duration,
+        parse=_positive_duration,
         default="2s",
         help="Connect and command timeout for every Redis endpoint.",
     ),
@@ -160,7 +167,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="poll_interval",
-        parse=_duration,
+        parse=_positive_duration,
         default="1ms",
         help="Interval between MGET rounds per replica in poll mode.",
     ),
@@ -194,13 +201,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="probe_interval",
-        parse=_duration,
+        parse=_positive_duration,
         default="10s",
         help="Service: time between probe rounds of every source region.",
     ),
     Setting(
         name="window",
-        parse=_duration,
+        parse=_positive_duration,
         default="60s",
         help="Service: windows older than `compact_after` are merged (exactly) into one per "
         "replica per this length; also the finest step of lag series.",
@@ -220,7 +227,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="check_interval",
-        parse=_duration,
+        parse=_positive_duration,
         default="15m",
         help="Service: time between repair checks of every replica group.",
     ),

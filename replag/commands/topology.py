@@ -103,6 +103,8 @@ def discover(
     settings = resolve_settings({}, where="defaults")
     try:
         timeout_s = parse_duration_s(timeout) if timeout else float(settings.connect_timeout)
+        if timeout_s <= 0:
+            raise ValueError("must be more than 0 (0 would wait forever)")
     except ValueError as exc:
         raise UsageError(f"--timeout: {exc}") from None
     if dynomite_url:
@@ -195,6 +197,8 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
         raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
     try:
         timeout_s = parse_duration_s(timeout) if timeout else float(config.settings.connect_timeout)
+        if timeout_s <= 0:
+            raise ValueError("must be more than 0 (0 would wait forever)")
     except ValueError as exc:
         raise UsageError(f"--timeout: {exc}") from None
     store = Store(config.settings.store)
