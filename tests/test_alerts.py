@@ -158,6 +158,66 @@ def test_loss_divergence_unreachable_and_no_probe_rules(tmp_path: Path) -> None:
     assert [c.rule.name for c in later if c.active] == ["diverged", "down", "stale"]
 
 
+def test_a_failed_check_neither_resolves_nor_fires_the_divergence_alert(tmp_path: Path) -> None:
+    config = make_config(tmp_path, [{"name": "diverged", "kind": "divergent_keys"}])
+    store = Store(tmp_path / "s.sqlite")
+    index, book = LagIndex(store), AlertBook(store)
+
+    def step(at: int) -> list[str]:
+        conditions = evaluate_rules(config, index, now_ns=at)
+        return [e.status for e in book.apply(conditions, now_ns=at, repeat_interval_s=3600)]
+
+    t0 = 1_700_000_000 * 10**9
+    record_check(store, group="main", divergent=7, run_id="r1", error=None)
+    assert step(t0) == ["firing"]
+    # A replica is down: the check fails, which is no evidence the divergence is gone.
+    record_check(store, group="main", divergent=None, run_id=None, error="refused")
+    assert step(t0 + MIN) == []
+    [alert] = book.active()
+    assert alert["status"] == "firing" and alert["value"] == 7
+    assert "the latest check failed: refused" in alert["summary"]
+    record_check(store, group="main", divergent=0, run_id="r2", error=None)
+    assert step(t0 + 2 * MIN) == ["resolved"]
+    # Nor does a failure after a clean check start one.
+    record_check(store, group="main", divergent=None, run_id=None, error="refused")
+    assert step(t0 + 3 * MIN) == [] and book.active() == []
+
+
+def test_subjects_gone_from_the_config_are_ignored_and_their_alerts_resolve(
+    tmp_path: Path,
+) -> None:
+    rules = [
+        {"name": "diverged", "kind": "divergent_keys"},
+        {"name": "down", "kind": "unreachable"},
+    ]
+    store = Store(tmp_path / "s.sqlite")
+    index, book = LagIndex(store), AlertBook(store)
+    for group in ("main", "retired"):
+        record_check(store, group=group, divergent=3, run_id="r1", error=None)
+    for source in ("us-east", "ap-south"):
+        down = [{"replica": "eu-1", "region": "eu-west", "error": "refused"}]
+        record_probe(store, source=source, run_id="p1", error=None, unreachable=down)
+    config = make_config(tmp_path, rules)  # group main and source us-east only
+    t0 = 1_700_000_000 * 10**9
+    conditions = evaluate_rules(config, index, now_ns=t0)
+    subjects = sorted(c.labels.get("group") or c.labels["source"] for c in conditions)
+    assert subjects == ["main", "us-east"]
+    assert len(book.apply(conditions, now_ns=t0, repeat_interval_s=3600)) == 2
+    # The next config renames the group and drops us-east's write endpoint.
+    data = {
+        "settings": {"store": str(tmp_path / "s.sqlite")},
+        "regions": [{"name": "us-east", "replicas": ["redis://127.0.0.1:1"]}],
+        "groups": [{"name": "main-v2", "members": ["redis://127.0.0.1:3", "redis://127.0.0.1:4"]}],
+        "alerts": {"rules": rules},
+    }
+    config = config_from_dict(data, where="replag.toml", environ={})
+    conditions = evaluate_rules(config, index, now_ns=t0 + MIN)
+    assert conditions == []
+    events = book.apply(conditions, now_ns=t0 + MIN, repeat_interval_s=3600)
+    assert sorted(e.status for e in events) == ["resolved", "resolved"]
+    assert book.active() == []
+
+
 async def test_evaluate_and_notify_without_sinks_records_the_report(tmp_path: Path) -> None:
     config = make_config(tmp_path, [{"name": "down", "kind": "unreachable"}])
     store = Store(tmp_path / "s.sqlite")

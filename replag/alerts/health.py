@@ -55,6 +55,9 @@ class ProbeHealth:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupHealth:
+    """A group's latest check: `divergent` and `run_id` are from the last successful one,
+    `error` (None when the latest succeeded) and `checked_ns` from the latest."""
+
     group: str
     checked_ns: int
     divergent: int | None
@@ -103,9 +106,20 @@ def record_check(
     error: str | None,
     at_ns: int | None = None,
 ) -> None:
+    """Remember a check; `error` set means it failed and `divergent` is None.
+
+    A failed check keeps the divergent count and run id of the last successful one,
+    so the divergence alert neither fires nor resolves because a replica is down.
+    """
     store.ensure_schema(SCHEMA)
     store.execute(
-        "INSERT OR REPLACE INTO group_health VALUES (?, ?, ?, ?, ?)",
+        """INSERT INTO group_health (group_name, checked_ns, divergent, run_id, error)
+               VALUES (?, ?, ?, ?, ?)
+           ON CONFLICT (group_name) DO UPDATE SET checked_ns = excluded.checked_ns,
+               divergent = CASE WHEN excluded.error IS NULL THEN excluded.divergent
+                                ELSE divergent END,
+               run_id = CASE WHEN excluded.error IS NULL THEN excluded.run_id ELSE run_id END,
+               error = excluded.error""",
         (group, at_ns or time.time_ns(), divergent, run_id, error),
     )
 

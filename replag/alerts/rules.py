@@ -65,9 +65,9 @@ def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Cond
         if rule.kind in ("lag_p99", "probe_loss"):
             out += _lag_conditions(rule, index, now_ns=now_ns)
         elif rule.kind == "divergent_keys":
-            out += _divergence_conditions(rule, index)
+            out += _divergence_conditions(rule, config, index)
         elif rule.kind == "unreachable":
-            out += _unreachable_conditions(rule, index)
+            out += _unreachable_conditions(rule, config, index)
         elif rule.kind == "dynomite_dropped_writes":
             out += _dropped_write_conditions(rule, index.store, now_ns=now_ns)
         else:
@@ -110,11 +110,19 @@ def _lag_conditions(rule: AlertRule, index: LagIndex, *, now_ns: int) -> list[Co
     return out
 
 
-def _divergence_conditions(rule: AlertRule, index: LagIndex) -> list[Condition]:
+def _divergence_conditions(rule: AlertRule, config: Config, index: LagIndex) -> list[Condition]:
+    """Groups of the current topology, by their last successful check.
+
+    A failed latest check leaves the alert as it was (the unreachable rule reports
+    the failure); a group removed from the config has no condition, so its alert
+    resolves.
+    """
+    groups = {g.name for g in config.topology.groups}
     out = []
     for name, health in group_health(index.store).items():
-        if rule.group not in (None, name) or health.divergent is None:
+        if name not in groups or rule.group not in (None, name) or health.divergent is None:
             continue
+        failed = f"; the latest check failed: {health.error}" if health.error else ""
         out.append(
             Condition(
                 rule=rule,
@@ -122,16 +130,18 @@ def _divergence_conditions(rule: AlertRule, index: LagIndex) -> list[Condition]:
                 value=float(health.divergent),
                 active=health.divergent > rule.threshold,
                 summary=f"replica group {name}: {health.divergent} divergent keys "
-                f"(check {health.run_id or '-'})",
+                f"(check {health.run_id or '-'}{failed})",
             )
         )
     return out
 
 
-def _unreachable_conditions(rule: AlertRule, index: LagIndex) -> list[Condition]:
+def _unreachable_conditions(rule: AlertRule, config: Config, index: LagIndex) -> list[Condition]:
+    """Replicas the latest probe from each current source could not reach."""
+    sources = {r.name for r in config.topology.regions if r.write is not None}
     out = []
     for source, health in probe_health(index.store).items():
-        if rule.source not in (None, source):
+        if source not in sources or rule.source not in (None, source):
             continue
         for item in health.unreachable:
             region, replica = item.get("region", ""), item.get("replica", "")

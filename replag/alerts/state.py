@@ -184,6 +184,17 @@ class AlertBook:
             for r in rows
         ]
 
+    def prune_events(self, before_ns: int) -> int:
+        """Delete state changes older than `before_ns` (UTC epoch ns); return how many.
+
+        Current states stay: an alert firing since before the cutoff keeps its row.
+        """
+        query = "FROM alert_events WHERE at_ns < ?"
+        count = int(self.store.execute(f"SELECT COUNT(*) {query}", (before_ns,))[0][0])
+        if count:
+            self.store.execute(f"DELETE {query}", (before_ns,))
+        return count
+
     def firing_count(self) -> int:
         return int(
             self.store.execute("SELECT COUNT(*) FROM alert_state WHERE status = 'firing'")[0][0]
