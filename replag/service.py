@@ -46,7 +46,7 @@ class RepairUnavailable(ReplagError):
 
 
 class JobConflict(UsageError):
-    """A check or repair of the same group is already running."""
+    """A check or repair of the same group (or of every group) is already running."""
 
 
 @dataclass(kw_only=True)
@@ -116,7 +116,9 @@ class ReplagService:
         self.counters: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
-        self._group_locks: dict[str | None, asyncio.Lock] = {}
+        # Group (None: every group) → the id of the job holding it. A job of every group
+        # excludes all others, and any running job excludes one of every group.
+        self._busy: dict[str | None, str] = {}
         self._stopping = asyncio.Event()
         # The last Dynomite collection (the samples themselves are in the store).
         self.dynomite_collected_ns: int | None = None
@@ -201,6 +203,7 @@ class ReplagService:
             log.info("compaction: %d lag windows merged into %d", merged, written)
         cutoff = now - int(self.settings.retention * 1e9)
         deleted = await asyncio.to_thread(self.store.prune, cutoff)
+        deleted["alert_events"] = await asyncio.to_thread(self.alert_book.prune_events, cutoff)
         forgotten = self.index.forget_before(cutoff)
         if any(deleted.values()):
             log.info(
@@ -323,29 +326,59 @@ class ReplagService:
     # --- repair checks and runs ----------------------------------------------
 
     async def check_round(self) -> None:
+        """Check every group in turn (skipping busy ones), then evaluate the alerts."""
         for group in self.config.topology.groups:
-            with contextlib.suppress(JobConflict):
+            try:
                 job = self.start_job("check", group.name)
-                await self.wait_job(job.id)
+            except JobConflict:
+                continue
+            except RepairUnavailable:
+                raise
+            except ReplagError as exc:
+                log.warning("check of %s not started: %s", group.name, exc)
+                continue
+            await self.wait_job(job.id)
         await self.evaluate_alerts()
 
     def start_job(self, action: JobAction, group: str | None, **options: Any) -> RepairJob:
-        """Start a check or repair in the background; raise JobConflict if one is running."""
-        repair_module()  # fail now, not in the background, when repair is missing
+        """Start a check or repair in the background.
+
+        Raises JobConflict while a job of the same group, or of every group, runs (a job
+        of every group conflicts with any), and UsageError for an unknown group or a
+        policy the repair library would refuse, so the caller hears of it now.
+        """
+        repair = repair_module()  # fail now, not in the background, when repair is missing
         if group is not None:
             self.config.topology.group(group)  # UsageError naming the known groups
-        lock = self._group_locks.setdefault(group, asyncio.Lock())
-        if lock.locked():
-            raise JobConflict(f"a check or repair of {group or 'every group'} is already running")
+        if action == "repair":
+            self._check_policy(repair, group, options.get("policy", "quorum"))
+        running = [g for g in self._busy if group is None or g is None or g == group]
+        if running:
+            what = running[0] or "every group"
+            raise JobConflict(f"a check or repair of {what} is already running")
         job = RepairJob(
             id=uuid.uuid4().hex[:12], action=action, group=group, started_ns=time.time_ns()
         )
+        self._busy[group] = job.id
         self.jobs[job.id] = job
         self._prune_jobs()
-        task = asyncio.create_task(self._run_job(job, lock, options), name=f"job-{job.id}")
+        task = asyncio.create_task(self._run_job(job, options), name=f"job-{job.id}")
         self._job_tasks[job.id] = task
-        task.add_done_callback(lambda _: self._job_tasks.pop(job.id, None))
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._job_tasks.pop(job.id, None)
+            if self._busy.get(group) == job.id:  # also when cancelled before it started
+                del self._busy[group]
+
+        task.add_done_callback(finished)
         return job
+
+    def _check_policy(self, repair: ModuleType, group: str | None, policy: str) -> None:
+        """Parse `policy` for every group the job covers, as the repair will (UsageError)."""
+        parse_policy = import_module(f"{repair.__name__}.policy").parse_policy
+        groups = [self.config.topology.group(group)] if group else self.config.topology.groups
+        for g in groups:
+            parse_policy(policy, g.members)
 
     async def wait_job(self, job_id: str) -> RepairJob:
         task = self._job_tasks.get(job_id)
@@ -353,31 +386,33 @@ class ReplagService:
             await asyncio.shield(task)
         return self.jobs[job_id]
 
-    async def _run_job(self, job: RepairJob, lock: asyncio.Lock, options: dict[str, Any]) -> None:
+    async def _run_job(self, job: RepairJob, options: dict[str, Any]) -> None:
+        """Run `job` (its group is already claimed in `_busy`), then an auto-repair if due."""
         repair = repair_module()
         group_label = job.group or "all"
-        async with lock:
-            try:
-                if job.action == "check":
-                    report = await repair.check(self.config, group=job.group, store=self.store)
-                else:
-                    report = await repair.repair(
-                        self.config, group=job.group, store=self.store, **options
-                    )
-                job.run_id, job.divergent = report.run_id, int(report.divergent)
-                job.state = "done"
-                self._observe_repair(job, report)
-            except ReplagError as exc:
-                job.state, job.error = "failed", str(exc)
-                self.metrics.repair_runs.labels(group_label, job.action, "error").inc()
-                if job.group:
-                    record_check(
-                        self.store, group=job.group, divergent=None, run_id=None, error=str(exc)
-                    )
-                log.warning("%s of %s failed: %s", job.action, group_label, exc)
-                return
-            finally:
-                job.finished_ns = time.time_ns()
+        try:
+            if job.action == "check":
+                report = await repair.check(self.config, group=job.group, store=self.store)
+            else:
+                report = await repair.repair(
+                    self.config, group=job.group, store=self.store, **options
+                )
+            job.run_id, job.divergent = report.run_id, int(report.divergent)
+            job.state = "done"
+            self._observe_repair(job, report)
+        except ReplagError as exc:
+            self._job_failed(job, str(exc))
+            log.warning("%s of %s failed: %s", job.action, group_label, exc)
+            return
+        except Exception as exc:
+            # A bug or an unexpected network error (ConnectionResetError…) must not leave
+            # the job "running" forever nor stop the next group's check.
+            self.counters["crashed jobs"] += 1
+            self._job_failed(job, f"{type(exc).__name__}: {exc}")
+            log.exception("%s of %s crashed", job.action, group_label)
+            return
+        finally:
+            job.finished_ns = time.time_ns()
         self.counters[f"{job.action}s"] += 1
         outcome = "divergent" if job.divergent else "clean"
         self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
@@ -391,7 +426,13 @@ class ReplagService:
                 started_ns=time.time_ns(),
             )
             self.jobs[follow.id] = follow
-            await self._run_job(follow, lock, {})
+            await self._run_job(follow, {})
+
+    def _job_failed(self, job: RepairJob, error: str) -> None:
+        job.state, job.error = "failed", error
+        self.metrics.repair_runs.labels(job.group or "all", job.action, "error").inc()
+        if job.group:
+            record_check(self.store, group=job.group, divergent=None, run_id=None, error=error)
 
     def _observe_repair(self, job: RepairJob, report: Any) -> None:
         """Per-group figures of a RepairReport: divergent keys, repair outcomes, group health."""

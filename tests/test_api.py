@@ -165,6 +165,51 @@ async def test_post_repairs_starts_a_job(client: httpx.AsyncClient, app: FastAPI
     assert one["job"]["state"] == "failed"
 
 
+@pytest.mark.parametrize(
+    ("policy", "status", "fragment"),
+    [
+        ("source:main-1", 202, ""),
+        ("newest:ts", 202, ""),
+        ("quorum", 202, ""),
+        ("source:mars", 400, "no such replica or region"),
+        ("newest", 422, "policy"),  # the library needs a FIELD
+        ("source=us-east", 422, "policy"),
+    ],
+)
+async def test_post_repairs_accepts_the_policies_repair_understands(
+    client: httpx.AsyncClient, app: FastAPI, policy: str, status: int, fragment: str
+) -> None:
+    response = await client.post("/api/v1/repairs", headers={"Authorization": f"Bearer {TOKEN}"},
+                                 json={"action": "repair", "group": "main", "policy": policy,
+                                       "dry_run": True})  # fmt: skip
+    assert response.status_code == status, response.text
+    assert fragment in json.dumps(response.json())
+    if status == 202:
+        finished = await app.state.service.wait_job(response.json()["job_id"])
+        # The members are closed ports: the run gets as far as connecting, not further.
+        assert finished.state == "failed" and "policy" not in (finished.error or "")
+
+
+async def test_a_job_of_every_group_and_a_job_of_one_group_exclude_each_other(
+    app: FastAPI,
+) -> None:
+    from replag.service import JobConflict
+
+    svc = app.state.service
+    one = svc.start_job("check", "main")
+    with pytest.raises(JobConflict, match="main is already running"):
+        svc.start_job("check", None)
+    with pytest.raises(JobConflict, match="main is already running"):
+        svc.start_job("check", "main")
+    await svc.wait_job(one.id)
+    every = svc.start_job("check", None)
+    with pytest.raises(JobConflict, match="every group is already running"):
+        svc.start_job("repair", "main")
+    await svc.wait_job(every.id)
+    again = svc.start_job("check", "main")  # both finished: nothing holds the group
+    await svc.wait_job(again.id)
+
+
 async def test_without_a_configured_token_every_change_is_refused(tmp_path: Path) -> None:
     application = create_app(make_config(tmp_path, token=None), run_schedulers=False)
     async with application.router.lifespan_context(application):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,10 +19,14 @@ import pytest
 import tomli_w
 from aiohttp import web
 
-from replag.config import load_config
+from replag.alerts.health import group_health, record_check
+from replag.alerts.rules import evaluate_rules
+from replag.config import config_from_dict, load_config
 from replag.lab.server import free_port
+from replag.lagindex import LagIndex
 from replag.service import ReplagService
-from tests.conftest import LabFactory
+from replag.store import Store
+from tests.conftest import LabFactory, RedisFactory
 
 FAST = {"count": 20, "rate": 0, "timeout": "2s", "probe_interval": "300ms"}
 
@@ -129,6 +134,89 @@ def test_serve_binds_loopback_by_default(host: str) -> None:
 
     defaults = {p.name: p.default for p in command.params}
     assert defaults["host"] == host and defaults["port"] == 8700
+
+
+def test_serve_refuses_a_taken_port_before_probing(tmp_path: Path) -> None:
+    store = tmp_path / "svc.sqlite"
+    config = tmp_path / "replag.toml"
+    config.write_text(tomli_w.dumps({
+        "settings": {"store": str(store), "probe_interval": "1s"},
+        "regions": [{"name": "us-east", "write": f"redis://127.0.0.1:{free_port()}"}],
+    }))  # fmt: skip
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"replag: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert not store.exists()  # nothing was probed, nothing was written
+
+
+def _group_config(tmp_path: Path, groups: dict[str, list[str]]) -> Any:
+    members = [url for urls in groups.values() for url in urls]
+    return config_from_dict({
+        "settings": {"store": str(tmp_path / "svc.sqlite"), "timeout": "2s"},
+        "regions": [{"name": "us-east", "replicas": sorted(set(members))}],
+        "groups": [{"name": name, "members": urls} for name, urls in groups.items()],
+        "alerts": {"rules": [{"name": "diverged", "kind": "divergent_keys"}]},
+    }, where="replag.toml", environ={})  # fmt: skip
+
+
+async def test_an_unexpected_error_fails_its_job_and_the_round_goes_on(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    a, b, c, d = (redis_factory(name) for name in "abcd")
+    config = _group_config(tmp_path, {"first": [a.url, b.url], "second": [c.url, d.url]})
+    store = Store(tmp_path / "svc.sqlite")
+    # Not an endpoint's ReplagError: the store refuses to log the first group's run.
+    store.execute("CREATE TABLE repair_runs (run_id TEXT PRIMARY KEY, kind TEXT, status TEXT, "
+                  "started_ns INTEGER, finished_ns INTEGER, params_json TEXT, report_json TEXT, "
+                  "error TEXT)")  # fmt: skip
+    store.execute("""CREATE TRIGGER refuse_first BEFORE INSERT ON repair_runs
+                     WHEN NEW.params_json LIKE '%"first"%'
+                     BEGIN SELECT RAISE(ABORT, 'disk trouble'); END""")  # fmt: skip
+    service = ReplagService(config, store=store)
+    try:
+        await service.check_round()
+        jobs = {j.group: j for j in service.jobs.values()}
+        assert jobs["first"].state == "failed" and jobs["first"].finished_ns
+        assert jobs["first"].error == "IntegrityError: disk trouble"
+        assert jobs["second"].state == "done" and jobs["second"].divergent == 0
+        assert service.counters["crashed jobs"] == 1
+        health = group_health(store)
+        assert health["first"].error == "IntegrityError: disk trouble"
+        assert health["second"].divergent == 0 and health["second"].error is None
+        # The round went on to the alerts, and the next job of the group can start.
+        assert service.alert_book.history() == []
+        await service.wait_job(service.start_job("check", "second").id)
+    finally:
+        await service.stop()
+        store.close()
+
+
+async def test_prune_round_drops_alert_history_older_than_retention(tmp_path: Path) -> None:
+    config = _group_config(tmp_path, {"main": ["redis://127.0.0.1:1", "redis://127.0.0.1:2"]})
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        now = time.time_ns()
+        old = now - int(config.settings.retention * 1e9) - 3600 * 10**9
+        for at, divergent in ((old, 3), (old + 1, 0), (now, 5)):
+            record_check(store, group="main", divergent=divergent, run_id=None, error=None)
+            conditions = evaluate_rules(config, LagIndex(store), now_ns=at)
+            service.alert_book.apply(conditions, now_ns=at, repeat_interval_s=3600)
+        history = [h["status"] for h in service.alert_book.history()]
+        assert history == ["firing", "pending", "resolved", "firing", "pending"]
+        await service.prune_round()
+        assert [h["status"] for h in service.alert_book.history()] == ["firing", "pending"]
+        assert service.alert_book.firing_count() == 1
+    finally:
+        await service.stop()
+        store.close()
 
 
 async def _until(check: Callable[[], bool]) -> None:

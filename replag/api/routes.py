@@ -89,14 +89,23 @@ class RepairRequest(BaseModel):
 
     action: Literal["check", "repair"] = "check"
     group: str | None = Field(default=None, max_length=200, description="default: every group")
-    policy: str = Field(default="quorum", max_length=200, pattern=r"^(quorum|newest|source=.+)$")
+    policy: str = Field(
+        default="quorum",
+        max_length=200,
+        pattern=r"^(quorum|source:.+|newest:.+)$",
+        description="quorum, source:REPLICA_OR_REGION or newest:FIELD",
+    )
     dry_run: bool = False
     allow_deletes: bool = False
 
 
 @router.post("/repairs", status_code=202, dependencies=[Depends(require_token)])
 async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
-    """Start a check or a repair in the background; poll `/repairs/{job_id}` for it."""
+    """Start a check or a repair in the background; poll `/repairs/{job_id}` for it.
+
+    An unknown group or a policy the groups cannot use (`source:` naming no member)
+    is refused here with a 400, not left to fail in the background.
+    """
     options: dict[str, Any] = {}
     if body.action == "repair":
         options = {

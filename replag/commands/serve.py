@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,8 +15,10 @@ import click
 import uvicorn
 
 from replag.commands.options import config_option, load
+from replag.errors import UsageError
 
 log = logging.getLogger("replag.serve")
+uvicorn_log = logging.getLogger("uvicorn.error")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -26,6 +29,17 @@ class CleanExitServer(uvicorn.Server):
     process dies of it (exit −15). A systemd unit or supervisor asking replag to
     stop expects a clean stop to exit 0; a failed startup still exits non-zero.
     """
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # uvicorn only says where it listens when it binds the socket itself.
+        if sockets and self.started:
+            host, port = sockets[0].getsockname()[:2]
+            uvicorn_log.info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                f"[{host}]" if ":" in host else host,
+                port,
+            )
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -68,18 +82,39 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     logging.getLogger("replag").setLevel(log_level.upper())
     if not _is_loopback(host) and not config.settings.api_token:
         log.warning("binding %s without api_token: data-changing API calls stay refused", host)
-    app = create_app(config, external_url=f"http://{host}:{port}")
-    server = CleanExitServer(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-            lifespan="on",
+    # Bind before the app exists: uvicorn would start the schedulers (probing, writing
+    # to the store) and only then find the port taken.
+    sock = listen(host, port)
+    with sock:
+        app = create_app(config, external_url=f"http://{host}:{sock.getsockname()[1]}")
+        server = CleanExitServer(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                access_log=False,
+                lifespan="on",
+            )
         )
-    )
-    server.run()
+        server.run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port; UsageError (one line, exit 2) when that fails."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:  # socket.gaierror: an unknown host name
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def _is_loopback(host: str) -> bool:
