@@ -222,8 +222,8 @@ SETTINGS: tuple[Setting, ...] = (
         name="retention",
         parse=_duration,
         default="30d",
-        help="Service: lag windows, probe runs and Dynomite samples older than this are "
-        "pruned from the store (hourly).",
+        help="Service: lag windows, probe runs, Dynomite samples and alert history older "
+        "than this are pruned from the store (hourly).",
     ),
     Setting(
         name="check_interval",

@@ -196,7 +196,8 @@ class Store:
     def prune(self, before_ns: int) -> dict[str, int]:
         """Delete measurements older than `before_ns` (UTC epoch ns); return rows deleted per table.
 
-        Repair runs and alert history are kept: they are small and an audit trail.
+        Repair runs are kept (small, and an audit trail); alert history is pruned by
+        `AlertBook.prune_events` with the same cutoff.
         """
         targets = [
             ("lag_windows", "end_ns"),
