@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from replag.cli import main
 from replag.config import load_config
@@ -99,23 +100,15 @@ def test_partitioned_region_gives_lost_samples_and_exit_1(lab_factory: LabFactor
     assert "Traceback" not in result.output
 
 
+def probe_cli(state: dict[str, Any], *args: str) -> Result:
+    """`replag probe --config <the lab's topology> ARGS`, in process."""
+    config = str(Path(state["dir"]) / "topology.toml")
+    return CliRunner().invoke(main, ["probe", "--config", config, *args])
+
+
 def test_probe_json_has_the_documented_shape(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 3})
-    result = CliRunner().invoke(
-        main,
-        [
-            "probe",
-            "--config",
-            str(Path(state["dir"]) / "topology.toml"),
-            "--count",
-            "30",
-            "--rate",
-            "0",
-            "--max-p99",
-            "1s",
-            "--json",
-        ],
-    )
+    result = probe_cli(state, "--count", "30", "--rate", "0", "--max-p99", "1s", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     pair = next(p for p in out["pairs"] if p["target"] == "b")
@@ -137,20 +130,7 @@ def test_probe_json_has_the_documented_shape(lab_factory: LabFactory) -> None:
 
 def test_threshold_breach_exits_1(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 20})
-    result = CliRunner().invoke(
-        main,
-        [
-            "probe",
-            "--config",
-            str(Path(state["dir"]) / "topology.toml"),
-            "--count",
-            "20",
-            "--rate",
-            "0",
-            "--max-p99",
-            "5ms",
-        ],
-    )
+    result = probe_cli(state, "--count", "20", "--rate", "0", "--max-p99", "5ms")
     assert result.exit_code == 1
     assert "BREACH" in result.output and "p99" in result.output
 
@@ -263,21 +243,8 @@ async def test_dynomite_seed_method_reports_an_average(lab_factory: LabFactory) 
 
 def test_source_all_probes_every_writable_region(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
-    result = CliRunner().invoke(
-        main,
-        [
-            "probe",
-            "--config",
-            str(Path(state["dir"]) / "topology.toml"),
-            "--source",
-            "all",
-            "--count",
-            "10",
-            "--rate",
-            "0",
-            "--json",
-            "--no-store",
-        ],
+    result = probe_cli(
+        state, "--source", "all", "--count", "10", "--rate", "0", "--json", "--no-store"
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
