@@ -29,7 +29,6 @@ from redis.exceptions import (
 from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
-from redis.retry import Retry as SyncRetry
 
 from replag.errors import AuthError, EndpointError, UnreachableError
 from replag.topology import Endpoint
@@ -67,21 +66,6 @@ def async_client(
         # redis-py retries with backoff by default (seconds on a dead node); replag
         # decides itself what to retry, so a dead endpoint is reported at once.
         retry=Retry(NoBackoff(), 0),
-        **_NO_SETINFO,
-    )
-
-
-def sync_client(endpoint: Endpoint, *, timeout_s: float) -> redis.Redis:
-    return redis.Redis(
-        host=endpoint.host,
-        port=endpoint.port,
-        db=endpoint.db,
-        username=endpoint.username,
-        password=endpoint.password,
-        ssl=endpoint.tls,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=SyncRetry(NoBackoff(), 0),
         **_NO_SETINFO,
     )
 

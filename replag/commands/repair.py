@@ -6,7 +6,9 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -59,6 +61,26 @@ def _progress(as_json: bool) -> _ProgressLine | None:
     return _ProgressLine() if not as_json and sys.stderr.isatty() else None
 
 
+def _run(
+    config_path: Path,
+    as_json: bool,
+    job: Callable[..., Coroutine[Any, Any, RepairReport]],
+    **options: Any,
+) -> RepairReport:
+    """Load the config, open the store, run `job` with a progress line on a terminal, report."""
+    config = load(config_path)
+    store = Store(config.settings.store)
+    progress = _progress(as_json)
+    try:
+        report = asyncio.run(job(config, store=store, progress=progress, **options))
+    finally:
+        if progress is not None:
+            progress.close()
+        store.close()
+    _emit(report, as_json)
+    return report
+
+
 @click.group(name="repair")
 def command() -> None:
     """Find keys that differ between replicas (Tictac Merkle trees) and repair them safely."""
@@ -74,25 +96,7 @@ def check_command(
     config_path: Path, group: str | None, match: str | None, type_filter: str | None, as_json: bool
 ) -> None:
     """Compare the replicas; exit 0 if they agree, 1 if divergence is found."""
-    config = load(config_path)
-    store = Store(config.settings.store)
-    progress = _progress(as_json)
-    try:
-        report = asyncio.run(
-            check(
-                config,
-                group=group,
-                store=store,
-                progress=progress,
-                match=match,
-                type_filter=type_filter,
-            )
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-        store.close()
-    _emit(report, as_json)
+    report = _run(config_path, as_json, check, group=group, match=match, type_filter=type_filter)
     sys.exit(1 if report.divergent else 0)
 
 
@@ -131,30 +135,19 @@ def run_command(
     as_json: bool,
 ) -> None:
     """Find and repair divergence. Exit 1 if conflicts or changing keys were left."""
-    config = load(config_path)
-    store = Store(config.settings.store)
-    progress = _progress(as_json)
-    try:
-        report = asyncio.run(
-            repair(
-                config,
-                group=group,
-                policy=policy,
-                dry_run=dry_run,
-                allow_deletes=allow_deletes,
-                rate=rate,
-                max_inflight=max_inflight,
-                resume=resume,
-                store=store,
-                progress=progress,
-                match=match,
-                type_filter=type_filter,
-            )
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-        store.close()
-    _emit(report, as_json)
+    report = _run(
+        config_path,
+        as_json,
+        repair,
+        group=group,
+        policy=policy,
+        dry_run=dry_run,
+        allow_deletes=allow_deletes,
+        rate=rate,
+        max_inflight=max_inflight,
+        resume=resume,
+        match=match,
+        type_filter=type_filter,
+    )
     left = report.to_dict()
     sys.exit(1 if left["conflicts"] or left["skipped_changed"] or left["kept"] else 0)
