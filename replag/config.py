@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replag.alert_config import AlertsConfig, parse_alerts
+from replag.alerts.config import AlertsConfig, parse_alerts
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
 from replag.topology import Endpoint, EndpointKind, Region, ReplicaGroup, Topology

@@ -6,12 +6,14 @@ route) so the edge (CLI, API) can print one clear line::
     ReplagError                 exit 2 unless a subclass says otherwise
     ├── ConfigError             bad file, key or value (names file and key)
     ├── UsageError              bad command-line or API argument
+    │   └── JobConflict         a check/repair of that group already runs
     ├── EndpointError           a Redis/Dynomite endpoint failed us
     │   ├── UnreachableError    connect refused / timed out / closed
     │   └── AuthError           wrong password or ACL refusal
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
-    └── RepairError             a repair run cannot go on (resumable)
+    ├── RepairError             a repair run cannot go on (resumable)
+    └── RepairUnavailable       the repair package cannot be used
 """
 
 from __future__ import annotations
@@ -61,3 +63,11 @@ class DiscoveryError(ReplagError):
 
 class RepairError(ReplagError):
     """A repair run cannot go on; it stays resumable from the store."""
+
+
+class JobConflict(UsageError):
+    """A check or repair of the same group (or of every group) is already running."""
+
+
+class RepairUnavailable(ReplagError):
+    """The repair package is not installed in this build (or has no such function)."""

@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from hdrh.histogram import HdrHistogram
 
-from replag.probes.histogram import HIGHEST_US, LOWEST_US, SIGNIFICANT_FIGURES, LagHistogram
-from replag.probes.histogram import LagSummary as LagSummary
+from replag.histogram import HIGHEST_US, LOWEST_US, SIGNIFICANT_FIGURES, LagHistogram
+from replag.histogram import LagSummary as LagSummary
 from replag.store import Store
 
 IntArray = npt.NDArray[np.int64]

@@ -24,14 +24,14 @@ from importlib import import_module
 from types import ModuleType
 from typing import Any, Literal
 
-from replag.alerts import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
+from replag.alerts.evaluate import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
 from replag.alerts.health import probe_health, record_check, record_probe
 from replag.alerts.rules import dropped_writes_since
-from replag.api.metrics import ServiceMetrics
 from replag.config import Config
-from replag.discovery.dynomite_info import FIGURES, collect_dynomite_stats, recent_stats
-from replag.errors import EndpointError, ReplagError, UsageError
+from replag.errors import EndpointError, JobConflict, RepairUnavailable, ReplagError
 from replag.lagindex import LagIndex
+from replag.metrics import ServiceMetrics
+from replag.monitoring.dynomite_stats import FIGURES, collect_dynomite_stats, recent_stats
 from replag.probes.report import ProbeReport
 from replag.store import Store
 
@@ -39,14 +39,6 @@ log = logging.getLogger(__name__)
 
 ProbeFunction = Callable[..., Awaitable[ProbeReport]]
 JobAction = Literal["check", "repair"]
-
-
-class RepairUnavailable(ReplagError):
-    """The repair package is not installed in this build (or has no such function)."""
-
-
-class JobConflict(UsageError):
-    """A check or repair of the same group (or of every group) is already running."""
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from replag.errors import ConfigError
-from replag.probes.histogram import LagHistogram, LagSummary
+from replag.histogram import LagHistogram, LagSummary
 
 _LAG_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS lag_windows (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from replag.alerts import AlertBook, evaluate_and_notify
+from replag.alerts.evaluate import AlertBook, evaluate_and_notify
 from replag.alerts.health import record_check, record_probe
 from replag.alerts.rules import evaluate_rules
 from replag.config import Config, config_from_dict

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from replag.alert_config import AlertSink
-from replag.alerts import AlertSender, sample_events
+from replag.alerts.config import AlertSink
+from replag.alerts.evaluate import AlertSender, sample_events
 from replag.alerts.payloads import SIGNATURE_HEADER, signature
 from replag.alerts.state import AlertEvent
 from replag.store import Store

@@ -193,7 +193,7 @@ async def test_post_repairs_accepts_the_policies_repair_understands(
 async def test_a_job_of_every_group_and_a_job_of_one_group_exclude_each_other(
     app: FastAPI,
 ) -> None:
-    from replag.service import JobConflict
+    from replag.errors import JobConflict
 
     svc = app.state.service
     one = svc.start_job("check", "main")

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from replag.discovery.dynomite_info import parse_info, record_stats
 from replag.lab.server import free_port
+from replag.monitoring.dynomite_stats import parse_info, record_stats
 from replag.store import Store
 from tests.dynomite_fixtures import fixture_bytes
 from tests.lag_windows import add_windows

@@ -9,7 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from replag.cli import main
-from replag.discovery.dynomite_info import (
+from replag.lab.server import free_port
+from replag.monitoring.dynomite_stats import (
     DROPPED_WRITES_MESSAGE,
     collect_dynomite_stats,
     counter_growth,
@@ -17,7 +18,6 @@ from replag.discovery.dynomite_info import (
     find_dropped_writes,
     recent_stats,
 )
-from replag.lab.server import free_port
 from replag.store import Store
 from tests.dynomite_fixtures import (
     admin_server,

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from replag.alerts import evaluate_and_notify
+from replag.alerts.evaluate import evaluate_and_notify
 from replag.api.app import create_app
 from replag.config import Config, config_from_dict
-from replag.discovery.dynomite_info import DROPPED_WRITES_MESSAGE, collect_dynomite_stats
 from replag.errors import ConfigError
 from replag.lab.server import free_port
+from replag.monitoring.dynomite_stats import DROPPED_WRITES_MESSAGE, collect_dynomite_stats
 from replag.store import Store
 from tests.dynomite_fixtures import Route, admin_server, fixture_bytes, node_routes
 

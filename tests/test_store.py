@@ -6,7 +6,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replag.probes.histogram import LagHistogram
+from replag.histogram import LagHistogram
 from replag.store import LagWindow, Store, summarize
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from replag.alert_config import AlertSink
 from replag.alerts import payloads
+from replag.alerts.config import AlertSink
 from replag.alerts.state import AlertEvent
 from replag.store import Store
 

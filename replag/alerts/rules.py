@@ -12,18 +12,18 @@ import json
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
-from replag.alert_config import AlertRule
+from replag.alerts.config import AlertRule
 from replag.alerts.health import group_health, probe_health
 from replag.config import Config
-from replag.discovery.dynomite_info import (
+from replag.durations import format_ms
+from replag.lagindex import LagIndex
+from replag.monitoring.dynomite_stats import (
     DroppedWrites,
     DynomiteStats,
     dropped_writes,
     ensure_stats_schema,
     recent_stats,
 )
-from replag.durations import format_ms
-from replag.lagindex import LagIndex
 from replag.store import Store
 
 # Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s

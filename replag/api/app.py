@@ -22,8 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from replag import __version__
 from replag.api import dynomite, lag, routes
 from replag.config import Config
-from replag.errors import EndpointError, ReplagError
-from replag.service import JobConflict, RepairUnavailable, ReplagService
+from replag.errors import EndpointError, JobConflict, RepairUnavailable, ReplagError
+from replag.service import ReplagService
 from replag.store import Store
 
 log = logging.getLogger(__name__)

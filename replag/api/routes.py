@@ -16,7 +16,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
-from replag.service import RepairUnavailable, ReplagService, repair_module
+from replag.errors import RepairUnavailable
+from replag.service import ReplagService, repair_module
 
 router = APIRouter(prefix="/api/v1")
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token")

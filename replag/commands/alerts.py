@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from replag.alerts import AlertSender, DeliveryResult, sample_events
+from replag.alerts.evaluate import AlertSender, DeliveryResult, sample_events
 from replag.commands.options import config_option, json_option, load
 from replag.config import Config
 from replag.errors import UsageError

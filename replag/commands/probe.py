@@ -170,7 +170,7 @@ def _seconds(text: str | None, *, option: str) -> float | None:
 
 def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> dict[str, Any]:
     """Evaluate the alert rules with this run (cron path) and wait for the deliveries."""
-    from replag.alerts import evaluate_and_notify
+    from replag.alerts.evaluate import evaluate_and_notify
 
     own = store is None
     store = Store(config.settings.store) if store is None else store

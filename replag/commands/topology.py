@@ -21,10 +21,10 @@ from replag.discovery.dynomite import (
     load_port_map_file,
     parse_port_override,
 )
-from replag.discovery.dynomite_info import collect_dynomite_stats, find_dropped_writes
 from replag.discovery.replication import discover_replication
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
+from replag.monitoring.dynomite_stats import collect_dynomite_stats, find_dropped_writes
 from replag.settings import Settings, resolve_settings
 from replag.store import Store
 

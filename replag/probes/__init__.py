@@ -1,7 +1,7 @@
 """Probe writes, observation on replicas, and HDR percentiles of replication lag.
 
 The public names are loaded on first use, so that `replag.store` can import
-`replag.probes.histogram` without pulling in the runner (which imports the store).
+`replag.histogram` without pulling in the runner (which imports the store).
 """
 
 from __future__ import annotations

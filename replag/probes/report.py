@@ -8,7 +8,7 @@ from typing import Any
 
 from replag.clock import ClockOffset
 from replag.durations import format_ms
-from replag.probes.histogram import LagHistogram, LagSummary
+from replag.histogram import LagHistogram, LagSummary
 
 
 @dataclass(frozen=True, slots=True)

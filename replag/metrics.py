@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replag.discovery.dynomite_info import FIGURES, DynomiteStats, Figure
+from replag.histogram import LagHistogram
 from replag.lagindex import SparseHistogram
-from replag.probes.histogram import LagHistogram
+from replag.monitoring.dynomite_stats import FIGURES, DynomiteStats, Figure
 
 # 1-2.5-5 per decade: 0.1 ms to 10 s for lag, up to 1 s for write acknowledgements.
 LAG_BUCKETS_S = (*(m * 10.0**e for e in range(-4, 1) for m in (1, 2.5, 5)), 10.0)
