@@ -1,8 +1,12 @@
-"""Fixtures that start real redis-server processes on free ports and stop them."""
+"""Fixtures that start real redis-server processes and labs on free ports and stop them.
+
+Only fixtures live here; what tests import (the factories' types, helpers) is in
+`tests/helpers/`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +14,8 @@ import pytest
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.server import RedisServer, free_port
-
-RedisFactory = Callable[..., RedisServer]
-LabFactory = Callable[..., dict[str, Any]]
+from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from replag.config import Config, config_from_dict
 from replag.errors import ConfigError
 from replag.lagindex import LagIndex
 from replag.store import Store
-from tests.lag_windows import add_windows
+from tests.helpers.lag_windows import add_windows
 
 MIN = 60 * 10**9
 

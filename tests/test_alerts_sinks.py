@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from replag.alerts.evaluate import AlertSender, sample_events
 from replag.alerts.payloads import SIGNATURE_HEADER, signature
 from replag.alerts.state import AlertEvent
 from replag.store import Store
+from tests.helpers.waiting import until
 
 
 @dataclass
@@ -188,19 +189,9 @@ async def test_submit_queues_per_sink_and_returns_at_once(
     )  # fmt: skip
     sender.submit([event()])  # returns while the slow sink holds its request
     await arrived.wait()
-    await _until(lambda: sender.statuses()[1]["last_status"] == "ok")
+    await until(lambda: sender.statuses()[1]["last_status"] == "ok")
     assert sender.statuses()[0]["last_status"] == "never"  # still held by the slow receiver
     release.set()
-    await _until(lambda: sender.statuses()[0]["last_status"] == "ok")
+    await until(lambda: sender.statuses()[0]["last_status"] == "ok")
     await sender.close()
     await runner.cleanup()
-
-
-async def _until(check: Callable[[], bool]) -> None:
-    import asyncio
-
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")

@@ -5,44 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
 from replag.api.app import create_app
-from replag.config import Config, config_from_dict
 from replag.store import Store
-from tests.lag_windows import add_windows
-
-TOKEN = "t0ken-very-secret"
-SECRETS = ("r3dis-pass", TOKEN, "hmac-k3y", "pd-r0uting")
-
-
-def make_config(tmp_path: Path, *, token: str | None = TOKEN, **extra: Any) -> Config:
-    settings: dict[str, Any] = {"store": str(tmp_path / "s.sqlite")}
-    if token:
-        settings["api_token"] = token
-    data = {
-        "settings": settings,
-        "regions": [
-            {"name": "us-east", "write": "redis://:r3dis-pass@127.0.0.1:1",
-             "replicas": ["redis://:r3dis-pass@127.0.0.1:2"]},
-            {"name": "eu-west", "replicas": ["redis://:r3dis-pass@127.0.0.1:3"]},
-        ],
-        "groups": [{"name": "main", "members": ["redis://:r3dis-pass@127.0.0.1:2",
-                                                "redis://:r3dis-pass@127.0.0.1:3"]}],
-        "alerts": {
-            "rules": [{"name": "lag", "kind": "lag_p99", "threshold": "100ms",
-                       "severity": "critical"}],
-            "sinks": [{"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:9/x",
-                       "secret": "hmac-k3y"},
-                      {"name": "pd", "kind": "pagerduty", "routing_key": "pd-r0uting"}],
-        },
-        **extra,
-    }  # fmt: skip
-    return config_from_dict(data, where="replag.toml", environ={})
+from tests.helpers.configs import SECRETS, TOKEN, make_config
+from tests.helpers.lag_windows import add_windows
 
 
 @pytest.fixture

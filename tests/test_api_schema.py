@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 from replag.api.app import create_app
 from replag.store import Store
-from tests.lag_windows import add_windows
-from tests.test_api import TOKEN, make_config
+from tests.helpers.configs import TOKEN, make_config
+from tests.helpers.lag_windows import add_windows
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from replag.discovery.cluster import (
 )
 from replag.errors import DiscoveryError
 from replag.lab.binary import redis_server_version
-from tests.cluster_fixture import RedisClusterNodes, start_cluster
-from tests.conftest import RedisFactory
+from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
+from tests.helpers.redis_servers import RedisFactory
 
 
 @pytest.fixture(scope="module")

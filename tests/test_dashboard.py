@@ -18,8 +18,9 @@ import pytest
 from replag.lab.server import free_port
 from replag.monitoring.dynomite_stats import parse_info, record_stats
 from replag.store import Store
-from tests.dynomite_fixtures import fixture_bytes
-from tests.lag_windows import add_windows
+from tests.helpers.dynomite_admin import fixture_bytes
+from tests.helpers.lag_windows import add_windows
+from tests.helpers.waiting import wait_until
 
 CHROMIUM = next(
     (p for p in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
@@ -67,22 +68,29 @@ def serve_dashboard(tmp_path: Path, settings: str = "") -> Iterator[str]:
                   for i, r in enumerate(("us-east", "us-west", "eu-west")))
     )  # fmt: skip
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port),
-         "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port),
+             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
     try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "api/v1/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_until(lambda: _healthy(url, proc, log), f"replag serve answering on {url}")
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """True once the dashboard answers; fails at once, with its stderr, if the server died."""
+    if proc.poll() is not None:
+        raise AssertionError(f"replag serve exited {proc.returncode}: {log.read_text()}")
+    try:
+        return httpx.get(url + "api/v1/health").status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def chromium(tmp_path: Path, *args: str) -> str:

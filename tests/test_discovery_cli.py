@@ -9,9 +9,8 @@ from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import load_config
-from tests.conftest import RedisFactory
-from tests.dynomite_fixtures import admin_server_in_thread, node_routes
-from tests.test_discovery_replication import replica_of, wait_listed
+from tests.helpers.dynomite_admin import admin_server_in_thread, node_routes
+from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 
 THREE_RACK_PORTS = [
     "127.0.0.1:8101=client:8102,redis:22121,stats:22222",

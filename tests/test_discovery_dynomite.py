@@ -19,7 +19,7 @@ from replag.discovery.dynomite import (
 )
 from replag.errors import DiscoveryError, UnreachableError, UsageError
 from replag.lab.server import free_port
-from tests.dynomite_fixtures import Route, admin_server, fixture_bytes, node_routes
+from tests.helpers.dynomite_admin import Route, admin_server, fixture_bytes, node_routes
 
 LOCAL = "127.0.0.1"
 # The fixture clusters run on one host, so every node needs its own ports (README table).

@@ -20,9 +20,10 @@ from replag.discovery.replication import discover_replication
 from replag.errors import RepairError
 from replag.probes import ProbeReport, run_probe
 from replag.repair import check
-from tests.cluster_fixture import RedisClusterNodes, start_cluster
-from tests.conftest import LabFactory, RedisFactory
-from tests.dynomite_fixtures import admin_server, node_routes
+from tests.helpers.dynomite_admin import admin_server, node_routes
+from tests.helpers.lab import LabFactory
+from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
+from tests.helpers.redis_servers import RedisFactory
 
 
 def written_and_loaded(found: Discovery, path: Path) -> Config:

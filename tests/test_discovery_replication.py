@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -12,35 +11,7 @@ from replag.config import load_config
 from replag.discovery.replication import discover_replication
 from replag.errors import AuthError, UnreachableError, UsageError
 from replag.lab.server import RedisServer, free_port
-from tests.conftest import RedisFactory
-
-FAST_SYNC = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
-
-
-def replica_of(factory: RedisFactory, upstream: RedisServer, name: str) -> RedisServer:
-    return factory(
-        name,
-        password=upstream.password,
-        extra_args=("--replicaof", "127.0.0.1", str(upstream.port), *FAST_SYNC),
-    )
-
-
-def wait_listed(upstream: RedisServer, replicas: list[RedisServer]) -> None:
-    """Until `upstream` lists every one of `replicas` as online."""
-    want = {r.port for r in replicas}
-    deadline = time.monotonic() + 15
-    with upstream.client() as client:
-        while True:
-            info = client.info("replication")
-            online = {
-                v["port"]
-                for k, v in info.items()
-                if k.startswith("slave") and isinstance(v, dict) and v["state"] == "online"
-            }
-            if want <= online:
-                return
-            assert time.monotonic() < deadline, f"replicas not online: {want - online}"
-            time.sleep(0.02)
+from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from replag.monitoring.dynomite_stats import (
     recent_stats,
 )
 from replag.store import Store
-from tests.dynomite_fixtures import (
+from tests.helpers.dynomite_admin import (
     admin_server,
     admin_server_in_thread,
     fixture_bytes,

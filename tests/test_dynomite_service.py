@@ -6,9 +6,8 @@ answer with a higher `peer_dropped_requests` stands for writes dropped meanwhile
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ from replag.errors import ConfigError
 from replag.lab.server import free_port
 from replag.monitoring.dynomite_stats import DROPPED_WRITES_MESSAGE, collect_dynomite_stats
 from replag.store import Store
-from tests.dynomite_fixtures import Route, admin_server, fixture_bytes, node_routes
+from tests.helpers.dynomite_admin import Route, admin_server, fixture_bytes, node_routes
+from tests.helpers.waiting import until
 
 RULE = {"name": "dynomite-drops", "kind": "dynomite_dropped_writes", "over": "1s"}
 
@@ -51,14 +51,6 @@ def dynomite_config(
         "alerts": {"rules": [RULE] if rules is None else rules},
     }
     return config_from_dict(data, where="replag.toml", environ={})
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    for _ in range(200):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def test_service_collects_into_store_metrics_api_and_alerts(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from replag.config import load_config
 from replag.lab.cluster import lab_down, lab_fault, lab_status
 from replag.lab.relay import read_truth
 from replag.lab.server import pid_alive
-from tests.conftest import LabFactory
+from tests.helpers.lab import LabFactory
+from tests.helpers.waiting import wait_until
 
 
 def test_lab_up_and_down_leaves_nothing_running(tmp_path: Path) -> None:
@@ -55,15 +56,16 @@ def test_replication_goes_through_the_delay_and_is_recorded(lab_factory: LabFact
     primary = next(p for p in state["processes"] if p["role"] == "primary")
     replica = next(p for p in state["processes"] if p["region"] == "b")
     with redis.Redis(port=primary["port"]) as p, redis.Redis(port=replica["port"]) as r:
+        written = time.monotonic()
         p.set("replag:probe:t1", "v", px=60_000)
-        assert r.get("replag:probe:t1") is None  # still in flight: 30 ms away
-        deadline = time.monotonic() + 5
-        while r.get("replag:probe:t1") is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert r.get("replag:probe:t1") == b"v"
+        early = r.get("replag:probe:t1")
+        if time.monotonic() - written < 0.029:  # looked within the delay: still in flight
+            assert early is None
+        wait_until(lambda: r.get("replag:probe:t1") == b"v", "the write replicated to b")
     truth = read_truth(Path(state["dir"]) / "truth-b-1.log")
     t_in, t_out = truth["replag:probe:t1"]
-    assert 29e6 <= t_out - t_in <= 60e6
+    # The relay held it at least the delay (a loaded machine can only hold it longer).
+    assert t_out - t_in >= 29e6
 
 
 def test_partition_and_heal(lab_factory: LabFactory) -> None:
@@ -78,10 +80,7 @@ def test_partition_and_heal(lab_factory: LabFactory) -> None:
         assert r.get("k") is None
         assert any(row.get("link") == "down" for row in lab_status(lab_dir)["processes"])
         lab_fault(lab_dir, "b", "heal")
-        deadline = time.monotonic() + 15
-        while r.get("k") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert r.get("k") == b"during-partition"
+        wait_until(lambda: r.get("k") == b"during-partition", "the write arrived after heal")
     lab_down(lab_dir)
 
 

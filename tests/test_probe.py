@@ -14,7 +14,9 @@ from replag.errors import AuthError, UsageError
 from replag.lab.cluster import lab_fault
 from replag.probes import run_probe
 from replag.store import Store
-from tests.conftest import LabFactory, RedisFactory
+from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.waiting import until
 
 
 @pytest.mark.parametrize("mode", ["push", "poll"])
@@ -35,9 +37,14 @@ async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> N
     report = await run_probe(config, count=50, mode="push")
     far = next(p for p in report.pairs if p.target == "far").summary
     assert far.lost == 0
-    assert 79.0 <= far.lag_ms["p50"] <= 95.0  # type: ignore[operator]
     near = next(p for p in report.pairs if p.target == "near").summary
-    assert near.lag_ms["p50"] < 20  # type: ignore[operator]
+    far_p50, near_p50 = far.lag_ms["p50"], near.lag_ms["p50"]
+    assert far_p50 is not None and near_p50 is not None
+    # The relay holds every write 80 ms, so no sample can be shorter. A loaded machine only
+    # adds lag, so the upper bounds are what a wrong measurement (a round trip, a leaked
+    # delay), not a slow one, would cross: one one-way delay far, none near.
+    assert 79.0 <= far_p50 < 2 * 80
+    assert near_p50 < 80 / 2
     # Each sample's bracket must contain a plausible value: uncertainty is reported, positive.
     assert far.uncertainty_ms["p50"] is not None and far.uncertainty_ms["p50"] > 0
 
@@ -308,7 +315,8 @@ async def test_a_primary_dying_mid_run_is_reported(lab_factory: LabFactory) -> N
     primary = next(p for p in state["processes"] if p["role"] == "primary")
     config = load_config(Path(state["dir"]) / "topology.toml")
     run = asyncio.ensure_future(run_probe(config, count=400, rate=200, timeout_s=0.5))
-    await asyncio.sleep(0.5)
+    with redis.Redis(port=primary["port"]) as p:  # 400 writes take 2 s at 200/s
+        await until(lambda: asyncio.to_thread(lambda: p.dbsize() >= 10), "the first probe writes")
     await asyncio.to_thread(stop_pid, primary["pid"])
     report = await run
     assert report.exit_code == 1 and report.write_errors == 1

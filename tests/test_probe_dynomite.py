@@ -11,9 +11,9 @@ from replag.errors import UnreachableError
 from replag.probes import run_probe
 from replag.resp import RespConnection
 from replag.topology import Endpoint
-from tests.conftest import RedisFactory
-from tests.dynomite_fixtures import admin_server, node_routes
-from tests.dynomite_proxy import REJECTED, running_proxy
+from tests.helpers.dynomite_admin import admin_server, node_routes
+from tests.helpers.dynomite_proxy import REJECTED, running_proxy
+from tests.helpers.redis_servers import RedisFactory
 
 
 def _config(

@@ -8,8 +8,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from replag.repair import repair
-from tests.conftest import RedisFactory
-from tests.test_repair_scan import group_config
+from tests.helpers.configs import group_config
+from tests.helpers.redis_servers import RedisFactory
 
 KEYS = 200
 VERSIONS_PER_KEY = 17  # 200 keys × 17 versions × 3 replicas = 10,200 writes

@@ -4,56 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
 
-from replag.config import Config, config_from_dict
 from replag.errors import RepairError
 from replag.lab.server import RedisServer
 from replag.repair import RepairProgress, check, get_run
 from replag.store import Store
-from tests.conftest import RedisFactory
-
-
-def group_config(tmp_path: Path, servers: Sequence[RedisServer], **settings: Any) -> Config:
-    """A topology with one region and one replica per server, all in replica group "g"."""
-    data = {
-        "settings": {"store": str(tmp_path / "replag.sqlite"), "repair_settle": "10ms", **settings},
-        "regions": [
-            {"name": f"r{i}", "replicas": [{"name": f"n{i}", "url": s.url}]}
-            for i, s in enumerate(servers)
-        ],
-        "groups": [{"name": "g", "members": [f"n{i}" for i in range(len(servers))]}],
-    }
-    return config_from_dict(data, where="test")
-
-
-def fill(client: redis.Redis, count: int, *, prefix: str = "k:", size: int = 64) -> None:
-    pipe = client.pipeline(transaction=False)
-    for i in range(count):
-        pipe.set(f"{prefix}{i:07d}", b"%07d" % i + b"x" * size)
-    pipe.execute()
-
-
-def write_every_type(client: redis.Redis, *, reverse: bool = False) -> None:
-    """The same logical values, inserted in the opposite order when `reverse`."""
-    order: Any = reversed if reverse else (lambda x: x)
-    fields = [(f"f{i}".encode(), f"v{i}".encode()) for i in range(50)]
-    for f, v in order(fields):
-        client.hset(b"t:hash", f, v)
-    for m in order(list(range(40))):
-        client.sadd(b"t:set", m)  # integers: intset encoding on one server
-    for m in order(list(range(30))):
-        client.zadd(b"t:zset", {f"m{m}": m / 3})
-    client.rpush(b"t:list", *[f"e{i}" for i in range(20)])
-    for i in range(5):
-        client.xadd(b"t:stream", {b"n": str(i).encode(), b"\xff": b"\x00"}, id=f"{i + 1}-0")
-    client.set(b"t:string", b"\xfe\xff not utf-8 \x00")
-    client.set(b"\xff\xfe\x00bin-key", b"value")
+from tests.helpers.configs import group_config
+from tests.helpers.keyspace import fill, write_every_type
+from tests.helpers.redis_servers import RedisFactory
 
 
 async def test_every_type_agrees_across_encodings_and_differences_are_found(

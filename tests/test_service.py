@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,9 @@ from replag.lab.server import free_port
 from replag.lagindex import LagIndex
 from replag.service import ReplagService
 from replag.store import Store
-from tests.conftest import LabFactory, RedisFactory
+from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.waiting import until
 
 FAST = {"count": 20, "rate": 0, "timeout": "2s", "probe_interval": "300ms"}
 
@@ -117,10 +118,10 @@ async def test_a_slow_sink_does_not_block_probing(lab_factory: LabFactory, tmp_p
     try:
         await asyncio.wait_for(held.wait(), 30)  # the alert fired; its hook is stuck
         runs_then = service.counters["probe runs"]
-        await _until(lambda: service.counters["probe runs"] >= runs_then + 3)
+        await until(lambda: service.counters["probe runs"] >= runs_then + 3)
         assert [s["last_status"] for s in service.sender.statuses()] == ["never"]
         release.set()
-        await _until(lambda: service.sender.statuses()[0]["last_status"] == "ok")
+        await until(lambda: service.sender.statuses()[0]["last_status"] == "ok")
         assert service.alert_book.firing_count() >= 1
     finally:
         release.set()
@@ -217,11 +218,3 @@ async def test_prune_round_drops_alert_history_older_than_retention(tmp_path: Pa
     finally:
         await service.stop()
         store.close()
-
-
-async def _until(check: Callable[[], bool]) -> None:
-    for _ in range(600):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition never became true")

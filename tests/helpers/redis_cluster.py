@@ -18,9 +18,9 @@ from typing import Any
 import redis
 
 from replag.lab.server import RedisServer, free_port
+from tests.helpers.redis_servers import FAST_SYNC
 
 SLOTS = 16384
-FAST_SYNC = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dynomite"
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "dynomite"
 
 # file name part → URL path a node serves it at
 _ENDPOINTS = {
