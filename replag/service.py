@@ -224,6 +224,7 @@ class ReplagService:
             report: ProbeReport = await probe(self.config, source=source, store=self.store)
         except EndpointError as exc:
             self.counters["probe errors"] += 1
+            self.metrics.probe_runs.labels(source, "ok")  # the series exists, at 0
             self.metrics.probe_runs.labels(source, "error").inc()
             record_probe(
                 self.store,
@@ -237,6 +238,7 @@ class ReplagService:
         self.counters["probe runs"] += 1
         self.metrics.observe_probe(
             source=source,
+            targets=[p.target for p in report.pairs],
             samples=report.samples,
             write=report.write,
             unreachable=len(report.unreachable),
