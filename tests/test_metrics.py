@@ -17,7 +17,7 @@ from replag.api.app import create_app
 from replag.histogram import LagHistogram
 from replag.probes.report import ProbeSample
 from replag.store import LagWindow, Store
-from tests.test_api import make_config
+from tests.helpers.configs import make_config
 
 # (median lag in ms, log-normal spread): narrow spreads are the hard case for buckets,
 # since every sample falls into one or two of them.
