@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from replag.lab.server import pid_alive
 
 
-def test_demo_probes_three_regions_and_leaves_nothing_running() -> None:
+def test_demo_probes_three_regions_and_leaves_nothing_running(tmp_path: Path) -> None:
+    # The demo's lab lives under TMPDIR: our own one, so that demos other people run on
+    # this machine at the same time are not counted as our leftovers.
     result = subprocess.run(
         [sys.executable, "-m", "replag", "demo", "--count", "60"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {
@@ -27,5 +32,7 @@ def test_demo_probes_three_regions_and_leaves_nothing_running() -> None:
     assert all(row[3] == row[4] == "60" and row[5] == "0" for row in rows.values())
     assert 38 <= float(rows["us-west"][7]) <= 60 and 78 <= float(rows["eu-west"][7]) <= 100
     assert "lab stopped" in result.stdout
-    leftovers = subprocess.run(["pgrep", "-f", "replag-demo-"], capture_output=True, text=True)
+    leftovers = subprocess.run(
+        ["pgrep", "-f", f"{tmp_path}/replag-demo-"], capture_output=True, text=True
+    )
     assert [p for p in leftovers.stdout.split() if pid_alive(int(p))] == []

@@ -1,8 +1,8 @@
 """Real HTTP servers (aiohttp, port 0) answering with captured Dynomite admin output.
 
-The files in ../shared/fixtures/dynomite are what Dynomite v0.6.22 nodes
-answered; each is served as the node did, with a JSON content type even for
-the CRLF plain-text answers.
+The files in tests/fixtures/dynomite (see its README) are what Dynomite v0.6.22
+nodes answered; each is served as the node did, with a JSON content type even
+for the CRLF plain-text answers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "dynomite"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dynomite"
 
 # file name part → URL path a node serves it at
 _ENDPOINTS = {

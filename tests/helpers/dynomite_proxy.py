@@ -1,6 +1,6 @@
 """A stand-in for a Dynomite client port, for tests (no Dynomite binary can run here).
 
-It behaves as ../shared/fixtures/dynomite/README.md and command_matrix_8102.json
+It behaves as tests/fixtures/dynomite/README.md and command_matrix_8102.json
 say a real node does, at the one seam replag talks to: RESP on the client
 port. Commands Dynomite rejects close the connection without an answer;
 `dyno_config:conn_consistency` is accepted; everything else runs on the local
