@@ -272,7 +272,7 @@ class ReplagService:
         collection = await collect_dynomite_stats(
             self.settings.dynomite_stats_urls,
             store=self.store,
-            timeout_s=float(self.settings.connect_timeout),
+            timeout_s=self.settings.connect_timeout,
         )
         for url, error in collection.errors.items():
             if self.dynomite_errors.get(url) != error:

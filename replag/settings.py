@@ -1,19 +1,24 @@
-"""Every tunable of replag, declared once as data.
+"""Every tunable of replag, declared once: the fields of the frozen `Settings` class.
 
-Each `Setting` has a name, a kind, a default and a help line. The TOML
-`[settings]` table, `REPLAG_*` environment variables, `--help` texts and the
-README's settings table all read this one list; precedence is
-default < file < environment < command-line flag.
+To add a setting: add a field to `Settings`, `name: type = setting(default, parser, help)`,
+then paste `replag settings --markdown` into the README (a test checks it is there).
+
+Each field carries its declaration (default as a file would write it, parser, help,
+secret, choices); `SETTINGS` lists them. The TOML `[settings]` table, `REPLAG_*`
+environment variables, CLI option help and the README's table all read that list;
+precedence is default < file < environment < command-line flag. Code reads the
+typed object (`config.settings.connect_timeout` is a float in seconds).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from replag.durations import parse_duration_s
 
@@ -92,6 +97,16 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
+PROBE_MODES = ("auto", "push", "poll")
+DYNOMITE_CONSISTENCIES = ("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")
+
+
+def _consistency(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    return _choice(*DYNOMITE_CONSISTENCIES)(str(value).upper())
+
+
 def _prefix(value: Any) -> str:
     text = _str(value)
     if len(text) < 3 or any(ch in text for ch in "*?[]"):
@@ -112,247 +127,199 @@ def _url_list(value: Any) -> tuple[str, ...]:
     return urls
 
 
+_T = TypeVar("_T")
+_DECLARATION = "replag.setting"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setting:
+    """One setting's declaration: `default` as a file would write it, parsed by `parse`."""
+
     name: str
     parse: Callable[[Any], Any]
     default: Any
     help: str
     secret: bool = False
+    choices: tuple[str, ...] = ()
 
     @property
     def env_var(self) -> str:
         return "REPLAG_" + self.name.upper()
 
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def setting(
+    default: Any,
+    parse: Callable[[Any], _T],
+    help: str,
+    *,
+    secret: bool = False,
+    choices: tuple[str, ...] = (),
+) -> _T:
+    """A `Settings` field: its parsed default, and the declaration as field metadata.
+    The parser's return type must match the field's annotation (mypy checks it)."""
+    declared = {"parse": parse, "default": default, "help": help, "secret": secret}
+    return field(default=parse(default), metadata={_DECLARATION: {**declared, "choices": choices}})
+
 
 _DEFAULT_STORE = str(Path("~/.local/state/replag/replag.sqlite"))
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        name="prefix",
-        parse=_prefix,
-        default="replag:probe:",
-        help="Key prefix of probe keys; replag never writes other keys when probing.",
-    ),
-    Setting(
-        name="ttl",
-        parse=_positive_duration,
-        default="60s",
-        help="TTL set on every probe key (keys are also deleted after each run).",
-    ),
-    Setting(
-        name="timeout",
-        parse=_positive_duration,
-        default="5s",
-        help="How long a probe waits for a key on a replica before counting it lost.",
-    ),
-    Setting(
-        name="connect_timeout",
-        parse=_positive_duration,
-        default="2s",
-        help="Connect and command timeout for every Redis endpoint.",
-    ),
-    Setting(name="count", parse=_int, default=200, help="Probe keys written per probe run."),
-    Setting(
-        name="rate",
-        parse=_float,
-        default=200.0,
-        help="Probe writes per second (0 = as fast as acknowledgements allow).",
-    ),
-    Setting(
-        name="mode",
-        parse=_choice("auto", "push", "poll"),
-        default="auto",
-        help="Observation: push (keyspace notifications), poll (MGET), auto (push if allowed).",
-    ),
-    Setting(
-        name="poll_interval",
-        parse=_positive_duration,
-        default="1ms",
-        help="Interval between MGET rounds per replica in poll mode.",
-    ),
-    Setting(
-        name="store",
-        parse=_str,
-        default=_DEFAULT_STORE,
-        help="Path of the SQLite results store (lag windows, repair runs, alert state).",
-    ),
-    Setting(
-        name="max_p99",
-        parse=_optional_duration,
-        default=None,
-        help="Breach when a pair's p99 lag exceeds this (e.g. 200ms); unset = no check.",
-    ),
-    Setting(
-        name="max_loss",
-        parse=_optional_float,
-        default=0.0,
-        help="Breach when a pair's lost/sent ratio exceeds this (default 0: any lost probe).",
-    ),
-    Setting(
-        name="dynomite_consistency",
-        parse=lambda v: (
-            None
-            if v in (None, "")
-            else _choice("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")(str(v).upper())
-        ),
-        default=None,
-        help="Per-connection consistency for probe writes through a Dynomite client port.",
-    ),
-    Setting(
-        name="probe_interval",
-        parse=_positive_duration,
-        default="10s",
-        help="Service: time between probe rounds of every source region.",
-    ),
-    Setting(
-        name="window",
-        parse=_positive_duration,
-        default="60s",
-        help="Service: windows older than `compact_after` are merged (exactly) into one per "
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class Settings:
+    """Resolved values of every setting, typed; durations are float seconds."""
+
+    prefix: str = setting(
+        "replag:probe:",
+        _prefix,
+        "Key prefix of probe keys; replag never writes other keys when probing.",
+    )
+    ttl: float = setting(
+        "60s",
+        _positive_duration,
+        "TTL set on every probe key (keys are also deleted after each run).",
+    )
+    timeout: float = setting(
+        "5s",
+        _positive_duration,
+        "How long a probe waits for a key on a replica before counting it lost.",
+    )
+    connect_timeout: float = setting(
+        "2s", _positive_duration, "Connect and command timeout for every Redis endpoint."
+    )
+    count: int = setting(200, _int, "Probe keys written per probe run.")
+    rate: float = setting(
+        200.0, _float, "Probe writes per second (0 = as fast as acknowledgements allow)."
+    )
+    mode: str = setting(
+        "auto",
+        _choice(*PROBE_MODES),
+        "Observation: push (keyspace notifications), poll (MGET), auto (push if allowed).",
+        choices=PROBE_MODES,
+    )
+    poll_interval: float = setting(
+        "1ms", _positive_duration, "Interval between MGET rounds per replica in poll mode."
+    )
+    store: str = setting(
+        _DEFAULT_STORE,
+        _str,
+        "Path of the SQLite results store (lag windows, repair runs, alert state).",
+    )
+    max_p99: float | None = setting(
+        None,
+        _optional_duration,
+        "Breach when a pair's p99 lag exceeds this (e.g. 200ms); unset = no check.",
+    )
+    max_loss: float | None = setting(
+        0.0,
+        _optional_float,
+        "Breach when a pair's lost/sent ratio exceeds this (default 0: any lost probe).",
+    )
+    dynomite_consistency: str | None = setting(
+        None,
+        _consistency,
+        "Per-connection consistency for probe writes through a Dynomite client port.",
+        choices=DYNOMITE_CONSISTENCIES,
+    )
+    probe_interval: float = setting(
+        "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    window: float = setting(
+        "60s",
+        _positive_duration,
+        "Service: windows older than `compact_after` are merged (exactly) into one per "
         "replica per this length; also the finest step of lag series.",
-    ),
-    Setting(
-        name="compact_after",
-        parse=_duration,
-        default="1h",
-        help="Service: age after which per-run lag windows are merged into `window`-long ones.",
-    ),
-    Setting(
-        name="retention",
-        parse=_duration,
-        default="30d",
-        help="Service: lag windows, probe runs, Dynomite samples and alert history older "
+    )
+    compact_after: float = setting(
+        "1h",
+        _duration,
+        "Service: age after which per-run lag windows are merged into `window`-long ones.",
+    )
+    retention: float = setting(
+        "30d",
+        _duration,
+        "Service: lag windows, probe runs, Dynomite samples and alert history older "
         "than this are pruned from the store (hourly).",
-    ),
-    Setting(
-        name="check_interval",
-        parse=_positive_duration,
-        default="15m",
-        help="Service: time between repair checks of every replica group.",
-    ),
-    Setting(
-        name="auto_repair",
-        parse=_bool,
-        default=False,
-        help="Service: run `repair run` after a check finds divergence.",
-    ),
-    Setting(
-        name="api_token",
-        parse=_optional_str,
-        default=None,
-        secret=True,
-        help="Bearer token required by API calls that change data.",
-    ),
-    Setting(
-        name="scan_count",
-        parse=_int,
-        default=1000,
-        help="SCAN COUNT hint used when scanning replicas.",
-    ),
-    Setting(
-        name="repair_rate",
-        parse=_float,
-        default=0.0,
-        help="Repair writes per second per replica (0 = unthrottled).",
-    ),
-    Setting(
-        name="max_inflight",
-        parse=_int,
-        default=64,
-        help="Maximum repair commands in flight per replica.",
-    ),
-    Setting(
-        name="ttl_tolerance",
-        parse=_duration,
-        default="2s",
-        help="Expiry times closer than this count as equal when comparing replicas.",
-    ),
-    Setting(
-        name="repair_settle",
-        parse=_duration,
-        default="50ms",
-        help="Repair reads each divergent key twice this far apart; a key that changed "
+    )
+    check_interval: float = setting(
+        "15m", _positive_duration, "Service: time between repair checks of every replica group."
+    )
+    auto_repair: bool = setting(
+        False, _bool, "Service: run `repair run` after a check finds divergence."
+    )
+    api_token: str | None = setting(
+        None, _optional_str, "Bearer token required by API calls that change data.", secret=True
+    )
+    scan_count: int = setting(1000, _int, "SCAN COUNT hint used when scanning replicas.")
+    repair_rate: float = setting(
+        0.0, _float, "Repair writes per second per replica (0 = unthrottled)."
+    )
+    max_inflight: int = setting(64, _int, "Maximum repair commands in flight per replica.")
+    ttl_tolerance: float = setting(
+        "2s", _duration, "Expiry times closer than this count as equal when comparing replicas."
+    )
+    repair_settle: float = setting(
+        "50ms",
+        _duration,
+        "Repair reads each divergent key twice this far apart; a key that changed "
         "in between is being written and is rechecked later, not repaired.",
-    ),
-    Setting(
-        name="scan_parallel",
-        parse=_int,
-        default=1,
-        help="Replicas of a group scanned at the same time (0 = all); scanning is "
+    )
+    scan_parallel: int = setting(
+        1,
+        _int,
+        "Replicas of a group scanned at the same time (0 = all); scanning is "
         "CPU-bound on this side, so more only helps with more cores.",
-    ),
+    )
     # Dynomite's port conventions (Netflix's defaults): /cluster_describe names peers by
     # their peer port only, so discovery maps each node to its other ports with these.
-    Setting(
-        name="dynomite_peer_port",
-        parse=_int,
-        default=8101,
-        help="Dynomite peer (dnode) port that /cluster_describe lists for every node.",
-    ),
-    Setting(
-        name="dynomite_client_port",
-        parse=_int,
-        default=8102,
-        help="Dynomite client port probes write through (same host as the peer port).",
-    ),
-    Setting(
-        name="dynomite_stats_port",
-        parse=_int,
-        default=22222,
-        help="Dynomite stats (admin HTTP) port serving /info and /cluster_describe.",
-    ),
-    Setting(
-        name="dynomite_redis_port",
-        parse=_int,
-        default=22122,
-        help="Port of the backend Redis next to every Dynomite node.",
-    ),
-    Setting(
-        name="dynomite_stats_urls",
-        parse=_url_list,
-        default=(),
-        help="Dynomite stats URLs whose /info is collected (written by topology discover).",
-    ),
-)
-
-SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
-
-
-class Settings:
-    """Resolved values of every `Setting`, read as attributes (`settings.ttl`)."""
-
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        self._values = dict(values)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    dynomite_peer_port: int = setting(
+        8101, _int, "Dynomite peer (dnode) port that /cluster_describe lists for every node."
+    )
+    dynomite_client_port: int = setting(
+        8102, _int, "Dynomite client port probes write through (same host as the peer port)."
+    )
+    dynomite_stats_port: int = setting(
+        22222, _int, "Dynomite stats (admin HTTP) port serving /info and /cluster_describe."
+    )
+    dynomite_redis_port: int = setting(
+        22122, _int, "Port of the backend Redis next to every Dynomite node."
+    )
+    dynomite_stats_urls: tuple[str, ...] = setting(
+        (),
+        _url_list,
+        "Dynomite stats URLs whose /info is collected (written by topology discover).",
+    )
 
     def replace(self, **overrides: Any) -> Settings:
         """A copy with `overrides` parsed through each setting's own parser (None = keep)."""
         from replag.errors import UsageError
 
-        values = dict(self._values)
+        values: dict[str, Any] = {}
         for name, raw in overrides.items():
+            declared = SETTINGS_BY_NAME[name]
             if raw is not None:
                 try:
-                    values[name] = SETTINGS_BY_NAME[name].parse(raw)
+                    values[name] = declared.parse(raw)
                 except ValueError as exc:
-                    raise UsageError(f"--{name.replace('_', '-')}: {exc}") from None
-        return Settings(values)
+                    raise UsageError(f"{declared.option}: {exc}") from None
+        return dataclasses.replace(self, **values)
 
     def public(self) -> dict[str, Any]:
         """Values safe to show: secrets are masked."""
-        return {
-            s.name: ("***" if s.secret and self._values[s.name] else self._values[s.name])
-            for s in SETTINGS
-        }
+        shown = {s.name: getattr(self, s.name) for s in SETTINGS}
+        return {n: "***" if SETTINGS_BY_NAME[n].secret and v else v for n, v in shown.items()}
 
     def __repr__(self) -> str:
         return f"Settings({self.public()!r})"
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(name=f.name, **f.metadata[_DECLARATION]) for f in fields(Settings)
+)
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
 def resolve_settings(
@@ -372,17 +339,17 @@ def resolve_settings(
             where=f"{where}: [settings]",
         )
     values: dict[str, Any] = {}
-    for setting in SETTINGS:
-        raw, origin = setting.default, "default"
-        if setting.name in table:
-            raw, origin = table[setting.name], f"{where}: settings.{setting.name}"
-        if setting.env_var in environ:
-            raw, origin = environ[setting.env_var], f"environment {setting.env_var}"
+    for declared in SETTINGS:
+        raw, origin = declared.default, "default"
+        if declared.name in table:
+            raw, origin = table[declared.name], f"{where}: settings.{declared.name}"
+        if declared.env_var in environ:
+            raw, origin = environ[declared.env_var], f"environment {declared.env_var}"
         try:
-            values[setting.name] = setting.parse(raw)
+            values[declared.name] = declared.parse(raw)
         except ValueError as exc:
             raise ConfigError(str(exc), where=origin) from None
-    return Settings(values)
+    return Settings(**values)
 
 
 def default_settings() -> Settings:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -7,8 +8,8 @@ from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import config_from_dict, load_config, render_config
-from replag.errors import ConfigError
-from replag.settings import SETTINGS, default_settings
+from replag.errors import ConfigError, UsageError
+from replag.settings import SETTINGS, SETTINGS_BY_NAME, Settings, default_settings
 
 GOOD = """
 [settings]
@@ -137,3 +138,22 @@ def test_every_setting_is_documented_in_the_readme() -> None:
 def test_secret_settings_are_masked() -> None:
     settings = default_settings().replace(api_token="t0ken")
     assert "t0ken" not in repr(settings) and settings.public()["api_token"] == "***"
+
+
+def test_settings_are_typed_frozen_and_their_defaults_are_the_table() -> None:
+    settings = default_settings()
+    assert settings == Settings()  # the class's defaults are the table's, parsed
+    assert settings.connect_timeout == 2.0 and settings.dynomite_stats_urls == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.count = 5  # type: ignore[misc]
+    changed = settings.replace(count="7", mode=None)
+    assert (changed.count, changed.mode, settings.count) == (7, "auto", 200)
+    with pytest.raises(UsageError, match="--mode: expected one of auto, push, poll"):
+        settings.replace(mode="sideways")
+
+
+def test_cli_options_take_help_and_choices_from_the_settings_table() -> None:
+    out = CliRunner().invoke(main, ["probe", "--help"], terminal_width=400).output
+    for name in ("count", "rate", "mode", "timeout", "max_p99", "max_loss"):
+        assert SETTINGS_BY_NAME[name].help in out and f"[settings.{name}, default" in out
+    assert "[auto|push|poll]" in out

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from replag.config import Config, load_config
+from replag.settings import SETTINGS_BY_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,6 +27,18 @@ def config_option(func: F) -> F:
 
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(func)
+
+
+def setting_option(name: str, *param_decls: str, **attrs: Any) -> Callable[[F], F]:
+    """A flag overriding setting `name` for one run: help (and choices) come from the
+    setting's declaration, so the CLI never restates them. `param_decls` default to
+    `--name-with-dashes`."""
+    declared = SETTINGS_BY_NAME[name]
+    if declared.choices and "type" not in attrs:
+        attrs["type"] = click.Choice(declared.choices)
+    default = "unset" if declared.default is None else declared.default
+    attrs.setdefault("help", f"{declared.help} [settings.{name}, default {default}]")
+    return click.option(*(param_decls or (declared.option,)), **attrs)
 
 
 def load(config_path: Path) -> Config:

@@ -11,12 +11,13 @@ from typing import Any
 
 import click
 
-from replag.commands.options import config_option, json_option, load
+from replag.commands.options import config_option, json_option, load, setting_option
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.report import combine_reports
+from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
 
 
@@ -79,16 +80,12 @@ async def probe_once(
     help="Region to write probes in (default: the first with a write endpoint); "
     "`all` probes from every region (every shard of a Redis Cluster) in turn.",
 )
-@click.option("--count", type=click.IntRange(1, 1_000_000), help="Probe keys to write.")
-@click.option(
-    "--rate", type=click.FloatRange(0), help="Probe writes per second (0 = back to back)."
-)
-@click.option(
-    "--mode", type=click.Choice(["auto", "push", "poll"]), help="How replicas are observed."
-)
-@click.option("--timeout", help="Wait this long for each key before counting it lost (e.g. 5s).")
-@click.option("--max-p99", help="Exit 1 when a pair's p99 exceeds this (e.g. 200ms).")
-@click.option("--max-loss", help="Exit 1 when a pair's lost ratio exceeds this (default 0).")
+@setting_option("count", type=click.IntRange(1, 1_000_000))
+@setting_option("rate", type=click.FloatRange(0))
+@setting_option("mode")
+@setting_option("timeout")
+@setting_option("max_p99")
+@setting_option("max_loss")
 @click.option(
     "--method",
     type=click.Choice(["replag", "dynomite-seed"]),
@@ -98,8 +95,9 @@ async def probe_once(
 )
 @click.option(
     "--consistency",
-    help="Dynomite write consistency per probe connection: DC_ONE, DC_QUORUM, DC_SAFE_QUORUM, "
-    "or a comma-separated list to compare write latency across levels.",
+    help=f"Dynomite write consistency per probe connection: {', '.join(DYNOMITE_CONSISTENCIES)}, "
+    "or a comma-separated list to compare write latency across levels "
+    "[settings.dynomite_consistency].",
 )
 @click.option(
     "--alerts",

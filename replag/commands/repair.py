@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from replag.commands.options import config_option, json_option, load
+from replag.commands.options import config_option, json_option, load, setting_option
 from replag.repair import RepairProgress, RepairReport, check, repair
 from replag.store import Store
 
@@ -115,8 +115,8 @@ def check_command(
     is_flag=True,
     help="Let the policy delete keys (quorum: where a majority lacks the key).",
 )
-@click.option("--rate", type=click.FloatRange(0), help="Repair writes per second per replica.")
-@click.option("--max-inflight", type=click.IntRange(1), help="Repairs in flight per replica.")
+@setting_option("repair_rate", "--rate", type=click.FloatRange(0))
+@setting_option("max_inflight", type=click.IntRange(1))
 @click.option("--resume", "resume", metavar="RUN", help="Continue an interrupted run.")
 @_MATCH
 @_TYPE

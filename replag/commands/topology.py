@@ -102,7 +102,7 @@ def discover(
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     settings = resolve_settings({}, where="defaults")
     try:
-        timeout_s = parse_duration_s(timeout) if timeout else float(settings.connect_timeout)
+        timeout_s = parse_duration_s(timeout) if timeout else settings.connect_timeout
         if timeout_s <= 0:
             raise ValueError("must be more than 0 (0 would wait forever)")
     except ValueError as exc:
@@ -196,7 +196,7 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
     if not urls:
         raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
     try:
-        timeout_s = parse_duration_s(timeout) if timeout else float(config.settings.connect_timeout)
+        timeout_s = parse_duration_s(timeout) if timeout else config.settings.connect_timeout
         if timeout_s <= 0:
             raise ValueError("must be more than 0 (0 would wait forever)")
     except ValueError as exc:

@@ -92,16 +92,16 @@ class _GroupRun:
         s = config.settings
         self.group, self.params, self.policy, self.log = group, params, policy, log
         self.progress = progress
-        self.timeout_s = float(s.connect_timeout)
-        self.tolerance_ms = int(float(s.ttl_tolerance) * 1000)
-        self.settle_s = float(s.repair_settle)
-        self.scan_parallel = int(s.scan_parallel) or len(group.members)
+        self.timeout_s = s.connect_timeout
+        self.tolerance_ms = int(s.ttl_tolerance * 1000)
+        self.settle_s = s.repair_settle
+        self.scan_parallel = s.scan_parallel or len(group.members)
         self.options = ScanOptions(
-            count=max(10, int(s.scan_count)),
+            count=max(10, s.scan_count),
             timeout_s=self.timeout_s,
             match=params.match.encode() if params.match is not None else None,
             type_filter=params.type_filter,
-            exclude_prefix=str(s.prefix).encode(),
+            exclude_prefix=s.prefix.encode(),
             ttl_bucket_ms=max(self.tolerance_ms, 1),
         )
         self.lanes = [
@@ -351,10 +351,6 @@ class _GroupRun:
         return rp.REPAIRED, decision.reason
 
 
-def _settings_int(config: Config, name: str, value: int | None) -> int:
-    return int(getattr(config.settings, name) if value is None else value)
-
-
 async def _run(
     config: Config,
     params: RunParams,
@@ -448,7 +444,7 @@ async def check(
         dry_run=True,
         allow_deletes=False,
         rate=None,
-        max_inflight=_settings_int(config, "max_inflight", None),
+        max_inflight=config.settings.max_inflight,
         match=match,
         type_filter=type_filter,
     )
@@ -475,15 +471,14 @@ async def repair(
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
         raise UsageError("--max-inflight: must be >= 1")
-    configured_rate = float(config.settings.repair_rate)
     params = RunParams(
         kind="repair",
         group=group,
         policy=policy,
         dry_run=dry_run,
         allow_deletes=allow_deletes,
-        rate=(rate if rate is not None else configured_rate) or None,
-        max_inflight=_settings_int(config, "max_inflight", max_inflight),
+        rate=(rate if rate is not None else config.settings.repair_rate) or None,
+        max_inflight=config.settings.max_inflight if max_inflight is None else max_inflight,
         match=match,
         type_filter=type_filter,
     )
