@@ -37,9 +37,19 @@ def main(verbose: int) -> None:
 
 
 def _register() -> None:
-    from replag.commands import alerts, demo, lab, probe, repair, serve, settings, topology
+    from replag.commands import (
+        alerts,
+        demo,
+        failover,
+        lab,
+        probe,
+        repair,
+        serve,
+        settings,
+        topology,
+    )
 
-    for module in (demo, lab, probe, repair, serve, topology, alerts, settings):
+    for module in (demo, lab, probe, failover, repair, serve, topology, alerts, settings):
         main.add_command(module.command)
 
 

@@ -168,6 +168,16 @@ class Topology:
 
         raise UsageError(f"unknown replica group {name!r} (known: {known})")
 
+    def observed_from(self, source: Region) -> list[Region]:
+        """Regions whose replicas receive what is written in `source`.
+
+        A Redis Cluster shard's keys reach only its own replicas; elsewhere every
+        region's replicas (the source's own racks included) should receive them.
+        """
+        if source.slots:
+            return [source]
+        return list(self.regions)
+
     def endpoints(self) -> list[Endpoint]:
         """Every distinct endpoint, write endpoints first."""
         seen: dict[tuple[str, int, int], Endpoint] = {}

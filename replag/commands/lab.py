@@ -38,6 +38,19 @@ def parse_delays(text: str) -> dict[str, float]:
     return delays
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def parse_size(text: str, *, option: str) -> int:
+    """`16kb`, `1mb`, `4096` → bytes (binary units, as redis.conf reads them)."""
+    number = text.strip().lower().rstrip("ib")
+    digits = number.rstrip("kmg")
+    unit = number[len(digits) :] + ("b" if number[len(digits) :] else "")
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise UsageError(f"{option}: expected a size like 16kb or 1mb, got {text!r}")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
 @click.group(name="lab")
 def command() -> None:
     """A local lab of real redis-server processes with injected delay between regions."""
@@ -70,12 +83,25 @@ def command() -> None:
     help="replicated: primary + delayed replicas; independent: one unreplicated Redis "
     "per region (Dynomite racks as repair sees them).",
 )
+@click.option(
+    "--backlog-size",
+    help="The primary's repl-backlog-size (e.g. 16kb): small, so a partition soon "
+    "means a full resync.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
 def up(
-    lab_dir: Path, regions: str, delay: str, jitter: str, replicas: int, engine: str, as_json: bool
+    lab_dir: Path,
+    regions: str,
+    delay: str,
+    jitter: str,
+    replicas: int,
+    engine: str,
+    backlog_size: str | None,
+    as_json: bool,
 ) -> None:
     """Start the lab and return once every replication link is up."""
     spec = LabSpec(
+        backlog_bytes=parse_size(backlog_size, option="--backlog-size") if backlog_size else None,
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
         delays_ms=parse_delays(delay),
         jitter_ms=_ms(jitter, option="--jitter"),

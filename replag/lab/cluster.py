@@ -41,6 +41,9 @@ class LabSpec:
     replicas: int = 1
     engine: Engine = "replicated"
     prefix: str = "replag:probe:"
+    # The primary's repl-backlog-size (bytes; Redis keeps at least 16 KiB): small makes a
+    # partitioned replica's reconnect a full resync after a few writes.
+    backlog_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.regions) < 2 and self.engine == "independent":
@@ -54,6 +57,8 @@ class LabSpec:
             raise UsageError(f"--delay: {unknown[0]!r} is not one of --regions")
         if self.replicas < 1:
             raise UsageError("--replicas: at least 1")
+        if self.backlog_bytes is not None and self.backlog_bytes < 1:
+            raise UsageError("--backlog-size: at least 1 byte")
 
 
 def state_path(lab_dir: Path) -> Path:
@@ -132,7 +137,8 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         return state
 
     first = spec.regions[0]
-    primary = server(f"{first}-primary", first, "primary")
+    backlog = ("--repl-backlog-size", str(spec.backlog_bytes)) if spec.backlog_bytes else ()
+    primary = server(f"{first}-primary", first, "primary", backlog)
     links = []
     for region in spec.regions:
         for i in range(spec.replicas):

@@ -77,9 +77,7 @@ async def run_probe(
     if write_ep.kind == "dynomite":
         await _cluster_consistency(settings, report)
     writer = await _open_writer(write_ep, settings)
-    # A Redis Cluster shard's keys only reach that shard's replicas; elsewhere every
-    # replica of every region (the source's own racks included) should receive them.
-    scope = [region] if region.slots else list(config.topology.regions)
+    scope = config.topology.observed_from(region)
     targets = [
         _Target(region=r.name, replica=rep, cluster=bool(r.slots))
         for r in scope

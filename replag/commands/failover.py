@@ -1,0 +1,61 @@
+"""`replag failover-check`: is it safe to fail over now? JSON, exit 0 safe / 1 not / 2 error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from replag.commands.options import config_option, load
+from replag.durations import parse_duration_s
+from replag.errors import UsageError
+from replag.replication import failover_check
+from replag.store import Store
+
+
+@click.command(name="failover-check")
+@config_option
+@click.option("--source", help="Region (or shard) whose primary to check (default: every one).")
+@click.option(
+    "--max-bytes",
+    default="0",
+    show_default=True,
+    help="Safe only if the best replica is at most this many bytes behind.",
+)
+@click.option("--max-lag", help="Also safe only if it lags at most this (e.g. 100ms).")
+def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str | None) -> None:
+    """Sample each primary and its replicas; print what a failover would lose (JSON).
+
+    Exit 0 when every primary has a replica within --max-bytes (and --max-lag,
+    from the latest probe figures in the store), 1 when not, 2 on bad input or
+    an unreachable primary.
+    """
+    try:
+        limit = int(max_bytes)
+        if limit < 0:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--max-bytes: expected a whole number ≥ 0, got {max_bytes!r}") from None
+    try:
+        lag_s = parse_duration_s(max_lag) if max_lag is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--max-lag: {exc}") from None
+    config = load(config_path)
+    store_path = Path(config.settings.store).expanduser()
+    # Read-only: probe figures are used when a store exists; none is created here.
+    store = Store(store_path) if store_path.exists() else None
+    try:
+        result = asyncio.run(
+            failover_check(config, source=source, max_bytes=limit, max_lag_s=lag_s, store=store)
+        )
+    finally:
+        if store is not None:
+            store.close()
+    click.echo(json.dumps(result.to_dict(), indent=2))
+    for assessment in result.assessments:
+        state = "SAFE" if assessment.safe else "UNSAFE"
+        click.echo(f"{state}: {assessment.source}: {assessment.verdict}", err=True)
+    sys.exit(result.exit_code)
