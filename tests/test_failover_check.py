@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from replag.cli import main
 from replag.lab.cluster import lab_fault
-from tests.conftest import LabFactory
+from tests.helpers.lab import LabFactory
 
 
 def check(state: dict[str, Any], *args: str) -> Result:

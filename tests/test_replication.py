@@ -23,8 +23,8 @@ from replag.replication import (
 )
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, Region, Topology
-from tests.cluster_fixture import RedisClusterNodes, start_cluster
-from tests.conftest import LabFactory
+from tests.helpers.lab import LabFactory
+from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
 
 
 def lab_config(state: dict[str, Any]) -> Config:
