@@ -46,3 +46,18 @@ def format_ms(value_ms: float | None) -> str:
     if value_ms < 1000:
         return f"{value_ms:.1f}"
     return f"{value_ms:.0f}"
+
+
+def format_span(seconds: float) -> str:
+    """How long something lasted, for humans: 45s, 4m12s, 2h05m, 3d4h."""
+    total = max(0, round(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

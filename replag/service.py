@@ -115,6 +115,8 @@ class ReplagService:
         # The last Dynomite collection (the samples themselves are in the store).
         self.dynomite_collected_ns: int | None = None
         self.dynomite_errors: dict[str, str] = {}
+        # (source, replica) pairs whose last probe saw nothing: logged once per spell.
+        self._silent: set[tuple[str, str]] = set()
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -159,7 +161,7 @@ class ReplagService:
         if self._own_store:
             self.store.close()
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"
-        log.warning("service stopped: %s", summary)
+        log.info("service stopped: %s", summary)
 
     def _spawn(self, name: str, coro: Awaitable[Any]) -> None:
         self._tasks.append(asyncio.ensure_future(coro))
@@ -236,6 +238,7 @@ class ReplagService:
             log.warning("probe from %s failed: %s", source, exc)
             return None
         self.counters["probe runs"] += 1
+        self._log_silent_replicas(report)
         self.metrics.observe_probe(
             source=source,
             targets=[p.target for p in report.pairs],
@@ -252,6 +255,33 @@ class ReplagService:
             unreachable=list(report.unreachable),
         )
         return report
+
+    def _log_silent_replicas(self, report: ProbeReport) -> None:
+        """Log when a replica starts and stops losing every probe (reachable, not replicating)."""
+        for pair in report.pairs:
+            key = (report.source, pair.replica)
+            silent = pair.error is None and pair.sent > 0 and pair.seen == 0
+            if silent and key not in self._silent:
+                self._silent.add(key)
+                log.warning(
+                    "%s→%s: replica %s saw none of %d probes within %gs: reachable but not "
+                    "replicating",
+                    report.source,
+                    pair.target,
+                    pair.replica,
+                    pair.sent,
+                    self.settings.timeout,
+                )
+            elif not silent and key in self._silent and pair.error is None:
+                self._silent.discard(key)
+                log.info(
+                    "%s→%s: replica %s replicating again (%d of %d probes seen)",
+                    report.source,
+                    pair.target,
+                    pair.replica,
+                    pair.seen,
+                    pair.sent,
+                )
 
     async def evaluate_alerts(self) -> None:
         outcome = await evaluate_and_notify(

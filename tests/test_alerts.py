@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,14 @@ from replag.alerts.rules import evaluate_rules
 from replag.config import Config, config_from_dict
 from replag.errors import ConfigError
 from replag.lagindex import LagIndex
-from replag.store import Store
+from replag.store import LagWindow, Store
 from tests.helpers.lag_windows import add_windows
 
 MIN = 60 * 10**9
+
+
+def clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def make_config(tmp_path: Path, rules: list[dict[str, Any]], **alerts: Any) -> Config:
@@ -108,12 +113,24 @@ def test_p99_rule_goes_pending_then_firing_then_resolved(tmp_path: Path) -> None
     assert step(t0 + MIN) == []
     assert step(t0 + 2 * MIN) == ["firing"]
     assert step(t0 + 3 * MIN) == []  # deduplicated until the repeat interval
-    # A restarted service (new objects on the same store) carries on.
+    # A restarted service (new objects on the same store) carries on. No window in the last
+    # 5 min is no data (the source stopped probing), not recovery: it keeps firing.
     book = AlertBook(Store(tmp_path / "s.sqlite"))
-    assert step(t0 + 63 * MIN) == ["resolved"]  # no windows in the last 5 min: subject gone
+    assert step(t0 + 63 * MIN) == ["firing+"]
+    [alert] = book.active()
+    assert alert["status"] == "firing" and alert["value"] == pytest.approx(275, rel=0.01)
+    assert alert["nodata_since_ns"] == t0 + 63 * MIN
+    assert "no probe sent from us-east (no data since " in alert["summary"]
+    add_windows(store, pairs=[("us-east", "eu-west", 20.0)], minutes=5, end_ns=t0 + 70 * MIN)
+    assert step(t0 + 70 * MIN) == ["resolved"]
     assert book.active() == []
-    history = [h["status"] for h in book.history()]
-    assert history == ["resolved", "firing", "pending"]
+    history = book.history()
+    assert [h["status"] for h in history] == ["resolved", "firing", "pending"]
+    assert history[0]["value"] == pytest.approx(22, rel=0.01)  # the value that resolved it
+    assert history[0]["summary"] == (
+        f"resolved after 1h08m of firing (since {clock(t0 + 2 * MIN)}): "
+        "us-east→eu-west: p99 lag 22.0 ms over the last 300 s (limit 100.0 ms)"
+    )
 
 
 def test_repeat_interval_renotifies_a_firing_alert(tmp_path: Path) -> None:
@@ -235,3 +252,83 @@ async def test_evaluate_and_notify_without_sinks_records_the_report(tmp_path: Pa
     assert outcome.deliveries == []
     again = await evaluate_and_notify(config, store, Report())
     assert again.events == [] and again.firing == 1
+
+
+def add_partition(store: Store, *, minutes: range, t0: int, target: str = "eu-west") -> None:
+    """Windows of a partitioned target: every probe sent, none seen (so no p99 at all)."""
+    store.append_windows([
+        LagWindow(run_id=f"cut{m}", source="us-east", target=target, replica=f"{target}-1",
+                  start_ns=t0 + (m - 1) * MIN, end_ns=t0 + m * MIN, sent=50, seen=0, lost=50)
+        for m in minutes
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("no_data", "during", "after"),
+    [
+        ("keep_firing", [], ["resolved"]),
+        ("nodata", ["nodata"], ["resolved"]),
+        ("ok", ["resolved"], []),
+    ],
+)
+def test_a_partition_is_no_data_for_the_lag_rule(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    no_data: str,
+    during: list[str],
+    after: list[str],
+) -> None:
+    config = make_config(tmp_path, [
+        {"name": "lag", "kind": "lag_p99", "threshold": "100ms", "no_data": no_data},
+        {"name": "loss", "kind": "probe_loss", "threshold": 0.01},
+    ])  # fmt: skip
+    store = Store(tmp_path / "s.sqlite")
+    t0 = 1_700_000_000 * 10**9
+    add_windows(store, pairs=[("us-east", "eu-west", 250.0)], minutes=5, end_ns=t0)
+    index, book = LagIndex(store), AlertBook(store)
+
+    def step(at: int) -> list[tuple[str, str]]:
+        conditions = evaluate_rules(config, index, now_ns=at)
+        events = book.apply(conditions, now_ns=at, repeat_interval_s=3600)
+        return [(e.rule, e.state) for e in events]
+
+    caplog.set_level("INFO", logger="replag.alerts")
+    assert step(t0) == [("lag", "firing")]
+    add_partition(store, minutes=range(1, 11), t0=t0)
+    assert step(t0 + 3 * MIN) == [("loss", "firing")]  # the lag rule still has 250 ms samples
+    assert step(t0 + 10 * MIN) == [("lag", state) for state in during]
+    states = {a["rule"]: a for a in book.active()}
+    assert states["loss"]["status"] == "firing" and states["loss"]["value"] == 1.0
+    if no_data == "ok":
+        assert "lag" not in states
+    else:
+        lag = states["lag"]
+        assert lag["status"] == {"keep_firing": "firing", "nodata": "nodata"}[no_data]
+        assert lag["nodata_since_ns"] == t0 + 10 * MIN
+        assert "no lag measured in the last 300 s: all 300 probes lost" in lag["summary"]
+    # Healed: the backlog and fresh probes arrive at 20 ms.
+    add_windows(store, pairs=[("us-east", "eu-west", 20.0)], minutes=6, end_ns=t0 + 16 * MIN)
+    assert sorted(step(t0 + 16 * MIN)) == sorted(
+        [("loss", "resolved")] + [("lag", state) for state in after]
+    )
+    assert book.active() == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "replag.alerts.state"]
+    assert lines[1].startswith("alert lag firing: us-east→eu-west: p99 lag 275.2 ms")
+    assert any(line.startswith("alert loss resolved: resolved after 13m") for line in lines)
+    if no_data == "keep_firing":
+        assert any(line.startswith("alert lag firing, kept (no data): ") for line in lines)
+
+
+def test_a_store_from_before_no_data_states_gains_the_column(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.execute(
+        "CREATE TABLE alert_state (fingerprint TEXT PRIMARY KEY, rule TEXT NOT NULL, "
+        "labels_json TEXT NOT NULL, status TEXT NOT NULL, value REAL, summary TEXT NOT NULL, "
+        "active_since_ns INTEGER NOT NULL, fired_ns INTEGER, resolved_ns INTEGER, "
+        "last_notified_ns INTEGER, updated_ns INTEGER NOT NULL)"
+    )
+    store.execute(
+        "INSERT INTO alert_state VALUES ('fp', 'lag', '{}', 'firing', 1.0, 's', 1, 1, NULL, 1, 1)"
+    )
+    [alert] = AlertBook(store).active()
+    assert alert["status"] == "firing" and alert["nodata_since_ns"] is None

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from replag.alerts import payloads
 from replag.alerts.config import AlertSink
 from replag.alerts.evaluate import AlertSender, sample_events
 from replag.alerts.payloads import SIGNATURE_HEADER, signature
@@ -56,12 +57,15 @@ def sink(**kw: Any) -> AlertSink:
 
 
 def event(status: str = "firing") -> AlertEvent:
+    resolved = status == "resolved"
     return AlertEvent(
         fingerprint="fp1", rule="lag", status=status,  # type: ignore[arg-type]
         labels={"alertname": "lag", "severity": "critical", "source": "us-east",
                 "target": "eu-west", "kind": "lag_p99"},
-        value=250.0, summary="us-east→eu-west: p99 lag 250 ms", starts_ns=1_700_000_000 * 10**9,
-        ends_ns=1_700_000_600 * 10**9 if status == "resolved" else None,
+        value=21.5 if resolved else 250.0,
+        summary="resolved after 10m00s of firing (since 2023-11-14 22:13:20Z): us-east→eu-west: "
+        "p99 lag 21.5 ms" if resolved else "us-east→eu-west: p99 lag 250 ms",
+        starts_ns=1_700_000_000 * 10**9, ends_ns=1_700_000_600 * 10**9 if resolved else None,
     )  # fmt: skip
 
 
@@ -140,9 +144,38 @@ async def test_slack_and_pagerduty_bodies(receiver: Receiver, tmp_path: Path) ->
     slack = [b for b in bodies if "attachments" in b]
     pager = [b for b in bodies if "routing_key" in b]
     assert slack[0]["attachments"][0]["title"] == "[FIRING] lag"
+    assert slack[0]["attachments"][0]["ts"] == 1_700_000_000  # when it fired
+    assert slack[1]["text"] == "replag: 1 resolved"
+    [resolved] = slack[1]["attachments"]
+    assert resolved["title"] == "[RESOLVED] lag" and resolved["ts"] == 1_700_000_600
+    assert resolved["text"].startswith("resolved after 10m00s of firing")
     assert [p["event_action"] for p in pager] == ["trigger", "resolve"]
     assert pager[0]["dedup_key"] == pager[1]["dedup_key"] == "replag-fp1"
     assert pager[0]["payload"]["severity"] == "critical"
+
+
+def test_nodata_and_resolved_bodies_say_so() -> None:
+    nodata = replace(event(), nodata=True, value=None, summary="no data: all probes lost")
+    body = payloads.alertmanager([nodata, event("resolved")], receiver="ops")
+    firing, resolved = body["alerts"]
+    # Alertmanager knows firing and resolved only: no data is firing, with its state said.
+    assert firing["status"] == "firing" and firing["annotations"]["state"] == "nodata"
+    assert "value" not in firing["annotations"]
+    assert resolved["annotations"] == {
+        "summary": resolved["annotations"]["summary"],
+        "state": "resolved",
+        "value": "21.5",
+        "duration": "600s",
+    }
+    assert resolved["startsAt"] == "2023-11-14T22:13:20.000Z"
+    assert resolved["endsAt"] == "2023-11-14T22:23:20.000Z"
+    slack = payloads.slack([nodata])
+    assert slack["text"] == "replag: 1 without data"
+    assert slack["attachments"][0]["title"] == "[NO DATA] lag"
+    pager = payloads.pagerduty(nodata, routing_key="rk")
+    assert pager["event_action"] == "trigger"
+    assert pager["payload"]["summary"] == "no data: all probes lost"
+    assert pager["payload"]["custom_details"]["state"] == "nodata"
 
 
 async def test_command_hook_gets_json_on_stdin_and_times_out(tmp_path: Path) -> None:

@@ -17,6 +17,11 @@
     severity = "critical"         # critical | warning | info
     source = "us-east"            # optional filters: source, target (regions), group
     target = "eu-west"
+    no_data = "keep_firing"       # when the rule has nothing to judge (every probe lost, no
+                                  # probe sent, the check failed, the node silent):
+                                  # keep_firing: the alert stays as it is (default; a partition
+                                  #   never resolves it); nodata: it moves to a "nodata" state
+                                  #   that sinks and the dashboard show; ok: counts as healthy
 
     [[alerts.sinks]]
     name = "ops"
@@ -43,6 +48,7 @@ RuleKind = Literal[
 ]
 SinkKind = Literal["webhook", "slack", "pagerduty", "command"]
 Severity = Literal["critical", "warning", "info"]
+NoData = Literal["keep_firing", "nodata", "ok"]
 
 RULE_KINDS: tuple[RuleKind, ...] = (
     "lag_p99",
@@ -54,10 +60,22 @@ RULE_KINDS: tuple[RuleKind, ...] = (
 )
 SINK_KINDS: tuple[SinkKind, ...] = ("webhook", "slack", "pagerduty", "command")
 SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
+NO_DATA_MODES: tuple[NoData, ...] = ("keep_firing", "nodata", "ok")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 
 _ALERTS_KEYS = {"rules", "sinks", "repeat_interval", "send_resolved"}
-_RULE_KEYS = {"name", "kind", "threshold", "for", "over", "severity", "source", "target", "group"}
+_RULE_KEYS = {
+    "name",
+    "kind",
+    "threshold",
+    "for",
+    "over",
+    "severity",
+    "source",
+    "target",
+    "group",
+    "no_data",
+}
 _SINK_KEYS = {
     "name",
     "kind",
@@ -87,7 +105,8 @@ _DEFAULT_THRESHOLD: dict[RuleKind, float] = {
 class AlertRule:
     """One rule; `threshold` is in ms (lag_p99), a ratio (probe_loss), keys
     (divergent_keys), seconds (no_probe) or dropped peer requests within `over`
-    (dynomite_dropped_writes)."""
+    (dynomite_dropped_writes). `no_data` says what an evaluation with nothing to judge
+    does to the alert (see the module docstring)."""
 
     name: str
     kind: RuleKind
@@ -98,6 +117,7 @@ class AlertRule:
     source: str | None = None
     target: str | None = None
     group: str | None = None
+    no_data: NoData = "keep_firing"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +130,7 @@ class AlertRule:
             "source": self.source,
             "target": self.target,
             "group": self.group,
+            "no_data": self.no_data,
         }
 
 
@@ -212,6 +233,12 @@ def _rule(raw: dict[str, Any], *, where: str) -> AlertRule:
     over = _duration(raw.get("over", "5m"), where=f"{where}.over")
     if over <= 0:
         raise ConfigError("must be longer than 0s", where=f"{where}.over")
+    no_data = raw.get("no_data", "keep_firing")
+    if no_data not in NO_DATA_MODES:
+        raise ConfigError(
+            f"expected one of {', '.join(NO_DATA_MODES)}, got {no_data!r}",
+            where=f"{where}.no_data",
+        )
     return AlertRule(
         name=name,
         kind=kind,
@@ -219,6 +246,7 @@ def _rule(raw: dict[str, Any], *, where: str) -> AlertRule:
         for_s=_duration(raw.get("for", "0s"), where=f"{where}.for"),
         over_s=over,
         severity=severity,
+        no_data=no_data,
         **filters,
     )
 

@@ -20,6 +20,8 @@ from replag.alerts.state import AlertEvent
 SIGNATURE_HEADER = "X-Replag-Signature"
 _ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not ended"
 _SLACK_COLOURS = {"critical": "#d93025", "warning": "#f29900", "info": "#1a73e8"}
+_SLACK_STATE_COLOURS = {"resolved": "#1e8e3e", "nodata": "#7b61ff"}
+_SLACK_STATE = {"firing": "FIRING", "nodata": "NO DATA", "resolved": "RESOLVED"}
 _PAGERDUTY_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 
@@ -43,7 +45,9 @@ def alertmanager(
             "labels": e.labels,
             "annotations": {
                 "summary": e.summary,
+                "state": e.state,
                 **({"value": f"{e.value:g}"} if e.value is not None else {}),
+                **({"duration": f"{e.duration_s:g}s"} if e.duration_s is not None else {}),
             },
             "startsAt": iso(e.starts_ns),
             "endsAt": iso(e.ends_ns),
@@ -81,22 +85,22 @@ def signature(secret: str, body: bytes) -> str:
 
 
 def slack(events: Sequence[AlertEvent]) -> dict[str, Any]:
-    firing = sum(e.status == "firing" for e in events)
-    title = (
-        f"replag: {firing} alert(s) firing"
-        if firing
-        else f"replag: {len(events)} alert(s) resolved"
+    """One message; each alert an attachment stamped with when it fired or resolved."""
+    counts = {
+        state: sum(e.state == state for e in events) for state in ("firing", "nodata", "resolved")
+    }
+    title = "replag: " + ", ".join(
+        f"{n} {'without data' if state == 'nodata' else state}" for state, n in counts.items() if n
     )
     return {
         "text": title,
         "attachments": [
             {
-                "color": "#1e8e3e"
-                if e.status == "resolved"
-                else _SLACK_COLOURS.get(e.severity, "#f29900"),
-                "title": f"[{e.status.upper()}] {e.rule}" + (" (repeat)" if e.repeat else ""),
+                "color": _SLACK_STATE_COLOURS.get(e.state)
+                or _SLACK_COLOURS.get(e.severity, "#f29900"),
+                "title": f"[{_SLACK_STATE[e.state]}] {e.rule}" + (" (repeat)" if e.repeat else ""),
                 "text": e.summary,
-                "ts": e.starts_ns // 1_000_000_000,
+                "ts": (e.ends_ns or e.starts_ns) // 1_000_000_000,
             }
             for e in events
         ],
@@ -119,6 +123,10 @@ def pagerduty(event: AlertEvent, *, routing_key: str) -> dict[str, Any]:
             "timestamp": iso(event.starts_ns),
             "component": "replag",
             "class": event.labels.get("kind", ""),
-            "custom_details": {"labels": event.labels, "value": event.value},
+            "custom_details": {
+                "labels": event.labels,
+                "value": event.value,
+                "state": event.state,
+            },
         }
     return body

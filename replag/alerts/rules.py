@@ -2,13 +2,21 @@
 
 A subject is what an alert is about (a region pair, a replica, a group, a
 Dynomite node); its labels plus the rule name make the alert's fingerprint, so
-the same problem is one alert however often it is evaluated.
+the same problem is one alert however often it is evaluated. A condition is
+active (the rule's limit is crossed), inactive, or has no data: the subject is
+still there but nothing measured it (every probe lost, no probe sent, the
+check failed, the node silent). What no data does to an alert is the rule's
+`no_data` (`replag.alerts.state`); it never counts as "inactive" by itself.
+
+Each rule kind is one function in `RULE_KINDS` taking the rule and a
+`RuleContext`; a new kind is one more entry.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
@@ -33,11 +41,14 @@ MAX_STATS_SAMPLES = 2000
 
 @dataclass(frozen=True, kw_only=True)
 class Condition:
+    """One rule on one subject now: `active`, or not, or (`no_data`) not measurable."""
+
     rule: AlertRule
     labels: dict[str, str] = field(default_factory=dict)
     active: bool
     value: float | None
     summary: str
+    no_data: bool = False
 
     @property
     def all_labels(self) -> dict[str, str]:
@@ -58,89 +69,154 @@ def fingerprint(rule_name: str, labels: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True, kw_only=True)
+class RuleContext:
+    """What every rule kind may read: the config, the lag index (and its store), the time."""
+
+    config: Config
+    index: LagIndex
+    now_ns: int
+
+    @property
+    def store(self) -> Store:
+        return self.index.store
+
+    def since_ns(self, rule: AlertRule) -> int:
+        return self.now_ns - int(rule.over_s * 1e9)
+
+
+RuleKind = Callable[[AlertRule, RuleContext], list[Condition]]
+
+
 def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Condition]:
-    """Every rule's current conditions (active or not) for every subject it covers."""
+    """Every rule's current conditions (active, inactive or no data) for every subject."""
+    ctx = RuleContext(config=config, index=index, now_ns=now_ns)
     out: list[Condition] = []
     for rule in config.alerts.rules:
-        if rule.kind in ("lag_p99", "probe_loss"):
-            out += _lag_conditions(rule, index, now_ns=now_ns)
-        elif rule.kind == "divergent_keys":
-            out += _divergence_conditions(rule, config, index)
-        elif rule.kind == "unreachable":
-            out += _unreachable_conditions(rule, config, index)
-        elif rule.kind == "dynomite_dropped_writes":
-            out += _dropped_write_conditions(rule, index.store, now_ns=now_ns)
-        else:
-            out += _no_probe_conditions(rule, config, index, now_ns=now_ns)
+        out += RULE_KINDS[rule.kind](rule, ctx)
     return out
 
 
-def _lag_conditions(rule: AlertRule, index: LagIndex, *, now_ns: int) -> list[Condition]:
-    since = now_ns - int(rule.over_s * 1e9)
-    out = []
-    for source, target in index.pairs(since_ns=since):
-        if rule.source not in (None, source) or rule.target not in (None, target):
-            continue
-        summary = index.summary(source, target, since_ns=since)
-        labels = {"source": source, "target": target}
-        if rule.kind == "lag_p99":
-            p99 = summary.lag_ms["p99"]
-            out.append(
-                Condition(
-                    rule=rule,
-                    labels=labels,
-                    value=p99,
-                    active=p99 is not None and p99 > rule.threshold,
-                    summary=f"{source}→{target}: p99 lag {format_ms(p99)} ms over the last "
-                    f"{rule.over_s:g} s (limit {format_ms(rule.threshold)} ms)",
-                )
-            )
-        else:
-            ratio = summary.loss_ratio
-            out.append(
-                Condition(
-                    rule=rule,
-                    labels=labels,
-                    value=ratio,
-                    active=summary.sent > 0 and ratio > rule.threshold,
-                    summary=f"{source}→{target}: lost {summary.lost}/{summary.sent} probes "
-                    f"({ratio:.2%}, limit {rule.threshold:.2%})",
-                )
-            )
-    return out
+def _lag_pairs(rule: AlertRule, ctx: RuleContext) -> list[tuple[str, str]]:
+    """Pairs measured within `over`, and pairs measured before whose source still probes
+    and whose target is still configured (they have no data now: that is news too)."""
+    regions = ctx.config.topology.regions
+    sources = {r.name for r in regions if r.write is not None}
+    targets = {r.name for r in regions}
+    recent = set(ctx.index.pairs(since_ns=ctx.since_ns(rule)))
+    known = {(s, t) for s, t in ctx.index.pairs() if s in sources and t in targets}
+    return sorted(
+        (s, t) for s, t in recent | known if rule.source in (None, s) and rule.target in (None, t)
+    )
 
 
-def _divergence_conditions(rule: AlertRule, config: Config, index: LagIndex) -> list[Condition]:
-    """Groups of the current topology, by their last successful check.
+def lag_p99_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """p99 lag over the windows of the last `over` against `threshold` (ms).
 
-    A failed latest check leaves the alert as it was (the unreachable rule reports
-    the failure); a group removed from the config has no condition, so its alert
-    resolves.
+    No sample seen in that range (every probe lost, or none sent) is no data: a
+    partitioned replica has no p99, which is not a healthy one.
     """
-    groups = {g.name for g in config.topology.groups}
     out = []
-    for name, health in group_health(index.store).items():
-        if name not in groups or rule.group not in (None, name) or health.divergent is None:
+    for source, target in _lag_pairs(rule, ctx):
+        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule))
+        labels = {"source": source, "target": target}
+        p99 = summary.lag_ms["p99"]
+        if p99 is None:
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels=labels,
+                    value=None,
+                    active=False,
+                    no_data=True,
+                    summary=f"{source}→{target}: no lag measured in the last {rule.over_s:g} s: "
+                    + (
+                        f"all {summary.sent} probes lost"
+                        if summary.sent
+                        else f"no probe sent from {source}"
+                    ),
+                )
+            )
             continue
-        failed = f"; the latest check failed: {health.error}" if health.error else ""
         out.append(
             Condition(
                 rule=rule,
-                labels={"group": name},
-                value=float(health.divergent),
-                active=health.divergent > rule.threshold,
-                summary=f"replica group {name}: {health.divergent} divergent keys "
-                f"(check {health.run_id or '-'}{failed})",
+                labels=labels,
+                value=p99,
+                active=p99 > rule.threshold,
+                summary=f"{source}→{target}: p99 lag {format_ms(p99)} ms over the last "
+                f"{rule.over_s:g} s (limit {format_ms(rule.threshold)} ms)",
             )
         )
     return out
 
 
-def _unreachable_conditions(rule: AlertRule, config: Config, index: LagIndex) -> list[Condition]:
-    """Replicas the latest probe from each current source could not reach."""
-    sources = {r.name for r in config.topology.regions if r.write is not None}
+def probe_loss_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """lost/sent over the last `over` against `threshold` (a ratio); no probe sent is no data."""
     out = []
-    for source, health in probe_health(index.store).items():
+    for source, target in _lag_pairs(rule, ctx):
+        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule))
+        labels = {"source": source, "target": target}
+        ratio = summary.loss_ratio
+        if not summary.sent:
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels=labels,
+                    value=None,
+                    active=False,
+                    no_data=True,
+                    summary=f"{source}→{target}: no probe sent from {source} in the last "
+                    f"{rule.over_s:g} s",
+                )
+            )
+            continue
+        out.append(
+            Condition(
+                rule=rule,
+                labels=labels,
+                value=ratio,
+                active=ratio > rule.threshold,
+                summary=f"{source}→{target}: lost {summary.lost}/{summary.sent} probes "
+                f"({ratio:.2%}, limit {rule.threshold:.2%})",
+            )
+        )
+    return out
+
+
+def divergent_keys_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """Groups of the current topology, by their last successful check.
+
+    A failed latest check is no data (the unreachable rule reports the failure); its
+    value is the last successful count. A group removed from the config has no
+    condition, so its alert resolves.
+    """
+    groups = {g.name for g in ctx.config.topology.groups}
+    out = []
+    for name, health in group_health(ctx.store).items():
+        if name not in groups or rule.group not in (None, name):
+            continue
+        value = None if health.divergent is None else float(health.divergent)
+        found = f"{health.divergent} divergent keys" if value is not None else "never checked"
+        failed = f"; the latest check failed: {health.error}" if health.error else ""
+        out.append(
+            Condition(
+                rule=rule,
+                labels={"group": name},
+                value=value,
+                active=not health.error and value is not None and value > rule.threshold,
+                no_data=bool(health.error),
+                summary=f"replica group {name}: {found} (check {health.run_id or '-'}{failed})",
+            )
+        )
+    return out
+
+
+def unreachable_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """Replicas the latest probe from each current source could not reach."""
+    sources = {r.name for r in ctx.config.topology.regions if r.write is not None}
+    out = []
+    for source, health in probe_health(ctx.store).items():
         if source not in sources or rule.source not in (None, source):
             continue
         for item in health.unreachable:
@@ -160,15 +236,14 @@ def _unreachable_conditions(rule: AlertRule, config: Config, index: LagIndex) ->
     return out
 
 
-def _no_probe_conditions(
-    rule: AlertRule, config: Config, index: LagIndex, *, now_ns: int
-) -> list[Condition]:
-    health = probe_health(index.store)
+def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """Sources without a successful probe for `threshold` seconds (or ever)."""
+    health = probe_health(ctx.store)
     last_window = dict(
-        index.store.execute("SELECT source, MAX(end_ns) FROM lag_windows GROUP BY source")
+        ctx.store.execute("SELECT source, MAX(end_ns) FROM lag_windows GROUP BY source")
     )
     out = []
-    for region in config.topology.regions:
+    for region in ctx.config.topology.regions:
         if region.write is None or rule.source not in (None, region.name):
             continue
         seen = [
@@ -181,7 +256,7 @@ def _no_probe_conditions(
         ]
         if not seen and region.name not in health:
             continue  # never attempted: nothing to say yet
-        age_s = (now_ns - max(seen)) / 1e9 if seen else None
+        age_s = (ctx.now_ns - max(seen)) / 1e9 if seen else None
         out.append(
             Condition(
                 rule=rule,
@@ -199,13 +274,14 @@ def _no_probe_conditions(
     return out
 
 
-def _dropped_write_conditions(rule: AlertRule, store: Store, *, now_ns: int) -> list[Condition]:
+def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     """One condition per Dynomite node whose dropped peer requests grew within `over`.
 
-    The alert resolves once no sample within `over` shows growth.
+    The alert resolves once no sample within `over` shows growth. A configured node
+    with no sample within `over` (its /info does not answer) has no data.
     """
     out = []
-    for found in dropped_writes_since(store, since_ns=now_ns - int(rule.over_s * 1e9)):
+    for found in dropped_writes_since(ctx.store, since_ns=ctx.since_ns(rule)):
         where = f"Dynomite node {found.node} (DC {found.dc}, rack {found.rack})"
         active = found.dropped > rule.threshold
         out.append(
@@ -223,6 +299,20 @@ def _dropped_write_conditions(rule: AlertRule, store: Store, *, now_ns: int) -> 
                 ),
             )
         )
+    urls = set(ctx.config.settings.dynomite_stats_urls)
+    for last in recent_stats(ctx.store, limit=1):
+        if last.node in urls and last.sampled_ns < ctx.since_ns(rule):
+            where = f"Dynomite node {last.node} (DC {last.dc}, rack {last.rack})"
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels={"node": last.node, "dc": last.dc, "rack": last.rack},
+                    value=None,
+                    active=False,
+                    no_data=True,
+                    summary=f"{where}: no /info sample in the last {rule.over_s:g} s",
+                )
+            )
     return out
 
 
@@ -272,3 +362,13 @@ def _samples_since(store: Store, *, since_ns: int) -> dict[str, list[DynomiteSta
         if first is not None:
             out[node] = samples[max(0, first - 1) :]
     return out
+
+
+RULE_KINDS: dict[str, RuleKind] = {
+    "lag_p99": lag_p99_conditions,
+    "probe_loss": probe_loss_conditions,
+    "divergent_keys": divergent_keys_conditions,
+    "unreachable": unreachable_conditions,
+    "no_probe": no_probe_conditions,
+    "dynomite_dropped_writes": dynomite_dropped_writes_conditions,
+}

@@ -1,22 +1,40 @@
-"""Alert states persisted in the store: pending → firing → resolved, with dedup and repeats.
+"""Alert states persisted in the store: pending → firing → resolved, no data, dedup, repeats.
 
 One row per fingerprint (rule + subject labels), so a restarted service or the
 next cron run carries on where the last evaluation stopped: an alert already
 firing is not sent again before the repeat interval, and one that clears is
-resolved exactly once.
+resolved exactly once, with the value that resolved it and how long it fired.
+
+A condition with no data (a partitioned replica has no p99) is handled by its
+rule's `no_data`:
+
+* `keep_firing` (default): the alert stays as it is. A firing alert keeps
+  firing (and repeating) with "no data since …" in its summary; a pending one
+  waits; nothing new starts. A partition never resolves an alert.
+* `nodata`: the alert moves to the `nodata` state, notified like a firing
+  alert (Alertmanager's status "firing", annotation `state: nodata`, Slack
+  "[NO DATA]"), and resolved once data shows the condition clear.
+* `ok`: no data counts as healthy: the alert resolves (clears if pending).
+
+Every change of state is logged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from replag.alerts.rules import Condition
+from replag.durations import format_span
 from replag.store import Store
 
-Status = Literal["pending", "firing", "resolved"]
+log = logging.getLogger(__name__)
+
+Status = Literal["pending", "firing", "nodata", "resolved"]
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS alert_state (
@@ -30,7 +48,8 @@ SCHEMA = (
         fired_ns INTEGER,
         resolved_ns INTEGER,
         last_notified_ns INTEGER,
-        updated_ns INTEGER NOT NULL
+        updated_ns INTEGER NOT NULL,
+        nodata_since_ns INTEGER
     )""",
     """CREATE TABLE IF NOT EXISTS alert_events (
         id INTEGER PRIMARY KEY,
@@ -56,12 +75,17 @@ _COLUMNS = (
     "resolved_ns",
     "last_notified_ns",
     "updated_ns",
+    "nodata_since_ns",
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlertEvent:
-    """One alert to notify: it started firing, is still firing (a repeat), or resolved."""
+    """One alert to notify: it fires, is still firing (a repeat), has no data, or resolved.
+
+    `starts_ns` is when it started firing (or went without data); a resolved event's
+    `ends_ns` is when it resolved, and its `value` and `summary` are what resolved it.
+    """
 
     fingerprint: str
     rule: str
@@ -72,21 +96,34 @@ class AlertEvent:
     starts_ns: int
     ends_ns: int | None = None
     repeat: bool = False
+    nodata: bool = False
 
     @property
     def severity(self) -> str:
         return self.labels.get("severity", "warning")
+
+    @property
+    def state(self) -> Literal["firing", "nodata", "resolved"]:
+        """firing, nodata or resolved: what a human is told."""
+        return "nodata" if self.nodata and self.status == "firing" else self.status
+
+    @property
+    def duration_s(self) -> float | None:
+        """How long a resolved alert was firing (or without data)."""
+        return None if self.ends_ns is None else (self.ends_ns - self.starts_ns) / 1e9
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
             "rule": self.rule,
             "status": self.status,
+            "state": self.state,
             "labels": self.labels,
             "value": self.value,
             "summary": self.summary,
             "starts_ns": self.starts_ns,
             "ends_ns": self.ends_ns,
+            "duration_s": self.duration_s,
             "repeat": self.repeat,
         }
 
@@ -97,6 +134,9 @@ class AlertBook:
     def __init__(self, store: Store) -> None:
         self.store = store
         store.ensure_schema(SCHEMA)
+        columns = {r[1] for r in store.execute("PRAGMA table_info(alert_state)")}
+        if "nodata_since_ns" not in columns:  # a store from before no-data states
+            store.execute("ALTER TABLE alert_state ADD COLUMN nodata_since_ns INTEGER")
 
     def apply(
         self,
@@ -108,59 +148,34 @@ class AlertBook:
     ) -> list[AlertEvent]:
         """Move each alert along its state machine; return what must be notified.
 
-        An alert with no active condition now (its subject recovered, went away, or its
-        rule was removed from the config) is cleared if pending and resolved if firing.
+        An alert whose condition is inactive now, or that has no condition at all (its
+        subject went away, or its rule was removed from the config), is cleared if
+        pending and resolved if firing or without data. No data follows the rule's
+        `no_data` (see the module docstring).
         """
-        current = {row["fingerprint"]: row for row in self._rows("status != 'resolved'")}
-        active = {c.fingerprint: c for c in conditions if c.active}
-        events: list[AlertEvent] = []
-        writes: list[tuple[str, Sequence[Any]]] = []
-        for fp, cond in active.items():
-            row = current.get(fp)
-            labels = cond.all_labels
-            if row is None:
-                row = {
-                    "fingerprint": fp,
-                    "rule": cond.rule.name,
-                    "status": "pending",
-                    "active_since_ns": now_ns,
-                    "fired_ns": None,
-                    "resolved_ns": None,
-                    "last_notified_ns": None,
-                }
-                writes.append(self._event(fp, cond.rule.name, labels, "pending", now_ns, cond))
-            row.update(
-                labels_json=json.dumps(labels),
-                value=cond.value,
-                summary=cond.summary,
-                updated_ns=now_ns,
-            )
-            due_ns = row["active_since_ns"] + int(cond.rule.for_s * 1e9)
-            if row["status"] == "pending" and now_ns >= due_ns:
-                row.update(status="firing", fired_ns=now_ns, last_notified_ns=now_ns)
-                writes.append(self._event(fp, cond.rule.name, labels, "firing", now_ns, cond))
-                events.append(_event(row, labels, repeat=False))
-            elif row["status"] == "firing" and (
-                now_ns - (row["last_notified_ns"] or 0) >= repeat_interval_s * 1e9
-            ):
-                row["last_notified_ns"] = now_ns
-                events.append(_event(row, labels, repeat=True))
-            writes.append(self._upsert(row))
-        for fp, row in current.items():
-            if fp in active:
+        step = _Step(
+            current={row["fingerprint"]: row for row in self._rows("status != 'resolved'")},
+            now_ns=now_ns,
+            repeat_ns=int(repeat_interval_s * 1e9),
+            send_resolved=send_resolved,
+        )
+        seen: set[str] = set()
+        for cond in conditions:
+            if cond.fingerprint in seen:
                 continue
-            labels = json.loads(row["labels_json"])
-            if row["status"] == "pending":
-                writes.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
-                writes.append(self._event(fp, row["rule"], labels, "cleared", now_ns, None))
-                continue
-            row.update(status="resolved", resolved_ns=now_ns, updated_ns=now_ns)
-            writes.append(self._upsert(row))
-            writes.append(self._event(fp, row["rule"], labels, "resolved", now_ns, None))
-            if send_resolved:
-                events.append(_event(row, labels, repeat=False))
-        self.store.transaction(writes)
-        return events
+            seen.add(cond.fingerprint)
+            if cond.active:
+                step.active(cond)
+            elif cond.no_data and cond.rule.no_data == "keep_firing":
+                step.keep(cond)
+            elif cond.no_data and cond.rule.no_data == "nodata":
+                step.nodata(cond)
+            else:
+                step.inactive(cond.fingerprint, cond)
+        for fp in step.current.keys() - seen:
+            step.inactive(fp, None)
+        self.store.transaction(step.writes)
+        return step.events
 
     def active(self) -> list[dict[str, Any]]:
         return [_public(r) for r in self._rows("status != 'resolved'")]
@@ -206,50 +221,195 @@ class AlertBook:
         )
         return [dict(zip(_COLUMNS, r, strict=True)) for r in rows]
 
-    @staticmethod
-    def _upsert(row: dict[str, Any]) -> tuple[str, Sequence[Any]]:
-        return (
-            f"INSERT OR REPLACE INTO alert_state ({', '.join(_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * len(_COLUMNS))})",
-            tuple(row[c] for c in _COLUMNS),
-        )
 
-    @staticmethod
-    def _event(
-        fp: str,
-        rule: str,
-        labels: dict[str, str],
-        status: str,
-        at_ns: int,
-        cond: Condition | None,
-    ) -> tuple[str, Sequence[Any]]:
-        return (
-            """INSERT INTO alert_events (fingerprint, rule, labels_json, status, at_ns, value,
-               summary) VALUES (?, ?, ?, ?, ?, ?, ?)""",
+class _Step:
+    """One evaluation's transitions: rows to write, events to send, lines to log."""
+
+    def __init__(
+        self,
+        *,
+        current: dict[str, dict[str, Any]],
+        now_ns: int,
+        repeat_ns: int,
+        send_resolved: bool,
+    ) -> None:
+        self.current = current
+        self.now_ns = now_ns
+        self.repeat_ns = repeat_ns
+        self.send_resolved = send_resolved
+        self.writes: list[tuple[str, Sequence[Any]]] = []
+        self.events: list[AlertEvent] = []
+
+    def active(self, cond: Condition) -> None:
+        now, row = self.now_ns, self.current.get(cond.fingerprint)
+        if row is None:
+            row = self._new_row(cond, "pending")
+            self._log(logging.INFO, cond.rule.name, "pending", cond.summary)
+        previous = row["status"]
+        if row["nodata_since_ns"] is not None and previous != "nodata":
+            self._log(logging.INFO, cond.rule.name, f"{previous}, data again", cond.summary)
+        row.update(value=cond.value, summary=cond.summary, nodata_since_ns=None)
+        due_ns = row["active_since_ns"] + int(cond.rule.for_s * 1e9)
+        if (previous == "pending" and now >= due_ns) or previous == "nodata":
+            # Out of no data with the condition true: firing again (since when it first fired).
+            row.update(status="firing", fired_ns=row["fired_ns"] or now, last_notified_ns=now)
+            self._record(row, "firing", cond)
+            self._log(logging.WARNING, cond.rule.name, "firing", cond.summary)
+            self.events.append(_event(row, repeat=False))
+        elif previous == "firing" and now - (row["last_notified_ns"] or 0) >= self.repeat_ns:
+            row["last_notified_ns"] = now
+            self.events.append(_event(row, repeat=True))
+        self._upsert(row)
+
+    def keep(self, cond: Condition) -> None:
+        """No data, rule says keep_firing: the alert stays as it is, saying since when."""
+        row = self.current.get(cond.fingerprint)
+        if row is None:
+            return
+        if row["nodata_since_ns"] is None:
+            row["nodata_since_ns"] = self.now_ns
+            self._log(
+                logging.WARNING, cond.rule.name, f"{row['status']}, kept (no data)", cond.summary
+            )
+        since = _clock(row["nodata_since_ns"])
+        row.update(summary=f"{cond.summary} (no data since {since}; {row['status']} kept)")
+        if cond.value is not None:
+            row["value"] = cond.value
+        if row["status"] == "firing" and self.now_ns - (row["last_notified_ns"] or 0) >= (
+            self.repeat_ns
+        ):
+            row["last_notified_ns"] = self.now_ns
+            self.events.append(_event(row, repeat=True))
+        self._upsert(row)
+
+    def nodata(self, cond: Condition) -> None:
+        """No data, rule says nodata: the alert goes to (or stays in) the nodata state."""
+        now = self.now_ns
+        row = self.current.get(cond.fingerprint) or self._new_row(cond, "nodata")
+        entering = row["status"] != "nodata" or row["nodata_since_ns"] is None
+        row["summary"] = f"no data: {cond.summary}"
+        if cond.value is not None:
+            row["value"] = cond.value
+        if entering:
+            row.update(status="nodata", nodata_since_ns=now, last_notified_ns=now)
+            self._record(row, "nodata", cond)
+            self._log(logging.WARNING, cond.rule.name, "no data", cond.summary)
+            self.events.append(_event(row, repeat=False))
+        elif now - (row["last_notified_ns"] or 0) >= self.repeat_ns:
+            row["last_notified_ns"] = now
+            self.events.append(_event(row, repeat=True))
+        self._upsert(row)
+
+    def inactive(self, fp: str, cond: Condition | None) -> None:
+        row = self.current.get(fp)
+        if row is None:
+            return
+        now = self.now_ns
+        what = (
+            cond.summary
+            if cond is not None
+            else "no longer evaluated (its subject or rule left the config)"
+        )
+        if row["status"] == "pending":
+            self.writes.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
+            self._record(row, "cleared", cond)
+            self._log(logging.INFO, row["rule"], "cleared before firing", what)
+            return
+        started = _started_ns(row)
+        how = "firing" if row["fired_ns"] is not None else "no data"
+        summary = (
+            f"resolved after {format_span((now - started) / 1e9)} of {how} "
+            f"(since {_clock(started)}): {what}"
+        )
+        row.update(
+            status="resolved",
+            resolved_ns=now,
+            updated_ns=now,
+            summary=summary,
+            value=cond.value if cond is not None else None,
+        )
+        self._upsert(row)
+        self._record(row, "resolved", cond)
+        self._log(logging.INFO, row["rule"], "resolved", summary)
+        if self.send_resolved:
+            self.events.append(_event(row, repeat=False))
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _new_row(self, cond: Condition, status: Status) -> dict[str, Any]:
+        row = {
+            "fingerprint": cond.fingerprint,
+            "rule": cond.rule.name,
+            "labels_json": json.dumps(cond.all_labels),
+            "status": status,
+            "value": cond.value,
+            "summary": cond.summary,
+            "active_since_ns": self.now_ns,
+            "fired_ns": None,
+            "resolved_ns": None,
+            "last_notified_ns": None,
+            "updated_ns": self.now_ns,
+            "nodata_since_ns": None,
+        }
+        if status == "pending":
+            self._record(row, "pending", cond)
+        self.current[cond.fingerprint] = row
+        return row
+
+    def _upsert(self, row: dict[str, Any]) -> None:
+        row["updated_ns"] = self.now_ns
+        self.writes.append(
             (
-                fp,
-                rule,
-                json.dumps(labels),
-                status,
-                at_ns,
-                cond.value if cond else None,
-                cond.summary if cond else "",
-            ),
+                f"INSERT OR REPLACE INTO alert_state ({', '.join(_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(_COLUMNS))})",
+                tuple(row[c] for c in _COLUMNS),
+            )
         )
 
+    def _record(self, row: dict[str, Any], status: str, cond: Condition | None) -> None:
+        self.writes.append(
+            (
+                """INSERT INTO alert_events (fingerprint, rule, labels_json, status, at_ns,
+                   value, summary) VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                (
+                    row["fingerprint"],
+                    row["rule"],
+                    row["labels_json"],
+                    status,
+                    self.now_ns,
+                    row["value"] if status == "resolved" else (cond.value if cond else None),
+                    row["summary"] if status == "resolved" else (cond.summary if cond else ""),
+                ),
+            )
+        )
 
-def _event(row: dict[str, Any], labels: dict[str, str], *, repeat: bool) -> AlertEvent:
+    @staticmethod
+    def _log(level: int, rule: str, what: str, summary: str) -> None:
+        log.log(level, "alert %s %s: %s", rule, what, summary)
+
+
+def _started_ns(row: dict[str, Any]) -> int:
+    """When the alert started to matter: it fired, or (never fired) went without data."""
+    return int(row["fired_ns"] or row["nodata_since_ns"] or row["active_since_ns"])
+
+
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _event(row: dict[str, Any], *, repeat: bool) -> AlertEvent:
     resolved = row["status"] == "resolved"
     return AlertEvent(
         fingerprint=row["fingerprint"],
         rule=row["rule"],
         status="resolved" if resolved else "firing",
-        labels=labels,
+        labels=json.loads(row["labels_json"]),
         value=row["value"],
         summary=row["summary"],
-        starts_ns=row["fired_ns"] or row["active_since_ns"],
+        starts_ns=_started_ns(row),
         ends_ns=row["resolved_ns"] if resolved else None,
         repeat=repeat,
+        nodata=row["status"] == "nodata",
     )
 
 
@@ -263,5 +423,6 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
         "summary": row["summary"],
         "active_since_ns": row["active_since_ns"],
         "fired_ns": row["fired_ns"],
+        "nodata_since_ns": row["nodata_since_ns"],
         "last_notified_ns": row["last_notified_ns"],
     }
