@@ -1,0 +1,261 @@
+"""replag's full check against RedisFullCheck, side by side on the same two servers.
+
+Two independent redis-server processes (`/usr/bin/redis-server` when present,
+else $REPLAG_REDIS_SERVER or PATH) get N × 1 KB keys each, then 1,000
+injected differences on one side or the other (missing, changed, extra, type,
+TTL: some keys exist only on the target). RedisFullCheck is a Go program users
+build themselves: give its binary as the first argument or in
+$REDIS_FULL_CHECK. First RedisFullCheck's own settings are searched (compare
+mode, batch size, goroutines; one compare round, no rate limit) for its
+fastest run among those that find the most; then replag and that setting run
+interleaved, `--rounds` times each, the order alternating. Every run is one
+process tree measured from outside: wall time, CPU, peak RSS (sum over the
+tree), bytes written to disk, and found/missed/false positives against the
+ground truth. The physical ceiling (both servers read completely at once by
+a bare pipelined SCAN + MGET, one process each) is measured in the same run.
+
+    python benchmarks/fullcheck_vs_redisfullcheck.py [BINARY] [--keys 1000000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ceiling import measure_ceiling
+from runstats import Measured, run_measured
+
+from replag.lab.cluster import LabSpec, lab_down, lab_up
+from replag.lab.diverge import DivergeSpec, lab_diverge
+from replag.lab.load import LoadSpec, lab_load
+from replag.repair.observe import key_from_json
+from replag.repair.runs import RunLog
+from replag.store import Store
+
+DEBIAN_REDIS = "/usr/bin/redis-server"
+
+
+@dataclass(frozen=True)
+class RfcSetting:
+    mode: int  # 1 full value, 2 value length (its default)
+    batch: int
+    parallel: int
+
+    def args(self) -> list[str]:
+        return [
+            f"--comparemode={self.mode}",
+            f"--batchcount={self.batch}",
+            f"--parallel={self.parallel}",
+            "--comparetimes=1",
+            "--qps=5000000",
+        ]
+
+    def __str__(self) -> str:
+        return f"comparemode={self.mode} batchcount={self.batch} parallel={self.parallel}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    tool: str
+    measured: Measured
+    found: int
+    false_positives: int
+    expected: int
+
+    def line(self) -> str:
+        m = self.measured
+        return (
+            f"{self.tool:<13} {m.seconds:7.2f} s  CPU {m.cpu_s:6.1f} s  "
+            f"RSS {m.tree_rss_mb:5.0f} MB  disk {m.disk_write_mb:6.1f} MB  "
+            f"found {self.found}/{self.expected}  missed {self.expected - self.found}  "
+            f"false+ {self.false_positives}"
+        )
+
+
+def grid(kind: str) -> list[RfcSetting]:
+    if kind == "none":
+        return [RfcSetting(1, 256, 5)]
+    batches = (256, 1000) if kind == "quick" else (100, 256, 1000, 5000)
+    parallels = (5, 16) if kind == "quick" else (2, 5, 16, 50)
+    return [RfcSetting(m, b, p) for m in (1, 2) for b in batches for p in parallels]
+
+
+def run_rfc(
+    binary: str, ports: list[int], setting: RfcSetting, work: Path, truth: set[bytes]
+) -> Outcome:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    result = work / "result.txt"
+    measured = run_measured(
+        [
+            binary,
+            f"--source=127.0.0.1:{ports[0]}",
+            f"--target=127.0.0.1:{ports[1]}",
+            *setting.args(),
+            f"--db={work / 'result.db'}",
+            f"--result={result}",
+            f"--log={work / 'rfc.log'}",
+        ]
+    )
+    if measured.returncode != 0:
+        log = (work / "rfc.log").read_text(errors="replace")[-600:]
+        raise SystemExit(f"redis-full-check failed (exit {measured.returncode}): {log}")
+    # One line per conflict: db, kind, key, field (a field only for collections).
+    keys = {
+        line.split(b"\t")[2] for line in result.read_bytes().splitlines() if line.count(b"\t") >= 2
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    found = len(keys & truth)
+    return Outcome("redis-full-check", measured, found, len(keys) - found, len(truth))
+
+
+def run_replag(lab_dir: Path, truth: set[bytes]) -> Outcome:
+    measured = run_measured(
+        [
+            sys.executable,
+            "-m",
+            "replag",
+            "repair",
+            "check",
+            "--config",
+            str(lab_dir / "topology.toml"),
+            "--json",
+        ]
+    )
+    if measured.returncode not in (0, 1):
+        raise SystemExit(f"replag repair check failed: {measured.stderr.strip()[-600:]}")
+    run_id = json.loads(measured.stdout)["run_id"]
+    store = Store(lab_dir / "replag.sqlite")
+    try:
+        keys = {k for k, _, _, _ in RunLog(store, run_id).keys("lab")}
+    finally:
+        store.close()
+    found = len(keys & truth)
+    return Outcome("replag", measured, found, len(keys) - found, len(truth))
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("binary", nargs="?", default=os.environ.get("REDIS_FULL_CHECK"))
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--value-size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--search",
+        choices=("none", "quick", "full"),
+        default="quick",
+        help="RedisFullCheck settings tried before the interleaved rounds",
+    )
+    args = parser.parse_args()
+    if not args.binary:
+        print(
+            "no redis-full-check binary: give its path as the first argument or set "
+            "REDIS_FULL_CHECK (build it from alibaba/RedisFullCheck with Go)",
+            file=sys.stderr,
+        )
+        return 2
+    if not os.access(args.binary, os.X_OK):
+        print(f"{args.binary}: not an executable file", file=sys.stderr)
+        return 2
+    if os.access(DEBIAN_REDIS, os.X_OK):
+        os.environ.setdefault("REPLAG_REDIS_SERVER", DEBIAN_REDIS)
+    with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
+        lab_dir = Path(tmp) / "lab"
+        state = lab_up(lab_dir, LabSpec(regions=("src", "dst"), delays_ms={}, engine="independent"))
+        try:
+            ports = [p["port"] for p in state["processes"]]
+            compare(args, lab_dir, ports, Path(tmp))
+        finally:
+            lab_down(lab_dir)
+    return 0
+
+
+def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path) -> None:
+    from replag.lab.binary import redis_server_binary, redis_server_version
+
+    version = ".".join(map(str, redis_server_version()))
+    print(
+        f"2 independent redis-server {version} ({redis_server_binary()}) × "
+        f"{args.keys:,} keys × {args.value_size} B; source = src-1, target = dst-1"
+    )
+    info = lab_load(lab_dir, LoadSpec(keys=args.keys, value_size=args.value_size))
+    print(f"load: {info['seconds']:.1f} s")
+    spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
+    injected = lab_diverge(lab_dir, spec, None)
+    truth = {key_from_json(d) for d in injected["divergent"]}
+    target_only = sum(
+        1
+        for d in injected["divergent"]
+        if (d["injected"] == "extra" and d["replica"] == "dst-1")
+        or (d["injected"] == "missing" and d["replica"] == "src-1")
+    )
+    print(
+        f"injected: {len(truth)} divergent keys {injected['counts']}; "
+        f"{target_only} of them exist only on the target"
+    )
+    print(f"uptime load before: {os.getloadavg()[0]:.2f}")
+
+    settings = grid(args.search)
+    if len(settings) > 1:
+        print(f"searching RedisFullCheck's settings ({len(settings)}, one run each):")
+    tried: list[tuple[Outcome, RfcSetting]] = []
+    for setting in settings:
+        outcome = run_rfc(args.binary, ports, setting, tmp / "rfc", truth)
+        tried.append((outcome, setting))
+        if len(settings) > 1:
+            print(f"  {setting}: {outcome.measured.seconds:.2f} s, found {outcome.found}")
+    most = max(o.found - o.false_positives for o, _ in tried)
+    best = min(
+        ((o, s) for o, s in tried if o.found - o.false_positives == most),
+        key=lambda t: t[0].measured.seconds,
+    )[1]
+    print(f"RedisFullCheck's fastest setting at its best exactness: {best}")
+
+    ceilings = []
+    runs: dict[str, list[Outcome]] = {"replag": [], "redis-full-check": []}
+    for round_ in range(args.rounds):
+        order = ("replag", "rfc") if round_ % 2 == 0 else ("rfc", "replag")
+        for tool in order:
+            if tool == "replag":
+                outcome = run_replag(lab_dir, truth)
+            else:
+                outcome = run_rfc(args.binary, ports, best, tmp / "rfc", truth)
+            runs[outcome.tool].append(outcome)
+            print(f"round {round_ + 1}: {outcome.line()}  (load {os.getloadavg()[0]:.2f})")
+        ceilings.append(measure_ceiling(ports))
+        print(f"round {round_ + 1}: {ceilings[-1].line()}")
+
+    print("medians:")
+    for tool, outcomes in runs.items():
+        print(
+            f"  {tool:<16} {median([o.measured.seconds for o in outcomes]):7.2f} s  "
+            f"CPU {median([o.measured.cpu_s for o in outcomes]):6.1f} s  "
+            f"peak RSS {max(o.measured.tree_rss_mb for o in outcomes):5.0f} MB  "
+            f"disk {median([o.measured.disk_write_mb for o in outcomes]):6.1f} MB  "
+            f"found {min(o.found for o in outcomes)}/{len(truth)}  "
+            f"false+ {max(o.false_positives for o in outcomes)}"
+        )
+    ceiling_s = median([c.seconds for c in ceilings])
+    replag_s = median([o.measured.seconds for o in runs["replag"]])
+    rfc_s = median([o.measured.seconds for o in runs["redis-full-check"]])
+    print(f"  ceiling          {ceiling_s:7.2f} s")
+    print(
+        f"ratio: RedisFullCheck / replag wall time = {rfc_s / replag_s:.2f} "
+        f"(goal ≥ 2); replag / ceiling = {replag_s / ceiling_s:.2f}; "
+        f"uptime load after: {os.getloadavg()[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

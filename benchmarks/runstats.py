@@ -1,0 +1,113 @@
+"""Run a command and measure it from outside: wall, CPU, peak RSS, bytes written to disk.
+
+CPU and the largest single-process RSS come from `wait4` (they include the
+command's own reaped children); the peak RSS of the whole process tree is the
+largest sum of its processes' resident sets, sampled every 20 ms; disk writes
+are the growth of this process's `write_bytes` in /proc/self/io, into which
+the kernel folds every reaped child's (bytes dirtied for storage: sockets and
+pipes are not counted).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Measured:
+    seconds: float
+    cpu_s: float
+    tree_rss_mb: float
+    max_rss_mb: float
+    disk_write_mb: float
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _written_bytes() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no write_bytes")
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                children = Path(f"/proc/{p}/task/{task}/children").read_text().split()
+                todo.extend(int(c) for c in children)
+        except OSError:
+            continue
+    return out
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def run_measured(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Measured:
+    written = _written_bytes()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.02):
+            peak = max(peak, sum(_rss_bytes(p) for p in _tree(proc.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    # Read the pipes ourselves and reap with wait4 to get the child's rusage.
+    outputs: dict[str, str] = {}
+
+    def drain(name: str) -> None:
+        stream = getattr(proc, name)
+        outputs[name] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(n,)) for n in ("stdout", "stderr")]
+    for r in readers:
+        r.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    for r in readers:
+        r.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(
+        seconds=seconds,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        tree_rss_mb=max(peak / 2**20, usage.ru_maxrss / 1024),
+        max_rss_mb=usage.ru_maxrss / 1024,
+        disk_write_mb=(_written_bytes() - written) / 1e6,
+        returncode=proc.returncode,
+        stdout=outputs.get("stdout", ""),
+        stderr=outputs.get("stderr", ""),
+    )
