@@ -12,8 +12,7 @@ route) so the edge (CLI, API) can print one clear line::
     │   └── AuthError           wrong password or ACL refusal
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
-    ├── RepairError             a repair run cannot go on (resumable)
-    └── RepairUnavailable       the repair package cannot be used
+    └── RepairError             a repair run cannot go on (resumable)
 """
 
 from __future__ import annotations
@@ -67,7 +66,3 @@ class RepairError(ReplagError):
 
 class JobConflict(UsageError):
     """A check or repair of the same group (or of every group) is already running."""
-
-
-class RepairUnavailable(ReplagError):
-    """The repair package is not installed in this build (or has no such function)."""

@@ -20,19 +20,25 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib import import_module
-from types import ModuleType
 from typing import Any, Literal
 
 from replag.alerts.evaluate import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
 from replag.alerts.health import probe_health, record_check, record_probe
 from replag.alerts.rules import dropped_writes_since
 from replag.config import Config
-from replag.errors import EndpointError, JobConflict, RepairUnavailable, ReplagError
+from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
-from replag.monitoring.dynomite_stats import FIGURES, collect_dynomite_stats, recent_stats
+from replag.monitoring.dynomite_stats import (
+    FIGURES,
+    collect_dynomite_stats,
+    prune_stats,
+    recent_stats,
+)
 from replag.probes.report import ProbeReport
+from replag.probes.runner import run_probe
+from replag.repair import RepairReport, check, repair
+from replag.repair.policy import parse_policy
 from replag.store import Store
 
 log = logging.getLogger(__name__)
@@ -69,17 +75,6 @@ class RepairJob:
         }
 
 
-def repair_module() -> ModuleType:
-    """`replag.repair`, imported when first needed so the service runs without it."""
-    try:
-        module = import_module("replag.repair")
-    except ImportError as exc:
-        raise RepairUnavailable(f"repair cannot be imported: {exc}") from None
-    if not hasattr(module, "check"):
-        raise RepairUnavailable("repair is not available in this build of replag")
-    return module
-
-
 class ReplagService:
     def __init__(
         self,
@@ -102,7 +97,7 @@ class ReplagService:
             external_url=external_url,
             on_result=self._count_delivery,
         )
-        self._probe = probe
+        self._probe = probe or run_probe
         self.started_ns = time.time_ns()
         self.jobs: dict[str, RepairJob] = {}
         self.counters: Counter[str] = Counter()
@@ -197,6 +192,7 @@ class ReplagService:
             log.info("compaction: %d lag windows merged into %d", merged, written)
         cutoff = now - int(self.settings.retention * 1e9)
         deleted = await asyncio.to_thread(self.store.prune, cutoff)
+        deleted["dynomite_stats"] = await asyncio.to_thread(prune_stats, self.store, cutoff)
         deleted["alert_events"] = await asyncio.to_thread(self.alert_book.prune_events, cutoff)
         forgotten = self.index.forget_before(cutoff)
         if any(deleted.values()):
@@ -221,9 +217,8 @@ class ReplagService:
         return reports
 
     async def _probe_source(self, source: str, write_name: str) -> ProbeReport | None:
-        probe = self._probe or import_module("replag.probes.runner").run_probe
         try:
-            report: ProbeReport = await probe(self.config, source=source, store=self.store)
+            report = await self._probe(self.config, source=source, store=self.store)
         except EndpointError as exc:
             self.counters["probe errors"] += 1
             self.metrics.probe_runs.labels(source, "ok")  # the series exists, at 0
@@ -356,8 +351,6 @@ class ReplagService:
                 job = self.start_job("check", group.name)
             except JobConflict:
                 continue
-            except RepairUnavailable:
-                raise
             except ReplagError as exc:
                 log.warning("check of %s not started: %s", group.name, exc)
                 continue
@@ -371,11 +364,10 @@ class ReplagService:
         of every group conflicts with any), and UsageError for an unknown group or a
         policy the repair library would refuse, so the caller hears of it now.
         """
-        repair = repair_module()  # fail now, not in the background, when repair is missing
         if group is not None:
             self.config.topology.group(group)  # UsageError naming the known groups
         if action == "repair":
-            self._check_policy(repair, group, options.get("policy", "quorum"))
+            self._check_policy(group, options.get("policy", "quorum"))
         running = [g for g in self._busy if group is None or g is None or g == group]
         if running:
             what = running[0] or "every group"
@@ -397,9 +389,8 @@ class ReplagService:
         task.add_done_callback(finished)
         return job
 
-    def _check_policy(self, repair: ModuleType, group: str | None, policy: str) -> None:
+    def _check_policy(self, group: str | None, policy: str) -> None:
         """Parse `policy` for every group the job covers, as the repair will (UsageError)."""
-        parse_policy = import_module(f"{repair.__name__}.policy").parse_policy
         groups = [self.config.topology.group(group)] if group else self.config.topology.groups
         for g in groups:
             parse_policy(policy, g.members)
@@ -412,15 +403,12 @@ class ReplagService:
 
     async def _run_job(self, job: RepairJob, options: dict[str, Any]) -> None:
         """Run `job` (its group is already claimed in `_busy`), then an auto-repair if due."""
-        repair = repair_module()
         group_label = job.group or "all"
         try:
             if job.action == "check":
-                report = await repair.check(self.config, group=job.group, store=self.store)
+                report = await check(self.config, group=job.group, store=self.store)
             else:
-                report = await repair.repair(
-                    self.config, group=job.group, store=self.store, **options
-                )
+                report = await repair(self.config, group=job.group, store=self.store, **options)
             job.run_id, job.divergent = report.run_id, int(report.divergent)
             job.state = "done"
             self._observe_repair(job, report)
@@ -458,7 +446,7 @@ class ReplagService:
         if job.group:
             record_check(self.store, group=job.group, divergent=None, run_id=None, error=error)
 
-    def _observe_repair(self, job: RepairJob, report: Any) -> None:
+    def _observe_repair(self, job: RepairJob, report: RepairReport) -> None:
         """Per-group figures of a RepairReport: divergent keys, repair outcomes, group health."""
         for group in report.groups:
             if job.action == "check" or not report.dry_run:

@@ -194,28 +194,18 @@ class Store:
         ]
 
     def prune(self, before_ns: int) -> dict[str, int]:
-        """Delete measurements older than `before_ns` (UTC epoch ns); return rows deleted per table.
+        """Delete this module's measurements (lag windows, probe runs) older than `before_ns`
+        (UTC epoch ns); return rows deleted per table.
 
-        Repair runs are kept (small, and an audit trail); alert history is pruned by
-        `AlertBook.prune_events` with the same cutoff.
+        Other components prune their own tables with the same cutoff (the service calls
+        each: `AlertBook.prune_events`, `dynomite_stats.prune_stats`); repair runs are
+        kept (small, and an audit trail).
         """
-        targets = [
-            ("lag_windows", "end_ns"),
-            ("probe_runs", "finished_ns"),
-            ("dynomite_stats", "sampled_ns"),
-        ]
         deleted: dict[str, int] = {}
         with self._lock:
-            existing = {
-                row[0]
-                for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            for table, column in targets:
-                if table in existing:
-                    cursor = self._conn.execute(
-                        f"DELETE FROM {table} WHERE {column} < ?", (before_ns,)
-                    )
-                    deleted[table] = cursor.rowcount
+            for table, column in (("lag_windows", "end_ns"), ("probe_runs", "finished_ns")):
+                cursor = self._conn.execute(f"DELETE FROM {table} WHERE {column} < ?", (before_ns,))
+                deleted[table] = cursor.rowcount
         return deleted
 
     def compact(self, *, older_than_ns: int, window_ns: int) -> tuple[int, int, list[int]]:

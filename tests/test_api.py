@@ -131,7 +131,7 @@ async def test_post_repairs_starts_a_job(client: httpx.AsyncClient, app: FastAPI
     # The members are closed ports: the check fails, and says which endpoint.
     assert finished.state == "failed" and "127.0.0.1" in (finished.error or "")
     listed = (await client.get("/api/v1/repairs")).json()
-    assert listed["available"] and listed["jobs"][0]["job_id"] == job["job_id"]
+    assert listed["jobs"][0]["job_id"] == job["job_id"]
     one = (await client.get(f"/api/v1/repairs/{job['job_id']}")).json()
     assert one["job"]["state"] == "failed"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -23,8 +24,10 @@ from replag.alerts.rules import evaluate_rules
 from replag.config import config_from_dict, load_config
 from replag.lab.server import free_port
 from replag.lagindex import LagIndex
+from replag.monitoring.dynomite_stats import parse_info, recent_stats, record_stats
 from replag.service import ReplagService
 from replag.store import Store
+from tests.helpers.dynomite_admin import fixture_bytes
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
@@ -206,6 +209,8 @@ async def test_prune_round_drops_alert_history_older_than_retention(tmp_path: Pa
     try:
         now = time.time_ns()
         old = now - int(config.settings.retention * 1e9) - 3600 * 10**9
+        info = json.loads(fixture_bytes("3rack_node1_22222_info.json"))
+        record_stats(store, [parse_info(info, node="n1", sampled_ns=t) for t in (old, now)])
         for at, divergent in ((old, 3), (old + 1, 0), (now, 5)):
             record_check(store, group="main", divergent=divergent, run_id=None, error=None)
             conditions = evaluate_rules(config, LagIndex(store), now_ns=at)
@@ -214,6 +219,7 @@ async def test_prune_round_drops_alert_history_older_than_retention(tmp_path: Pa
         assert history == ["firing", "pending", "resolved", "firing", "pending"]
         await service.prune_round()
         assert [h["status"] for h in service.alert_book.history()] == ["firing", "pending"]
+        assert [s.sampled_ns for s in recent_stats(store, limit=10)] == [now]  # its own table
         assert service.alert_book.firing_count() == 1
     finally:
         await service.stop()

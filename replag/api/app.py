@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from replag import __version__
 from replag.api import dynomite, lag, routes
 from replag.config import Config
-from replag.errors import EndpointError, JobConflict, RepairUnavailable, ReplagError
+from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.service import ReplagService
 from replag.store import Store
 
@@ -75,8 +75,6 @@ def create_app(
         status = 400
         if isinstance(exc, JobConflict):
             status = 409
-        elif isinstance(exc, RepairUnavailable):
-            status = 503
         elif isinstance(exc, EndpointError):
             status = 502
         return JSONResponse({"detail": str(exc)}, status_code=status)

@@ -16,8 +16,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
-from replag.errors import RepairUnavailable
-from replag.service import ReplagService, repair_module
+from replag.repair import get_run, list_runs
+from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token")
@@ -66,12 +66,9 @@ def topology(svc: Service) -> dict[str, Any]:
 @router.get("/repairs")
 def repairs(svc: Service, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
     """Recent repair checks and runs from the store, and jobs this service is running."""
-    try:
-        runs, available = repair_module().list_runs(svc.store, limit=limit), True
-    except RepairUnavailable:
-        runs, available = [], False
+    runs = list_runs(svc.store, limit=limit)
     jobs = sorted(svc.jobs.values(), key=lambda j: j.started_ns, reverse=True)[:limit]
-    return {"available": available, "runs": runs, "jobs": [j.to_dict() for j in jobs]}
+    return {"runs": runs, "jobs": [j.to_dict() for j in jobs]}
 
 
 @router.get("/repairs/{run_id}")
@@ -79,7 +76,7 @@ def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> di
     """One repair run by its run id (or a service job by its job id)."""
     if run_id in svc.jobs:
         return {"job": svc.jobs[run_id].to_dict()}
-    run = repair_module().get_run(svc.store, run_id)
+    run = get_run(svc.store, run_id)
     if run is None:
         raise HTTPException(404, f"no repair run {run_id!r}")
     return dict(run)

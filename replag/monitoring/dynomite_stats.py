@@ -297,6 +297,16 @@ def ensure_stats_schema(store: Store) -> None:
     store.ensure_schema(_SCHEMA)
 
 
+def prune_stats(store: Store, before_ns: int) -> int:
+    """Delete samples taken before `before_ns` (UTC epoch ns, the retention cutoff)."""
+    ensure_stats_schema(store)
+    query = "FROM dynomite_stats WHERE sampled_ns < ?"
+    count = int(store.execute(f"SELECT COUNT(*) {query}", (before_ns,))[0][0])
+    if count:
+        store.execute(f"DELETE {query}", (before_ns,))
+    return count
+
+
 def record_stats(store: Store, samples: Sequence[DynomiteStats]) -> None:
     ensure_stats_schema(store)
     columns = ("node", "dc", "rack", "sampled_ns", "uptime_s", *FIGURE_NAMES, "backends")

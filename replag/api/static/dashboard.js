@@ -214,7 +214,7 @@ function drawRepairs(data) {
   const host = document.getElementById("repairs");
   const rows = [...data.jobs.filter((j) => j.state === "running"), ...data.runs].slice(0, 12);
   if (!rows.length) {
-    host.replaceChildren(el("p", { class: "empty" }, data.available ? "No repair runs yet." : "Repair is not available in this build."));
+    host.replaceChildren(el("p", { class: "empty" }, "No repair runs yet."));
     return;
   }
   host.replaceChildren(el("table", { class: "list" },

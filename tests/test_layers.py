@@ -1,0 +1,146 @@
+"""The package's layers point one way: a module imports only from its own layer or below.
+
+    values         errors, durations, histogram, clock
+    configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
+    io             connections, resp, store, discovery.http
+    components     discovery, monitoring, lagindex, probes, repair, lab, alerts, metrics
+    service → api → cli (commands)
+
+Components may use each other, but their packages never form a cycle. Every import
+counts (also inside functions and under TYPE_CHECKING), and nothing is imported by
+name at run time (`import_module`), so what this test reads is what runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "replag"
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("values", ("replag.errors", "replag.durations", "replag.histogram", "replag.clock")),
+    (
+        "configuration",
+        ("replag", "replag.settings", "replag.topology", "replag.alerts.config", "replag.config"),
+    ),
+    ("io", ("replag.connections", "replag.resp", "replag.store", "replag.discovery.http")),
+    (
+        "components",
+        (
+            "replag.discovery",
+            "replag.monitoring",
+            "replag.lagindex",
+            "replag.probes",
+            "replag.repair",
+            "replag.lab",
+            "replag.alerts",
+            "replag.metrics",
+        ),
+    ),
+    ("service", ("replag.service",)),
+    ("api", ("replag.api",)),
+    ("cli", ("replag.commands", "replag.cli", "replag.__main__")),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the imported module
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.module} (line {self.line}) imports {self.target}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports() -> Iterator[Import]:
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from replag.repair import report` imports the module replag.repair.report
+                named = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [t if t in MODULES else node.module for t in named]
+            else:
+                continue
+            for target in targets:
+                if target == "replag" or target.startswith("replag."):
+                    yield Import(name, target, node.lineno)
+
+
+def place(module: str) -> tuple[int, str]:
+    """(layer index, the entry it matched): the longest prefix wins; `replag` is exact."""
+    best: tuple[int, str] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or (prefix != "replag" and module.startswith(prefix + "."))
+            if matches and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS (and the docstring)")
+    return best
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in MODULES:
+        place(name)
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = [
+        f"{imp} ({LAYERS[place(imp.module)[0]][0]} → {LAYERS[place(imp.target)[0]][0]})"
+        for imp in imports()
+        if place(imp.target)[0] > place(imp.module)[0]
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_components_form_no_cycle() -> None:
+    components = dict(LAYERS)["components"]
+    edges: dict[str, set[str]] = {c: set() for c in components}
+    for imp in imports():
+        a, b = place(imp.module)[1], place(imp.target)[1]
+        if a in edges and b in edges and a != b:
+            edges[a].add(b)
+
+    def cycle_from(start: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        for nxt in sorted(edges[start]):
+            if nxt in path:
+                return (*path[path.index(nxt) :], nxt)
+            found = cycle_from(nxt, (*path, nxt))
+            if found:
+                return found
+        return None
+
+    for component in components:
+        cycle = cycle_from(component, (component,))
+        assert cycle is None, "components import each other in a cycle: " + " → ".join(cycle)
+
+
+def test_nothing_is_imported_by_name_at_run_time() -> None:
+    found = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name | ast.Attribute):
+                called = node.id if isinstance(node, ast.Name) else node.attr
+                if called in ("import_module", "__import__"):
+                    found.append(f"{name}: line {node.lineno}: {called}")
+        found += [
+            f"{name}: line {n.lineno}: a module-level __getattr__ hides what it imports"
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
+        ]
+    assert not found, "\n".join(found)
