@@ -3,7 +3,8 @@
     values         errors, durations, histogram, clock
     configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
     io             connections, resp, store, discovery.http
-    components     discovery, monitoring, lagindex, probes, repair, lab, alerts, metrics
+    components     discovery, monitoring, replication, lagindex, probes, repair, lab,
+                   alerts, metrics
     service → api → cli (commands)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -32,6 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "replag.discovery",
             "replag.monitoring",
+            "replag.replication",
             "replag.lagindex",
             "replag.probes",
             "replag.repair",
