@@ -1,0 +1,185 @@
+"""The checker: what every replica should hold, from the history, against what it holds.
+
+For each key and replica, the operations the writers applied there (in version
+order, which is the order they were applied in) decide what must be true at
+the end, whatever repair did in between:
+
+- every element written there after the last DEL must be there, with that
+  version or a newer one (a write dropped on this replica and copied in by
+  repair): missing is a **lost** write, an older version is **clobbered**;
+- nothing older than the last DEL may be there: that is **resurrected**;
+- the expiry must be one decided by the replica's own last expiry-deciding
+  operation (DEL, string SET, creating write, PEXPIREAT that found the key)
+  or by a later one on any replica: none is a lost write, an older one clobbered.
+
+Writes are dropped (on one replica, never a DEL) only before the repair starts,
+so all the divergence exists before the scan.
+
+Keys the writers never touched are judged only by agreement: at the end a key
+the replicas still disagree on must have been reported as left (conflict,
+busy, kept); one the run counted as repaired or agreed, or did not mention, is
+**falsely fixed**.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from replag.lab.safety.model import ABSENT, Held, Keyspace, write_command
+from replag.lab.safety.workload import DELETE, EXPIRE, Op
+
+# Outcomes after which replicas may still differ: the run said so.
+REPORTED_LEFT = frozenset({"conflict", "busy", "skipped_changed", "kept", "would_repair"})
+CATEGORIES = ("clobbered", "resurrected", "lost", "falsely_fixed")
+
+
+@dataclass
+class Verdict:
+    """Counts of keys per anomaly and a few examples of each."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    examples: list[str] = field(default_factory=list)
+    left_reported: int = 0  # divergent at the end, and the run said so
+
+    def example(self, category: str, key: bytes, text: str) -> None:
+        if len(self.examples) < 12:
+            self.examples.append(f"{category}: {key.decode(errors='replace')}: {text}")
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.counts.values())
+
+
+@dataclass
+class _Expected:
+    """What the operations applied on one replica oblige it to hold."""
+
+    last_delete: int | None = None
+    written: dict[bytes, int] = field(default_factory=dict)  # since the last DEL
+    ttl_event: int | None = None  # version of the last op that decided the expiry here
+
+
+# (version, expiry it leaves: None or the PEXPIREAT's version) per expiry-deciding op.
+TtlEvent = tuple[int, int | None]
+
+
+def expected_on(kind: str, ops: Iterable[tuple[Op, int | str]]) -> tuple[_Expected, list[TtlEvent]]:
+    """What one replica must hold after `ops` (each with its reply there), and the
+    expiry-deciding events among them."""
+    out = _Expected()
+    events: list[TtlEvent] = []
+    exists: bool | None = None
+    for op, reply in ops:
+        if isinstance(reply, str):
+            continue  # refused (error reply): changed nothing
+        if op.kind == DELETE:
+            out.last_delete, out.written, exists = op.version, {}, False
+            events.append((op.version, None))
+        elif op.kind == EXPIRE:
+            exists = reply == 1
+            if exists:
+                events.append((op.version, op.version))
+        else:
+            _, elements = write_command(b"", kind, op.version, op.slot)
+            for element in elements:
+                out.written[element] = op.version
+            if kind == "string" or exists is False:  # SET clears a TTL; so does creating
+                events.append((op.version, None))
+            exists = True
+    if events:
+        out.ttl_event = events[-1][0]
+    return out, events
+
+
+def judge_replica(
+    key: bytes,
+    kind: str,
+    replica: str,
+    expected: _Expected,
+    allowed_expiry: set[int | None] | None,
+    held: Held,
+    verdict: Verdict,
+) -> set[str]:
+    """The anomaly categories `held` shows (examples go to `verdict`).
+
+    Versions newer than this replica's own writes are fine: a write dropped here
+    and copied in by repair. Older ones are not.
+    """
+    found: dict[str, str] = {}
+    for element, version in expected.written.items():
+        got = held.elements.get(element)
+        if got is None:
+            found.setdefault("lost", f"{element!r} v{version} missing, held {held.to_dict()}")
+        elif got < version:
+            found.setdefault("clobbered", f"{element!r} v{got} where v{version} was written")
+    if expected.last_delete is not None and held.exists:
+        older = sorted(e for e, v in held.elements.items() if v < expected.last_delete)
+        if older or held.type != kind:
+            found["resurrected"] = f"held {held.to_dict()} after DEL v{expected.last_delete}"
+    if held.exists and allowed_expiry is not None and held.expiry not in allowed_expiry:
+        category = "lost" if held.expiry is None else "clobbered"
+        found.setdefault(
+            category, f"expiry v{held.expiry}, allowed {sorted(allowed_expiry, key=str)}"
+        )
+    for category, text in found.items():
+        verdict.example(category, key, f"on {replica}: {text}")
+    return set(found)
+
+
+def check_history(
+    keyspace: Keyspace,
+    keys: Sequence[bytes],
+    replicas: Sequence[str],
+    history: Sequence[Op],
+    final: Sequence[Mapping[bytes, Held]],
+    outcomes: Mapping[bytes, str],
+) -> Verdict:
+    """Count anomalies per key: `final[r][key]` is what replica r holds at the end;
+    `outcomes` the run's recorded status per key it reported."""
+    verdict = Verdict()
+    by_key: dict[int, list[Op]] = {}
+    for op in history:
+        by_key.setdefault(op.key, []).append(op)
+    for key in keys:
+        index = keyspace.index(key)
+        ops = by_key.get(index, [])
+        if ops:
+            kind = keyspace.type(index)
+            per_replica = [
+                expected_on(kind, [(op, x) for op in ops for rr, x in op.applied if rr == r])
+                for r in range(len(replicas))
+            ]
+            events = [e for _, replica_events in per_replica for e in replica_events]
+            found: set[str] = set()
+            for r, name in enumerate(replicas):
+                expected = per_replica[r][0]
+                allowed = (
+                    None
+                    if expected.ttl_event is None
+                    else {x for v, x in events if v >= expected.ttl_event}
+                )
+                held = final[r].get(key, ABSENT)
+                found |= judge_replica(key, kind, name, expected, allowed, held, verdict)
+            for category in found:  # a key counts once, however many replicas show it
+                verdict.counts[category] += 1
+        states = [final[r].get(key, ABSENT) for r in range(len(replicas))]
+        if any(s != states[0] for s in states[1:]):
+            if outcomes.get(key) in REPORTED_LEFT:
+                verdict.left_reported += 1
+            else:
+                summary = ", ".join(
+                    f"{n}={s.to_dict()}" for n, s in zip(replicas, states, strict=True)
+                )
+                verdict.counts["falsely_fixed"] += 1
+                verdict.example(
+                    "falsely_fixed",
+                    key,
+                    f"replicas differ, run said {outcomes.get(key)!r}: {summary}",
+                )
+    return verdict
+
+
+def summarize(verdict: Verdict) -> dict[str, Any]:
+    return {**verdict.counts, "left_reported": verdict.left_reported}
