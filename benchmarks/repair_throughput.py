@@ -166,7 +166,7 @@ def run(lab_dir: Path, ports: list[int], args: argparse.Namespace) -> None:
     repair_s = time.perf_counter() - t0
     print(
         f"repair run: {repair_s:.2f} s total; repaired {fixed['repaired']}, conflicts "
-        f"{fixed['conflicts']}, skipped_changed {fixed['skipped_changed']}, "
+        f"{fixed['conflicts']}, busy {fixed['busy']}, undone {fixed['undone']}, "
         f"writes {sum(r['writes'] for r in fixed['replicas'])}"
     )
     again = asyncio.run(check(config)).to_dict()

@@ -264,8 +264,10 @@ class Settings:
     repair_settle: float = setting(
         "50ms",
         _duration,
-        "Repair reads each divergent key twice this far apart; a key that changed "
-        "in between is being written and is rechecked later, not repaired.",
+        "Repair reads each divergent key twice this far apart (one that changed is "
+        "being written: rechecked later, not repaired) and re-reads every replica this long "
+        "after writing, undoing the write if the winner moved. Keep it above the time a write "
+        "takes to reach every replica (the p99 lag `replag probe` measures).",
     )
     scan_parallel: int = setting(
         1,

@@ -66,7 +66,7 @@ async def test_repair_never_clobbers_a_concurrent_write(
         await client.aclose()
     print(
         f"\nconcurrent writer: {writes} writes; repair: repaired {result['repaired']}, "
-        f"skipped_changed {result['skipped_changed']}, agreed meanwhile {result['agreed']}, "
+        f"busy {result['busy']}, agreed meanwhile {result['agreed']}, "
         f"conflicts {result['conflicts']}; replicas older than their last write: {len(older)}"
     )
     assert writes >= 10_000

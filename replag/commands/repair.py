@@ -150,4 +150,4 @@ def run_command(
         type_filter=type_filter,
     )
     left = report.to_dict()
-    sys.exit(1 if left["conflicts"] or left["skipped_changed"] or left["kept"] else 0)
+    sys.exit(1 if left["conflicts"] or left["busy"] or left["kept"] else 0)

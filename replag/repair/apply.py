@@ -1,13 +1,45 @@
-"""Safe writes: compare-and-set repairs on each divergent replica's own Redis.
+"""Safe writes: a repair write stands only if the winner still justifies it after it lands.
 
-Every write is a WATCH/MULTI/EXEC transaction on the target: the key is read
-under WATCH and must still hold what was compared, else nothing is written and
-the key is rechecked later. The value comes from the winner, read under its
-own WATCH and checked against what the decision was based on, so we only ever
-copy a value the winner still holds. DUMP/RESTORE carries the value (and the
-remaining TTL, minus the time in between); a RESTORE the target refuses (an
-older RDB version) falls back to type-specific writes. Each replica has its
-own throttle (keys/s, in-flight) and busy clock.
+For one key with winner W (the replica whose state the policy chose; for a
+delete, "absent") and targets T1..Tn, on each replica's own Redis:
+
+1. **Read the winner.** WATCH the key on W, read it (the same canonical digest
+   as the check) and require the compared value and expiry; MULTI DUMP PTTL
+   EXEC then carries exactly that value (EXEC aborts if W changed meanwhile).
+2. **Write each target.** WATCH the key on T, read it, require what the
+   decision saw, then MULTI DUMP PTTL <write> EXEC: EXEC aborts if anything
+   touched the key since the WATCH, so the write replaces exactly the compared
+   state, and the DUMP in the same transaction is T's state just before it
+   (the pre-image).
+3. **Re-verify, else undo.** Once the batch is written, wait `repair_settle`
+   and read the key on every replica. The repair stands only if every replica
+   now holds W's state. Otherwise each target is put back: under WATCH, if it
+   still holds what we wrote, RESTORE the pre-image (DEL if it had no key); if
+   it holds something else, a client wrote it after us and it stays. The key
+   is rechecked in a later round; one still moving after the last round is
+   reported `busy`, never guessed.
+
+Why (3) is needed and why it is enough. (2) guards against every client write
+that changes T's state, before ours (the compare) or after it (the undo's
+WATCH). It cannot see a write that did not change T: a DEL of a key T already
+lacked, a PEXPIREAT on an absent key. Such a write, applied to T just before
+our copy and still on its way to W, is how a deleted key came back (issue 9):
+T "still held what was compared" (nothing) and received W's old value. Every
+client write goes to every replica; if it reaches all of them within
+`repair_settle`, it has reached W by the re-verification in (3), W no longer
+holds the copied state, and the copy is undone. So after a repair each target
+holds W's state as W held it `repair_settle` after the write (repaired), or its
+own state from before the repair, or a later client write: never a value older
+than a write it had applied, never one a delete had removed. The single
+assumption is that bound: `repair_settle` must exceed the time a write takes to
+reach every replica of the group (the p99 replication lag `replag probe`
+measures, with margin). A value that comes back to W after changing (A→B→A)
+is W's current value again, so copying it is still justified.
+
+DUMP/RESTORE carries the value and the remaining TTL (computed at the moment
+of writing); a target that refuses the winner's DUMP format (an older server)
+gets type-specific writes in the same transaction. Each replica has its own
+throttle (keys/s, in-flight) and busy clock.
 """
 
 from __future__ import annotations
@@ -15,12 +47,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from replag.errors import EndpointError
-from replag.repair.observe import KeyState, observe_keys
+from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.policy import Decision
 from replag.repair.values import StreamEntry
 from replag.resp import RespConnection, pack
@@ -28,6 +60,7 @@ from replag.topology import Endpoint
 
 Outcome = Literal["repaired", "changed", "dry_run"]
 _CHUNK = 1000
+_T = TypeVar("_T")
 
 
 class BusyClock:
@@ -146,41 +179,116 @@ def _typed_writes(key: bytes, state: KeyState) -> list[bytes]:
     return out
 
 
+@dataclass
+class _Written:
+    """One transaction that wrote a target: what to put back if the repair does not stand."""
+
+    target: int
+    pre_image: bytes | None  # the target's DUMP just before our write; None: no key
+    pre_pttl: int
+    at: float  # monotonic time of the write
+
+
+@dataclass
+class _Attempt:
+    """One key whose writes await re-verification: every replica should hold `expected`."""
+
+    key: bytes
+    expected: KeyState
+    written: list[_Written]
+    complete: bool  # every target was written (none had changed)
+    stood: bool = False  # re-verified: every replica held `expected`
+
+
 class Applier:
-    """Carries out one `Decision` for one key across the lanes of a group."""
+    """Carries out the `Decision`s of a batch of keys across the lanes of a group."""
 
     def __init__(
-        self, lanes: Sequence[ReplicaLane], *, tolerance_ms: int, dry_run: bool, chunk: int = _CHUNK
+        self,
+        lanes: Sequence[ReplicaLane],
+        *,
+        tolerance_ms: int,
+        settle_s: float,
+        dry_run: bool,
+        chunk: int = _CHUNK,
     ) -> None:
         self.lanes = lanes
         self.tolerance_ms = tolerance_ms
+        self.settle_s = settle_s
         self.dry_run = dry_run
         self.chunk = chunk
+        self.undone = 0  # target writes put back because the repair did not stand
 
-    async def apply(
-        self, key: bytes, decision: Decision, states: Sequence[KeyState]
-    ) -> dict[int, Outcome]:
-        """Outcome per target replica index."""
+    async def apply_batch(
+        self, items: Sequence[tuple[bytes, Decision, Sequence[KeyState]]]
+    ) -> list[Outcome]:
+        """One outcome per (key, copy-or-delete decision, states): written and re-verified
+        `settle_s` later ("repaired"), or undone / not written because something moved
+        ("changed")."""
         if self.dry_run:
-            return {t: "dry_run" for t in decision.targets}
+            return ["dry_run"] * len(items)
+        attempts = await _all_or_none(self._attempt(*item) for item in items)
+        written = [a for a in attempts if a is not None and a.written]
+        if written:
+            await asyncio.sleep(self.settle_s)
+            now = await self._observe([a.key for a in written])
+            await _all_or_none(self._settle(a, now) for a in written)
+        return ["repaired" if a is not None and a.stood else "changed" for a in attempts]
+
+    async def _attempt(
+        self, key: bytes, decision: Decision, states: Sequence[KeyState]
+    ) -> _Attempt | None:
+        """Write every target (steps 1 and 2); None if the winner changed first."""
         if decision.action == "delete":
             results = await asyncio.gather(
                 *(self._write(t, key, states[t], [pack(b"DEL", key)]) for t in decision.targets)
             )
-            return dict(zip(decision.targets, results, strict=True))
+            return _attempt(key, ABSENT, results)
         assert decision.winner is not None
-        source = await self._read_winner(decision.winner, key, states[decision.winner])
-        if source is None:
-            return {t: "changed" for t in decision.targets}
-        payload, pttl, read_at = source
         winner_state = states[decision.winner]
+        source = await self._read_winner(decision.winner, key, winner_state)
+        if source is None:
+            return None
+        payload, pttl, read_at = source
         results = await asyncio.gather(
             *(
                 self._copy(t, key, states[t], winner_state, payload, pttl, read_at)
                 for t in decision.targets
             )
         )
-        return dict(zip(decision.targets, results, strict=True))
+        return _attempt(key, winner_state, results)
+
+    async def _observe(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
+        async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
+            async with lane.connection() as conn:
+                return await observe_keys(conn, keys, chunk=self.chunk, keep=False)
+
+        return list(await asyncio.gather(*(one(lane) for lane in self.lanes)))
+
+    async def _settle(self, attempt: _Attempt, now: list[dict[bytes, KeyState]]) -> None:
+        """Step 3: keep the writes if every replica holds the winner's state, else undo them."""
+        if attempt.complete and all(
+            reads[attempt.key].same_as(attempt.expected, self.tolerance_ms) for reads in now
+        ):
+            attempt.stood = True
+            return
+        await asyncio.gather(
+            *(self._undo(attempt.key, attempt.expected, w) for w in attempt.written)
+        )
+
+    async def _undo(self, key: bytes, wrote: KeyState, written: _Written) -> None:
+        def restore() -> list[bytes] | None:
+            ttl = 0  # RESTORE's "no expiry"
+            if written.pre_pttl >= 0:
+                ttl = written.pre_pttl - int((time.monotonic() - written.at) * 1000)
+                if ttl <= 0:  # the old value would have expired by now
+                    return [pack(b"DEL", key)]
+            if written.pre_image is None:
+                return [pack(b"DEL", key)]
+            return [pack(b"RESTORE", key, ttl, written.pre_image, b"REPLACE")]
+
+        if await self._write(written.target, key, wrote, restore) is not None:
+            self.undone += 1
 
     async def _read_winner(
         self, index: int, key: bytes, expected: KeyState
@@ -209,7 +317,7 @@ class Applier:
         payload: bytes,
         pttl: int,
         read_at: float,
-    ) -> Outcome:
+    ) -> _Written | None:
         def remaining_ms() -> int | None:
             """The winner's TTL left now; None once it has expired. Read at write time:
             waiting for the rate limiter must not stretch the copy's life."""
@@ -257,8 +365,9 @@ class Applier:
         key: bytes,
         expected: KeyState,
         commands: list[bytes] | Callable[[], list[bytes] | None],
-    ) -> Outcome:
-        """Under WATCH: if the key still holds `expected`, run `commands` in MULTI/EXEC.
+    ) -> _Written | None:
+        """Under WATCH: if the key still holds `expected`, run `commands` in MULTI/EXEC
+        after a DUMP and PTTL of what they replace; None if nothing was written.
 
         `commands` may be a function, called once the connection (and the rate
         limiter's slot) is ours, so a TTL in it is computed at the moment of writing;
@@ -270,18 +379,36 @@ class Applier:
             now = await observe_keys(conn, [key], chunk=self.chunk, keep=False)
             if not now[key].same_as(expected, self.tolerance_ms):
                 conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return "changed"
+                return None
             built = commands() if callable(commands) else commands
             if built is None:
                 conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return "changed"
-            commands = built
-            body = [pack(b"MULTI"), *commands, pack(b"EXEC")]
+                return None
+            body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
             replies = await conn.request(b"".join(body), len(body))
             conn.check(replies[:1])
             result = replies[-1]
             if result is None:
-                return "changed"
+                return None
             conn.check(result)
-            lane.writes += len(commands)
-            return "repaired"
+            lane.writes += len(built)
+            pre_image = result[0] if isinstance(result[0], bytes) else None
+            return _Written(target, pre_image, int(result[1]), time.monotonic())
+
+
+def _attempt(key: bytes, expected: KeyState, results: Sequence[_Written | None]) -> _Attempt:
+    written = [w for w in results if w is not None]
+    return _Attempt(key, expected, written, complete=len(written) == len(results))
+
+
+async def _all_or_none(coros: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Like gather, but when one fails the others are cancelled and awaited before the
+    error propagates: no repair keeps writing on lanes the run is about to close."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

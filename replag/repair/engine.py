@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from replag.config import Config
 from replag.errors import EndpointError, RepairError, ReplagError, UsageError
@@ -29,7 +29,6 @@ from replag.store import Store
 from replag.topology import ReplicaGroup
 
 VERIFY_BATCH = 256
-_T = TypeVar("_T")
 RECHECK_ROUNDS = 3
 
 
@@ -146,6 +145,7 @@ class _GroupRun:
                     stats.busy_s, stats.writes = row["busy_s"], row["writes"]
         self.report.candidates = saved.get("candidates", 0)
         self.report.changing = saved.get("changing_during_check", 0)
+        self.report.undone = saved.get("undone", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
         self.report.repair_s = saved.get("repair_s", 0.0)
         assert self.log is not None
@@ -200,6 +200,10 @@ class _GroupRun:
         divergent, changing = await self._verify(candidates, phase="verify")
         self.report.changing = len(changing)
         status = rp.FOUND if self.params.kind == "check" else rp.PENDING
+        if self.params.kind == "repair":
+            # Being written, and differing when last read: the repair rounds recheck
+            # them; one still moving after the last round is reported busy.
+            divergent += [d for _, d in changing if d is not None]
         self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
         self._save_phase("diffed")
         if self.log is not None:
@@ -247,10 +251,11 @@ class _GroupRun:
         keys: Sequence[bytes],
         *,
         phase: str,
-    ) -> tuple[list[Divergence], list[bytes]]:
-        """Divergent keys (stable over two reads `settle_s` apart) and keys still changing."""
+    ) -> tuple[list[Divergence], list[tuple[bytes, Divergence | None]]]:
+        """Divergent keys (stable over two reads `settle_s` apart) and keys still changing,
+        each with how it differed at the second read (None: the replicas agreed then)."""
         divergent: list[Divergence] = []
-        changing: list[bytes] = []
+        changing: list[tuple[bytes, Divergence | None]] = []
         started = time.perf_counter()
         for start in range(0, len(keys), VERIFY_BATCH):
             batch = keys[start : start + VERIFY_BATCH]
@@ -264,14 +269,20 @@ class _GroupRun:
                     a[key].same_as(b, self.tolerance_ms) and b.readable
                     for a, b in zip(first, states, strict=True)
                 )
+                kind = (
+                    classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
+                    if all(s.readable for s in states)
+                    else "value"
+                )
+                found = (
+                    Divergence(key, kind, dict(zip(self.names, states, strict=True)))
+                    if kind is not None
+                    else None
+                )
                 if not stable:
-                    changing.append(key)
-                    continue
-                kind = classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
-                if kind is not None:
-                    divergent.append(
-                        Divergence(key, kind, dict(zip(self.names, states, strict=True)))
-                    )
+                    changing.append((key, found))
+                elif found is not None:
+                    divergent.append(found)
             if self.progress is not None:
                 done = min(start + VERIFY_BATCH, len(keys))
                 elapsed = time.perf_counter() - started
@@ -293,62 +304,70 @@ class _GroupRun:
         applier = Applier(
             self.lanes,
             tolerance_ms=self.tolerance_ms,
+            settle_s=self.settle_s,
             dry_run=self.params.dry_run,
             chunk=self.options.count,
         )
         todo = sorted(k for k, r in self.records.items() if r.status == rp.PENDING)
         for round_ in range(RECHECK_ROUNDS + 1):
             if not todo:
-                return
+                break
             if round_:
-                # Give writers a moment; a key still changing after the last round is left.
+                # Give writers a moment; a key still changing after the last round is busy.
                 await asyncio.sleep(max(self.settle_s * 4, 0.2) * round_)
-            deferred: list[bytes] = []
             divergent, changing = await self._verify(todo, phase="repair")
-            deferred.extend(changing)
+            deferred = [key for key, _ in changing]
             found = {d.key for d in divergent}
-            still_changing = set(changing)
             self._set(
                 {
                     k: _KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
                     for k in todo
-                    if k not in found and k not in still_changing
+                    if k not in found and k not in deferred
                 }
             )
             for start in range(0, len(divergent), VERIFY_BATCH):
                 batch = divergent[start : start + VERIFY_BATCH]
-                results = await _all_or_none(self._resolve(d, applier) for d in batch)
-                updates = {}
-                for divergence, (status, reason) in zip(batch, results, strict=True):
-                    if status == rp.CHANGED:
-                        deferred.append(divergence.key)
-                        continue
-                    detail = divergence.to_dict()
-                    if reason:
-                        detail["reason"] = reason
-                    updates[divergence.key] = _KeyRecord(divergence.kind, status, detail)
-                self._set(updates)
+                deferred += await self._resolve(batch, applier)
             todo = sorted(deferred)
+        self.report.undone += applier.undone
         self._set(
-            {k: _KeyRecord(self.records[k].kind, rp.CHANGED, self.records[k].detail) for k in todo}
+            {k: _KeyRecord(self.records[k].kind, rp.BUSY, self.records[k].detail) for k in todo}
         )
 
-    async def _resolve(self, divergence: Divergence, applier: Applier) -> tuple[str, str]:
-        """(outcome, the policy's reason) for one verified divergent key."""
-        states = [divergence.states[name] for name in self.names]
-        decision: Decision = self.policy.decide(
-            states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
+    async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:
+        """Decide and apply a batch of verified divergent keys; the keys that moved."""
+        updates: dict[bytes, _KeyRecord] = {}
+        to_apply: list[tuple[Divergence, Decision]] = []
+        for divergence in batch:
+            states = [divergence.states[name] for name in self.names]
+            decision: Decision = self.policy.decide(
+                states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
+            )
+            if decision.action == "conflict":
+                updates[divergence.key] = self._record(divergence, rp.CONFLICT, decision.reason)
+            elif decision.action == "keep" or not decision.targets:
+                updates[divergence.key] = self._record(divergence, rp.KEPT, decision.reason)
+            else:
+                to_apply.append((divergence, decision))
+        outcomes = await applier.apply_batch(
+            [(d.key, decision, [d.states[name] for name in self.names]) for d, decision in to_apply]
         )
-        if decision.action == "conflict":
-            return rp.CONFLICT, decision.reason
-        if decision.action == "keep" or not decision.targets:
-            return rp.KEPT, decision.reason
-        outcomes = await applier.apply(divergence.key, decision, states)
-        if any(o == "changed" for o in outcomes.values()):
-            return rp.CHANGED, decision.reason
-        if all(o == "dry_run" for o in outcomes.values()):
-            return rp.DRY_RUN, decision.reason
-        return rp.REPAIRED, decision.reason
+        moved: list[bytes] = []
+        for (divergence, decision), outcome in zip(to_apply, outcomes, strict=True):
+            if outcome == "changed":
+                moved.append(divergence.key)
+                continue
+            status = rp.DRY_RUN if outcome == "dry_run" else rp.REPAIRED
+            updates[divergence.key] = self._record(divergence, status, decision.reason)
+        self._set(updates)
+        return moved
+
+    @staticmethod
+    def _record(divergence: Divergence, status: str, reason: str) -> _KeyRecord:
+        detail = divergence.to_dict()
+        if reason:
+            detail["reason"] = reason
+        return _KeyRecord(divergence.kind, status, detail)
 
 
 async def _run(
@@ -486,16 +505,3 @@ async def repair(
 
 
 __all__ = ["ProgressCallback", "RepairProgress", "check", "key_from_json", "repair"]
-
-
-async def _all_or_none(coros: Iterable[Awaitable[_T]]) -> list[_T]:
-    """Like gather, but when one fails the others are cancelled and awaited before the
-    error propagates: no repair keeps writing on lanes the run is about to close."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

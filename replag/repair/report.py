@@ -14,11 +14,11 @@ FOUND = "found"  # check runs: divergent, nothing attempted
 PENDING = "pending"  # repair runs: not handled yet
 REPAIRED = "repaired"
 CONFLICT = "conflict"
-CHANGED = "skipped_changed"
+BUSY = "busy"  # kept changing through every recheck round: left alone, not guessed
 KEPT = "kept"  # policy wanted a delete that --allow-deletes did not allow
 DRY_RUN = "would_repair"
 AGREED = "agreed"  # replicas agreed by the time we came to repair it
-OUTCOMES = (REPAIRED, CONFLICT, CHANGED, KEPT, DRY_RUN, AGREED, PENDING)
+OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING)
 
 
 @dataclass
@@ -50,6 +50,7 @@ class GroupReport:
     replicas: list[ReplicaStats]
     candidates: int = 0
     changing: int = 0
+    undone: int = 0  # target writes put back because the winner moved before they stood
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     outcomes: dict[str, int] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
@@ -67,6 +68,7 @@ class GroupReport:
             "counts": dict(self.counts),
             "candidates": self.candidates,
             "changing_during_check": self.changing,
+            "undone": self.undone,
             **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
             "scan_s": round(self.scan_s, 3),
             "repair_s": round(self.repair_s, 3),
@@ -110,7 +112,8 @@ class RepairReport:
             "counts": {k: sum(g.counts[k] for g in self.groups) for k in KINDS},
             "repaired": self._total(REPAIRED),
             "conflicts": self._total(CONFLICT),
-            "skipped_changed": self._total(CHANGED),
+            "busy": self._total(BUSY),
+            "undone": sum(g.undone for g in self.groups),
             "kept": self._total(KEPT),
             "would_repair": self._total(DRY_RUN),
             "agreed": self._total(AGREED),
@@ -131,20 +134,23 @@ class RepairReport:
             title,
             "",
             f"{'group':<14} {'missing':>8} {'value':>8} {'type':>8} {'ttl':>8} "
-            f"{'repaired':>9} {'conflicts':>10} {'changed':>8}",
+            f"{'repaired':>9} {'conflicts':>10} {'busy':>8}",
         ]
         for g in self.groups:
             gd = g.to_dict()
             lines.append(
                 f"{g.group:<14} {g.counts['missing']:>8} {g.counts['value']:>8} "
                 f"{g.counts['type']:>8} {g.counts['ttl']:>8} {gd[REPAIRED]:>9} "
-                f"{gd[CONFLICT]:>10} {gd[CHANGED]:>8}"
+                f"{gd[CONFLICT]:>10} {gd[BUSY]:>8}"
             )
         extras = [
             f"{name.replace('_', ' ')} {d[name]}"
-            for name in ("would_repair", "kept", "agreed", "pending")
+            for name in ("would_repair", "kept", "agreed", "pending", "undone")
             if d[name]
         ]
+        changing = sum(g.changing for g in self.groups)
+        if changing and self.kind == "check":
+            extras.append(f"{changing} changing while read (being written; not compared)")
         if extras:
             lines.append("also: " + ", ".join(extras))
         lines += ["", f"{'replica':<24} {'keys':>10} {'keys/s':>10} {'busy s':>8} {'writes':>7}"]

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from replag.lab.safety.model import ABSENT, Held, Keyspace, write_command
-from replag.lab.safety.workload import DELETE, EXPIRE, Op
+from replag.lab.safety.workload import DELETE, EXPIRE, WRITE, Op
 
 # Outcomes after which replicas may still differ: the run said so.
 REPORTED_LEFT = frozenset({"conflict", "busy", "skipped_changed", "kept", "would_repair"})
@@ -42,6 +41,7 @@ class Verdict:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     examples: list[str] = field(default_factory=list)
     left_reported: int = 0  # divergent at the end, and the run said so
+    outside_bound: int = 0  # anomalous keys with a write slower than the repair's bound
 
     def example(self, category: str, key: bytes, text: str) -> None:
         if len(self.examples) < 12:
@@ -65,31 +65,44 @@ class _Expected:
 TtlEvent = tuple[int, int | None]
 
 
-def expected_on(kind: str, ops: Iterable[tuple[Op, int | str]]) -> tuple[_Expected, list[TtlEvent]]:
-    """What one replica must hold after `ops` (each with its reply there), and the
-    expiry-deciding events among them."""
+def expected_on(
+    kind: str, ops: Iterable[tuple[Op, int | str | None]]
+) -> tuple[_Expected, list[TtlEvent]]:
+    """What one replica must hold after `ops` (each with its reply there, None where the
+    write was dropped), and the expiry-deciding events among them."""
     out = _Expected()
     events: list[TtlEvent] = []
-    exists: bool | None = None
+    deleted = False  # absent because of a DEL, which every replica applied
+    missing = False  # absent here only (a fault): a write re-creates it without the TTL
+    # the others have, and repair may rightly copy theirs in: the expiry is unknown then
     for op, reply in ops:
+        if reply is None:
+            if op.kind == WRITE and deleted:  # the others re-created it; not here
+                deleted, missing = False, True
+            continue
         if isinstance(reply, str):
             continue  # refused (error reply): changed nothing
         if op.kind == DELETE:
-            out.last_delete, out.written, exists = op.version, {}, False
+            out.last_delete, out.written, deleted, missing = op.version, {}, True, False
             events.append((op.version, None))
+            out.ttl_event = op.version
         elif op.kind == EXPIRE:
-            exists = reply == 1
-            if exists:
+            if reply == 1:
                 events.append((op.version, op.version))
+                out.ttl_event = op.version
+            elif not deleted:
+                missing = True
         else:
             _, elements = write_command(b"", kind, op.version, op.slot)
             for element in elements:
                 out.written[element] = op.version
-            if kind == "string" or exists is False:  # SET clears a TTL; so does creating
+            if kind == "string" or deleted:  # SET clears a TTL; so does re-creating
                 events.append((op.version, None))
-            exists = True
-    if events:
-        out.ttl_event = events[-1][0]
+                out.ttl_event = op.version
+            elif missing:
+                events.append((op.version, None))  # what this replica rightly holds now
+                out.ttl_event = None
+            deleted = missing = False
     return out, events
 
 
@@ -135,9 +148,16 @@ def check_history(
     history: Sequence[Op],
     final: Sequence[Mapping[bytes, Held]],
     outcomes: Mapping[bytes, str],
+    *,
+    bound_ms: float,
 ) -> Verdict:
     """Count anomalies per key: `final[r][key]` is what replica r holds at the end;
-    `outcomes` the run's recorded status per key it reported."""
+    `outcomes` the run's recorded status per key it reported.
+
+    Repair's safety rests on writes reaching every replica within `repair_settle`
+    (`bound_ms`). Anomalies on a key with a write whose fan-out took longer are
+    counted apart, as `outside_bound`: the assumption failed there, not the repair.
+    """
     verdict = Verdict()
     by_key: dict[int, list[Op]] = {}
     for op in history:
@@ -145,14 +165,14 @@ def check_history(
     for key in keys:
         index = keyspace.index(key)
         ops = by_key.get(index, [])
+        found: set[str] = set()
         if ops:
             kind = keyspace.type(index)
             per_replica = [
-                expected_on(kind, [(op, x) for op in ops for rr, x in op.applied if rr == r])
+                expected_on(kind, [(op, dict(op.applied).get(r)) for op in ops])
                 for r in range(len(replicas))
             ]
             events = [e for _, replica_events in per_replica for e in replica_events]
-            found: set[str] = set()
             for r, name in enumerate(replicas):
                 expected = per_replica[r][0]
                 allowed = (
@@ -162,24 +182,24 @@ def check_history(
                 )
                 held = final[r].get(key, ABSENT)
                 found |= judge_replica(key, kind, name, expected, allowed, held, verdict)
-            for category in found:  # a key counts once, however many replicas show it
-                verdict.counts[category] += 1
         states = [final[r].get(key, ABSENT) for r in range(len(replicas))]
         if any(s != states[0] for s in states[1:]):
             if outcomes.get(key) in REPORTED_LEFT:
                 verdict.left_reported += 1
             else:
+                found.add("falsely_fixed")
                 summary = ", ".join(
                     f"{n}={s.to_dict()}" for n, s in zip(replicas, states, strict=True)
                 )
-                verdict.counts["falsely_fixed"] += 1
                 verdict.example(
                     "falsely_fixed",
                     key,
                     f"replicas differ, run said {outcomes.get(key)!r}: {summary}",
                 )
+        if found and any(op.spread_ms > bound_ms for op in ops):
+            verdict.outside_bound += 1
+            verdict.example("outside_bound", key, f"a write took longer than {bound_ms:g} ms")
+            continue
+        for category in found:  # a key counts once, however many replicas show it
+            verdict.counts[category] += 1
     return verdict
-
-
-def summarize(verdict: Verdict) -> dict[str, Any]:
-    return {**verdict.counts, "left_reported": verdict.left_reported}

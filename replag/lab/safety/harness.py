@@ -68,7 +68,7 @@ class SafetyRun:
     spec: SafetySpec
     verdict: Verdict
     ops: int
-    writes: int
+    writes: int  # while the repair ran (after the writers stopped dropping writes)
     max_spread_ms: float
     slow_ops: int  # operations whose fan-out took longer than repair_settle
     report: dict[str, Any]
@@ -81,6 +81,7 @@ class SafetyRun:
             "spec": asdict(self.spec),
             **self.verdict.counts,
             "left_reported": self.verdict.left_reported,
+            "outside_bound": self.verdict.outside_bound,
             "ops": self.ops,
             "writes": self.writes,
             "max_spread_ms": self.max_spread_ms,
@@ -88,6 +89,7 @@ class SafetyRun:
             "divergent": r["divergent"],
             "repaired": r["repaired"],
             "busy": r.get("busy", r.get("skipped_changed", 0)),
+            "undone": r.get("undone", 0),
             "conflicts": r["conflicts"],
             "kept": r["kept"],
             "status": r["status"],
@@ -101,10 +103,17 @@ class SafetyRun:
             f"{self.spec.policy:<12} seed {self.spec.seed:>3}: writes {d['writes']:>6} "
             f"(ops {d['ops']}, max fan-out {d['max_spread_ms']:.1f} ms, slower than settle "
             f"{d['slow_ops']}); divergent {d['divergent']}, repaired {d['repaired']}, "
-            f"busy {d['busy']}, conflicts {d['conflicts']}, kept {d['kept']}; "
+            f"busy {d['busy']}, conflicts {d['conflicts']}, kept {d['kept']}, "
+            f"undone {d['undone']}; "
             f"clobbered {d['clobbered']}, resurrected {d['resurrected']}, lost {d['lost']}, "
-            f"falsely fixed {d['falsely_fixed']}"
+            f"falsely fixed {d['falsely_fixed']}; outside the bound {d['outside_bound']}"
         )
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def _protected(policy: str) -> tuple[int, ...]:
@@ -213,7 +222,6 @@ async def _stop_writers(process: asyncio.subprocess.Process) -> None:
 
 async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
     """One seeded run in `workdir` (servers, store and history go there; all stopped after)."""
-    workdir.mkdir(parents=True, exist_ok=True)
     keyspace = Keyspace(spec.keys, spec.seed)
     base_ms = time.time_ns() // 1_000_000 + 2 * 3600 * 1000
     servers = [RedisServer(f"s{i}", free_port(), workdir / "redis") for i in range(3)]
@@ -244,8 +252,7 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
             delete_share=spec.delete_share,
             protected=_protected(spec.policy),
         )
-        spec_path = workdir / "workload.json"
-        spec_path.write_text(workload.to_json(), encoding="utf-8")
+        spec_path = _write(workdir / "workload.json", workload.to_json())
         config = config_from_dict(
             {
                 "settings": {
@@ -283,15 +290,21 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
         final = [await read_final(e, keys, base_ms) for e in endpoints]
         outcomes = {key: status for key, _, status, _ in RunLog(store, report.run_id).keys("g")}
         store.close()
-        verdict = check_history(
-            keyspace, keys, [e.name for e in endpoints], history, final, outcomes
-        )
         settle_ms = _settle_ms(spec.repair_settle)
+        verdict = check_history(
+            keyspace,
+            keys,
+            [e.name for e in endpoints],
+            history,
+            final,
+            outcomes,
+            bound_ms=settle_ms,
+        )
         return SafetyRun(
             spec=spec,
             verdict=verdict,
             ops=len(history),
-            writes=sum(len(op.applied) for op in history),
+            writes=sum(len(op.applied) for op in history if op.calm),
             max_spread_ms=max((op.spread_ms for op in history), default=0.0),
             slow_ops=sum(op.spread_ms > settle_ms for op in history),
             report=report.to_dict(),

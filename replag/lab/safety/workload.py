@@ -75,16 +75,17 @@ class Op:
     slot: int
     applied: tuple[tuple[int, int | str], ...]
     spread_ms: float
+    calm: bool = True  # started after the harness said "calm" (while repair runs)
 
     def to_json(self) -> str:
         return json.dumps(
-            [self.key, self.version, self.kind, self.slot, self.applied, self.spread_ms]
+            [self.key, self.version, self.kind, self.slot, self.applied, self.spread_ms, self.calm]
         )
 
     @classmethod
     def from_json(cls, line: str) -> Op:
-        key, version, kind, slot, applied, spread = json.loads(line)
-        return cls(key, version, kind, slot, tuple((r, x) for r, x in applied), spread)
+        key, version, kind, slot, applied, spread, calm = json.loads(line)
+        return cls(key, version, kind, slot, tuple((r, x) for r, x in applied), spread, calm)
 
 
 def _reply(value: Any) -> int | str:
@@ -144,7 +145,9 @@ class _Writer:
             (reply,) = await self.conns[replica].request(command, 1)
             applied.append((replica, _reply(reply)))
         spread = (time.monotonic() - first) * 1000
-        self.ops.append(Op(index, version, kind, slot, tuple(applied), round(spread, 3)))
+        self.ops.append(
+            Op(index, version, kind, slot, tuple(applied), round(spread, 3), not dropping)
+        )
 
     async def close(self) -> None:
         for conn in self.conns:
@@ -174,14 +177,14 @@ def read_history(path: Path) -> list[Op]:
         return [Op.from_json(line) for line in fh if line.strip()]
 
 
-async def _main(spec_path: str) -> None:
-    spec = WorkloadSpec.from_json(Path(spec_path).read_text(encoding="utf-8"))
+async def _serve(spec: WorkloadSpec) -> list[Op]:
+    """Announce `ready`, drop writes until stdin says `calm`, stop at its EOF."""
     stop, calm, ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
-    async def announce() -> None:
+    async def listen() -> None:
         await ready.wait()
         print("ready", flush=True)
         while line := await reader.readline():
@@ -189,12 +192,20 @@ async def _main(spec_path: str) -> None:
                 calm.set()
         stop.set()  # EOF: the harness is done repairing
 
-    announcer = asyncio.create_task(announce())
-    ops = await run_workload(spec, stop=stop, calm=calm, ready=ready)
-    await announcer
+    listener = asyncio.create_task(listen())
+    try:
+        return await run_workload(spec, stop=stop, calm=calm, ready=ready)
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+
+
+def main(spec_path: str) -> None:
+    spec = WorkloadSpec.from_json(Path(spec_path).read_text(encoding="utf-8"))
+    ops = asyncio.run(_serve(spec))
     Path(spec.history).write_text("".join(op.to_json() + "\n" for op in ops), encoding="utf-8")
     print(f"done {len(ops)}", flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(_main(sys.argv[1]))
+    main(sys.argv[1])

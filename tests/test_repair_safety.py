@@ -1,0 +1,158 @@
+"""Repair under a hostile workload: the safety harness, its checker, and the undo path."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from replag.lab.safety.checker import CATEGORIES, check_history
+from replag.lab.safety.harness import SafetySpec, run_once
+from replag.lab.safety.model import ABSENT, Held, Keyspace
+from replag.lab.safety.workload import DELETE, WRITE, Op
+from replag.repair import repair
+from tests.conftest import RedisFactory
+from tests.test_repair_scan import group_config
+
+
+@pytest.mark.parametrize(("policy", "seed"), [("quorum", 1), ("source:n1", 2), ("newest:ts", 3)])
+async def test_no_write_is_clobbered_resurrected_or_lost_under_concurrent_writers(
+    tmp_path: Path, policy: str, seed: int
+) -> None:
+    spec = SafetySpec(policy=policy, seed=seed, keys=600, faults=200, writers=6, drop_s=0.5)
+    run = await run_once(spec, tmp_path)
+    print("\n" + run.line(), *run.verdict.examples, sep="\n  ")
+    result = run.to_dict()
+    assert result["writes"] > 1000 and result["divergent"] > 0 and result["repaired"] > 0
+    assert run.verdict.counts == dict.fromkeys(CATEGORIES, 0)
+
+
+async def _keyspace_events(client: aioredis.Redis, key: str) -> asyncio.Event:
+    """An event set when `key` is next written by RESTORE on `client`'s server."""
+    await client.config_set("notify-keyspace-events", "Kg$")
+    pubsub = client.pubsub()
+    await pubsub.subscribe(f"__keyspace@0__:{key}")
+    seen = asyncio.Event()
+
+    async def listen() -> None:
+        async for message in pubsub.listen():
+            if message["type"] == "message" and message["data"] == b"restore":
+                seen.set()
+                break
+        await pubsub.aclose()
+
+    _listeners.add(asyncio.create_task(listen()))
+    return seen
+
+
+_listeners: set[asyncio.Task[None]] = set()
+
+
+async def test_a_delete_that_reached_the_target_first_undoes_the_copy(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # c lacks the key (a dropped write). A client's DEL reaches c first (a no-op
+    # there), then a and b, but only after the repair has copied a's value to c:
+    # the copy must be undone, not leave the deleted key alive on c.
+    servers = [redis_factory("undo") for _ in range(3)]
+    a, b, c = (aioredis.Redis(port=s.port) for s in servers)
+    await a.set("k", "v1")
+    await b.set("k", "v1")
+
+    restored = await _keyspace_events(c, "k")
+
+    async def delete_in_flight() -> None:
+        await restored.wait()
+        await a.delete("k")
+        await b.delete("k")
+
+    deleter = asyncio.create_task(delete_in_flight())
+    report = await repair(group_config(tmp_path, servers, repair_settle="300ms"))
+    await asyncio.wait_for(deleter, 30)
+    result = report.to_dict()
+    assert [await x.exists("k") for x in (a, b, c)] == [0, 0, 0]
+    assert result["undone"] == 1 and result["repaired"] == 0
+    assert result["divergent_keys"][0]["status"] == "agreed"
+    for client in (a, b, c):
+        await client.aclose()
+
+
+async def test_an_undo_puts_back_the_old_value_and_its_ttl(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("back") for _ in range(3)]
+    a, b, c = (aioredis.Redis(port=s.port) for s in servers)
+    await a.set("k", "v1")
+    await b.set("k", "v1")
+    await c.set("k", "v0", px=100_000)
+
+    restored = await _keyspace_events(c, "k")
+
+    async def winner_moves() -> None:
+        await restored.wait()
+        await a.set("k", "v2")  # now a, b and c all differ: a conflict, nothing to copy
+
+    mover = asyncio.create_task(winner_moves())
+    report = await repair(group_config(tmp_path, servers, repair_settle="300ms"))
+    await asyncio.wait_for(mover, 30)
+    result = report.to_dict()
+    assert result["undone"] == 1 and result["conflicts"] == 1
+    assert await c.get("k") == b"v0" and 90_000 < await c.pttl("k") <= 100_000
+    for client in (a, b, c):
+        await client.aclose()
+
+
+# --- the checker: it must see each anomaly it claims to count -------------------
+
+
+def _check(
+    history: list[Op],
+    final: list[dict[bytes, Held]],
+    outcomes: dict[bytes, str] | None = None,
+) -> dict[str, int]:
+    space = Keyspace(5)
+    keys = [space.name(i) for i in range(5)]
+    verdict = check_history(
+        space, keys, ["n0", "n1", "n2"], history, final, outcomes or {}, bound_ms=50
+    )
+    return {
+        **verdict.counts,
+        "left_reported": verdict.left_reported,
+        "outside": verdict.outside_bound,
+    }
+
+
+def _string(version: int) -> Held:
+    return Held("string", {b"": version})
+
+
+def _everywhere(key: int, version: int, kind: str, spread_ms: float = 1.0) -> Op:
+    return Op(key, version, kind, 0, ((0, 1), (1, 1), (2, 1)), spread_ms)
+
+
+def test_the_checker_counts_each_kind_of_anomaly() -> None:
+    space = Keyspace(5)
+    k0, k2 = space.name(0), space.name(2)  # both strings
+    deleted = [_everywhere(0, 5, DELETE)]
+    assert _check(deleted, [{}, {k0: _string(3)}, {}])["resurrected"] == 1
+    written = [_everywhere(0, 7, WRITE)]
+    seven = _string(7)
+    assert _check(written, [{k0: _string(6)}, {k0: seven}, {k0: seven}])["clobbered"] == 1
+    assert _check(written, [{k0: seven}, {k0: seven}, {}])["lost"] == 1
+    # Untouched by the writers, still different, and the run called it repaired:
+    differ = [{k2: _string(1)}, {k2: _string(1)}, {k2: _string(0)}]
+    assert _check([], differ, {k2: "repaired"})["falsely_fixed"] == 1
+    assert _check([], differ, {k2: "conflict"})["left_reported"] == 1
+
+
+def test_the_checker_accepts_a_dropped_write_copied_in_and_sets_slow_writes_apart() -> None:
+    k0 = Keyspace(5).name(0)
+    dropped = [Op(0, 9, WRITE, 0, ((0, 1), (1, 1)), 1.0)]  # n2 never got v9
+    nine = _string(9)
+    counts = _check([_everywhere(0, 5, DELETE), *dropped], [{k0: nine}] * 3)
+    assert not any(counts[c] for c in CATEGORIES)
+    slow = [_everywhere(0, 5, DELETE, spread_ms=80.0)]
+    counts = _check(slow, [{}, {k0: _string(3)}, {k0: ABSENT}])
+    assert counts["resurrected"] == 0 and counts["outside"] == 1
