@@ -51,8 +51,15 @@ def async_client(
     max_connections: int | None = None,
     single_connection: bool = False,
 ) -> aioredis.Redis:
-    """An asyncio client for `endpoint` (bytes in, bytes out)."""
+    """An asyncio client for `endpoint` (bytes in, bytes out), speaking RESP2.
+
+    redis-py 8 opens with `HELLO 3` unless told otherwise; Dynomite closes the
+    connection on it (and on CLIENT SETINFO), as do older servers and some proxies.
+    replag's own RESP connection (`replag.resp`) speaks RESP2 too, so every
+    connection replag opens reads replies in one shape.
+    """
     return aioredis.Redis(
+        protocol=2,
         single_connection_client=single_connection,
         host=endpoint.host,
         port=endpoint.port,

@@ -1,7 +1,9 @@
 """HdrHistograms of lag in integer microseconds, and the summary figures we report.
 
 Values beyond the trackable range are clamped to it and counted in
-`LagHistogram.out_of_range`, never dropped silently.
+`LagHistogram.out_of_range`, and values below zero (a lag estimate can read
+slightly negative, inside its uncertainty) are recorded as 0 and counted in
+`LagHistogram.negative`: nothing is dropped or clamped silently.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ class LagHistogram:
     def __init__(self) -> None:
         self.hdr = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
         self.out_of_range = 0
+        self.negative = 0  # values below zero, recorded as 0
 
     def record_us(self, value_us: float) -> None:
         value = round(value_us)
-        if value < LOWEST_US:
+        if value < 0:
+            self.negative += 1
+            value = 0
+        elif value < LOWEST_US:
             # Sub-microsecond lag (same-host replicas): recorded as 0 µs, which HDR tracks.
             value = 0
         if value > HIGHEST_US:
@@ -45,6 +51,7 @@ class LagHistogram:
     def merge(self, other: LagHistogram) -> None:
         self.hdr.add(other.hdr)
         self.out_of_range += other.out_of_range
+        self.negative += other.negative
 
     def encode(self) -> bytes:
         """Compressed HDR payload (base64 text as bytes) for the store."""

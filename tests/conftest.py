@@ -6,6 +6,7 @@ Only fixtures live here; what tests import (the factories' types, helpers) is in
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,13 @@ import pytest
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.server import RedisServer, free_port
+from tests.helpers.dynomite_cluster import (
+    THREE_RACKS,
+    DynomiteCluster,
+    DynomiteFactory,
+    Layout,
+    dynomite_cluster,
+)
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
 
@@ -59,3 +67,19 @@ def lab_factory(tmp_path: Path) -> Iterator[LabFactory]:
     for lab_dir in dirs:
         if (lab_dir / "lab.json").exists():
             lab_down(lab_dir)
+
+
+@pytest.fixture
+def dynomite_factory(tmp_path: Path) -> Iterator[DynomiteFactory]:
+    """`dynomite_factory(layout=THREE_RACKS, …)` → a real Dynomite cluster whose peers are all
+    connected; every dynomite and backend redis-server is stopped after. Skips without
+    $REPLAG_DYNOMITE."""
+    started: list[DynomiteCluster] = []
+    with contextlib.ExitStack() as stack:
+
+        def start(layout: Layout = THREE_RACKS, **options: Any) -> DynomiteCluster:
+            workdir = tmp_path / f"dynomite{len(started)}"
+            started.append(stack.enter_context(dynomite_cluster(workdir, layout, **options)))
+            return started[-1]
+
+        yield start

@@ -33,6 +33,31 @@ def test_dynomite_discovery_prints_the_toml(tmp_path: Path) -> None:
     assert [g.name for g in topology.groups] == ["token-12345678"]
 
 
+def test_discovery_says_where_state_goes_in_the_output_and_the_file(tmp_path: Path) -> None:
+    args = [arg for spec in THREE_RACK_PORTS for arg in ("--port-map", spec)]
+    out = tmp_path / "dyn.toml"
+    default = tmp_path / "state" / "default.sqlite"
+    with admin_server_in_thread(node_routes("3rack", "node1")) as url:
+        mine_arg = ["--store", str(tmp_path / "mine.sqlite")]
+        chosen = CliRunner().invoke(
+            main, ["topology", "discover", "--dynomite", url, "--out", str(out), *args, *mine_arg]
+        )
+        printed = CliRunner().invoke(
+            main,
+            ["topology", "discover", "--dynomite", url, *args],
+            env={"REPLAG_STORE": str(default)},
+        )
+    assert chosen.exit_code == 0, chosen.output
+    mine = str((tmp_path / "mine.sqlite").resolve())
+    assert f"results store (state of probe, repair, serve): {mine}" in chosen.stderr
+    assert load_config(out, environ={}).settings.store == mine
+    assert f"# Results store (lag windows, repair runs, alert state): {mine}" in out.read_text()
+    # Without --store: settings.store (here from the environment), said and written.
+    assert printed.exit_code == 0, printed.output
+    assert f'store = "{default}"' in printed.stdout
+    assert str(default) in printed.stderr
+
+
 def test_dynomite_discovery_with_a_port_map_file_and_conventions(tmp_path: Path) -> None:
     ports = tmp_path / "ports.toml"
     ports.write_text(

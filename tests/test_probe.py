@@ -11,11 +11,13 @@ from click.testing import CliRunner, Result
 from replag.cli import main
 from replag.config import load_config
 from replag.errors import AuthError, UsageError
+from replag.histogram import LagHistogram
 from replag.lab.cluster import lab_fault
 from replag.probes import run_probe
+from replag.probes.report import PairResult, ProbeReport
 from replag.store import Store
 from tests.helpers.lab import LabFactory
-from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 from tests.helpers.waiting import until
 
 
@@ -336,3 +338,43 @@ async def test_repeated_runs_leave_no_connection_behind(lab_factory: LabFactory)
         for mode in ("push", "poll", "push"):
             await run_probe(config, count=5, rate=0, mode=mode)
         assert len(r.client_list()) == before
+
+
+async def test_a_replica_at_the_write_endpoints_address_gets_a_note(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """Listed as a replica but being the primary itself: not observed (it holds every key
+    at once), and the report says so instead of dropping the row silently."""
+    primary = redis_factory("p")
+    replica = replica_of(redis_factory, primary, "r")
+    wait_listed(primary, [replica])
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
+        f'[[regions]]\nname = "a"\nwrite = "{primary.url}"\n'
+        f'replicas = [{{ name = "a-self", url = "{primary.url}" }}, '
+        f'{{ name = "a-replica", url = "{replica.url}" }}]\n'
+    )
+    report = await run_probe(load_config(path), count=10, rate=0)
+    assert [(p.replica, p.seen) for p in report.pairs] == [("a-replica", 10)]
+    [note] = [n for n in report.notes if "a-self" in n]
+    assert note.startswith("replica a-self (a) is the write endpoint's own address")
+    assert f"note: {note}" in report.render()
+
+
+def test_lag_samples_below_zero_are_counted_and_reported() -> None:
+    """A lag near 0 can read below it, inside its uncertainty: recorded as 0, never silently."""
+    pair = PairResult(source="a", target="b", replica="b-1", observed_by="push", sent=4)
+    for lag_us in (120.0, -3.0, -40.0, 0.4):
+        pair.lag.record_us(lag_us)
+    pair.negative_beyond_uncertainty = 1
+    assert (pair.lag.count, pair.lag.negative, pair.lag.percentile_ms(0)) == (4, 2, 0.0)
+    assert pair.to_dict()["negative"] == {"count": 2, "beyond_uncertainty": 1}
+    merged = LagHistogram()
+    merged.merge(pair.lag)
+    assert merged.negative == 2
+    report = ProbeReport(run_id="r", source="a", mode="push", started_ns=0, pairs=[pair])
+    assert (
+        "note: a→b-1: 2 of 4 lag samples read below 0 and were recorded as 0 (1 below even "
+        "their uncertainty)"
+    ) in report.render()

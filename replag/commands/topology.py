@@ -80,6 +80,13 @@ def command() -> None:
     metavar="DURATION",
     help="Timeout of each request (default: settings.connect_timeout).",
 )
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results store written into the file as `store` (default: settings.store, "
+    "i.e. $REPLAG_STORE or ~/.local/state/replag/replag.sqlite).",
+)
 def discover(
     dynomite_url: str | None,
     redis_url: str | None,
@@ -92,6 +99,7 @@ def discover(
     port_maps: tuple[str, ...],
     port_map_file: Path | None,
     timeout: str | None,
+    store_path: Path | None,
 ) -> None:
     """Discover a topology and print (or --out) the TOML file replag reads."""
     sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
@@ -123,14 +131,28 @@ def discover(
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
+    found = with_store(found, store_path or Path(settings.store))
+    store = found.settings["store"]
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
         click.echo(found.render(redact=True), nl=False)
         if any(ep.password for ep in found.topology.endpoints()):
             click.echo("note: passwords shown as ***; --out FILE writes them (mode 0600)", err=True)
+        click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
         return
     write_config_atomic(out, found.render())
     click.echo(f"wrote {out}: {summary(found)}", err=True)
+    click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
+
+
+def with_store(found: Discovery, path: Path) -> Discovery:
+    """`found` with `store` in its settings, absolute, and a header line saying what it is:
+    whoever runs replag on the file sees where its state goes and can move it."""
+    store = str(path.expanduser().resolve())
+    header = (
+        f"{found.header}\n" if found.header else ""
+    ) + f"Results store (lag windows, repair runs, alert state): {store} (settings.store)."
+    return replace(found, settings={"store": store, **found.settings}, header=header)
 
 
 def port_map(

@@ -33,6 +33,9 @@ class PairResult:
     uncertainty: LagHistogram = field(default_factory=LagHistogram)
     lost: int = 0
     error: str | None = None
+    # The Dynomite write consistency set on the probe connection (None: not set).
+    consistency: str | None = None
+    negative_beyond_uncertainty: int = 0  # lag + uncertainty < 0: an estimate gone wrong
 
     @property
     def seen(self) -> int:
@@ -55,9 +58,20 @@ class PairResult:
 
     def to_dict(self) -> dict[str, Any]:
         out = self.summary.to_dict()
+        out["consistency"] = self.consistency
         out["observed_by"] = self.observed_by
+        out["negative"] = {
+            "count": self.lag.negative,
+            "beyond_uncertainty": self.negative_beyond_uncertainty,
+        }
         out["error"] = self.error
         return out
+
+    @property
+    def label(self) -> str:
+        """`source→replica`, with the consistency level when one was set."""
+        at = f" at {self.consistency}" if self.consistency else ""
+        return f"{self.source}→{self.replica}{at}"
 
 
 @dataclass(kw_only=True)
@@ -75,6 +89,7 @@ class ProbeReport:
     samples: list[ProbeSample] = field(default_factory=list)
     write: LagHistogram = field(default_factory=LagHistogram)
     write_errors: int = 0
+    write_error: str | None = None  # the first error a probe write was answered with
     clock: list[ClockOffset] = field(default_factory=list)
     unreachable: list[dict[str, str]] = field(default_factory=list)
     breaches: list[dict[str, Any]] = field(default_factory=list)
@@ -88,21 +103,40 @@ class ProbeReport:
         return 1 if self.breaches or self.unreachable else 0
 
     def evaluate(self, *, max_p99_s: float | None, max_loss: float | None) -> None:
-        """Fill `breaches` from the thresholds (None = not checked)."""
+        """Fill `breaches` from the thresholds (None = not checked).
+
+        Probe writes answered with an error are a breach whatever the thresholds: the
+        write path itself is failing (e.g. Dynomite under DC_QUORUM with racks down).
+        """
         self.breaches = []
+        if self.write_error is not None:
+            self.breaches.append(
+                {
+                    "kind": "write_errors",
+                    "source": self.source,
+                    "consistency": self.consistency,
+                    "value": self.write_errors,
+                    "message": f"{self.source}: {self.write_errors} probe writes answered an "
+                    f"error at {self.write_endpoint}: {self.write_error}",
+                }
+            )
         for pair in self.pairs:
             s = pair.summary
             p99 = s.lag_ms["p99"]
+            where = {
+                "source": s.source,
+                "target": s.target,
+                "replica": s.replica,
+                "consistency": pair.consistency,
+            }
             if max_p99_s is not None and p99 is not None and p99 > max_p99_s * 1000:
                 self.breaches.append(
                     {
                         "kind": "p99",
-                        "source": s.source,
-                        "target": s.target,
-                        "replica": s.replica,
+                        **where,
                         "value_ms": p99,
                         "limit_ms": max_p99_s * 1000,
-                        "message": f"{s.source}→{s.replica}: p99 {format_ms(p99)} ms > "
+                        "message": f"{pair.label}: p99 {format_ms(p99)} ms > "
                         f"{format_ms(max_p99_s * 1000)} ms",
                     }
                 )
@@ -110,12 +144,10 @@ class ProbeReport:
                 self.breaches.append(
                     {
                         "kind": "loss",
-                        "source": s.source,
-                        "target": s.target,
-                        "replica": s.replica,
+                        **where,
                         "value": round(s.loss_ratio, 6),
                         "limit": max_loss,
-                        "message": f"{s.source}→{s.replica}: lost {s.lost}/{s.sent} "
+                        "message": f"{pair.label}: lost {s.lost}/{s.sent} "
                         f"({s.loss_ratio:.1%}) > {max_loss:.1%}",
                     }
                 )
@@ -149,8 +181,12 @@ class ProbeReport:
         }
 
     def render(self) -> str:
-        """The human table."""
+        """The human table: one row per pair, with source and consistency columns when
+        the report covers several sources or consistency levels."""
         sent = max((p.sent for p in self.pairs), default=0)
+        sources = list(dict.fromkeys(p.source for p in self.pairs)) or [self.source]
+        levels = list(dict.fromkeys(p.consistency for p in self.pairs if p.consistency))
+        by_source, by_level = len(sources) > 1, len(levels) > 1
         lines = [
             f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
             f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
@@ -162,32 +198,36 @@ class ProbeReport:
                 else ""
             ),
             "",
-            f"{'target':<12} {'replica':<18} {'via':<4} {'sent':>5} {'seen':>5} {'lost':>5} "
+            (f"{'source':<12} " if by_source else "")
+            + (f"{'consistency':<14} " if by_level else "")
+            + f"{'target':<12} {'replica':<18} {'via':<4} {'sent':>5} {'seen':>5} {'lost':>5} "
             f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",
         ]
         for pair in self.pairs:
             s = pair.summary
             lag = s.lag_ms
+            head = (f"{s.source:<12} " if by_source else "") + (
+                f"{pair.consistency or '-':<14} " if by_level else ""
+            )
             if pair.error:
                 lines.append(
-                    f"{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}"
+                    f"{head}{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}"
                 )
                 continue
             lines.append(
-                f"{s.target:<12} {s.replica:<18} {pair.observed_by:<4} {s.sent:>5} {s.seen:>5} "
-                f"{s.lost:>5} "
+                f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<4} {s.sent:>5} "
+                f"{s.seen:>5} {s.lost:>5} "
                 + " ".join(
                     f"{format_ms(lag[k]):>8}" for k in ("mean", "p50", "p90", "p99", "p999", "max")
                 )
                 + f" {format_ms(s.uncertainty_ms['p50']):>7}"
             )
         lines.append("(lag in ms; ±p50 = median half-width of each sample's uncertainty bracket)")
-        w = self.write.summary_ms()
-        lines.append(
-            f"write ack ms: mean {format_ms(w['mean'])}  p50 {format_ms(w['p50'])}  "
-            f"p99 {format_ms(w['p99'])}  max {format_ms(w['max'])}"
-            + (f"  errors {self.write_errors}" if self.write_errors else "")
-        )
+        if self.write_by_consistency:
+            for level, w in self.write_by_consistency.items():
+                lines.append(f"write ack ms at {level}: " + _write_line(w, int(w["errors"])))
+        else:
+            lines.append("write ack ms: " + _write_line(self.write.summary_ms(), self.write_errors))
         if self.clock:
             lines.append(
                 "clock offset vs prober: "
@@ -203,12 +243,38 @@ class ProbeReport:
                     f"  {row['target']:<12} {row['replica']:<18} "
                     f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
                 )
-        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"note: {n}" for n in self.notes + self._negative_notes()]
         lines += [f"BREACH: {b['message']}" for b in self.breaches]
         lines += [
             f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}" for u in self.unreachable
         ]
         return "\n".join(lines)
+
+    def _negative_notes(self) -> list[str]:
+        """Pairs with lag samples below zero: counted (recorded as 0), never hidden."""
+        out = []
+        for pair in self.pairs:
+            if pair.lag.negative:
+                beyond = pair.negative_beyond_uncertainty
+                out.append(
+                    f"{pair.label}: {pair.lag.negative} of {pair.seen} lag samples read below "
+                    "0 and were recorded as 0 ("
+                    + (
+                        f"{beyond} below even their uncertainty"
+                        if beyond
+                        else "all within their uncertainty"
+                    )
+                    + ")"
+                )
+        return out
+
+
+def _write_line(w: dict[str, Any], errors: int) -> str:
+    return (
+        f"mean {format_ms(w['mean'])}  p50 {format_ms(w['p50'])}  "
+        f"p99 {format_ms(w['p99'])}  max {format_ms(w['max'])}"
+        + (f"  errors {errors}" if errors else "")
+    )
 
 
 def _iso(ns: int) -> str:
@@ -222,31 +288,41 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
     if len(reports) == 1:
         return reports[0]
     first = reports[0]
+    sources = list(dict.fromkeys(r.source for r in reports))
     out = ProbeReport(
         run_id=",".join(r.run_id for r in reports),
-        source="all",
+        source=sources[0] if len(sources) == 1 else "all",
         mode=first.mode,
         started_ns=min(r.started_ns for r in reports),
         finished_ns=max(r.finished_ns for r in reports),
-        write_endpoint=", ".join(r.write_endpoint for r in reports),
+        write_endpoint=", ".join(dict.fromkeys(r.write_endpoint for r in reports)),
         consistency=first.consistency,
+        cluster_consistency=first.cluster_consistency,
     )
     levels = {r.consistency for r in reports}
     if len(levels) > 1:
         out.consistency = ", ".join(str(r.consistency) for r in reports)
+    clock: dict[str, ClockOffset] = {}
     for r in reports:
         out.pairs += r.pairs
         out.samples += r.samples
         out.write.merge(r.write)
         out.write_errors += r.write_errors
-        out.clock += r.clock
-        out.unreachable += r.unreachable
+        for c in r.clock:  # the same server read by several runs: keep the tightest
+            if c.endpoint not in clock or c.rtt_ns < clock[c.endpoint].rtt_ns:
+                clock[c.endpoint] = c
+        label = {"source": r.source} if len(sources) > 1 else {}
+        if len(levels) > 1:
+            label["consistency"] = str(r.consistency)
+        out.unreachable += [{**u, **label} for u in r.unreachable]
         out.breaches += r.breaches
-        out.notes += [f"{r.source}: {n}" for n in r.notes]
+        prefix = " ".join(label.values())
+        out.notes += [f"{prefix}: {n}" if prefix else n for n in r.notes]
         if len(levels) > 1 and r.consistency:
             out.write_by_consistency[r.consistency] = {
                 "count": r.write.count,
                 "errors": r.write_errors,
                 **r.write.summary_ms(),
             }
+    out.clock = list(clock.values())
     return out

@@ -78,12 +78,18 @@ async def run_probe(
         await _cluster_consistency(settings, report)
     writer = await _open_writer(write_ep, settings)
     scope = config.topology.observed_from(region)
-    targets = [
-        _Target(region=r.name, replica=rep, cluster=bool(r.slots))
-        for r in scope
-        for rep in r.replicas
-        if (rep.host, rep.port, rep.db) != (write_ep.host, write_ep.port, write_ep.db)
-    ]
+    targets = []
+    for r in scope:
+        for rep in r.replicas:
+            if (rep.host, rep.port, rep.db) == (write_ep.host, write_ep.port, write_ep.db):
+                # Probe keys are written there directly: it holds them at once, which
+                # says nothing about replication. Say so rather than drop it silently.
+                report.notes.append(
+                    f"replica {rep.name} ({r.name}) is the write endpoint's own address "
+                    f"({rep.host}:{rep.port}/{rep.db}): not observed"
+                )
+                continue
+            targets.append(_Target(region=r.name, replica=rep, cluster=bool(r.slots)))
     try:
         await asyncio.gather(*(_open_target(t, keys, settings, report) for t in targets))
         if write_ep.kind == "redis":
@@ -115,6 +121,9 @@ async def run_probe(
             if t.conn is not None:
                 await t.conn.close()
     report.finished_ns = time.time_ns()
+    if write_ep.kind == "dynomite":
+        for pair in report.pairs:
+            pair.consistency = settings.dynomite_consistency
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
     if store is not None:
         save_report(store, report)
@@ -304,6 +313,7 @@ async def _write_keys(
         if isinstance(reply, hiredis.ReplyError):
             # Dynomite under DC_QUORUM answers an error yet may keep the local write.
             report.write_errors += 1
+            report.write_error = report.write_error or str(reply)
             log.warning("probe write %r failed: %s", key, reply)
             continue
         writes[seq] = (t_a, t_b)
@@ -382,7 +392,11 @@ def _collect(
                 continue
             lag = arrival.estimate_ns - (t_a + t_b) // 2
             unc = arrival.half_width_ns + (t_b - t_a) // 2
-            pair.lag.record_ns(max(lag, 0))
+            # A lag close to 0 can read below it; the histogram counts it as negative
+            # (recorded as 0), and one below even its uncertainty is counted apart.
+            pair.lag.record_ns(lag)
+            if lag + unc < 0:
+                pair.negative_beyond_uncertainty += 1
             pair.uncertainty.record_ns(unc)
             report.samples.append(ProbeSample(first.region, pair.replica, seq, lag, unc))
         for t in unit:
