@@ -155,7 +155,10 @@ def test_the_cron_command_collects_and_exits_1_on_dropped_writes(tmp_path: Path)
         runner = CliRunner()
         first = runner.invoke(main, ["topology", "dynomite-stats", "-c", str(config)])
         assert first.exit_code == 0, first.output
-        assert "dc1/rack1: peer dropped 0" in first.stdout
+        assert (
+            "dc1/rack1: peer connections 2, link failures (eof/err/timeouts) 0/0/0, "
+            "peer dropped 0" in first.stdout
+        )
         routes["/info"] = info_with("3rack_node1_22222", uptime=20, peer_dropped_requests=4)
         second = runner.invoke(main, ["topology", "dynomite-stats", "-c", str(config), "--json"])
     assert second.exit_code == 1, second.output

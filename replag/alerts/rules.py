@@ -26,6 +26,7 @@ from replag.config import Config
 from replag.durations import format_ms
 from replag.lagindex import LagIndex
 from replag.monitoring.dynomite_stats import (
+    DROPPED_WRITES_MESSAGE,
     DroppedWrites,
     DynomiteStats,
     dropped_writes,
@@ -275,30 +276,37 @@ def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
 
 
 def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
-    """One condition per Dynomite node whose dropped peer requests grew within `over`.
+    """Dynomite writes that did not reach every replica, from both sides:
 
-    The alert resolves once no sample within `over` shows growth. A configured node
-    with no sample within `over` (its /info does not answer) has no data.
+    - per node (labels node, dc, rack), from its /info: peer links that closed, were
+      refused or timed out, plus requests dropped from a closing link, within `over`
+      (under DC_ONE a write for a peer without a link is dropped and counted nowhere);
+    - per rack (labels source, region, replica), from replag's own probes through a
+      Dynomite client port: probe writes acknowledged but never seen on that rack's
+      reachable backend within `over`.
+
+    Either resolves once a whole `over` passes without. A configured node with no
+    sample within `over` (its /info does not answer) has no data.
     """
     out = []
     for found in dropped_writes_since(ctx.store, since_ns=ctx.since_ns(rule)):
         where = f"Dynomite node {found.node} (DC {found.dc}, rack {found.rack})"
-        active = found.dropped > rule.threshold
+        active = found.events > rule.threshold
         out.append(
             Condition(
                 rule=rule,
                 labels={"node": found.node, "dc": found.dc, "rack": found.rack},
-                value=float(found.dropped),
+                value=float(found.events),
                 active=active,
                 summary=(
-                    f"{where}: {found.dropped} peer requests dropped ({found.timed_out} timed "
-                    f"out) in the last {rule.over_s:g} s: {found.message}"
+                    f"{where}: {found.describe()} in the last {rule.over_s:g} s: {found.message}"
                     if active
-                    else f"{where}: {found.dropped} peer requests dropped in the last "
-                    f"{rule.over_s:g} s (limit {rule.threshold:g})"
+                    else f"{where}: {found.describe()} in the last {rule.over_s:g} s "
+                    f"(limit {rule.threshold:g})"
                 ),
             )
         )
+    out += _dynomite_probe_loss(rule, ctx)
     urls = set(ctx.config.settings.dynomite_stats_urls)
     for last in recent_stats(ctx.store, limit=1):
         if last.node in urls and last.sampled_ns < ctx.since_ns(rule):
@@ -316,8 +324,38 @@ def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> lis
     return out
 
 
+def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
+    """Racks that missed probe writes acknowledged by a Dynomite client port within `over`."""
+    dynomite = {
+        r.name for r in ctx.config.topology.regions if r.write and r.write.kind == "dynomite"
+    }
+    if not dynomite:
+        return []
+    rows = ctx.store.execute(
+        "SELECT source, target, replica, SUM(sent), SUM(lost) FROM lag_windows "
+        "WHERE end_ns >= ? GROUP BY source, target, replica ORDER BY source, target, replica",
+        (ctx.since_ns(rule),),
+    )
+    out = []
+    for source, target, replica, sent, lost in rows:
+        if source not in dynomite or not lost:
+            continue
+        out.append(
+            Condition(
+                rule=rule,
+                labels={"source": source, "region": target, "replica": replica},
+                value=float(lost),
+                active=lost > rule.threshold,
+                summary=f"{replica} ({target}) missed {lost} of {sent} probe writes Dynomite "
+                f"acknowledged in {source} in the last {rule.over_s:g} s: "
+                f"{DROPPED_WRITES_MESSAGE}",
+            )
+        )
+    return out
+
+
 def dropped_writes_since(store: Store, *, since_ns: int) -> list[DroppedWrites]:
-    """Dynomite nodes whose dropped peer requests grew from `since_ns` on, with how much.
+    """Dynomite nodes whose peer links failed or dropped requests from `since_ns` on.
 
     Growth is summed over consecutive stored samples, so a restart or Dynomite's
     periodic counter reset in between is not mistaken for a drop to zero.
@@ -332,6 +370,7 @@ def dropped_writes_since(store: Store, *, since_ns: int) -> list[DroppedWrites]:
                     findings[-1],
                     dropped=sum(f.dropped for f in findings),
                     timed_out=sum(f.timed_out for f in findings),
+                    link_failures=sum(f.link_failures for f in findings),
                     since_ns=findings[0].since_ns,
                 )
             )

@@ -244,7 +244,9 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
         for s in collected.samples:
             f = s.figures
             click.echo(
-                f"{s.node} {s.dc}/{s.rack}: peer dropped {f['peer_dropped_requests']}, "
+                f"{s.node} {s.dc}/{s.rack}: peer connections {f['peer_connections']}, "
+                f"link failures (eof/err/timeouts) {f['peer_eof']}/{f['peer_err']}/"
+                f"{f['peer_timedout']}, peer dropped {f['peer_dropped_requests']}, "
                 f"timed out {f['peer_timedout_requests']}; cross-zone p99 "
                 f"{f['cross_zone_latency_p99_us']} µs, cross-region rtt p99 "
                 f"{f['cross_region_rtt_p99_us']} µs"
@@ -253,8 +255,8 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
             click.echo(f"{url}: error: {error}", err=True)
         for finding in findings:
             click.echo(
-                f"{finding.node} ({finding.dc}/{finding.rack}): {finding.dropped} "
-                f"dropped: {finding.message}",
+                f"{finding.node} ({finding.dc}/{finding.rack}): {finding.describe()}: "
+                f"{finding.message}",
                 err=True,
             )
     # As with a probe's unreachable replicas: a node we could not read is a finding too.

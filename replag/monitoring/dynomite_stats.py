@@ -1,9 +1,15 @@
 """Dynomite `/info` figures: parsed, collected into the store, and checked for dropped writes.
 
-Under DC_ONE Dynomite reports no per-replica lag; the nearest signals are its
-peer queue and latency figures and, above all, `peer_dropped_requests`: a
-write a peer never received stays missing there (there is no hinted handoff),
-so any growth means replicas may have diverged and need a repair.
+Under DC_ONE Dynomite reports no per-replica lag, and it drops the writes for a
+peer it holds no connection to without counting them ("Swallowing cross rack
+error due to DC_ONE" in its log only; v0.6.22, dyn_client.c). What `/info`
+does show is the peer links breaking: `peer_eof` (a peer closed the link: it
+stopped or restarted), `peer_err` (a connect or send failed: it grows with
+every reconnect attempt while a peer is down), `peer_timedout` /
+`remote_peer_timedout`, and `peer_dropped_requests` /
+`remote_peer_dropped_requests` (requests queued on a link when it closed,
+dyn_dnode_peer.c). Any growth means a peer missed writes sent meanwhile, which
+stay missing there (no hinted handoff): replicas may have diverged.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from replag.errors import DiscoveryError, ReplagError
 from replag.store import Store
 
 DROPPED_WRITES_MESSAGE = "writes were dropped; replicas may have diverged: run repair"
+
+# Counters that grow when a peer link breaks or cannot be made: writes for that peer
+# are dropped meanwhile under DC_ONE (without being counted anywhere).
+LINK_FAILURES = ("peer_eof", "peer_err", "peer_timedout", "remote_peer_timedout")
+DROPPED_REQUESTS = ("peer_dropped_requests", "remote_peer_dropped_requests")
 
 Section = Literal["top", "dyn_o_mite", "backends"]
 
@@ -40,7 +51,7 @@ FIGURES: tuple[Figure, ...] = (
         key="peer_dropped_requests",
         section="dyn_o_mite",
         counter=True,
-        help="Requests to peers in this DC dropped (lost writes under DC_ONE).",
+        help="Requests to peers in this DC dropped when their link closed with them queued.",
     ),
     Figure(
         name="peer_timedout_requests",
@@ -54,7 +65,8 @@ FIGURES: tuple[Figure, ...] = (
         key="remote_peer_dropped_requests",
         section="dyn_o_mite",
         counter=True,
-        help="Requests to other DCs' peers dropped.",
+        help="Requests to other DCs' peers dropped (link closed with them queued, or no "
+        "rack to fail over to).",
     ),
     Figure(
         name="remote_peer_timedout_requests",
@@ -76,6 +88,41 @@ FIGURES: tuple[Figure, ...] = (
         section="dyn_o_mite",
         counter=True,
         help="Writes answered without reaching quorum.",
+    ),
+    Figure(
+        name="peer_eof",
+        key="peer_eof",
+        section="dyn_o_mite",
+        counter=True,
+        help="Peer connections closed by the peer (it stopped or restarted).",
+    ),
+    Figure(
+        name="peer_err",
+        key="peer_err",
+        section="dyn_o_mite",
+        counter=True,
+        help="Peer connections failed (refused or broken; grows with each reconnect attempt "
+        "while a peer is down).",
+    ),
+    Figure(
+        name="peer_timedout",
+        key="peer_timedout",
+        section="dyn_o_mite",
+        counter=True,
+        help="Peer connections in this DC closed on a timeout.",
+    ),
+    Figure(
+        name="remote_peer_timedout",
+        key="remote_peer_timedout",
+        section="dyn_o_mite",
+        counter=True,
+        help="Peer connections to other DCs closed on a timeout.",
+    ),
+    Figure(
+        name="peer_connections",
+        key="peer_connections",
+        section="dyn_o_mite",
+        help="Peer connections open now (one per peer node by default).",
     ),
     Figure(
         name="peer_ejects",
@@ -295,6 +342,10 @@ async def collect_dynomite_stats(
 
 def ensure_stats_schema(store: Store) -> None:
     store.ensure_schema(_SCHEMA)
+    columns = {row[1] for row in store.execute("PRAGMA table_info(dynomite_stats)")}
+    for name in FIGURE_NAMES:
+        if name not in columns:  # a store from before this figure was collected
+            store.execute(f"ALTER TABLE dynomite_stats ADD COLUMN {name} INTEGER")
 
 
 def prune_stats(store: Store, before_ns: int) -> int:
@@ -405,9 +456,23 @@ class DroppedWrites:
     rack: str
     dropped: int  # peer + remote-peer requests dropped between the samples
     timed_out: int  # peer + remote-peer requests timed out between the samples
+    link_failures: int = 0  # peer links closed, refused or timed out between the samples
     since_ns: int
     until_ns: int
     message: str = DROPPED_WRITES_MESSAGE
+
+    @property
+    def events(self) -> int:
+        """What the rule's threshold counts: dropped requests plus peer link failures."""
+        return self.dropped + self.link_failures
+
+    def describe(self) -> str:
+        parts = []
+        if self.link_failures:
+            parts.append(f"{self.link_failures} peer link failures (closed, refused or timed out)")
+        if self.dropped:
+            parts.append(f"{self.dropped} peer requests dropped ({self.timed_out} timed out)")
+        return " and ".join(parts) or "no peer link failure or dropped request"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -416,19 +481,33 @@ class DroppedWrites:
             "rack": self.rack,
             "dropped": self.dropped,
             "timed_out": self.timed_out,
+            "link_failures": self.link_failures,
             "since_ns": self.since_ns,
             "until_ns": self.until_ns,
             "message": self.message,
         }
 
 
+def link_failure_growth(previous: DynomiteStats, current: DynomiteStats) -> int:
+    """Peer link failures between two samples of one node.
+
+    A node that restarted in between counts none: the refusals of its own start-up,
+    while its peers' links come up, are not writes lost (its peers, which saw it go,
+    report the outage).
+    """
+    if current.uptime_s < previous.uptime_s:
+        return 0
+    return sum(counter_growth(previous, current, n) for n in LINK_FAILURES)
+
+
 def dropped_writes(previous: DynomiteStats | None, current: DynomiteStats) -> DroppedWrites | None:
-    """The finding if dropped peer requests grew from `previous` to `current`, else None."""
-    dropped = sum(
-        counter_growth(previous, current, n)
-        for n in ("peer_dropped_requests", "remote_peer_dropped_requests")
-    )
-    if previous is None or dropped <= 0:
+    """The finding if, from `previous` to `current`, dropped peer requests grew or a peer
+    link failed (writes for a peer without a link are dropped under DC_ONE), else None."""
+    if previous is None:
+        return None
+    dropped = sum(counter_growth(previous, current, n) for n in DROPPED_REQUESTS)
+    links = link_failure_growth(previous, current)
+    if dropped <= 0 and links <= 0:
         return None
     timed_out = sum(
         counter_growth(previous, current, n)
@@ -440,6 +519,7 @@ def dropped_writes(previous: DynomiteStats | None, current: DynomiteStats) -> Dr
         rack=current.rack,
         dropped=dropped,
         timed_out=timed_out,
+        link_failures=links,
         since_ns=previous.sampled_ns,
         until_ns=current.sampled_ns,
     )

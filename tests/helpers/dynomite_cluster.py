@@ -177,13 +177,15 @@ class DynomiteCluster:
             }
         )
 
-    async def discovered_config(self, path: Path, *, via: str = "node1", **env: str) -> Config:
-        """Discover the cluster from `via`'s stats port, write the TOML to `path`, load it
-        with `env` (e.g. REPLAG_STORE=…) as its environment."""
+    async def discovered_config(
+        self, path: Path, *, via: str = "node1", extra: str = "", **env: str
+    ) -> Config:
+        """Discover the cluster from `via`'s stats port, write the TOML (plus `extra`) to
+        `path`, load it with `env` (e.g. REPLAG_STORE=…) as its environment."""
         found = await discover_dynomite(
             self.node(via).stats_url, ports=self.port_map(), timeout_s=5
         )
-        text = found.render()
+        text = found.render() + extra
         await asyncio.to_thread(path.write_text, text)
         return load_config(path, environ=env)
 
