@@ -1,5 +1,10 @@
 """A minimal pipelined RESP connection, for the scan hot path and for probe timing.
 
+The one hand-written RESP client in replag (admin and discovery use redis-py):
+probe writes and stamps, scans and repairs, and the probe's keyspace-notification
+subscription (`on_push`) all go through `RespConnection`. It speaks RESP2 only,
+which every Dynomite port requires (Dynomite closes the connection on `HELLO 3`).
+
 redis-py costs ~10 µs of Python per pipelined command; scanning a replica at
 300k keys/s needs one PTTL per key, so the scanner packs commands itself and
 parses replies with hiredis directly. Replies are grouped per request: one
@@ -41,6 +46,9 @@ def pack_per_key(command: bytes, keys: Sequence[bytes]) -> bytes:
 
 
 Clock = Callable[[], int]
+# A message the server pushed on a subscribed connection, and when its bytes arrived.
+PushHandler = Callable[[list[Any], int], None]
+_PUSHED = (b"message", b"pmessage")
 
 
 def pack_multi_and_per_key(multi: bytes, per_key: bytes, keys: Sequence[bytes]) -> bytes:
@@ -56,8 +64,9 @@ def pack_multi_and_per_key(multi: bytes, per_key: bytes, keys: Sequence[bytes]) 
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, on_push: PushHandler | None = None) -> None:
         self.clock = clock
+        self.on_push = on_push
         self.reader = hiredis.Reader()
         self.waiting: collections.deque[tuple[int, asyncio.Future[tuple[list[Any], int]]]] = (
             collections.deque()
@@ -65,6 +74,11 @@ class _Protocol(asyncio.Protocol):
         self.current: list[Any] = []
         self.transport: asyncio.Transport | None = None
         self.lost: BaseException | None = None
+        self.failure: BaseException | None = None  # a protocol error we closed on
+        # Resolves with the exception the connection was lost with (None: closed cleanly).
+        self.closed: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future()
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -72,6 +86,9 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         arrived = self.clock()
+        if self.on_push is not None:
+            self._received_with_pushes(data, arrived)
+            return
         # Hot loop: one iteration per reply (one per key while scanning), so
         # everything is a local and completion is checked by countdown.
         reader = self.reader
@@ -93,8 +110,34 @@ class _Protocol(asyncio.Protocol):
             current = self.current = []
             append = current.append
 
+    def _received_with_pushes(self, data: bytes, arrived: int) -> None:
+        """A subscribed connection: pushed messages go to `on_push`, the rest answer requests."""
+        assert self.on_push is not None
+        self.reader.feed(data)
+        while True:
+            try:
+                reply = self.reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.failure = exc
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            if reply is False:
+                return
+            if isinstance(reply, list) and reply and reply[0] in _PUSHED:
+                self.on_push(reply, arrived)
+                continue
+            self.current.append(reply)
+            if self.waiting and len(self.current) >= self.waiting[0][0]:
+                _, future = self.waiting.popleft()
+                if not future.done():
+                    future.set_result((self.current, arrived))
+                self.current = []
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc or ConnectionResetError("connection closed by the server")
+        self.lost = exc or self.failure or ConnectionResetError("connection closed by the server")
+        if not self.closed.done():
+            self.closed.set_result(exc or self.failure)
         while self.waiting:
             _, future = self.waiting.popleft()
             if not future.done():
@@ -111,15 +154,24 @@ class RespConnection:
 
     @classmethod
     async def open(
-        cls, endpoint: Endpoint, *, timeout_s: float, clock: Clock = time.time_ns
+        cls,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float,
+        clock: Clock = time.time_ns,
+        on_push: PushHandler | None = None,
     ) -> RespConnection:
-        """Connect, AUTH and SELECT as the endpoint says; reply times read on `clock`."""
+        """Connect, AUTH and SELECT as the endpoint says; reply times read on `clock`.
+
+        With `on_push`, the connection is meant for (P)SUBSCRIBE: every message the
+        server pushes is handed to it with its arrival time, replies still answer requests.
+        """
         loop = asyncio.get_running_loop()
         context = ssl.create_default_context() if endpoint.tls else None
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Protocol(clock), endpoint.host, endpoint.port, ssl=context
+                    lambda: _Protocol(clock, on_push), endpoint.host, endpoint.port, ssl=context
                 ),
                 timeout_s,
             )
@@ -201,6 +253,10 @@ class RespConnection:
             if isinstance(reply, hiredis.ReplyError):
                 raise translate(_as_redis_error(reply), self.endpoint)
 
+    async def wait_closed(self) -> BaseException | None:
+        """Until the connection is lost: the exception it was lost with (None: closed cleanly)."""
+        return await asyncio.shield(self._protocol.closed)
+
     def abort(self) -> None:
         if self._protocol.transport is not None:
             self._protocol.transport.abort()
@@ -226,4 +282,4 @@ def error_text(reply: Any) -> str | None:
     return str(reply) if isinstance(reply, hiredis.ReplyError) else None
 
 
-__all__ = ["EndpointError", "RespConnection", "error_text", "pack", "pack_per_key"]
+__all__ = ["EndpointError", "PushHandler", "RespConnection", "error_text", "pack", "pack_per_key"]

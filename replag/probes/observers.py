@@ -4,9 +4,9 @@ Each observer fills `arrivals[key] = Arrival(...)`: the estimated moment the
 replica applied the key, on this process's monotonic clock, with the bracket
 [lo_ns, hi_ns] that surely contains it.
 
-Push reads the subscription socket with its own asyncio protocol and a hiredis
-parser, stamping each chunk as it leaves the kernel: no client-library queue
-between the wire and the timestamp. The replica publishes the event when it
+Push subscribes on a `RespConnection` of its own (`on_push`), whose protocol
+stamps each chunk as it leaves the kernel, before parsing: no client-library
+queue between the wire and the timestamp. The replica publishes the event when it
 applies the write, so the apply moment lies within one round trip before the
 arrival; the estimate subtracts half the smallest PING round trip.
 
@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
-import hiredis
-
-from replag.errors import ReplagError
-from replag.resp import RespConnection
+from replag.errors import EndpointError, ReplagError
+from replag.resp import RespConnection, error_text
 from replag.topology import Endpoint
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,54 +58,6 @@ class Observer:
         raise NotImplementedError
 
 
-class _PushProtocol(asyncio.Protocol):
-    def __init__(self, observer: PushObserver) -> None:
-        self.observer = observer
-        self.reader = hiredis.Reader()
-        self.transport: asyncio.Transport | None = None
-        self.replies: asyncio.Queue[object] = asyncio.Queue()
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        now = time.monotonic_ns()
-        self.reader.feed(data)
-        while True:
-            try:
-                msg = self.reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.observer.error = f"protocol error on push connection: {exc}"
-                if self.transport:
-                    self.transport.close()
-                return
-            if msg is False:
-                return
-            if (
-                isinstance(msg, list)
-                and len(msg) == 4
-                and msg[0] == b"pmessage"
-                and msg[3] == b"set"
-            ):
-                self.observer.on_event(msg[2], now)
-            else:
-                self.replies.put_nowait(msg)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(exc)
-
-
-def _command(*parts: bytes | str) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        raw = part.encode() if isinstance(part, str) else part
-        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(out)
-
-
 class PushObserver(Observer):
     mode = "push"
 
@@ -119,9 +67,14 @@ class PushObserver(Observer):
         self.pattern = self.channel_prefix + pattern
         self.rtt_ns = rtt_ns
         self.timeout_s = timeout_s
-        self.protocol: _PushProtocol | None = None
+        self.conn: RespConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
+
+    def on_message(self, message: list[Any], arrived_ns: int) -> None:
+        """A pushed `pmessage pattern channel event`; only `set` events mark an arrival."""
+        if len(message) == 4 and message[0] == b"pmessage" and message[3] == b"set":
+            self.on_event(message[2], arrived_ns)
 
     def on_event(self, channel: bytes, now_ns: int) -> None:
         key = channel[len(self.channel_prefix) :]
@@ -131,56 +84,40 @@ class PushObserver(Observer):
                 estimate_ns=now_ns - half, lo_ns=now_ns - self.rtt_ns, hi_ns=now_ns
             )
 
-    async def _reply(self) -> object:
-        assert self.protocol is not None
-        return await asyncio.wait_for(self.protocol.replies.get(), self.timeout_s)
-
     async def start(self) -> None:
-        """Subscribe (once: the runner starts every observer, push ones already are)."""
-        if self.protocol is not None:
+        """Subscribe (once: the runner starts every observer, push ones already are).
+
+        Raises an EndpointError naming the replica, "push subscription failed: …"."""
+        if self.conn is not None:
             return
-        loop = asyncio.get_running_loop()
-        ssl = True if self.replica.tls else None
-        _, protocol = await asyncio.wait_for(
-            loop.create_connection(
-                lambda: _PushProtocol(self), self.replica.host, self.replica.port, ssl=ssl
-            ),
-            self.timeout_s,
-        )
-        self.protocol = protocol
-        assert protocol.transport is not None
         try:
-            if self.replica.password:
-                auth = (
-                    ("AUTH", self.replica.username, self.replica.password)
-                    if self.replica.username
-                    else ("AUTH", self.replica.password)
-                )
-                protocol.transport.write(_command(*auth))
-                reply = await self._reply()
-                if isinstance(reply, Exception):
-                    raise ConnectionError(f"AUTH refused: {reply}")
-            protocol.transport.write(_command("PSUBSCRIBE", self.pattern))
-            reply = await self._reply()
-            if isinstance(reply, Exception) or not (
-                isinstance(reply, list) and reply[0] == b"psubscribe"
-            ):
-                raise ConnectionError(f"PSUBSCRIBE refused: {reply!r}")
+            self.conn = await RespConnection.open(
+                self.replica,
+                timeout_s=self.timeout_s,
+                clock=time.monotonic_ns,
+                on_push=self.on_message,
+            )
+            reply = await self.conn.checked(b"PSUBSCRIBE", self.pattern)
+            if not (isinstance(reply, list) and reply and reply[0] == b"psubscribe"):
+                where = f"{self.replica.name} ({self.replica.url()})"
+                raise EndpointError(f"PSUBSCRIBE refused: {reply!r}", where=where)
+        except ReplagError as exc:
+            await self.stop()
+            raise type(exc)(f"push subscription failed: {exc.message}", where=exc.where) from exc
         except BaseException:
             await self.stop()
             raise
-        self._watcher = asyncio.get_running_loop().create_task(self._watch_close())
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_close(self.conn))
 
-    async def _watch_close(self) -> None:
-        assert self.protocol is not None
-        exc = await self.protocol.closed
+    async def _watch_close(self, conn: RespConnection) -> None:
+        exc = await conn.wait_closed()
         if not self._stopping:
             self.error = f"push connection closed: {exc or 'by the server'}"
 
     async def stop(self) -> None:
         self._stopping = True
-        if self.protocol and self.protocol.transport:
-            self.protocol.transport.close()
+        if self.conn is not None:
+            await self.conn.close()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -219,7 +156,7 @@ class PollObserver(Observer):
                 except ReplagError as exc:
                     self.error = f"poll failed: {exc.message}"
                     return
-                if isinstance(values, hiredis.ReplyError):
+                if error_text(values) is not None:
                     self.error = f"poll failed: {values}"
                     return
                 self.rounds += 1

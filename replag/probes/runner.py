@@ -230,15 +230,6 @@ async def _open_target(
         report.unreachable.append(
             {"replica": replica.name, "region": target.region, "error": str(exc)}
         )
-    except (OSError, TimeoutError, ConnectionError) as exc:
-        target.error = f"push subscription failed: {exc or 'timed out'}"
-        report.unreachable.append(
-            {
-                "replica": replica.name,
-                "region": target.region,
-                "error": f"{replica.name} ({replica.url()}): {target.error}",
-            }
-        )
 
 
 async def _push_allowed(

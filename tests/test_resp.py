@@ -1,0 +1,79 @@
+"""`RespConnection` against a real redis-server: pushed messages (the probe's push observer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from replag.errors import AuthError
+from replag.probes.observers import PushObserver
+from replag.resp import RespConnection
+from replag.topology import Endpoint
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.waiting import until
+
+
+async def test_pushed_messages_go_to_on_push_and_replies_still_answer(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("push")
+    pushed: list[tuple[list[Any], int]] = []
+    conn = await RespConnection.open(
+        Endpoint.from_url(server.url, name="push"),
+        timeout_s=5,
+        clock=time.monotonic_ns,
+        on_push=lambda message, arrived: pushed.append((message, arrived)),
+    )
+    try:
+        assert await conn.checked(b"PSUBSCRIBE", b"ch:*") == [b"psubscribe", b"ch:*", 1]
+        with server.client() as client:
+            before = time.monotonic_ns()
+            for i in range(3):
+                client.publish(f"ch:{i}", f"m{i}")
+        await until(lambda: len(pushed) == 3, "three pushed messages")
+        assert [m for m, _ in pushed] == [[b"pmessage", b"ch:*", b"ch:%d" % i, b"m%d" % i]
+                                          for i in range(3)]  # fmt: skip
+        assert all(arrived >= before for _, arrived in pushed)  # stamped on the given clock
+        assert await conn.checked(b"PING") == [b"pong", b""]  # a reply, not a push
+    finally:
+        await conn.close()
+
+
+async def test_the_push_observer_notices_its_connection_closing(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("push", extra_args=("--notify-keyspace-events", "K$"))
+    observer = PushObserver(
+        Endpoint.from_url(server.url, name="r1"), pattern=b"p:*", rtt_ns=1000, timeout_s=5
+    )
+    await observer.start()
+    try:
+        with server.client() as client:
+            client.set("p:1", "x")
+            await until(lambda: b"p:1" in observer.arrivals, "the keyspace event of p:1")
+            assert observer.error is None
+            client.client_kill_filter(_type="pubsub")
+        await until(lambda: observer.error is not None, "the closed connection noticed")
+        assert observer.error == "push connection closed: by the server"
+    finally:
+        await observer.stop()
+
+
+async def test_a_refused_subscription_names_the_replica(redis_factory: RedisFactory) -> None:
+    server = redis_factory("acl")
+    with server.client() as client:
+        client.config_set("notify-keyspace-events", "K$")
+        # A user allowed every key and command but no channel, as on managed services.
+        client.acl_setuser("probe", enabled=True, passwords=["+s3cret"], keys=["*"],
+                           commands=["+@all"], reset_channels=True)  # fmt: skip
+    url = f"redis://probe:s3cret@127.0.0.1:{server.port}"
+    observer = PushObserver(Endpoint.from_url(url, name="r1"), pattern=b"*", rtt_ns=0, timeout_s=5)
+    with pytest.raises(AuthError, match="push subscription failed") as raised:
+        await observer.start()
+    assert raised.value.where is not None and raised.value.where.startswith("r1 (")
+    assert "s3cret" not in str(raised.value)
+    assert observer.conn is not None and observer.conn.endpoint.name == "r1"
+    await asyncio.wait_for(observer.conn.wait_closed(), 5)  # closed, not leaked
