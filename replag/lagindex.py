@@ -250,6 +250,21 @@ class LagIndex:
             spans = {pair: w.span(since_ns, until_ns) for pair, w in self._pairs.items()}
         return sorted(pair for pair, (lo, hi) in spans.items() if hi > lo)
 
+    def latest_end_ns(self, source: str, target: str) -> int | None:
+        """When the pair's newest window ended (its source's latest run), if it has one."""
+        self.refresh()
+        with self._lock:
+            pair = self._pairs.get((source, target))
+            return pair.keys[-1][0] if pair is not None and pair.keys else None
+
+    def last_seen_end_ns(self, source: str, target: str) -> int | None:
+        """The end of the newest window of the pair in which a probe was seen."""
+        rows = self.store.execute(
+            "SELECT MAX(end_ns) FROM lag_windows WHERE source = ? AND target = ? AND seen > 0",
+            (source, target),
+        )
+        return rows[0][0] if rows else None
+
     def summary(
         self,
         source: str,

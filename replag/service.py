@@ -35,6 +35,7 @@ from replag.monitoring.dynomite_stats import (
     prune_stats,
     recent_stats,
 )
+from replag.monitoring.health import replication_health
 from replag.probes.report import ProbeReport
 from replag.probes.runner import run_probe
 from replag.repair import RepairReport, check, repair
@@ -469,9 +470,16 @@ class ReplagService:
     # --- what the API shows ----------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        """The replication verdict now (`replag.monitoring.health`) and the service's state."""
         probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+        verdict = replication_health(
+            self.config,
+            self.index,
+            now_ns=time.time_ns(),
+            alerts_firing=self.alert_book.firing_count(),
+        )
         return {
-            "status": "ok",
+            **verdict.to_dict(),
             "started_ns": self.started_ns,
             "uptime_s": round((time.time_ns() - self.started_ns) / 1e9, 3),
             "probe_interval_s": self.settings.probe_interval,

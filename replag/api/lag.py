@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour
 from replag.api.params import TimeRange
 from replag.api.routes import Service
 from replag.errors import UsageError
@@ -90,7 +91,8 @@ async def lag(
 
 @router.get("/lag/matrix")
 async def lag_matrix(svc: Service, since: Since = None) -> Response:
-    """Region × region p50/p99/loss since `since` (default 15m), with colour thresholds."""
+    """Region × region p50/p99/loss since `since` (default 15m), each cell with its colour
+    (the worse of p99 and loss against the rules covering that pair) and bands."""
     span = TimeRange.parse(since, None, now_ns=time.time_ns(), default_since_s=900)
     signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
 
@@ -111,25 +113,22 @@ async def lag_matrix(svc: Service, since: Since = None) -> Response:
                     "seen": s.seen,
                     "lost": s.lost,
                     "loss_ratio": round(s.loss_ratio, 6),
+                    **pair_colour(
+                        svc.config, source, target, p99_ms=s.lag_ms["p99"], sent=s.sent, lost=s.lost
+                    ),
                 }
             )
         return _members(
-            {"regions": _regions(svc), "cells": cells, "thresholds_ms": _thresholds_ms(svc)}
+            {
+                "regions": _regions(svc),
+                "cells": cells,
+                "thresholds_ms": lag_bands_ms(svc.config).to_dict(),
+                "loss_thresholds": loss_bands(svc.config).to_dict(),
+            }
         )
 
     body = await _cached(svc.index, ("matrix", signature), build)
     return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
-
-
-def _thresholds_ms(svc: ReplagService) -> dict[str, float]:
-    """Colour bands of the matrix: the configured p99 alert limits, else the breach setting."""
-    rules = [r for r in svc.config.alerts.rules if r.kind == "lag_p99"]
-    critical = [r.threshold for r in rules if r.severity == "critical"]
-    warning = [r.threshold for r in rules if r.severity != "critical"]
-    if svc.settings.max_p99 is not None:
-        warning.append(svc.settings.max_p99 * 1000)
-    warn = min(warning or critical or [100.0])
-    return {"warning": warn, "critical": min(critical or [warn * 5])}
 
 
 @router.get("/lag/series")

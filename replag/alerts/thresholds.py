@@ -1,0 +1,97 @@
+"""Colour bands of one region pair, from the alert rules that cover it.
+
+The matrix colours a pair by its p99 lag against the `lag_p99` rules whose
+source/target filters match it, and by its loss ratio against the matching
+`probe_loss` rules: a rule of severity critical sets the critical band, any
+other the warning band; the lowest threshold wins. Without rules the settings
+(`max_p99`, `max_loss`) and then defaults apply. A pair that sent probes and
+saw none has no p99 at all: it is critical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from replag.config import Config
+
+Colour = Literal["ok", "warning", "critical", "none"]
+DEFAULT_LAG_WARNING_MS = 100.0
+DEFAULT_LOSS_WARNING = 0.01  # the probe_loss rule's default threshold
+DEFAULT_LOSS_CRITICAL = 0.5  # half the probes lost: the link is broken, not noisy
+
+
+@dataclass(frozen=True, slots=True)
+class Bands:
+    """Values at or above `warning` are amber, at or above `critical` red."""
+
+    warning: float
+    critical: float
+
+    def colour(self, value: float) -> Colour:
+        if value >= self.critical:
+            return "critical"
+        return "warning" if value >= self.warning else "ok"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"warning": self.warning, "critical": self.critical}
+
+
+def _thresholds(
+    config: Config, kind: str, source: str | None, target: str | None
+) -> tuple[list[float], list[float]]:
+    """(warning, critical) thresholds of the rules covering the pair; with no pair, the
+    rules that cover every pair (for a legend)."""
+
+    def covers(source_filter: str | None, target_filter: str | None) -> bool:
+        if source is None or target is None:
+            return source_filter is None and target_filter is None
+        return source_filter in (None, source) and target_filter in (None, target)
+
+    rules = [r for r in config.alerts.rules if r.kind == kind and covers(r.source, r.target)]
+    return (
+        [r.threshold for r in rules if r.severity != "critical"],
+        [r.threshold for r in rules if r.severity == "critical"],
+    )
+
+
+def lag_bands_ms(config: Config, source: str | None = None, target: str | None = None) -> Bands:
+    """p99 bands in ms for a pair (without one: from the rules that cover every pair)."""
+    warning, critical = _thresholds(config, "lag_p99", source, target)
+    if config.settings.max_p99 is not None:
+        warning.append(config.settings.max_p99 * 1000)
+    warn = min(warning or critical or [DEFAULT_LAG_WARNING_MS])
+    return Bands(warning=warn, critical=max(warn, min(critical or [warn * 5])))
+
+
+def loss_bands(config: Config, source: str | None = None, target: str | None = None) -> Bands:
+    """Loss-ratio bands for a pair: a ratio above a probe_loss rule's threshold is coloured
+    (the rule fires above it); `max_loss` counts when above 0."""
+    warning, critical = _thresholds(config, "probe_loss", source, target)
+    if config.settings.max_loss:
+        warning.append(config.settings.max_loss)
+    warn = min(warning or critical or [DEFAULT_LOSS_WARNING])
+    crit = max(warn, min(critical or [max(warn, DEFAULT_LOSS_CRITICAL)]))
+    return Bands(warning=_above(warn), critical=_above(crit))
+
+
+def _above(ratio: float) -> float:
+    return min(1.0, ratio + 1e-9)
+
+
+def pair_colour(
+    config: Config, source: str, target: str, *, p99_ms: float | None, sent: int, lost: int
+) -> dict[str, Any]:
+    """The pair's colour and the bands that gave it: the worse of lag and loss."""
+    lag, loss = lag_bands_ms(config, source, target), loss_bands(config, source, target)
+    ratio = lost / sent if sent else 0.0
+    colours: list[Colour] = []
+    if p99_ms is not None:
+        colours.append(lag.colour(p99_ms))
+    elif sent:
+        colours.append("critical")  # probes sent, none seen: no lag figure at all
+    if sent:
+        colours.append(loss.colour(ratio))
+    order: list[Colour] = ["none", "ok", "warning", "critical"]
+    colour = max(colours, key=order.index) if colours else "none"
+    return {"colour": colour, "lag_ms": lag.to_dict(), "loss": loss.to_dict()}

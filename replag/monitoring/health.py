@@ -1,0 +1,223 @@
+"""The service's verdict on replication right now: ok, degraded or failing, and why.
+
+Judged from the latest probe run of every source (the freshest evidence), not
+from a range: a replica that answers but saw none of the last run's probes is
+not replicating, whatever its p99 was an hour ago. `GET /api/v1/health` and the
+dashboard's badge show this verdict; `pairs` lets the matrix mark each pair.
+
+Critical (failing): a source whose probe failed or is stale, an unreachable
+replica, a pair that saw none of its probes. Warning (degraded): a pair that
+lost more than `max_loss` of them, alerts firing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from replag.alerts.health import ProbeHealth, probe_health
+from replag.config import Config
+from replag.lagindex import LagIndex
+
+Severity = Literal["critical", "warning"]
+Verdict = Literal["ok", "degraded", "failing"]
+PairState = Literal["ok", "lossy", "not_replicating"]
+
+# A source is stale when its last success is older than this many probe intervals
+# (plus the probe timeout): one late round is noise, three are an outage.
+STALE_INTERVALS = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthProblem:
+    kind: str  # probe_error | stale | unreachable | not_replicating | loss | alerts
+    severity: Severity
+    message: str
+    source: str | None = None
+    target: str | None = None
+    replica: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "message": self.message,
+            "source": self.source,
+            "target": self.target,
+            "replica": self.replica,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairHealth:
+    """One (source, target) in its source's latest run."""
+
+    source: str
+    target: str
+    state: PairState
+    run_end_ns: int
+    sent: int
+    lost: int
+    last_seen_ns: int | None  # end of the last run in which a probe was seen
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "state": self.state,
+            "run_end_ns": self.run_end_ns,
+            "sent": self.sent,
+            "lost": self.lost,
+            "last_seen_ns": self.last_seen_ns,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthVerdict:
+    problems: list[HealthProblem] = field(default_factory=list)
+    pairs: list[PairHealth] = field(default_factory=list)
+
+    @property
+    def status(self) -> Verdict:
+        severities = {p.severity for p in self.problems}
+        if "critical" in severities:
+            return "failing"
+        return "degraded" if severities else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "problems": [p.to_dict() for p in self.problems],
+            "pairs": [p.to_dict() for p in self.pairs],
+        }
+
+
+def replication_health(
+    config: Config, index: LagIndex, *, now_ns: int, alerts_firing: int = 0
+) -> HealthVerdict:
+    """The verdict now, from the store's probe outcomes and the latest lag windows."""
+    settings = config.settings
+    stale_s = STALE_INTERVALS * settings.probe_interval + settings.timeout
+    sources = [r.name for r in config.topology.regions if r.write is not None]
+    targets = {r.name for r in config.topology.regions}
+    health = probe_health(index.store)
+    problems: list[HealthProblem] = []
+    for source in sources:
+        problems += _source_problems(health.get(source), source, now_ns=now_ns, stale_s=stale_s)
+    pairs = []
+    for source, target in index.pairs():
+        if source not in sources or target not in targets:
+            continue
+        pair = _pair_health(index, source, target)
+        pairs.append(pair)
+        problems += _pair_problems(pair, max_loss=settings.max_loss or 0.0, now_ns=now_ns)
+    if alerts_firing:
+        problems.append(
+            HealthProblem(
+                kind="alerts", severity="warning", message=f"{alerts_firing} alerts firing"
+            )
+        )
+    return HealthVerdict(problems=problems, pairs=pairs)
+
+
+def _source_problems(
+    health: ProbeHealth | None, source: str, *, now_ns: int, stale_s: float
+) -> list[HealthProblem]:
+    if health is None:
+        return []  # never probed: nothing known yet
+    out = []
+    if health.error:
+        out.append(
+            HealthProblem(
+                kind="probe_error",
+                severity="critical",
+                source=source,
+                message=f"probe from {source} failed: {health.error}",
+            )
+        )
+    age_s = (now_ns - (health.last_success_ns or health.last_attempt_ns)) / 1e9
+    if age_s > stale_s:
+        out.append(
+            HealthProblem(
+                kind="stale",
+                severity="critical",
+                source=source,
+                message=f"no successful probe from {source} for {age_s:.0f} s "
+                f"(expected every {stale_s:g} s at most)",
+            )
+        )
+    for item in health.unreachable:
+        if health.error and item.get("region") == source:
+            continue  # the write endpoint itself: said by probe_error
+        out.append(
+            HealthProblem(
+                kind="unreachable",
+                severity="critical",
+                source=source,
+                target=item.get("region"),
+                replica=item.get("replica"),
+                message=f"replica {item.get('replica')} in {item.get('region')} unreachable "
+                f"from {source}: {item.get('error', 'no answer')}",
+            )
+        )
+    return out
+
+
+def _pair_health(index: LagIndex, source: str, target: str) -> PairHealth:
+    run_end = index.latest_end_ns(source, target)
+    assert run_end is not None  # the pair is listed, so it has a window
+    latest = index.summary(source, target, since_ns=run_end)
+    if latest.sent and not latest.seen:
+        state: PairState = "not_replicating"
+    elif latest.lost:
+        state = "lossy"
+    else:
+        state = "ok"
+    last_seen = run_end if latest.seen else index.last_seen_end_ns(source, target)
+    return PairHealth(
+        source=source,
+        target=target,
+        state=state,
+        run_end_ns=run_end,
+        sent=latest.sent,
+        lost=latest.lost,
+        last_seen_ns=last_seen,
+    )
+
+
+def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[HealthProblem]:
+    where = f"{pair.source}→{pair.target}"
+    if pair.state == "not_replicating":
+        seen = (
+            f"last probe seen {_ago(now_ns, pair.last_seen_ns)}"
+            if pair.last_seen_ns
+            else "no probe ever seen"
+        )
+        return [
+            HealthProblem(
+                kind="not_replicating",
+                severity="critical",
+                source=pair.source,
+                target=pair.target,
+                message=f"{where}: none of {pair.sent} probes seen in the latest run "
+                f"(reachable, not replicating); {seen}",
+            )
+        ]
+    if pair.sent and pair.lost / pair.sent > max_loss:
+        return [
+            HealthProblem(
+                kind="loss",
+                severity="warning",
+                source=pair.source,
+                target=pair.target,
+                message=f"{where}: lost {pair.lost}/{pair.sent} probes in the latest run "
+                f"(limit {max_loss:.1%})",
+            )
+        ]
+    return []
+
+
+def _ago(now_ns: int, then_ns: int) -> str:
+    at = datetime.fromtimestamp(then_ns / 1e9, tz=UTC).strftime("%H:%M:%SZ")
+    return f"at {at} ({(now_ns - then_ns) / 1e9:.0f} s ago)"
