@@ -25,6 +25,7 @@ from typing import Any, Literal
 from replag.alerts.evaluate import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
 from replag.alerts.health import probe_health, record_check, record_probe
 from replag.alerts.rules import dropped_writes_since
+from replag.alerts.verdict import replication_health
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.lagindex import LagIndex
@@ -35,7 +36,6 @@ from replag.monitoring.dynomite_stats import (
     prune_stats,
     recent_stats,
 )
-from replag.monitoring.health import replication_health
 from replag.probes.report import ProbeReport
 from replag.probes.runner import run_probe
 from replag.repair import RepairReport, check, repair

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -231,6 +232,31 @@ async def test_dashboard_and_assets_are_served_locally(client: httpx.AsyncClient
     )
     for asset in ("/static/dashboard.js", "/static/dashboard.css"):
         assert (await client.get(asset)).status_code == 200
+
+
+async def test_api_docs_are_served_from_the_package(client: httpx.AsyncClient) -> None:
+    for page in ("/docs", "/redoc"):
+        html = (await client.get(page)).text
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+        assert assets and all(a.startswith("/static/docs/") for a in assets), (page, assets)
+        assert "https://" not in html and "http://" not in html, page
+        for asset in assets:
+            response = await client.get(asset)
+            assert response.status_code == 200 and len(response.content) > 1000, asset
+
+
+async def test_repair_runs_page_with_offset_and_total(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    for _ in range(3):
+        job = app.state.service.start_job("check", "main")
+        await app.state.service.wait_job(job.id)
+    first = (await client.get("/api/v1/repairs", params={"limit": 2})).json()
+    second = (await client.get("/api/v1/repairs", params={"limit": 2, "offset": 2})).json()
+    assert first["total"] == second["total"] == 3
+    assert len(first["runs"]) == 2 and len(second["runs"]) == 1
+    ids = [r["run_id"] for r in first["runs"] + second["runs"]]
+    assert len(set(ids)) == 3
 
 
 def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> None:

@@ -118,12 +118,28 @@ def test_matrix_and_charts_render_with_data(dashboard_url: str, tmp_path: Path) 
     lines = re.findall(r'class="line-p99" d="M([\d.]+),([\d.]+)((?:L[\d.]+,[\d.]+)+)"', dom)
     assert len(lines) == 3
     assert '<section class="card" id="dynomite-card" hidden=""' in dom  # no Dynomite: no panel
+    # Every figure carries its unit, once: the y axes say ms or s, tiles and read-outs too.
+    y_labels = re.findall(r'<text class="axis" [^>]*text-anchor="end"[^>]*>([^<]+)</text>', dom)
+    assert y_labels and all(re.fullmatch(r"\d+(\.\d+)? (ms|s)|loss", t) for t in y_labels), y_labels
+    assert " s ms" not in dom and "ms ms" not in dom
+    assert re.search(r'<div class="p99">1\d\d\.\d<span class="unit">ms</span>', dom)
     # The screenshot is for a person to look at; see the README, "Dashboard".
     shot = tmp_path / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", dashboard_url)
     assert shot.stat().st_size > 20_000
     if os.environ.get("REPLAG_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"])
+
+
+def test_charts_span_the_range_picked(dashboard_url: str, tmp_path: Path) -> None:
+    """90 minutes of data in a 24 h range: the lines start near the right edge, the axis
+    covers the day, and p99 and p50 stay one line each (windows a minute apart join up)."""
+    dom = chromium(tmp_path, "--dump-dom", dashboard_url + "?range=24h")
+    assert 'data-loaded="true"' in dom
+    widths = [float(w) for w in re.findall(r'<svg class="chart" width="(\d+)"', dom)]
+    starts = [float(x) for x in re.findall(r'class="line-p99" d="M([\d.]+),', dom)]
+    assert len(starts) == 3 and all(x / w > 0.85 for x, w in zip(starts, widths, strict=True))
+    assert all(d.count("M") == 1 for d in re.findall(r'class="line-p99" d="([^"]+)"', dom))
 
 
 def test_dynomite_panel_shows_each_node_and_the_one_dropping(

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -28,6 +29,8 @@ from replag.store import Store
 
 log = logging.getLogger(__name__)
 STATIC = resources.files("replag.api") / "static"
+# Swagger UI and ReDoc, as the fastapi-offline wheel ships them.
+DOCS_ASSETS = resources.files("fastapi_offline") / "static"
 
 
 def create_app(
@@ -55,12 +58,36 @@ def create_app(
         version=__version__,
         lifespan=lifespan,
         description="Replication lag, divergence checks and alerts for Redis across regions.",
+        # Served below from files installed with the package: no CDN, works offline.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = svc
     app.include_router(routes.router)
     app.include_router(lag.router)
     app.include_router(dynomite.router)
+    app.mount("/static/docs", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="replag API",
+            swagger_js_url="/static/docs/swagger-ui-bundle.js",
+            swagger_css_url="/static/docs/swagger-ui.css",
+            swagger_favicon_url="/static/docs/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="replag API",
+            redoc_js_url="/static/docs/redoc.standalone.js",
+            redoc_favicon_url="/static/docs/favicon.png",
+            with_google_fonts=False,
+        )
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> HTMLResponse:

@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
-from replag.repair import get_run, list_runs
+from replag.repair import count_runs, get_run, list_runs
 from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
@@ -64,11 +64,21 @@ def topology(svc: Service) -> dict[str, Any]:
 
 
 @router.get("/repairs")
-def repairs(svc: Service, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
-    """Recent repair checks and runs from the store, and jobs this service is running."""
-    runs = list_runs(svc.store, limit=limit)
+def repairs(
+    svc: Service,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> dict[str, Any]:
+    """Repair checks and runs from the store, newest first (`limit` from `offset`; `total`
+    counts them all), and the jobs this service is running."""
+    runs = list_runs(svc.store, limit=limit, offset=offset)
     jobs = sorted(svc.jobs.values(), key=lambda j: j.started_ns, reverse=True)[:limit]
-    return {"runs": runs, "jobs": [j.to_dict() for j in jobs]}
+    return {
+        "total": count_runs(svc.store),
+        "offset": offset,
+        "runs": runs,
+        "jobs": [j.to_dict() for j in jobs],
+    }
 
 
 @router.get("/repairs/{run_id}")

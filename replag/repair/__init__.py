@@ -2,12 +2,12 @@
 
 report = await check(config, group="main", store=store)
 report = await repair(config, policy="quorum", store=store)
-list_runs(store); get_run(store, report.run_id)
+list_runs(store, limit=10, offset=0); count_runs(store); get_run(store, report.run_id)
 """
 
 from replag.repair.engine import ProgressCallback, RepairProgress, check, repair
 from replag.repair.report import RepairReport
-from replag.repair.runs import get_run, list_runs
+from replag.repair.runs import count_runs, get_run, list_runs
 from replag.repair.tictac import TictacTree
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "RepairReport",
     "TictacTree",
     "check",
+    "count_runs",
     "get_run",
     "list_runs",
     "repair",

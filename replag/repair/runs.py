@@ -213,15 +213,20 @@ def _run_dict(row: tuple[Any, ...], *, full: bool) -> dict[str, Any]:
     return out
 
 
-def list_runs(store: Store, *, limit: int = 50) -> list[dict[str, Any]]:
-    """Runs, newest first (reports without their key lists), JSON-safe."""
+def list_runs(store: Store, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    """Runs, newest first (reports without their key lists), JSON-safe; `offset` pages."""
     store.ensure_schema(SCHEMA)
     rows = store.execute(
         "SELECT run_id, kind, status, started_ns, finished_ns, params_json, report_json, error "
-        "FROM repair_runs ORDER BY started_ns DESC, run_id DESC LIMIT ?",
-        (max(0, limit),),
+        "FROM repair_runs ORDER BY started_ns DESC, run_id DESC LIMIT ? OFFSET ?",
+        (max(0, limit), max(0, offset)),
     )
     return [_run_dict(r, full=False) for r in rows]
+
+
+def count_runs(store: Store) -> int:
+    store.ensure_schema(SCHEMA)
+    return int(store.execute("SELECT COUNT(*) FROM repair_runs")[0][0])
 
 
 def get_run(store: Store, run_id: str) -> dict[str, Any] | None:

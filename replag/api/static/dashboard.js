@@ -3,8 +3,10 @@
 
 const REFRESH_MS = 10000;
 const SVG = "http://www.w3.org/2000/svg";
+const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
 const RANGE_STEP = { "15m": "10s", "1h": "30s", "6h": "2m", "24h": "6m", "7d": "42m" };
-const state = { range: "1h", focus: null, thresholds: { warning: 100, critical: 500 } };
+const REPAIRS_PER_PAGE = 10;
+const state = { range: "1h", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map() };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -16,9 +18,10 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-function svg(tag, attrs = {}) {
+function svg(tag, attrs = {}, text) {
   const node = document.createElementNS(SVG, tag);
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
   return node;
 }
 
@@ -28,20 +31,34 @@ async function getJSON(path) {
   return response.json();
 }
 
+// --- units -------------------------------------------------------------------
+
+// A lag with its unit: "0.84 ms", "80.9 ms", "2.24 s". Never a bare number.
 function fmtMs(v) {
   if (v === null || v === undefined) return "–";
-  if (v < 10) return v.toFixed(2);
-  if (v < 1000) return v.toFixed(1);
-  return (v / 1000).toFixed(2) + " s";
+  if (v < 10) return `${v.toFixed(2)} ms`;
+  if (v < 1000) return `${v.toFixed(1)} ms`;
+  if (v < 10000) return `${(v / 1000).toFixed(2)} s`;
+  return `${(v / 1000).toFixed(1)} s`;
 }
 
-function unit(v) { return v !== null && v !== undefined && v < 1000 ? "ms" : ""; }
+// The number and its unit apart, for the matrix's big figure.
+function splitMs(v) {
+  const text = fmtMs(v);
+  const at = text.lastIndexOf(" ");
+  return at < 0 ? [text, ""] : [text.slice(0, at), text.slice(at + 1)];
+}
 
-function fmtTime(ns, withDate, withSeconds = false) {
+function fmtPct(ratio) {
+  if (!ratio) return "0%";
+  if (ratio >= 0.9995) return "100%";
+  const pct = 100 * ratio;
+  return `${pct < 0.1 ? pct.toFixed(3) : pct < 10 ? pct.toFixed(1) : pct.toFixed(0)}%`;
+}
+
+function fmtClock(ns, withDate = false) {
   const d = new Date(ns / 1e6);
-  const parts = { hour: "2-digit", minute: "2-digit", hour12: false };
-  if (withSeconds) parts.second = "2-digit";
-  const hm = d.toLocaleTimeString([], parts);
+  const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
   return withDate ? `${d.toLocaleDateString([], { month: "short", day: "numeric" })} ${hm}` : hm;
 }
 
@@ -50,47 +67,70 @@ function ago(ns) {
   const s = Math.max(0, (Date.now() - ns / 1e6) / 1000);
   if (s < 90) return `${Math.round(s)} s ago`;
   if (s < 5400) return `${Math.round(s / 60)} min ago`;
-  return `${(s / 3600).toFixed(1)} h ago`;
+  if (s < 172800) return `${(s / 3600).toFixed(1)} h ago`;
+  return `${(s / 86400).toFixed(1)} d ago`;
 }
 
-function severity(p99) {
-  if (p99 === null || p99 === undefined) return "none";
-  if (p99 >= state.thresholds.critical) return "critical";
-  if (p99 >= state.thresholds.warning) return "warning";
-  return "ok";
+// --- status and problems -----------------------------------------------------
+
+function drawStatus(health) {
+  state.health = health;
+  const node = document.getElementById("status");
+  const probes = Object.values(health.probes);
+  const last = Math.max(0, ...probes.map((p) => p.last_success_ns || 0));
+  const problems = health.problems || [];
+  const label = { ok: "healthy", degraded: "degraded", failing: "failing" }[health.status] || health.status;
+  node.className = `status status-${probes.length || problems.length ? health.status : "unknown"}`;
+  node.dataset.status = health.status;
+  node.textContent = !probes.length && !problems.length ? "no probe runs recorded yet"
+    : `${label}${problems.length ? ` · ${problems.length} problem${problems.length > 1 ? "s" : ""}` : ""} · last probe ${ago(last)}`;
+  node.title = problems.map((p) => p.message).join("\n");
+  const banner = document.getElementById("problems");
+  banner.hidden = !problems.length;
+  banner.className = `problems problems-${health.status}`;
+  banner.replaceChildren(...problems.slice(0, 6).map((p) => el("div", { class: `problem problem-${p.severity}`, "data-kind": p.kind },
+    el("span", { class: `badge badge-${p.severity}` }, p.kind.replace("_", " ")), " ", p.message)),
+    ...(problems.length > 6 ? [el("div", { class: "muted" }, `and ${problems.length - 6} more`)] : []));
 }
 
-// --- matrix ----------------------------------------------------------------
+// --- matrix ------------------------------------------------------------------
 
 function drawMatrix(data) {
-  state.thresholds = data.thresholds_ms;
-  const legend = document.getElementById("legend");
-  legend.replaceChildren(
-    el("span", {}, el("span", { class: "swatch", style: "background:var(--ok)" }), `< ${fmtMs(data.thresholds_ms.warning)} ms`),
-    el("span", {}, el("span", { class: "swatch", style: "background:var(--warn)" }), `≥ ${fmtMs(data.thresholds_ms.warning)} ms`),
-    el("span", {}, el("span", { class: "swatch", style: "background:var(--crit)" }), `≥ ${fmtMs(data.thresholds_ms.critical)} ms`),
+  state.cells = new Map(data.cells.map((c) => [`${c.source}→${c.target}`, c]));
+  const bands = data.thresholds_ms, loss = data.loss_thresholds;
+  document.getElementById("legend").replaceChildren(
+    el("span", {}, el("span", { class: "swatch sw-ok" }), `p99 < ${fmtMs(bands.warning)}`),
+    el("span", {}, el("span", { class: "swatch sw-warning" }), `≥ ${fmtMs(bands.warning)} or > ${fmtPct(loss.warning)} lost`),
+    el("span", {}, el("span", { class: "swatch sw-critical" }), `≥ ${fmtMs(bands.critical)} or > ${fmtPct(loss.critical)} lost`),
+    el("span", { class: "muted", title: "Each pair is coloured by the worse of its p99 and its loss against the alert rules whose source/target cover it (hover a tile for its bands); these are the bands of the rules that cover every pair." }, "· rules per pair (hover a tile)"),
   );
   const host = document.getElementById("matrix");
   if (!data.cells.length) {
     host.replaceChildren(el("p", { class: "empty" }, "No lag windows in this range yet."));
     return;
   }
-  const cells = new Map(data.cells.map((c) => [`${c.source}→${c.target}`, c]));
+  const now = new Map(((state.health || {}).pairs || []).map((p) => [`${p.source}→${p.target}`, p]));
   const sources = data.regions.filter((r) => data.cells.some((c) => c.source === r));
   const targets = data.regions.filter((r) => data.cells.some((c) => c.target === r));
   const head = el("tr", {}, el("th", { class: "row" }, "source ╲ target"), ...targets.map((t) => el("th", {}, t)));
   const rows = sources.map((s) => el("tr", {}, el("th", { class: "row" }, s), ...targets.map((t) => {
-    const c = cells.get(`${s}→${t}`);
-    if (!c) return el("td", { class: s === t ? "cell self" : "cell sev-none" }, s === t ? "" : "–");
-    const sev = severity(c.p99_ms);
-    const loss = c.sent ? `${(100 * c.loss_ratio).toFixed(c.loss_ratio ? 2 : 0)}% lost` : "no probes";
+    const c = state.cells.get(`${s}→${t}`);
+    if (!c) return el("td", { class: "cell sev-none" }, "–");
+    const pairNow = now.get(`${s}→${t}`);
+    const [figure, unit] = c.p99_ms === null ? ["no data", ""] : splitMs(c.p99_ms);
+    const loss = c.sent ? `${fmtPct(c.loss_ratio)} lost` : "no probes";
+    const flag = pairNow && pairNow.state === "not_replicating" ? el("div", { class: "flag" }, "not replicating")
+      : pairNow && pairNow.state === "lossy" ? el("div", { class: "flag flag-soft" }, "losing probes now") : null;
     return el("td", {
-      class: `cell sev-${sev}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
-      title: `${s} → ${t}\np50 ${fmtMs(c.p50_ms)} ms · p99 ${fmtMs(c.p99_ms)} ms · max ${fmtMs(c.max_ms)} ms\n${c.seen}/${c.sent} seen`,
+      class: `cell sev-${c.colour}${flag ? " now-bad" : ""}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
+      "data-loss": c.loss_ratio,
+      title: `${s} → ${t} over ${state.range}\np50 ${fmtMs(c.p50_ms)} · p99 ${fmtMs(c.p99_ms)} · max ${fmtMs(c.max_ms)}\n` +
+        `${c.seen}/${c.sent} probes seen (${c.lost} lost)\nbands: p99 ${fmtMs(c.lag_ms.warning)} / ${fmtMs(c.lag_ms.critical)}, ` +
+        `loss > ${fmtPct(c.loss.warning)} / ${fmtPct(c.loss.critical)}`,
       onclick: () => focusPair(s, t),
     },
-      el("div", { class: "p99" }, fmtMs(c.p99_ms), el("span", { class: "unit" }, unit(c.p99_ms))),
-      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`));
+      el("div", { class: "p99" }, figure, el("span", { class: "unit" }, unit)),
+      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...(flag ? [flag] : []));
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
@@ -104,60 +144,134 @@ function focusPair(source, target) {
   }
 }
 
-// --- charts ----------------------------------------------------------------
+// --- charts ------------------------------------------------------------------
 
-function niceMax(v) {
-  if (!(v > 0)) return 1;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+// A step of 1, 2 or 5 × 10^k giving about `count` intervals up to `max`.
+function niceStep(max, count) {
+  const raw = max / count;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (raw <= m * p) return m * p;
   return 10 * p;
 }
 
-function drawChart(series, sinceNs, untilNs) {
-  const W = 560, H = 170, L = 46, R = 10, T = 10, B = 22;
-  const root = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
-    "data-points": series.points.length });
-  const pts = series.points.filter((p) => p.p99_ms !== null);
-  const yMax = niceMax(Math.max(...pts.map((p) => p.p99_ms), 0) * 1.1);
+function yAxis(maxMs) {
+  const top = maxMs > 0 ? maxMs : 1;
+  const step = niceStep(top, 4);
+  const ticks = [];
+  for (let v = 0; v <= top + step * 1e-9; v += step) ticks.push(v);
+  if (ticks[ticks.length - 1] < top) ticks.push(ticks[ticks.length - 1] + step);
+  const inSeconds = ticks[ticks.length - 1] >= 1000;
+  const decimals = (x) => (Number.isInteger(Math.round(x * 1000) / 1000) ? 0 : x < 1 ? 2 : 1);
+  const label = (v) => (inSeconds ? `${(v / 1000).toFixed(decimals(step / 1000))} s` : `${v.toFixed(decimals(step))} ms`);
+  return { max: ticks[ticks.length - 1], ticks, label };
+}
+
+const TICK_STEPS_S = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800];
+
+function timeTicks(sinceNs, untilNs, width) {
+  const span = (untilNs - sinceNs) / 1e9;
+  const wanted = Math.max(3, Math.min(8, Math.floor(width / 110)));
+  const step = TICK_STEPS_S.find((s) => span / s <= wanted) || TICK_STEPS_S[TICK_STEPS_S.length - 1];
+  // Aligned to local time, so a day tick falls on midnight and an hour tick on the hour.
+  const offset = new Date(sinceNs / 1e6).getTimezoneOffset() * 60;
+  const first = Math.ceil((sinceNs / 1e9 - offset) / step) * step + offset;
+  const ticks = [];
+  for (let t = first; t <= untilNs / 1e9; t += step) ticks.push(t * 1e9);
+  const label = (ns) => {
+    const d = new Date(ns / 1e6);
+    const midnight = d.getHours() === 0 && d.getMinutes() === 0;
+    if (step >= 86400) return d.toLocaleDateString([], { month: "short", day: "numeric" });
+    if (midnight || (span > 86400 && ns === ticks[0])) return fmtClock(ns, true);
+    return fmtClock(ns);
+  };
+  return { ticks, label };
+}
+
+function drawChart(series, bands, width) {
+  const W = Math.max(300, Math.round(width)), H = 220, L = 62, R = 12, T = 10, B = 50;
+  const plotBottom = H - B, stripTop = plotBottom + 12, stripH = 10;
+  const sinceNs = series.since_ns, untilNs = series.until_ns;
+  const root = svg("svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-points": series.points.length });
   const step = series.step_s * 1e9;
+  const pts = series.points.filter((p) => p.p99_ms !== null);
+  const dataMax = Math.max(0, ...pts.map((p) => p.p99_ms));
+  // Show the pair's warning limit when it is near the data, so a breach is visible as such.
+  const limitShown = bands && bands.warning <= Math.max(dataMax * 2, 1);
+  const axis = yAxis(Math.max(dataMax * 1.05, limitShown ? bands.warning * 1.05 : 0));
   const x = (ns) => L + ((ns - sinceNs) / Math.max(1, untilNs - sinceNs)) * (W - L - R);
-  const y = (ms) => T + (1 - Math.min(ms, yMax) / yMax) * (H - T - B);
-  for (let i = 0; i <= 4; i++) {
-    const v = (yMax * i) / 4;
+  const y = (ms) => T + (1 - Math.min(ms, axis.max) / axis.max) * (plotBottom - T);
+  for (const v of axis.ticks) {
     root.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
-    const label = svg("text", { class: "axis", x: L - 6, y: y(v) + 3, "text-anchor": "end" });
-    label.textContent = fmtMs(v);
-    root.append(label);
+    root.append(svg("text", { class: "axis", x: L - 6, y: y(v) + 4, "text-anchor": "end" }, axis.label(v)));
   }
-  const withDate = untilNs - sinceNs > 86400e9;
-  const withSeconds = untilNs - sinceNs < 600e9;  // ticks a minute or less apart
-  for (let i = 0; i <= 4; i++) {
-    const t = sinceNs + ((untilNs - sinceNs) * i) / 4;
-    const label = svg("text", { class: "axis", x: x(t), y: H - 6, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
-    label.textContent = fmtTime(t, withDate, withSeconds);
-    root.append(label);
+  const time = timeTicks(sinceNs, untilNs, W - L - R);
+  for (const t of time.ticks) {
+    root.append(svg("line", { class: "tick", x1: x(t), x2: x(t), y1: plotBottom, y2: stripTop + stripH + 2 }));
+    root.append(svg("text", { class: "axis", x: x(t), y: H - 4, "text-anchor": "middle" }, time.label(t)));
+  }
+  root.append(svg("text", { class: "axis strip-label", x: L - 6, y: stripTop + stripH - 1, "text-anchor": "end" }, "loss"));
+  root.append(svg("rect", { class: "strip", x: L, y: stripTop, width: W - L - R, height: stripH }));
+  const mid = (p) => x(p.t_ns + step / 2);
+  const bucketW = Math.max(1.5, x(sinceNs + step) - x(sinceNs));
+  // Buckets where probes went out and none came back: the replica did not replicate.
+  for (const p of series.points) {
+    if (p.sent && p.seen === 0) {
+      root.append(svg("rect", { class: "blackout", x: x(p.t_ns), y: T, width: bucketW, height: plotBottom - T }));
+    }
+    if (p.lost) {
+      const h = Math.max(1.5, stripH * (p.lost / p.sent));
+      root.append(svg("rect", { class: "lossbar", x: x(p.t_ns), y: stripTop + stripH - h, width: bucketW, height: h }));
+    }
+  }
+  const dark = series.points.filter((p) => p.sent && p.seen === 0);
+  if (dark.length) {
+    // Labelled inside the plot: from the first dark bucket on, or ending at the last one.
+    const start = x(dark[0].t_ns), end = x(dark[dark.length - 1].t_ns) + bucketW;
+    const left = start < L + (W - L - R) / 2;
+    root.append(svg("text", { class: "blackout-label", x: left ? start + 4 : end - 4, y: T + 14, "text-anchor": left ? "start" : "end" },
+      "no probe seen: 100% lost"));
+  }
+  if (limitShown) {
+    root.append(svg("line", { class: "limit", x1: L, x2: W - R, y1: y(bands.warning), y2: y(bands.warning) }));
+    root.append(svg("text", { class: "axis limit-label", x: L + 4, y: y(bands.warning) - 3, "text-anchor": "start" }, `limit ${fmtMs(bands.warning)}`));
   }
   if (pts.length) {
-    const mid = (p) => x(p.t_ns + step / 2);
-    const line = (key) => pts.map((p, i) => `${i ? "L" : "M"}${mid(p).toFixed(1)},${y(p[key]).toFixed(1)}`).join("");
-    root.append(svg("path", { class: "area-p99", d: `${line("p99_ms")}L${mid(pts[pts.length - 1]).toFixed(1)},${y(0)}L${mid(pts[0]).toFixed(1)},${y(0)}Z` }));
-    root.append(svg("path", { class: "line-p50", d: line("p50_ms") }));
-    root.append(svg("path", { class: "line-p99", d: line("p99_ms") }));
-    if (pts.length === 1) {
-      root.append(svg("circle", { cx: mid(pts[0]), cy: y(pts[0].p99_ms), r: 3, fill: "var(--p99)" }));
-      root.append(svg("circle", { cx: mid(pts[0]), cy: y(pts[0].p50_ms), r: 3, fill: "var(--p50)" }));
-    }
-    const hover = svg("line", { class: "hover", y1: T, y2: H - B, visibility: "hidden" });
+    // A gap breaks the line rather than bridging it: a bucket where every probe was lost, or
+    // a stretch with no window at all (longer than the step, and than the probes' cadence).
+    const all = series.points;
+    const spacing = all.slice(1).map((p, i) => p.t_ns - all[i].t_ns).sort((a, b) => a - b);
+    const cadence = spacing.length ? spacing[Math.floor(spacing.length / 2)] : step;
+    const limitGap = Math.max(step * 1.5, cadence * 2.5);
+    const breaks = new Set();
+    all.forEach((p, i) => {
+      if (i === 0 || p.p99_ms === null) return;
+      const before = all[i - 1];
+      if (before.p99_ms === null || p.t_ns - before.t_ns > limitGap) breaks.add(p.t_ns);
+    });
+    const starts = (p, i) => i === 0 || breaks.has(p.t_ns);
+    const path = (key) => pts.map((p, i) => `${starts(p, i) ? "M" : "L"}${mid(p).toFixed(1)},${y(p[key]).toFixed(1)}`).join("");
+    root.append(svg("path", { class: "line-p50", d: path("p50_ms") }));
+    root.append(svg("path", { class: "line-p99", d: path("p99_ms") }));
+    pts.forEach((p, i) => {
+      const alone = starts(p, i) && (i === pts.length - 1 || starts(pts[i + 1], i + 1));
+      if (alone) {
+        root.append(svg("circle", { cx: mid(p), cy: y(p.p99_ms), r: 2.5, class: "dot-p99" }));
+        root.append(svg("circle", { cx: mid(p), cy: y(p.p50_ms), r: 2.5, class: "dot-p50" }));
+      }
+    });
+  }
+  if (series.points.length) {
+    const hover = svg("line", { class: "hover", y1: T, y2: plotBottom, visibility: "hidden" });
     root.append(hover);
     root.addEventListener("mousemove", (ev) => {
       const box = root.getBoundingClientRect();
       const px = ((ev.clientX - box.left) / box.width) * W;
-      let best = pts[0];
-      for (const p of pts) if (Math.abs(mid(p) - px) < Math.abs(mid(best) - px)) best = p;
+      let best = series.points[0];
+      for (const p of series.points) if (Math.abs(mid(p) - px) < Math.abs(mid(best) - px)) best = p;
       hover.setAttribute("x1", mid(best)); hover.setAttribute("x2", mid(best));
       hover.setAttribute("visibility", "visible");
-      showTip(ev, `${fmtTime(best.t_ns, withDate)}<br>p50 ${fmtMs(best.p50_ms)} ms · p99 ${fmtMs(best.p99_ms)} ms<br>` +
-        `max ${fmtMs(best.max_ms)} ms · lost ${best.lost}/${best.sent}`);
+      const lag = best.p99_ms === null ? "no probe seen" : `p50 ${fmtMs(best.p50_ms)} · p99 ${fmtMs(best.p99_ms)} · max ${fmtMs(best.max_ms)}`;
+      showTip(ev, `${fmtClock(best.t_ns, true)}<br>${lag}<br>lost ${best.lost}/${best.sent} (${fmtPct(best.sent ? best.lost / best.sent : 0)})`);
     });
     root.addEventListener("mouseleave", () => { hover.setAttribute("visibility", "hidden"); hideTip(); });
   }
@@ -169,28 +283,45 @@ document.body.append(tip);
 function showTip(ev, html) { tip.innerHTML = html; tip.style.display = "block"; tip.style.left = `${ev.clientX + 12}px`; tip.style.top = `${ev.clientY + 12}px`; }
 function hideTip() { tip.style.display = "none"; }
 
-// A pair measured for less than the chosen range is drawn from its first window,
-// not squeezed against the right edge of an empty axis.
-function chartStart(series) {
-  if (!series.points.length) return series.since_ns;
-  return Math.max(series.since_ns, series.points[0].t_ns - series.step_s * 1e9);
+function chartTitle(series) {
+  const last = series.points.length ? series.points[series.points.length - 1] : null;
+  const pairNow = ((state.health || {}).pairs || []).find((p) => p.source === series.source && p.target === series.target);
+  let now;
+  if (pairNow && pairNow.state === "not_replicating") {
+    now = el("span", { class: "now bad", title: "none of the latest run's probes arrived" },
+      `not replicating · last seen ${pairNow.last_seen_ns ? fmtClock(pairNow.last_seen_ns) : "never"}`);
+  } else if (last && last.p99_ms !== null) {
+    now = el("span", { class: "now" }, `latest p99 ${fmtMs(last.p99_ms)} · p50 ${fmtMs(last.p50_ms)}`);
+  } else {
+    now = el("span", { class: "now" }, last ? "latest: no probe seen" : "no data in this range");
+  }
+  return el("div", { class: "chart-title" }, el("strong", {}, `${series.source} → ${series.target}`), now);
+}
+
+function renderCharts() {
+  const host = document.getElementById("charts");
+  if (!state.lastSeries.length) { host.replaceChildren(el("p", { class: "empty" }, "No series yet.")); return; }
+  const cards = state.lastSeries.map((series) => {
+    const pair = `${series.source}→${series.target}`;
+    return el("div", { class: `chart-card${state.focus === pair ? " focus" : ""}`, "data-pair": pair }, chartTitle(series));
+  });
+  host.replaceChildren(...cards);
+  cards.forEach((card, i) => {
+    const series = state.lastSeries[i];
+    const cell = state.cells.get(`${series.source}→${series.target}`);
+    card.append(drawChart(series, cell ? cell.lag_ms : null, card.clientWidth - 24));
+  });
 }
 
 async function drawCharts(pairs) {
-  const host = document.getElementById("charts");
-  if (!pairs.length) { host.replaceChildren(el("p", { class: "empty" }, "No series yet.")); return; }
   const step = RANGE_STEP[state.range];
-  const all = await Promise.all(pairs.map(([s, t]) => getJSON(
+  state.lastSeries = await Promise.all(pairs.map(([s, t]) => getJSON(
     `/api/v1/lag/series?source=${encodeURIComponent(s)}&target=${encodeURIComponent(t)}&since=${state.range}&step=${step}`)));
-  host.replaceChildren(...all.map((series) => {
-    const last = series.points.length ? series.points[series.points.length - 1] : null;
-    const pair = `${series.source}→${series.target}`;
-    return el("div", { class: `chart-card${state.focus === pair ? " focus" : ""}`, "data-pair": pair },
-      el("div", { class: "chart-title" }, el("strong", {}, `${series.source} → ${series.target}`),
-        el("span", { class: "now" }, last ? `latest p99 ${fmtMs(last.p99_ms)} ms · p50 ${fmtMs(last.p50_ms)} ms` : "no data")),
-      drawChart(series, chartStart(series), series.until_ns));
-  }));
+  renderCharts();
 }
+
+let resizeTimer = null;
+window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(renderCharts, 150); });
 
 // --- alerts and repairs ------------------------------------------------------
 
@@ -201,44 +332,66 @@ function drawAlerts(data) {
     ? `${data.sinks.length} sink(s)${failing.length ? ` · ${failing.length} failing: ${failing.map((s) => s.name).join(", ")}` : " · delivering"}`
     : "no sinks configured";
   if (!data.active.length) { host.replaceChildren(el("p", { class: "empty" }, "No active alerts.")); return; }
-  host.replaceChildren(el("table", { class: "list" },
+  host.replaceChildren(el("table", { class: "list", id: "alerts-table" },
     el("thead", {}, el("tr", {}, el("th", {}, "severity"), el("th", {}, "state"), el("th", {}, "alert"), el("th", {}, "since"))),
-    el("tbody", {}, ...data.active.map((a) => el("tr", {},
-      el("td", {}, el("span", { class: `badge badge-${a.labels.severity || "warning"}` }, a.labels.severity || "warning")),
-      el("td", {}, el("span", { class: `badge badge-${a.status}` }, a.status)),
-      el("td", {}, el("strong", {}, a.rule), el("div", { class: "muted" }, a.summary)),
-      el("td", {}, ago(a.fired_ns || a.active_since_ns)))))));
+    el("tbody", {}, ...data.active.map((a) => {
+      const noData = a.status === "nodata" || a.nodata_since_ns;
+      return el("tr", { "data-rule": a.rule, "data-status": a.status },
+        el("td", {}, el("span", { class: `badge badge-${a.labels.severity || "warning"}` }, a.labels.severity || "warning")),
+        el("td", {}, el("span", { class: `badge badge-${a.status}` }, a.status === "nodata" ? "no data" : a.status),
+          ...(a.status !== "nodata" && a.nodata_since_ns ? [el("div", {}, el("span", { class: "badge badge-nodata" }, "no data"))] : [])),
+        el("td", {}, el("strong", {}, a.rule), el("div", { class: "muted" }, a.summary)),
+        el("td", {}, ago(a.fired_ns || a.active_since_ns), ...(noData ? [el("div", { class: "muted" }, `no data since ${fmtClock(a.nodata_since_ns, true)}`)] : [])));
+    }))));
 }
 
 function drawRepairs(data) {
   const host = document.getElementById("repairs");
-  const rows = [...data.jobs.filter((j) => j.state === "running"), ...data.runs].slice(0, 12);
+  const pages = Math.max(1, Math.ceil(data.total / REPAIRS_PER_PAGE));
+  const running = state.repairsPage === 0 ? data.jobs.filter((j) => j.state === "running") : [];
+  const rows = [...running, ...data.runs];
   if (!rows.length) {
     host.replaceChildren(el("p", { class: "empty" }, "No repair runs yet."));
     return;
   }
-  host.replaceChildren(el("table", { class: "list" },
+  const table = el("table", { class: "list", id: "repairs-table" },
     el("thead", {}, el("tr", {}, el("th", {}, "run"), el("th", {}, "group"), el("th", {}, "kind"), el("th", {}, "divergent"), el("th", {}, "state"), el("th", {}, "started"))),
     el("tbody", {}, ...rows.map((r) => {
       const report = r.report || {};
-      const state = r.state || r.status || "running";
+      const runState = r.state || r.status || "running";
       const divergent = r.divergent ?? report.divergent ?? "–";
       const started = r.started_ns || (r.started ? r.started * 1e9 : 0);
-      r.group = r.group || report.group || (r.params || {}).group;
+      const group = r.group || report.group || (r.params || {}).group;
       return el("tr", {},
         el("td", {}, el("code", {}, r.run_id || r.job_id || "–")),
-        el("td", {}, r.group || "all"), el("td", {}, r.action || r.kind || r.mode || "–"),
+        el("td", {}, group || "all"), el("td", {}, r.action || r.kind || r.mode || "–"),
         el("td", {}, divergent === 0 ? el("span", { class: "badge badge-clean" }, "0") : divergent === "–" ? "–" : el("span", { class: "badge badge-divergent" }, String(divergent))),
-        el("td", {}, el("span", { class: `badge badge-${state}` }, state)),
+        el("td", {}, el("span", { class: `badge badge-${runState}` }, runState)),
         el("td", {}, ago(started)));
-    }))));
+    })));
+  const newer = el("button", { onclick: () => turnRepairs(-1) }, "‹ newer");
+  const older = el("button", { onclick: () => turnRepairs(1) }, "older ›");
+  newer.disabled = state.repairsPage === 0;
+  older.disabled = state.repairsPage >= pages - 1;
+  const pager = el("div", { class: "pager", id: "repairs-pager" }, newer,
+    el("span", { class: "muted" }, `page ${state.repairsPage + 1} of ${pages} · ${data.total} runs`), older);
+  host.replaceChildren(table, pager);
+}
+
+async function turnRepairs(delta) {
+  state.repairsPage = Math.max(0, state.repairsPage + delta);
+  drawRepairs(await getJSON(repairsUrl()));
+}
+
+function repairsUrl() {
+  return `/api/v1/repairs?limit=${REPAIRS_PER_PAGE}&offset=${state.repairsPage * REPAIRS_PER_PAGE}`;
 }
 
 // --- Dynomite ----------------------------------------------------------------
 
 function fmtUs(v) {
   if (v === null || v === undefined) return "–";
-  return v < 1000 ? `${v} µs` : `${fmtMs(v / 1000)} ms`;
+  return v < 1000 ? `${v} µs` : fmtMs(v / 1000);
 }
 
 function latencyBar(v, max) {
@@ -258,7 +411,7 @@ function drawDynomite(data) {
     : `${data.configured} node(s) · figures from the store`;
   const dropping = new Map(data.dropped_writes.map((f) => [f.node, f]));
   const failing = new Map(data.errors.map((e) => [e.node, e.error]));
-  const maxZone = niceMax(Math.max(0, ...data.nodes.map((n) => n.cross_zone_latency_p99_us || 0)));
+  const maxZone = Math.max(1, ...data.nodes.map((n) => n.cross_zone_latency_p99_us || 0));
   const sum = (a, b) => (a ?? 0) + (b ?? 0);
   const stateBadge = (finding, error) => el("span", { class: `badge badge-${error ? "failed" : finding ? "critical" : "ok"}` },
     error ? "unreachable" : finding ? "dropping" : "ok");
@@ -289,36 +442,26 @@ function drawDynomite(data) {
     el("tbody", {}, ...rows, ...errors)));
 }
 
-function drawStatus(health) {
-  const node = document.getElementById("status");
-  const probes = Object.values(health.probes);
-  const failing = probes.filter((p) => p.error || p.unreachable.length);
-  const last = Math.max(0, ...probes.map((p) => p.last_success_ns || 0));
-  node.className = `status ${failing.length ? "status-bad" : probes.length ? "status-ok" : "status-unknown"}`;
-  node.textContent = !probes.length ? "no probe runs recorded yet" : failing.length
-    ? `${failing.length} source(s) with errors · last probe ${ago(last)}`
-    : `healthy · last probe ${ago(last)}`;
-}
-
 // --- refresh loop --------------------------------------------------------------
 
 async function refresh() {
   try {
     const [matrix, health, alerts, repairs, dynomite] = await Promise.all([
       getJSON(`/api/v1/lag/matrix?since=${state.range}`), getJSON("/api/v1/health"),
-      getJSON("/api/v1/alerts"), getJSON("/api/v1/repairs?limit=12"), getJSON("/api/v1/dynomite"),
+      getJSON("/api/v1/alerts"), getJSON(repairsUrl()), getJSON("/api/v1/dynomite"),
     ]);
-    drawMatrix(matrix);
     drawStatus(health);
+    drawMatrix(matrix);
     drawAlerts(alerts);
     drawRepairs(repairs);
     drawDynomite(dynomite);
+    document.getElementById("range-note").textContent = `over the last ${state.range}`;
     await drawCharts(matrix.cells.map((c) => [c.source, c.target]));
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
     document.body.dataset.loaded = "true";
   } catch (err) {
     const node = document.getElementById("status");
-    node.className = "status status-bad";
+    node.className = "status status-failing";
     node.textContent = `API error: ${err.message}`;
   }
 }
@@ -337,7 +480,7 @@ for (const button of document.querySelectorAll("#range button")) {
   });
 }
 const wanted = new URLSearchParams(location.search).get("range");
-if (wanted && RANGE_STEP[wanted]) selectRange(wanted);
+if (wanted && RANGES[wanted]) selectRange(wanted);
 document.getElementById("refresh-s").textContent = String(REFRESH_MS / 1000);
 refresh();
 setInterval(refresh, REFRESH_MS);
