@@ -470,7 +470,7 @@ class ReplagService:
     # --- what the API shows ----------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """The replication verdict now (`replag.monitoring.health`) and the service's state."""
+        """The replication verdict now (`replag.alerts.verdict`) and the service's state."""
         probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
         verdict = replication_health(
             self.config,
