@@ -18,15 +18,11 @@ import pytest
 from replag.lab.server import free_port
 from replag.monitoring.dynomite_stats import parse_info, record_stats
 from replag.store import Store
+from tests.helpers.browser import CHROMIUM, chromium
 from tests.helpers.dynomite_admin import fixture_bytes
 from tests.helpers.lag_windows import add_windows
 from tests.helpers.waiting import wait_until
 
-CHROMIUM = next(
-    (p for p in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
-     if p and os.path.exists(p)),
-    None,
-)  # fmt: skip
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 
 
@@ -91,18 +87,6 @@ def _healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
         return httpx.get(url + "api/v1/health").status_code == 200
     except httpx.TransportError:
         return False
-
-
-def chromium(tmp_path: Path, *args: str) -> str:
-    assert CHROMIUM is not None
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium'}",
-        "--virtual-time-budget=8000", "--window-size=1400,1500",
-    ]  # fmt: skip
-    done = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=90)
-    return done.stdout
 
 
 def test_matrix_and_charts_render_with_data(dashboard_url: str, tmp_path: Path) -> None:
