@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from replag.histogram import LagHistogram
 from replag.lagindex import SparseHistogram
-from replag.monitoring.dynomite_stats import FIGURES, DynomiteStats, Figure
+from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
 
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the

@@ -30,12 +30,8 @@ from replag.config import Config
 from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
-from replag.monitoring.dynomite_stats import (
-    FIGURES,
-    collect_dynomite_stats,
-    prune_stats,
-    recent_stats,
-)
+from replag.monitoring.dynomite_figures import FIGURES
+from replag.monitoring.dynomite_stats import collect_dynomite_stats, prune_stats, recent_stats
 from replag.probes.report import ProbeReport
 from replag.probes.runner import run_probe
 from replag.repair import RepairReport, check, repair

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from replag.lab.server import free_port
-from replag.monitoring.dynomite_stats import parse_info, record_stats
+from replag.monitoring.dynomite_figures import parse_info
+from replag.monitoring.dynomite_stats import record_stats
 from replag.store import Store
 from tests.helpers.browser import CHROMIUM, chromium
 from tests.helpers.dynomite_admin import fixture_bytes

@@ -19,11 +19,8 @@ import httpx
 from replag.alerts.evaluate import evaluate_and_notify
 from replag.api.app import create_app
 from replag.config import Config
-from replag.monitoring.dynomite_stats import (
-    DROPPED_WRITES_MESSAGE,
-    collect_dynomite_stats,
-    find_dropped_writes,
-)
+from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE, find_dropped_writes
+from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.probes import run_probe
 from replag.repair import check, repair
 from replag.store import Store

@@ -10,14 +10,13 @@ from click.testing import CliRunner
 
 from replag.cli import main
 from replag.lab.server import free_port
-from replag.monitoring.dynomite_stats import (
+from replag.monitoring.dropped_writes import (
     DROPPED_WRITES_MESSAGE,
-    collect_dynomite_stats,
     counter_growth,
     dropped_writes,
     find_dropped_writes,
-    recent_stats,
 )
+from replag.monitoring.dynomite_stats import collect_dynomite_stats, recent_stats
 from replag.store import Store
 from tests.helpers.dynomite_admin import (
     admin_server,

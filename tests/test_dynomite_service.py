@@ -20,7 +20,8 @@ from replag.api.app import create_app
 from replag.config import Config, config_from_dict
 from replag.errors import ConfigError
 from replag.lab.server import free_port
-from replag.monitoring.dynomite_stats import DROPPED_WRITES_MESSAGE, collect_dynomite_stats
+from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE
+from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.store import Store
 from tests.helpers.dynomite_admin import Route, admin_server, fixture_bytes, node_routes
 from tests.helpers.waiting import until

@@ -24,7 +24,8 @@ from replag.alerts.rules import evaluate_rules
 from replag.config import config_from_dict, load_config
 from replag.lab.server import free_port
 from replag.lagindex import LagIndex
-from replag.monitoring.dynomite_stats import parse_info, recent_stats, record_stats
+from replag.monitoring.dynomite_figures import parse_info
+from replag.monitoring.dynomite_stats import recent_stats, record_stats
 from replag.service import ReplagService
 from replag.store import Store
 from tests.helpers.dynomite_admin import fixture_bytes

@@ -25,14 +25,9 @@ from replag.alerts.health import group_health, probe_health
 from replag.config import Config
 from replag.durations import format_ms
 from replag.lagindex import LagIndex
-from replag.monitoring.dynomite_stats import (
-    DROPPED_WRITES_MESSAGE,
-    DroppedWrites,
-    DynomiteStats,
-    dropped_writes,
-    ensure_stats_schema,
-    recent_stats,
-)
+from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE, DroppedWrites, dropped_writes
+from replag.monitoring.dynomite_figures import DynomiteStats
+from replag.monitoring.dynomite_stats import ensure_stats_schema, recent_stats
 from replag.store import Store
 
 # Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s

@@ -24,7 +24,8 @@ from replag.discovery.dynomite import (
 from replag.discovery.replication import discover_replication
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
-from replag.monitoring.dynomite_stats import collect_dynomite_stats, find_dropped_writes
+from replag.monitoring.dropped_writes import find_dropped_writes
+from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.settings import Settings, resolve_settings
 from replag.store import Store
 
