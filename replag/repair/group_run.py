@@ -1,0 +1,368 @@
+"""One replica group within one check or repair run.
+
+Scan each member into a `ScanIndex` (checkpointed), build the Tictac trees,
+collect the keys the trees point at, verify them with two reads
+`repair_settle` apart, record the divergent keys, then (repair only) decide
+and write each key under WATCH, rechecking keys that were being written
+instead of clobbering them. `engine` runs the groups and owns the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from replag.config import Config
+from replag.repair import report as rp
+from replag.repair.apply import Applier, ReplicaLane
+from replag.repair.diff import Divergence, candidate_keys, classify
+from replag.repair.observe import KeyState, key_to_json, observe_keys
+from replag.repair.policy import Decision, Policy
+from replag.repair.runs import RunLog
+from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.tictac import DEFAULT_DEPTH
+from replag.topology import ReplicaGroup
+
+VERIFY_BATCH = 256
+RECHECK_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class RepairProgress:
+    """A progress event: `done` of `total` (None = unknown) in `phase` of `replica`."""
+
+    group: str
+    replica: str
+    phase: str
+    done: int
+    total: int | None
+    rate: float
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.total is None or self.rate <= 0:
+            return None
+        return max(0.0, (self.total - self.done) / self.rate)
+
+
+ProgressCallback = Callable[[RepairProgress], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunParams:
+    kind: str
+    group: str | None
+    policy: str
+    dry_run: bool
+    allow_deletes: bool
+    rate: float | None
+    max_inflight: int
+    match: str | None
+    type_filter: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _KeyRecord:
+    kind: str
+    status: str
+    detail: dict[str, Any]
+
+
+class GroupRun:
+    """One group within one run."""
+
+    def __init__(
+        self,
+        config: Config,
+        group: ReplicaGroup,
+        params: RunParams,
+        policy: Policy,
+        log: RunLog | None,
+        progress: ProgressCallback | None,
+    ) -> None:
+        s = config.settings
+        self.group, self.params, self.policy, self.log = group, params, policy, log
+        self.progress = progress
+        self.timeout_s = s.connect_timeout
+        self.tolerance_ms = int(s.ttl_tolerance * 1000)
+        self.settle_s = s.repair_settle
+        self.scan_parallel = s.scan_parallel or len(group.members)
+        self.options = ScanOptions(
+            count=max(10, s.scan_count),
+            timeout_s=self.timeout_s,
+            match=params.match.encode() if params.match is not None else None,
+            type_filter=params.type_filter,
+            exclude_prefix=s.prefix.encode(),
+            ttl_bucket_ms=max(self.tolerance_ms, 1),
+        )
+        self.lanes = [
+            ReplicaLane(m, params.max_inflight, params.rate, self.timeout_s) for m in group.members
+        ]
+        self.stats = [rp.ReplicaStats(m.name) for m in group.members]
+        self.records: dict[bytes, _KeyRecord] = {}
+        self.report = rp.GroupReport(group.name, self.stats)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.group.members]
+
+    async def run(self) -> rp.GroupReport:
+        try:
+            phase = self.log.group_phase(self.group.name) if self.log else None
+            if phase is not None:
+                self._restore(phase[1])
+            if phase is None or phase[0] == "scanning":
+                await self._scan_and_verify()
+            if self.params.kind == "repair" and (phase is None or phase[0] != "done"):
+                started = time.perf_counter()
+                await self._repair()
+                self.report.repair_s += time.perf_counter() - started
+            self._save_phase("done")
+        finally:
+            for lane, stats in zip(self.lanes, self.stats, strict=True):
+                stats.busy_s += lane.clock.seconds
+                stats.writes += lane.writes
+                lane.clock.seconds, lane.writes = 0.0, 0
+                await lane.close()
+        self._summarise()
+        return self.report
+
+    # --- persistence --------------------------------------------------------
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        for row in saved.get("replicas", []):
+            for stats in self.stats:
+                if stats.replica == row["replica"]:
+                    stats.keys_scanned, stats.scan_s = row["keys_scanned"], row["scan_s"]
+                    stats.busy_s, stats.writes = row["busy_s"], row["writes"]
+        self.report.candidates = saved.get("candidates", 0)
+        self.report.changing = saved.get("changing_during_check", 0)
+        self.report.undone = saved.get("undone", 0)
+        self.report.scan_s = saved.get("scan_s", 0.0)
+        self.report.repair_s = saved.get("repair_s", 0.0)
+        assert self.log is not None
+        for key, kind, status, detail in self.log.keys(self.group.name):
+            self.records[key] = _KeyRecord(kind, status, detail)
+
+    def _save_phase(self, phase: str) -> None:
+        if self.log is None:
+            return
+        self._summarise()
+        stats = self.report.to_dict()
+        for lane, row in zip(self.lanes, stats["replicas"], strict=True):
+            row["busy_s"] += lane.clock.seconds  # not yet folded in
+            row["writes"] += lane.writes
+        self.log.set_group_phase(self.group.name, phase, stats)
+
+    def _set(self, updates: dict[bytes, _KeyRecord]) -> None:
+        self.records.update(updates)
+        if self.log is not None and updates:
+            self.log.add_keys(
+                self.group.name, ((k, r.kind, r.status, r.detail) for k, r in updates.items())
+            )
+
+    def _summarise(self) -> None:
+        counts = dict.fromkeys(self.report.counts, 0)
+        outcomes: dict[str, int] = {}
+        shown: list[dict[str, Any]] = []
+        for key, record in sorted(self.records.items()):
+            counts[record.kind] = counts.get(record.kind, 0) + 1
+            outcomes[record.status] = outcomes.get(record.status, 0) + 1
+            if len(shown) < rp.KEYS_SHOWN:
+                shown.append({**record.detail, "status": record.status, **key_to_json(key)})
+        self.report.counts, self.report.outcomes, self.report.keys = counts, outcomes, shown
+
+    # --- scan, diff, verify -------------------------------------------------
+
+    async def _scan_and_verify(self) -> None:
+        started = time.perf_counter()
+        slots = asyncio.Semaphore(self.scan_parallel)
+
+        async def one(i: int) -> ScanIndex:
+            async with slots:
+                return await self._scan_member(i)
+
+        indexes = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+        indexes = [index.deduplicated() for index in indexes]
+        trees = [index.tree(DEFAULT_DEPTH) for index in indexes]
+        candidates = candidate_keys(indexes, trees)
+        del indexes
+        self.report.scan_s += time.perf_counter() - started
+        self.report.candidates = len(candidates)
+        divergent, changing = await self._verify(candidates, phase="verify")
+        self.report.changing = len(changing)
+        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
+        if self.params.kind == "repair":
+            # Being written, and differing when last read: the repair rounds recheck
+            # them; one still moving after the last round is reported busy.
+            divergent += [d for _, d in changing if d is not None]
+        self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
+        self._save_phase("diffed")
+        if self.log is not None:
+            self.log.drop_scans(self.group.name)
+
+    async def _scan_member(self, i: int) -> ScanIndex:
+        member = self.group.members[i]
+        state, parts = ScanProgress(member.name), list[ScanIndex]()
+        if self.log is not None:
+            state, parts = self.log.load_scan(self.group.name, member.name)
+        if not state.finished:
+            log = self.log
+            checkpoint = None
+            if log is not None:
+
+                def checkpoint(progress: ScanProgress, chunk: ScanIndex) -> None:
+                    log.save_scan_chunk(self.group.name, progress, chunk)
+
+            scanner = ReplicaScanner(
+                member, self.options, checkpoint=checkpoint, progress=self._scan_progress
+            )
+            with self.lanes[i].clock.busy():
+                parts.append(await scanner.run(state))
+        self.stats[i].keys_scanned, self.stats[i].scan_s = state.keys, state.seconds
+        return ScanIndex.concat(parts)
+
+    def _scan_progress(self, state: ScanProgress) -> None:
+        if self.progress is not None:
+            rate = state.keys / state.seconds if state.seconds > 0 else 0.0
+            self.progress(
+                RepairProgress(
+                    self.group.name, state.replica, "scan", state.keys, state.total, rate
+                )
+            )
+
+    async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
+        async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
+            async with lane.connection() as conn:
+                return await observe_keys(conn, keys, chunk=self.options.count)
+
+        return list(await asyncio.gather(*(one(lane) for lane in self.lanes)))
+
+    async def _verify(
+        self,
+        keys: Sequence[bytes],
+        *,
+        phase: str,
+    ) -> tuple[list[Divergence], list[tuple[bytes, Divergence | None]]]:
+        """Divergent keys (stable over two reads `settle_s` apart) and keys still changing,
+        each with how it differed at the second read (None: the replicas agreed then)."""
+        divergent: list[Divergence] = []
+        changing: list[tuple[bytes, Divergence | None]] = []
+        started = time.perf_counter()
+        for start in range(0, len(keys), VERIFY_BATCH):
+            batch = keys[start : start + VERIFY_BATCH]
+            first = await self._observe_all(batch)
+            await asyncio.sleep(self.settle_s)
+            second = await self._observe_all(batch)
+            now_ms = time.time_ns() // 1_000_000
+            for key in batch:
+                states = [reads[key] for reads in second]
+                stable = all(
+                    a[key].same_as(b, self.tolerance_ms) and b.readable
+                    for a, b in zip(first, states, strict=True)
+                )
+                kind = (
+                    classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
+                    if all(s.readable for s in states)
+                    else "value"
+                )
+                found = (
+                    Divergence(key, kind, dict(zip(self.names, states, strict=True)))
+                    if kind is not None
+                    else None
+                )
+                if not stable:
+                    changing.append((key, found))
+                elif found is not None:
+                    divergent.append(found)
+            if self.progress is not None:
+                done = min(start + VERIFY_BATCH, len(keys))
+                elapsed = time.perf_counter() - started
+                self.progress(
+                    RepairProgress(
+                        self.group.name,
+                        "*",
+                        phase,
+                        done,
+                        len(keys),
+                        done / elapsed if elapsed > 0 else 0.0,
+                    )
+                )
+        return divergent, changing
+
+    # --- resolve and apply --------------------------------------------------
+
+    async def _repair(self) -> None:
+        applier = Applier(
+            self.lanes,
+            tolerance_ms=self.tolerance_ms,
+            settle_s=self.settle_s,
+            dry_run=self.params.dry_run,
+            chunk=self.options.count,
+        )
+        todo = sorted(k for k, r in self.records.items() if r.status == rp.PENDING)
+        for round_ in range(RECHECK_ROUNDS + 1):
+            if not todo:
+                break
+            if round_:
+                # Give writers a moment; a key still changing after the last round is busy.
+                await asyncio.sleep(max(self.settle_s * 4, 0.2) * round_)
+            divergent, changing = await self._verify(todo, phase="repair")
+            deferred = [key for key, _ in changing]
+            found = {d.key for d in divergent}
+            self._set(
+                {
+                    k: _KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
+                    for k in todo
+                    if k not in found and k not in deferred
+                }
+            )
+            for start in range(0, len(divergent), VERIFY_BATCH):
+                batch = divergent[start : start + VERIFY_BATCH]
+                deferred += await self._resolve(batch, applier)
+            todo = sorted(deferred)
+        self.report.undone += applier.undone
+        self._set(
+            {k: _KeyRecord(self.records[k].kind, rp.BUSY, self.records[k].detail) for k in todo}
+        )
+
+    async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:
+        """Decide and apply a batch of verified divergent keys; the keys that moved."""
+        updates: dict[bytes, _KeyRecord] = {}
+        to_apply: list[tuple[Divergence, Decision]] = []
+        for divergence in batch:
+            states = [divergence.states[name] for name in self.names]
+            decision: Decision = self.policy.decide(
+                states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
+            )
+            if decision.action == "conflict":
+                updates[divergence.key] = self._record(divergence, rp.CONFLICT, decision.reason)
+            elif decision.action == "keep" or not decision.targets:
+                updates[divergence.key] = self._record(divergence, rp.KEPT, decision.reason)
+            else:
+                to_apply.append((divergence, decision))
+        outcomes = await applier.apply_batch(
+            [(d.key, decision, [d.states[name] for name in self.names]) for d, decision in to_apply]
+        )
+        moved: list[bytes] = []
+        for (divergence, decision), outcome in zip(to_apply, outcomes, strict=True):
+            if outcome == "changed":
+                moved.append(divergence.key)
+                continue
+            status = rp.DRY_RUN if outcome == "dry_run" else rp.REPAIRED
+            updates[divergence.key] = self._record(divergence, status, decision.reason)
+        self._set(updates)
+        return moved
+
+    @staticmethod
+    def _record(divergence: Divergence, status: str, reason: str) -> _KeyRecord:
+        detail = divergence.to_dict()
+        if reason:
+            detail["reason"] = reason
+        return _KeyRecord(divergence.kind, status, detail)
