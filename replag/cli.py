@@ -8,14 +8,126 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
+from click.utils import make_default_short_help
 
 from replag.errors import ReplagError
 
+# Each command's module is imported only when it runs (or its own --help is
+# asked for): importing them all cost most of a second. `replag --help` lists
+# them with the help here, which a test checks against each command's docstring.
+
+
+def _alerts() -> click.Command:
+    from replag.commands import alerts
+
+    return alerts.command
+
+
+def _demo() -> click.Command:
+    from replag.commands import demo
+
+    return demo.command
+
+
+def _failover() -> click.Command:
+    from replag.commands import failover
+
+    return failover.command
+
+
+def _lab() -> click.Command:
+    from replag.commands import lab
+
+    return lab.command
+
+
+def _probe() -> click.Command:
+    from replag.commands import probe
+
+    return probe.command
+
+
+def _repair() -> click.Command:
+    from replag.commands import repair
+
+    return repair.command
+
+
+def _serve() -> click.Command:
+    from replag.commands import serve
+
+    return serve.command
+
+
+def _settings() -> click.Command:
+    from replag.commands import settings
+
+    return settings.command
+
+
+def _topology() -> click.Command:
+    from replag.commands import topology
+
+    return topology.command
+
+
+COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
+    "alerts": (
+        _alerts,
+        "Alert rules and hooks (rules and sinks live in the config's [alerts] table).",
+    ),
+    "demo": (
+        _demo,
+        "Start a local three-region lab with injected delay, probe it and print the lag table.",
+    ),
+    "failover-check": (
+        _failover,
+        "Sample each primary and its replicas; print what a failover would lose (JSON).",
+    ),
+    "lab": (
+        _lab,
+        "A local lab of real redis-server processes with injected delay between regions.",
+    ),
+    "probe": (_probe, "Write probe keys in one region and measure their arrival on every replica."),
+    "repair": (
+        _repair,
+        "Find keys that differ between replicas (Tictac Merkle trees) and repair them safely.",
+    ),
+    "serve": (
+        _serve,
+        "Probe on a schedule, check replica groups, alert, and serve the dashboard and API.",
+    ),
+    "settings": (
+        _settings,
+        "List every setting (file key under [settings], REPLAG_* variable, default).",
+    ),
+    "topology": (_topology, "Discover topologies from the systems that run them."),
+}
+
 
 class ReplagGroup(click.Group):
+    """Subcommands are imported only when one is run (or its own --help is asked for)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        return COMMANDS[cmd_name][0]()
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        rows = [
+            (name, make_default_short_help(help, limit)) for name, (_, help) in COMMANDS.items()
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(sorted(rows))
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -34,23 +146,3 @@ def main(verbose: int) -> None:
     """Replication lag and anti-entropy for Redis across racks and regions."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _register() -> None:
-    from replag.commands import (
-        alerts,
-        demo,
-        failover,
-        lab,
-        probe,
-        repair,
-        serve,
-        settings,
-        topology,
-    )
-
-    for module in (demo, lab, probe, failover, repair, serve, topology, alerts, settings):
-        main.add_command(module.command)
-
-
-_register()

@@ -3,45 +3,34 @@
 One `redis.asyncio.Redis` (with its own pool) per endpoint, created here and
 closed by whoever owns it. `endpoint_errors()` turns redis-py's exceptions
 into `UnreachableError` / `AuthError` / `EndpointError` naming the endpoint
-by its redacted URL, never its password.
+by its redacted URL, never its password. redis-py itself is imported only
+where a client is made or one of its exceptions sorted: `translate` is on the
+RESP path too, and importing redis-py costs more than a cron probe's start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
-
-import redis
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    RedisError,
-    ResponseError,
-)
-from redis.exceptions import (
-    ConnectionError as RedisConnectionError,
-)
-from redis.exceptions import (
-    TimeoutError as RedisTimeoutError,
-)
+from typing import TYPE_CHECKING, Any
 
 from replag.errors import AuthError, EndpointError, UnreachableError
 from replag.topology import Endpoint
 
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
+
+@functools.cache
 def _no_setinfo() -> dict[str, Any]:
     """Arguments that stop redis-py sending CLIENT SETINFO (Dynomite closes on it)."""
+    import redis
+
     if "driver_info" in inspect.signature(redis.Redis.__init__).parameters:
         return {"driver_info": None}
     return {"lib_name": None, "lib_version": None}
-
-
-_NO_SETINFO = _no_setinfo()
 
 
 def async_client(
@@ -58,6 +47,10 @@ def async_client(
     replag's own RESP connection (`replag.resp`) speaks RESP2 too, so every
     connection replag opens reads replies in one shape.
     """
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
     return aioredis.Redis(
         protocol=2,
         single_connection_client=single_connection,
@@ -73,33 +66,48 @@ def async_client(
         # redis-py retries with backoff by default (seconds on a dead node); replag
         # decides itself what to retry, so a dead endpoint is reported at once.
         retry=Retry(NoBackoff(), 0),
-        **_NO_SETINFO,
+        **_no_setinfo(),
     )
 
 
 def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
-    """A ReplagError for a redis-py exception raised while talking to `endpoint`."""
+    """A ReplagError for a redis-py or socket exception raised while talking to `endpoint`."""
     where = f"{endpoint.name} ({endpoint.url()})"
     text = str(exc) or type(exc).__name__
     if endpoint.password:
         text = text.replace(endpoint.password, "***")
+    if isinstance(exc, TimeoutError):
+        return UnreachableError(f"timed out: {text}", where=where)
+    if isinstance(exc, OSError):
+        return _unreachable(text, endpoint, where)
+    # Only a redis-py exception is left to sort, and redis-py is then already loaded.
+    from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     if isinstance(exc, AuthenticationError | AuthorizationError) or (
         isinstance(exc, ResponseError)
         and any(w in text for w in ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password"))
     ):
         return AuthError(f"authentication failed: {text}", where=where)
-    if isinstance(exc, RedisTimeoutError | TimeoutError):
+    if isinstance(exc, RedisTimeoutError):
         return UnreachableError(f"timed out: {text}", where=where)
-    if isinstance(exc, RedisConnectionError | ConnectionError | OSError):
-        if endpoint.kind == "dynomite" and "closed" in text.lower():
-            text += " (Dynomite closes the connection on commands it does not support)"
-        return UnreachableError(f"unreachable: {text}", where=where)
+    if isinstance(exc, RedisConnectionError):
+        return _unreachable(text, endpoint, where)
     return EndpointError(text, where=where)
+
+
+def _unreachable(text: str, endpoint: Endpoint, where: str) -> UnreachableError:
+    if endpoint.kind == "dynomite" and "closed" in text.lower():
+        text += " (Dynomite closes the connection on commands it does not support)"
+    return UnreachableError(f"unreachable: {text}", where=where)
 
 
 @contextlib.contextmanager
 def endpoint_errors(endpoint: Endpoint) -> Iterator[None]:
     """Re-raise redis-py and socket errors as ReplagErrors naming `endpoint`."""
+    from redis.exceptions import RedisError
+
     try:
         yield
     except (RedisError, OSError, TimeoutError) as exc:

@@ -14,15 +14,15 @@ import contextlib
 import random
 import time
 import uuid
-from typing import Any
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING, Any
 
 from replag.config import Config
 from replag.connections import async_client, endpoint_errors
 from replag.errors import UsageError
 from replag.probes.keys import ProbeKeys
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 WRITES = 1000
 POLLED = 20
@@ -39,6 +39,8 @@ async def run_seed_method(
     seed: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per replica outside the source's write endpoint: {"target", "replica", "avg_ms", "keys"}."""
+    from redis.exceptions import RedisError  # redis-py only for this method, not a probe's start
+
     settings = config.settings
     region = config.topology.region(source) if source else config.topology.default_source()
     if region.write is None:
@@ -95,6 +97,8 @@ async def run_seed_method(
 
 async def _poll_keys(client: aioredis.Redis, keys: list[bytes], timeout_s: float) -> list[float]:
     """For each key in turn: GET until present; (now − stored timestamp) in ms."""
+    from redis.exceptions import RedisError
+
     out: list[float] = []
     for key in keys:
         deadline = time.monotonic() + timeout_s
