@@ -7,6 +7,8 @@
     name = "us-east"
     write = "redis://127.0.0.1:7000"          # primary or Dynomite client port
     replicas = ["redis://10.0.0.2:6379", { name = "use-2", url = "redis://…", rack = "r2" }]
+    # `local`: the address inside the region (a region's agent uses it), when the URL
+    # is how the prober reaches the server from elsewhere: { url = "…", local = "redis://…" }
 
     [[groups]]                # replica groups compared by `repair`
     name = "main"
@@ -21,9 +23,10 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from replag.alerts.config import AlertsConfig, parse_alerts
 from replag.errors import ConfigError
@@ -31,7 +34,7 @@ from replag.settings import Settings, resolve_settings
 from replag.topology import Endpoint, EndpointKind, Region, ReplicaGroup, Topology
 
 _REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots"}
-_ENDPOINT_KEYS = {"name", "url", "kind", "rack", "password_env"}
+_ENDPOINT_KEYS = {"name", "url", "kind", "rack", "password_env", "local"}
 _GROUP_KEYS = {"name", "members", "slots"}
 
 
@@ -226,6 +229,7 @@ def _endpoint(
 ) -> Endpoint:
     rack = None
     password_env = None
+    local = None
     if isinstance(raw, dict):
         _no_unknown(raw, _ENDPOINT_KEYS, where=where, key=key)
         url = raw.get("url")
@@ -233,6 +237,7 @@ def _endpoint(
         rack = raw.get("rack")
         kind = raw.get("kind", kind)
         password_env = raw.get("password_env")
+        local = raw.get("local")
         if kind not in ("redis", "dynomite"):
             raise ConfigError(
                 f"expected redis or dynomite, got {kind!r}", where=f"{where}: {key}.kind"
@@ -249,16 +254,34 @@ def _endpoint(
         ep = Endpoint.from_url(str(url), name=default_name, kind=kind, region=region, rack=rack)
     except ValueError as exc:
         raise ConfigError(str(exc), where=f"{where}: {key}") from None
+    if local is not None:
+        ep = replace(ep, local=_local_address(local, ep, where=f"{where}: {key}.local"))
     if password_env:
         if password_env not in environ:
             raise ConfigError(
                 f"environment variable {password_env} is not set",
                 where=f"{where}: {key}.password_env",
             )
-        from dataclasses import replace
-
         ep = replace(ep, password=environ[password_env])
     return ep
+
+
+def _local_address(raw: Any, ep: Endpoint, *, where: str) -> tuple[str, int]:
+    """`local = "redis://host:port"`: the same server (database, credentials, TLS) from
+    inside its region; only the address differs."""
+    if not isinstance(raw, str):
+        raise ConfigError("expected a Redis URL string", where=where)
+    try:
+        local = Endpoint.from_url(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc), where=where) from None
+    if local.username or local.password:
+        raise ConfigError("credentials belong in `url` or `password_env`, not here", where=where)
+    if local.tls != ep.tls:
+        raise ConfigError(f"scheme differs from the url's ({ep.url()})", where=where)
+    if local.db != ep.db and urlsplit(raw).path.strip("/"):
+        raise ConfigError(f"database {local.db} differs from the url's ({ep.db})", where=where)
+    return local.host, local.port
 
 
 # --- writing ---------------------------------------------------------------
@@ -280,6 +303,8 @@ def _toml_value(value: Any) -> str:
 
 def _endpoint_table(ep: Endpoint, *, redact: bool) -> dict[str, Any]:
     table: dict[str, Any] = {"name": ep.name, "url": ep.url(redact=redact)}
+    if ep.local is not None:
+        table["local"] = f"{'rediss' if ep.tls else 'redis'}://{ep.local[0]}:{ep.local[1]}"
     if ep.rack:
         table["rack"] = ep.rack
     if ep.kind != "redis":

@@ -1,14 +1,17 @@
 """Regions, endpoints and replica groups: what replag probes and repairs.
 
 A `Region` has an optional write endpoint (a Redis primary or a Dynomite
-client port) and the replicas to observe there. A `ReplicaGroup` is a set of
-Redis servers that should hold the same data; repair compares them. Endpoints
-keep their password out of every repr and every dict meant for output.
+client port) and the replicas to observe there. An endpoint's URL is how the
+prober reaches it; `local` is its address inside its own region where that
+differs (behind a WAN, a NAT, a load balancer): a region's agent uses it. A
+`ReplicaGroup` is a set of Redis servers that should hold the same data; repair
+compares them. Endpoints keep their password out of every repr and every dict
+meant for output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
@@ -29,6 +32,8 @@ class Endpoint:
     kind: EndpointKind = "redis"
     region: str | None = None
     rack: str | None = None
+    # (host, port) of the same server as seen from inside its region, when not the URL's.
+    local: tuple[str, int] | None = None
 
     @classmethod
     def from_url(
@@ -74,6 +79,13 @@ class Endpoint:
         """host:port, safe to print."""
         return f"{self.host}:{self.port}"
 
+    def in_region(self) -> Endpoint:
+        """The endpoint as a process in its own region reaches it (its `local` address)."""
+        if self.local is None:
+            return self
+        host, port = self.local
+        return replace(self, host=host, port=port, local=None)
+
     def url(self, *, redact: bool = True) -> str:
         """The URL, with the password shown as *** unless redact=False."""
         scheme = "rediss" if self.tls else "redis"
@@ -89,13 +101,16 @@ class Endpoint:
         return f"{scheme}://{auth}{self.host}:{self.port}{db}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "url": self.url(),
             "kind": self.kind,
             "region": self.region,
             "rack": self.rack,
         }
+        if self.local is not None:
+            out["local"] = f"{self.local[0]}:{self.local[1]}"
+        return out
 
 
 def _redact_raw(url: str) -> str:

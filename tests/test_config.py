@@ -23,7 +23,10 @@ replicas = ["redis://10.0.0.2:6379", { name = "use-b", url = "rediss://10.0.0.3:
 
 [[regions]]
 name = "eu-west"
-replicas = ["redis://10.1.0.2"]
+replicas = [
+  "redis://10.1.0.2",
+  { name = "euw-b", url = "redis://:pw@10.9.0.1:7001", local = "redis://10.1.0.3:6379" },
+]
 
 [[groups]]
 name = "main"
@@ -45,6 +48,15 @@ def test_a_good_file_loads(tmp_path: Path) -> None:
     assert [r.name for r in east.replicas] == ["us-east-1", "use-b"]
     assert east.replicas[1].tls and east.replicas[1].rack == "b"
     assert [m.name for m in config.topology.group("main").members] == ["use-b", "eu-west-1"]
+
+
+def test_local_address_is_the_same_server_from_inside_its_region(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={})
+    far = config.topology.region("eu-west").replicas[1]
+    assert (far.address, far.local) == ("10.9.0.1:7001", ("10.1.0.3", 6379))
+    inside = far.in_region()
+    assert (inside.address, inside.password, inside.local) == ("10.1.0.3:6379", "pw", None)
+    assert far.to_dict()["local"] == "10.1.0.3:6379" and "pw" not in str(far.to_dict())
 
 
 def test_environment_overrides_the_file(tmp_path: Path) -> None:
@@ -82,6 +94,18 @@ def test_render_round_trips(tmp_path: Path) -> None:
             "groups[0].members[0]: no endpoint named 'nobody'",
         ),
         ('[[regions]]\nname = "a"\nwrite = "redis://h:99999"', "bad port"),
+        (
+            '[[regions]]\nname = "a"\nwrite = { url = "redis://h", local = "http://x" }',
+            "regions[0].write.local: not a Redis URL",
+        ),
+        (
+            '[[regions]]\nname = "a"\nwrite = { url = "redis://h", local = "redis://:p@x" }',
+            "regions[0].write.local: credentials belong in `url`",
+        ),
+        (
+            '[[regions]]\nname = "a"\nwrite = { url = "redis://h", local = "rediss://x" }',
+            "regions[0].write.local: scheme differs",
+        ),
         (
             '[settings]\nprobe_interval = inf\n[[regions]]\nname = "a"\nwrite = "redis://h"',
             "settings.probe_interval: not a finite",

@@ -10,6 +10,7 @@ import click
 from replag.durations import parse_duration_ns
 from replag.errors import UsageError
 from replag.lab.cluster import LabSpec, lab_down, lab_fault, lab_status, lab_up
+from replag.lab.wan import parse_path, parse_paths
 
 _DIR = click.option(
     "--dir",
@@ -25,17 +26,6 @@ def _ms(text: str, *, option: str) -> float:
         return parse_duration_ns(text, default_unit="ms") / 1e6
     except ValueError as exc:
         raise UsageError(f"{option}: {exc}") from None
-
-
-def parse_delays(text: str) -> dict[str, float]:
-    """`us-west=40ms,eu-west=80ms` → {"us-west": 40.0, "eu-west": 80.0}."""
-    delays: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        region, sep, value = part.partition("=")
-        if not sep or not region:
-            raise UsageError(f"--delay: expected REGION=DURATION, got {part!r}")
-        delays[region.strip()] = _ms(value, option="--delay")
-    return delays
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
@@ -65,7 +55,17 @@ def command() -> None:
     help="Comma-separated region names; the first holds the primary.",
 )
 @click.option(
-    "--delay", "delay", default="", help="One-way delays, e.g. us-west=40ms,eu-west=80ms."
+    "--delay",
+    "delay",
+    default="",
+    help="One-way delays of the replication links, e.g. us-west=40ms,eu-west=60ms/100ms "
+    "(OUT/BACK: from the first region to REGION, and back).",
+)
+@click.option(
+    "--wan",
+    default=None,
+    help="Like --delay, and the prober's view too: every server is reached through its "
+    "region's path (topology.toml: url = the prober's view, local = inside the region).",
 )
 @click.option("--jitter", default="0ms", show_default=True, help="Uniform ± jitter on every link.")
 @click.option(
@@ -93,6 +93,7 @@ def up(
     lab_dir: Path,
     regions: str,
     delay: str,
+    wan: str | None,
     jitter: str,
     replicas: int,
     engine: str,
@@ -100,10 +101,17 @@ def up(
     as_json: bool,
 ) -> None:
     """Start the lab and return once every replication link is up."""
+    if wan is not None and delay:
+        raise UsageError("--delay and --wan: give one (--wan sets the replication links too)")
+    out_ms, back_ms = parse_paths(
+        wan if wan is not None else delay, option="--wan" if wan is not None else "--delay"
+    )
     spec = LabSpec(
         backlog_bytes=parse_size(backlog_size, option="--backlog-size") if backlog_size else None,
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
-        delays_ms=parse_delays(delay),
+        delays_ms=out_ms,
+        back_ms=back_ms,
+        wan=wan is not None,
         jitter_ms=_ms(jitter, option="--jitter"),
         replicas=replicas,
         engine=engine,  # type: ignore[arg-type]
@@ -113,10 +121,15 @@ def up(
         click.echo(json.dumps(state, indent=2))
         return
     click.echo(f"lab up in {lab_dir.resolve()} ({engine})")
+    paths = spec.paths()
+    views = {link["server"]: link["listen_port"] for link in state.get("views", [])}
     for proc in state["processes"]:
         port = f"127.0.0.1:{proc['port']}" if proc["port"] else "-"
-        delay_ms = spec.delays_ms.get(proc["region"] or "", 0.0)
-        extra = f"  one-way delay {delay_ms:g} ms" if proc["role"] == "replica" else ""
+        out, back = paths.get(proc["region"] or "", (0.0, 0.0))
+        path = f"{out:g} ms" if out == back else f"{out:g} ms out / {back:g} ms back"
+        extra = f"  one-way delay {path}" if proc["role"] == "replica" else ""
+        if proc["name"] in views:
+            extra += f"  prober's view 127.0.0.1:{views[proc['name']]} ({path})"
         click.echo(f"  {proc['name']:<22} {proc['role']:<12} {port:<17} pid {proc['pid']}{extra}")
     click.echo(f"topology: {lab_dir.resolve() / 'topology.toml'}")
 
@@ -147,17 +160,17 @@ def status(lab_dir: Path, as_json: bool) -> None:
         )
     for link in info["links"]:
         flag = "PARTITIONED" if link["partitioned"] else f"{link['connections']} conn"
-        click.echo(
-            f"  link {link['name']:<17} delay {link['delay_ms']:g} ms "
-            f"± {link['jitter_ms']:g} ms  {flag}"
-        )
+        down, up = link["delay_ms"], link.get("up_delay_ms", link["delay_ms"])
+        delay = f"{down:g} ms" if down == up else f"{down:g} ms down / {up:g} ms up"
+        click.echo(f"  link {link['name']:<22} delay {delay} ± {link['jitter_ms']:g} ms  {flag}")
 
 
 @command.command("partition")
 @_DIR
 @click.argument("region")
 def partition(lab_dir: Path, region: str) -> None:
-    """Cut every replication link into REGION and refuse new ones."""
+    """Cut every link into REGION (replication, and the prober's view in a WAN lab) and
+    refuse new ones."""
     click.echo(f"partitioned: {', '.join(lab_fault(lab_dir, region, 'partition'))}")
 
 
@@ -174,10 +187,11 @@ def heal(lab_dir: Path, region: str) -> None:
 @click.argument("region")
 @click.argument("delay")
 def set_delay(lab_dir: Path, region: str, delay: str) -> None:
-    """Change REGION's one-way delay (e.g. 120ms)."""
-    delay_ms = _ms(delay, option="DELAY")
-    names = lab_fault(lab_dir, region, "delay", delay_ms=delay_ms)
-    click.echo(f"delay {delay_ms:g} ms on: {', '.join(names)}")
+    """Change REGION's one-way delay: 120ms, or OUT/BACK (e.g. 60ms/100ms)."""
+    out_ms, back_ms = parse_path(delay, option="DELAY")
+    names = lab_fault(lab_dir, region, "delay", delay_ms=out_ms, back_ms=back_ms)
+    path = f"{out_ms:g} ms" if back_ms is None else f"{out_ms:g} ms out / {back_ms:g} ms back"
+    click.echo(f"delay {path} on: {', '.join(names)}")
 
 
 @command.command("load")

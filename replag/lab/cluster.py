@@ -5,17 +5,17 @@ that replicate from it through the delay relay (a region's one-way delay plus
 jitter), waits for every link, writes `DIR/topology.toml` and `DIR/lab.json`
 and leaves everything running. `lab_down` stops what `lab.json` lists. With
 `engine="independent"` every region gets its own unreplicated Redis (racks of
-a Dynomite cluster as repair sees them), written as one replica group.
+a Dynomite cluster as repair sees them), written as one replica group. With
+`wan`, the prober (in the first region) reaches every server through its
+region's WAN path too (`replag.lab.wan`); by default it reaches them directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,8 +23,9 @@ import redis
 
 from replag.config import render_config, write_config_atomic
 from replag.errors import LabError, UsageError
-from replag.lab.relay import relay_command
+from replag.lab.relay import relay_command, spawn_relay
 from replag.lab.server import RedisServer, free_port, pid_alive, stop_pid
+from replag.lab.wan import delay_request, start_views, view_ports
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 
 Engine = Literal["replicated", "independent"]
@@ -36,7 +37,13 @@ NOTIFY_EVENTS = "K$gx"
 @dataclass(frozen=True, kw_only=True)
 class LabSpec:
     regions: tuple[str, ...]
+    # One-way delay from the first region (primary and prober) to each region ("out"), and
+    # back where the path is asymmetric (`back_ms`; the same as out where not given).
     delays_ms: dict[str, float]
+    back_ms: dict[str, float] = field(default_factory=dict)
+    # The prober's view: every server reached through its region's path (WAN geometry),
+    # not directly on loopback.
+    wan: bool = False
     jitter_ms: float = 0.0
     replicas: int = 1
     engine: Engine = "replicated"
@@ -52,13 +59,21 @@ class LabSpec:
             raise UsageError("--regions: at least one region")
         if len(set(self.regions)) != len(self.regions):
             raise UsageError("--regions: region names must be distinct")
-        unknown = sorted(set(self.delays_ms) - set(self.regions))
+        option = "--wan" if self.wan else "--delay"
+        unknown = sorted((set(self.delays_ms) | set(self.back_ms)) - set(self.regions))
         if unknown:
-            raise UsageError(f"--delay: {unknown[0]!r} is not one of --regions")
+            raise UsageError(f"{option}: {unknown[0]!r} is not one of --regions")
+        if any(v < 0 for v in [*self.delays_ms.values(), *self.back_ms.values()]):
+            raise UsageError(f"{option}: delays cannot be negative")
         if self.replicas < 1:
             raise UsageError("--replicas: at least 1")
         if self.backlog_bytes is not None and self.backlog_bytes < 1:
             raise UsageError("--backlog-size: at least 1 byte")
+
+    def paths(self) -> dict[str, tuple[float, float]]:
+        """Region → (out, back) one-way delays in ms."""
+        out = {region: self.delays_ms.get(region, 0.0) for region in self.regions}
+        return {region: (ms, self.back_ms.get(region, ms)) for region, ms in out.items()}
 
 
 def state_path(lab_dir: Path) -> Path:
@@ -111,7 +126,17 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         "prefix": spec.prefix,
         "jitter_ms": spec.jitter_ms,
         "delays_ms": spec.delays_ms,
+        "back_ms": spec.back_ms,
+        "wan": spec.wan,
     }
+
+    def views() -> None:
+        if spec.wan:
+            entry = start_views(
+                lab_dir, state, spec.paths(), jitter_ms=spec.jitter_ms, prefix=spec.prefix
+            )
+            started.append(entry)
+            _pidfile(lab_dir, entry["name"], entry["pid"])
 
     def server(name: str, region: str, role: str, extra: tuple[str, ...] = ()) -> RedisServer:
         srv = RedisServer(name=name, port=free_port(), workdir=lab_dir, extra_args=extra).start()
@@ -133,6 +158,7 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         for region in spec.regions:
             for i in range(spec.replicas):
                 server(f"{region}-{i + 1}", region, "independent")
+        views()
         _write_outputs(lab_dir, spec, state)
         return state
 
@@ -140,6 +166,7 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
     backlog = ("--repl-backlog-size", str(spec.backlog_bytes)) if spec.backlog_bytes else ()
     primary = server(f"{first}-primary", first, "primary", backlog)
     links = []
+    paths = spec.paths()
     for region in spec.regions:
         for i in range(spec.replicas):
             name = f"{region}-{i + 1}"
@@ -147,43 +174,29 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
                 {
                     "name": name,
                     "region": region,
+                    "kind": "replication",
                     "listen_port": 0,
                     "upstream_port": primary.port,
-                    "delay_ms": spec.delays_ms.get(region, 0.0),
+                    # Downstream is primary → replica: the path out.
+                    "delay_ms": paths[region][0],
+                    "up_delay_ms": paths[region][1],
                     "jitter_ms": spec.jitter_ms,
                     "truth_path": str(lab_dir / f"truth-{name}.log"),
                     "truth_prefix": spec.prefix,
                 }
             )
-    ready = lab_dir / "relay.ready"
-    ready.unlink(missing_ok=True)
-    spec_path = lab_dir / "relay.json"
-    spec_path.write_text(json.dumps({"links": links, "ready_path": str(ready)}))
-    with open(lab_dir / "relay.log", "ab") as log:
-        relay = subprocess.Popen(
-            [sys.executable, "-m", "replag.lab.relay", str(spec_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+    relay_pid, control = spawn_relay(lab_dir, "relay", links)
     started.append(
         {
             "name": "relay",
-            "pid": relay.pid,
+            "pid": relay_pid,
             "port": None,
             "region": None,
             "role": "relay",
             "kind": "relay",
         }
     )
-    _pidfile(lab_dir, "relay", relay.pid)
-    deadline = time.monotonic() + 10
-    while not ready.exists():
-        if relay.poll() is not None or time.monotonic() > deadline:
-            raise LabError(f"the delay relay did not start; see {lab_dir / 'relay.log'}")
-        time.sleep(0.02)
-    control = json.loads(ready.read_text())["control_port"]
+    _pidfile(lab_dir, "relay", relay_pid)
     state["relay_control_port"] = control
     status = relay_command(control, {"op": "status"})
     ports = {link["name"]: link["listen_port"] for link in status["links"]}
@@ -206,7 +219,9 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
             ),
         )
     state["links"] = links
-    wait_replication(started, timeout_s=30 + 0.2 * max(spec.delays_ms.values(), default=0))
+    slowest = max((sum(path) for path in paths.values()), default=0.0)
+    wait_replication(started, timeout_s=30 + 0.1 * slowest)
+    views()
     _write_outputs(lab_dir, spec, state)
     return state
 
@@ -240,6 +255,13 @@ def _write_outputs(lab_dir: Path, spec: LabSpec, state: dict[str, Any]) -> None:
         f"regions: {', '.join(spec.regions)}; one-way delays (ms): "
         f"{json.dumps(spec.delays_ms)}; jitter {spec.jitter_ms} ms"
     )
+    if spec.back_ms:
+        header += f"\nback (region → {spec.regions[0]}) where different: {json.dumps(spec.back_ms)}"
+    if spec.wan:
+        header += (
+            f"\nWAN view: `url` is how a prober in {spec.regions[0]} reaches a server (through "
+            "its region's path), `local` is the server's address inside its region"
+        )
     settings = {"store": str(lab_dir / "replag.sqlite"), "prefix": spec.prefix}
     write_config_atomic(
         lab_dir / TOPOLOGY_FILE, render_config(topology, settings=settings, header=header)
@@ -250,10 +272,16 @@ def _write_outputs(lab_dir: Path, spec: LabSpec, state: dict[str, Any]) -> None:
 
 
 def lab_topology(state: dict[str, Any]) -> Topology:
+    viewed = view_ports(state)
+
     def ep(proc: dict[str, Any]) -> Endpoint:
-        return Endpoint.from_url(
-            f"redis://127.0.0.1:{proc['port']}", name=proc["name"], region=proc["region"]
+        port = viewed.get(proc["name"], proc["port"])
+        endpoint = Endpoint.from_url(
+            f"redis://127.0.0.1:{port}", name=proc["name"], region=proc["region"]
         )
+        if proc["name"] in viewed:
+            endpoint = replace(endpoint, local=("127.0.0.1", int(proc["port"])))
+        return endpoint
 
     servers = [p for p in state["processes"] if p["kind"] == "redis-server"]
     regions = []
@@ -310,31 +338,59 @@ def lab_status(lab_dir: Path) -> dict[str, Any]:
                     row["link"] = f"error: {exc}"
         procs.append(row)
     links = []
-    if state.get("relay_control_port"):
-        with contextlib.suppress(OSError):
-            links = relay_command(state["relay_control_port"], {"op": "status"})["links"]
+    for control in (state.get("relay_control_port"), state.get("view_relay_control_port")):
+        if control:
+            with contextlib.suppress(OSError):
+                links += relay_command(control, {"op": "status"})["links"]
     return {"dir": str(lab_dir), "engine": state["engine"], "processes": procs, "links": links}
 
 
-def lab_fault(lab_dir: Path, region: str, op: str, *, delay_ms: float | None = None) -> list[str]:
-    """Partition, heal or re-delay every link into `region`; return the links changed."""
+def lab_fault(
+    lab_dir: Path,
+    region: str,
+    op: str,
+    *,
+    delay_ms: float | None = None,
+    back_ms: float | None = None,
+) -> list[str]:
+    """Partition, heal or re-delay every link into `region` (replication links, and in a WAN
+    lab the prober's view of its servers); return the links changed. `delay_ms` is the way
+    out from the first region, `back_ms` the way back (the same when None)."""
     state = read_state(lab_dir)
     if region not in state["regions"]:
         raise UsageError(f"unknown region {region!r} (lab regions: {', '.join(state['regions'])})")
-    if not state.get("relay_control_port"):
-        raise LabError("this lab has no delay links (engine independent)")
-    names = [link["name"] for link in state["links"] if link["region"] == region]
-    for name in names:
-        request: dict[str, Any] = {"op": op, "link": name}
-        if delay_ms is not None:
-            request["delay_ms"] = delay_ms
+    targets = [
+        (int(control), link)
+        for control, links in (
+            (state.get("relay_control_port"), state.get("links", [])),
+            (state.get("view_relay_control_port"), state.get("views", [])),
+        )
+        if control
+        for link in links
+        if link["region"] == region
+    ]
+    if not targets:
+        raise LabError("this lab has no delay links (engine independent, no --wan)")
+    for control, link in targets:
+        if op == "delay":
+            if delay_ms is None:
+                raise UsageError("delay: a duration is needed")
+            back = delay_ms if back_ms is None else back_ms
+            request = delay_request(link, delay_ms, back)
+        else:
+            request = {"op": op, "link": link["name"]}
         try:
-            answer = relay_command(state["relay_control_port"], request)
+            answer = relay_command(control, request)
         except OSError as exc:
             raise LabError(f"the delay relay does not answer: {exc}") from None
         if not answer.get("ok"):
-            raise LabError(f"relay refused {op} on {name}: {answer.get('error')}")
+            raise LabError(f"relay refused {op} on {link['name']}: {answer.get('error')}")
     if op == "delay" and delay_ms is not None:
         state["delays_ms"][region] = delay_ms
-        state_path(lab_dir).write_text(json.dumps(state, indent=2))
-    return names
+        state.setdefault("back_ms", {}).pop(region, None)
+        if back_ms is not None and back_ms != delay_ms:
+            state["back_ms"][region] = back_ms
+        tmp = state_path(lab_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(state_path(lab_dir))
+    return [link["name"] for _, link in targets]

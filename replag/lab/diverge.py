@@ -103,7 +103,8 @@ async def _apply(members: tuple[Endpoint, ...], items: list[dict[str, Any]]) -> 
 
 def lab_diverge(lab_dir: Path, spec: DivergeSpec, truth: Path | None) -> dict[str, Any]:
     """Inject `spec` into the lab in `lab_dir`; write and return the ground truth."""
-    members = lab_topology(read_state(lab_dir)).groups[0].members
+    # The lab writes as the operator on each host would: on the local addresses, not the WAN.
+    members = tuple(m.in_region() for m in lab_topology(read_state(lab_dir)).groups[0].members)
     load = read_load(lab_dir)
     strings = [key_name(load, i) for i in range(load.keys) if key_type(load, i) == "string"]
     items = plan(spec, members, strings)

@@ -117,7 +117,8 @@ async def load_members(members: tuple[Endpoint, ...], spec: LoadSpec) -> float:
 
 def lab_load(lab_dir: Path, spec: LoadSpec) -> dict[str, Any]:
     """Load the lab in `lab_dir` (its replica group "lab"); returns what was done."""
-    members = lab_topology(read_state(lab_dir)).groups[0].members
+    # The lab writes as the operator on each host would: on the local addresses, not the WAN.
+    members = tuple(m.in_region() for m in lab_topology(read_state(lab_dir)).groups[0].members)
     seconds = asyncio.run(load_members(members, spec))
     info: dict[str, Any] = {
         **asdict(spec),

@@ -1,8 +1,10 @@
 """A user-space delay relay between a replica and its primary (the kernel here has no netem).
 
 Each `Link` listens on a loopback port and forwards every connection to its
-upstream, holding the bytes of each direction for the link's one-way delay
-(plus uniform jitter, never reordering). Threads and `time.sleep` give
+upstream, holding the bytes of each direction for that direction's one-way
+delay (`delay_ms` upstream → client, `up_delay_ms` client → upstream, the same
+unless set: WAN paths are often asymmetric), plus uniform jitter, never
+reordering. Threads and `time.sleep` give
 microsecond-accurate release times, which an asyncio loop (millisecond
 epoll timeouts) would not. A link can be partitioned (connections cut, new
 ones refused) and healed, and its delay changed, through a JSON-lines control
@@ -35,18 +37,20 @@ class Link:
     name: str
     listen_port: int
     upstream_port: int
-    delay_ms: float = 0.0
+    delay_ms: float = 0.0  # downstream: upstream → client
     jitter_ms: float = 0.0
     partitioned: bool = False
+    up_delay_ms: float | None = None  # client → upstream; None: the same as delay_ms
     truth_path: Path | None = None
     truth_prefix: bytes = b"replag:probe:"
     _pipes: list[_Pipe] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _truth: TextIO | None = field(default=None, repr=False)
 
-    def one_way_ns(self) -> int:
+    def one_way_ns(self, *, downstream: bool = True) -> int:
+        base = self.delay_ms if downstream or self.up_delay_ms is None else self.up_delay_ms
         jitter = random.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
-        return max(0, int((self.delay_ms + jitter) * 1e6))
+        return max(0, int((base + jitter) * 1e6))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +58,7 @@ class Link:
             "listen_port": self.listen_port,
             "upstream_port": self.upstream_port,
             "delay_ms": self.delay_ms,
+            "up_delay_ms": self.delay_ms if self.up_delay_ms is None else self.up_delay_ms,
             "jitter_ms": self.jitter_ms,
             "partitioned": self.partitioned,
             "connections": len(self._pipes) // 2,
@@ -101,7 +106,7 @@ class _Pipe:
             if not data:
                 self.queue.put(None)
                 return
-            last_due = max(last_due, t_in + self.link.one_way_ns())
+            last_due = max(last_due, t_in + self.link.one_way_ns(downstream=self.downstream))
             self.queue.put((last_due, t_in, data))
 
     def _write(self) -> None:
@@ -198,6 +203,9 @@ class DelayRelay:
             link.partitioned = False
         elif op == "delay":
             link.delay_ms = float(request["delay_ms"])
+            link.up_delay_ms = (
+                float(request["up_delay_ms"]) if request.get("up_delay_ms") is not None else None
+            )
             if "jitter_ms" in request:
                 link.jitter_ms = float(request["jitter_ms"])
         else:
@@ -226,6 +234,36 @@ class DelayRelay:
                 sock.close()
         for link in self.links.values():
             link.cut()
+
+
+def spawn_relay(lab_dir: Path, name: str, links: list[dict[str, Any]]) -> tuple[int, int]:
+    """Start `python -m replag.lab.relay` for `links` (writes DIR/NAME.json, logs to
+    DIR/NAME.log); return (pid, control port) once it listens. LabError if it does not start."""
+    import subprocess
+
+    from replag.errors import LabError
+
+    ready = lab_dir / f"{name}.ready"
+    ready.unlink(missing_ok=True)
+    spec_path = lab_dir / f"{name}.json"
+    spec_path.write_text(json.dumps({"links": links, "ready_path": str(ready)}))
+    with open(lab_dir / f"{name}.log", "ab") as log:
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "replag.lab.relay", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        if relay.poll() is not None or time.monotonic() > deadline:
+            if relay.poll() is None:
+                relay.kill()
+                relay.wait()
+            raise LabError(f"the delay relay did not start; see {lab_dir / f'{name}.log'}")
+        time.sleep(0.02)
+    return relay.pid, int(json.loads(ready.read_text())["control_port"])
 
 
 def relay_command(control_port: int, request: dict[str, Any], *, timeout_s: float = 5.0) -> Any:
@@ -260,6 +298,7 @@ def main(argv: list[str]) -> None:
             upstream_port=raw["upstream_port"],
             delay_ms=raw.get("delay_ms", 0.0),
             jitter_ms=raw.get("jitter_ms", 0.0),
+            up_delay_ms=raw.get("up_delay_ms"),
             truth_path=Path(raw["truth_path"]) if raw.get("truth_path") else None,
             truth_prefix=raw.get("truth_prefix", "replag:probe:").encode(),
         )
