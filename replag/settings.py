@@ -203,6 +203,12 @@ class Settings:
     poll_interval: float = setting(
         "1ms", _positive_duration, "Interval between MGET rounds per replica in poll mode."
     )
+    clock_error_bound: float | None = setting(
+        None,
+        _optional_duration,
+        "Most this host's wall clock may be off true time (lag through agents adds it to "
+        "error bars); unset = the kernel's maxerror (adjtimex), none if unsynchronised.",
+    )
     store: str = setting(
         _DEFAULT_STORE,
         _str,

@@ -1,6 +1,6 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
-    values         errors, durations, histogram, clock
+    values         errors, durations, histogram, clock, clockbound
     configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
     io             connections, resp, store, discovery.http
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
@@ -22,7 +22,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "replag"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("values", ("replag.errors", "replag.durations", "replag.histogram", "replag.clock")),
+    (
+        "values",
+        (
+            "replag.errors",
+            "replag.durations",
+            "replag.histogram",
+            "replag.clock",
+            "replag.clockbound",
+        ),
+    ),
     (
         "configuration",
         ("replag", "replag.settings", "replag.topology", "replag.alerts.config", "replag.config"),

@@ -178,3 +178,65 @@ class PollObserver(Observer):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+async def open_observer(
+    replica: Endpoint,
+    conn: RespConnection,
+    *,
+    pattern: bytes,
+    mode: str,
+    poll_interval_s: float,
+    timeout_s: float,
+    notes: list[str],
+) -> Observer:
+    """Push where `mode` allows it and the replica can publish, else poll on `conn`.
+
+    The push observer is started (subscribed); a poll observer starts with the run.
+    What was decided and why goes to `notes`. EndpointError when `mode` is push and
+    the replica cannot publish (--mode push insists rather than quietly polling).
+    """
+    rtt = await conn.min_rtt_ns()
+    if await push_allowed(conn, replica, mode, notes):
+        observer: Observer = PushObserver(replica, pattern=pattern, rtt_ns=rtt, timeout_s=timeout_s)
+        await observer.start()
+        return observer
+    if mode == "push":
+        raise EndpointError(
+            "push mode: keyspace notifications are off and cannot be turned on "
+            "(use --mode auto or poll)",
+            where=f"{replica.name} ({replica.url()})",
+        )
+    return PollObserver(replica, conn, interval_s=poll_interval_s)
+
+
+async def push_allowed(
+    conn: RespConnection, replica: Endpoint, mode: str, notes: list[str]
+) -> bool:
+    """Push where keyspace notifications are on or can be turned on.
+
+    Once turned on they are left on: restoring them at the end of a run would cut
+    off another probe (cron beside the service) still watching the same replica,
+    and its keys would be counted lost. Publishing to a channel nobody subscribes
+    to costs the server a dictionary lookup per write.
+    """
+    if mode == "poll":
+        return False
+    answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
+    if error_text(answer) is not None or not isinstance(answer, list) or len(answer) < 2:
+        notes.append(f"{replica.name}: cannot read notify-keyspace-events ({answer}); polling")
+        return False
+    flags = answer[1].decode()
+    if "K" in flags and ("$" in flags or "A" in flags):
+        return True
+    reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
+    if error_text(reply) is not None:
+        notes.append(
+            f"{replica.name}: keyspace notifications off and cannot be turned on ({reply}); polling"
+        )
+        return False
+    notes.append(
+        f"{replica.name}: keyspace notifications turned on (notify-keyspace-events "
+        f"{flags!r} → {flags + 'K$'!r}) for push observation; left on"
+    )
+    return True

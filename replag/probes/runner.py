@@ -22,9 +22,9 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import EndpointError, ReplagError, UsageError
+from replag.errors import ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
-from replag.probes.observers import Arrival, Observer, PollObserver, PushObserver
+from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
 from replag.resp import RespConnection, pack
 from replag.settings import Settings
@@ -207,64 +207,23 @@ async def _open_target(
         if target.cluster:
             # A Redis Cluster replica redirects reads to its primary unless told READONLY.
             await conn.checked("READONLY")
-        rtt = await conn.min_rtt_ns()
         with contextlib.suppress(ReplagError):
             report.clock.append(await estimate_offset(lambda: _time(conn), endpoint=replica.name))
-        if await _push_allowed(conn, target, settings.mode, report):
-            observer: Observer = PushObserver(
-                replica, pattern=keys.pattern, rtt_ns=rtt, timeout_s=settings.connect_timeout
-            )
-            await observer.start()
-        elif settings.mode == "push":
-            # --mode push asked for push alone: say so rather than quietly polling.
-            raise EndpointError(
-                "push mode: keyspace notifications are off and cannot be turned on "
-                "(use --mode auto or poll)",
-                where=f"{replica.name} ({replica.url()})",
-            )
-        else:
-            observer = PollObserver(replica, conn, interval_s=settings.poll_interval)
+        observer = await open_observer(
+            replica,
+            conn,
+            pattern=keys.pattern,
+            mode=settings.mode,
+            poll_interval_s=settings.poll_interval,
+            timeout_s=settings.connect_timeout,
+            notes=report.notes,
+        )
         target.observer = observer
     except ReplagError as exc:
         target.error = exc.message
         report.unreachable.append(
             {"replica": replica.name, "region": target.region, "error": str(exc)}
         )
-
-
-async def _push_allowed(
-    conn: RespConnection, target: _Target, mode: str, report: ProbeReport
-) -> bool:
-    """Push where keyspace notifications are on or can be turned on.
-
-    Once turned on they are left on: restoring them at the end of a run would cut
-    off another probe (cron beside the service) still watching the same replica,
-    and its keys would be counted lost. Publishing to a channel nobody subscribes
-    to costs the server a dictionary lookup per write.
-    """
-    replica = target.replica
-    if mode == "poll":
-        return False
-    answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
-    if isinstance(answer, hiredis.ReplyError) or not isinstance(answer, list) or len(answer) < 2:
-        report.notes.append(
-            f"{replica.name}: cannot read notify-keyspace-events ({answer}); polling"
-        )
-        return False
-    flags = answer[1].decode()
-    if "K" in flags and ("$" in flags or "A" in flags):
-        return True
-    reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
-    if isinstance(reply, hiredis.ReplyError):
-        report.notes.append(
-            f"{replica.name}: keyspace notifications off and cannot be turned on ({reply}); polling"
-        )
-        return False
-    report.notes.append(
-        f"{replica.name}: keyspace notifications turned on (notify-keyspace-events "
-        f"{flags!r} → {flags + 'K$'!r}) for push observation; left on"
-    )
-    return True
 
 
 async def _write_keys(
