@@ -31,9 +31,17 @@ from urllib.parse import urlsplit
 from replag.alerts.config import AlertsConfig, parse_alerts
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
-from replag.topology import Endpoint, EndpointKind, Region, ReplicaGroup, Topology
+from replag.topology import (
+    Endpoint,
+    EndpointKind,
+    Region,
+    ReplicaGroup,
+    SentinelRef,
+    Topology,
+)
 
-_REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots"}
+_REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots", "sentinel"}
+_SENTINEL_KEYS = {"master", "sentinels", "password_env"}
 _ENDPOINT_KEYS = {"name", "url", "kind", "rack", "password_env", "local"}
 _GROUP_KEYS = {"name", "members", "slots"}
 
@@ -145,7 +153,25 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
                 "a region needs a write endpoint or replicas", where=f"{where}: {key}"
             )
         slots = _slots(raw.get("slots", []), where=f"{where}: {key}.slots")
-        regions.append(Region(name=name, write=write, replicas=tuple(replicas), slots=slots))
+        sentinel = None
+        if "sentinel" in raw:
+            sentinel = _sentinel(
+                raw["sentinel"], where=where, key=f"{key}.sentinel", environ=environ
+            )
+            if write is not None and write.kind != "redis":
+                raise ConfigError(
+                    "a Sentinel master's write endpoint is a Redis primary, not a proxy port",
+                    where=f"{where}: {key}.sentinel",
+                )
+            if write is not None and not sentinel.sentinels:
+                raise ConfigError(
+                    'list the Sentinels (sentinels = ["redis://host:26379", …]) to follow '
+                    "the write endpoint through a failover",
+                    where=f"{where}: {key}.sentinel.sentinels",
+                )
+        regions.append(
+            Region(name=name, write=write, replicas=tuple(replicas), slots=slots, sentinel=sentinel)
+        )
 
     raw_groups = data.get("groups", [])
     if not isinstance(raw_groups, list) or not all(isinstance(g, dict) for g in raw_groups):
@@ -206,6 +232,47 @@ def _slots(raw: Any, *, where: str) -> tuple[tuple[int, int], ...]:
             raise ConfigError(f"bad slot range {pair!r}", where=where)
         out.append((pair[0], pair[1]))
     return tuple(out)
+
+
+def _sentinel(raw: Any, *, where: str, key: str, environ: Mapping[str, str]) -> SentinelRef:
+    """`{ master = NAME, sentinels = ["redis://host:26379" | "host:26379", …], password_env }`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            "expected a table { master = …, sentinels = […] }", where=f"{where}: {key}"
+        )
+    _no_unknown(raw, _SENTINEL_KEYS, where=where, key=key)
+    master = raw.get("master")
+    if not isinstance(master, str) or not master:
+        raise ConfigError("missing Sentinel master name", where=f"{where}: {key}.master")
+    urls = raw.get("sentinels", [])
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError(
+            "expected an array of Sentinel addresses", where=f"{where}: {key}.sentinels"
+        )
+    password_env = raw.get("password_env")
+    if password_env is not None and password_env not in environ:
+        raise ConfigError(
+            f"environment variable {password_env} is not set", where=f"{where}: {key}.password_env"
+        )
+    sentinels = []
+    for i, url in enumerate(urls):
+        try:
+            ep = sentinel_endpoint(url)
+        except ValueError as exc:
+            raise ConfigError(str(exc), where=f"{where}: {key}.sentinels[{i}]") from None
+        if password_env is not None:
+            ep = replace(ep, password=environ[password_env])
+        sentinels.append(ep)
+    return SentinelRef(master=master, sentinels=tuple(sentinels))
+
+
+def sentinel_endpoint(text: str) -> Endpoint:
+    """A Sentinel given as `host[:port]` or a redis:// URL (port 26379 when none is given)."""
+    url = text if "://" in text else f"redis://{text}"
+    ep = Endpoint.from_url(url)
+    if urlsplit(url).port is None:
+        ep = replace(ep, port=26379)
+    return replace(ep, name=f"sentinel {ep.host}:{ep.port}")
 
 
 def _no_unknown(raw: Mapping[str, Any], known: set[str], *, where: str, key: str) -> None:
@@ -357,6 +424,13 @@ def render_config(
         lines.append("]")
         if region.slots:
             lines.append(f"slots = {_toml_value([list(s) for s in region.slots])}")
+        if region.sentinel:
+            ref = region.sentinel
+            table = {
+                "master": ref.master,
+                "sentinels": [s.url(redact=redact) for s in ref.sentinels],
+            }
+            lines.append(f"sentinel = {_toml_value(table)}")
     region_names = {
         ep.name for r in topology.regions for ep in ((r.write,) if r.write else ()) + r.replicas
     }

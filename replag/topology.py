@@ -121,6 +121,22 @@ def _redact_raw(url: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SentinelRef:
+    """The Sentinel master a region belongs to, and the Sentinels that know where it is.
+
+    A region with `sentinel` has its write endpoint re-resolved through these
+    Sentinels when it stops being the primary (the probe follows a failover);
+    regions naming the same master share one replication tree.
+    """
+
+    master: str
+    sentinels: tuple[Endpoint, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"master": self.master, "sentinels": [s.url() for s in self.sentinels]}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Region:
     """A region (or a Redis Cluster shard): where probes write, and the replicas observed.
 
@@ -132,6 +148,7 @@ class Region:
     write: Endpoint | None
     replicas: tuple[Endpoint, ...]
     slots: tuple[tuple[int, int], ...] = ()
+    sentinel: SentinelRef | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -141,6 +158,8 @@ class Region:
         }
         if self.slots:
             out["slots"] = [list(r) for r in self.slots]
+        if self.sentinel:
+            out["sentinel"] = self.sentinel.to_dict()
         return out
 
 
@@ -186,11 +205,15 @@ class Topology:
     def observed_from(self, source: Region) -> list[Region]:
         """Regions whose replicas receive what is written in `source`.
 
-        A Redis Cluster shard's keys reach only its own replicas; elsewhere every
-        region's replicas (the source's own racks included) should receive them.
+        A Redis Cluster shard's keys reach only its own replicas, a Sentinel master's
+        only the regions naming that master; elsewhere every region's replicas (the
+        source's own racks included) should receive them.
         """
         if source.slots:
             return [source]
+        if source.sentinel is not None:
+            master = source.sentinel.master
+            return [r for r in self.regions if r.sentinel and r.sentinel.master == master]
         return list(self.regions)
 
     def endpoints(self) -> list[Endpoint]:

@@ -9,6 +9,9 @@ from typing import Any
 from replag.clock import ClockOffset
 from replag.durations import format_ms
 from replag.histogram import LagHistogram, LagSummary
+from replag.replication.follow import FailoverEvent
+from replag.replication.sampler import DYNOMITE_NOTE
+from replag.replication.state import ReplicationSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,9 @@ class ProbeReport:
     seed_method: list[dict[str, Any]] | None = None
     # Filled when runs at several Dynomite consistency levels are combined.
     write_by_consistency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Replication state sampled at the end of the run, and Sentinel failovers followed.
+    replication: ReplicationSnapshot | None = None
+    failovers: list[FailoverEvent] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -162,7 +168,7 @@ class ProbeReport:
             "cluster_consistency": self.cluster_consistency,
             "started": _iso(self.started_ns),
             "duration_s": round((self.finished_ns - self.started_ns) / 1e9, 3),
-            "pairs": [p.to_dict() for p in self.pairs],
+            "pairs": [self._with_replication(p.to_dict()) for p in self.pairs],
             "write_ms": {
                 "count": self.write.count,
                 "errors": self.write_errors,
@@ -178,7 +184,20 @@ class ProbeReport:
                 if self.write_by_consistency
                 else {}
             ),
+            "replication": self.replication.to_dict() if self.replication else None,
+            "failovers": [f.to_dict() for f in self.failovers],
         }
+
+    def _with_replication(self, pair: dict[str, Any]) -> dict[str, Any]:
+        """A pair's `replication` section: its replica's offsets, link and headroom."""
+        state = self.replication.replica(pair["replica"]) if self.replication else None
+        if state is not None:
+            pair["replication"] = state.to_dict()
+        elif self.consistency is not None:  # written through Dynomite
+            pair["replication"] = {"offsets": None, "note": DYNOMITE_NOTE}
+        else:
+            pair["replication"] = None
+        return pair
 
     def render(self) -> str:
         """The human table: one row per pair, with source and consistency columns when
@@ -243,7 +262,10 @@ class ProbeReport:
                     f"  {row['target']:<12} {row['replica']:<18} "
                     f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
                 )
+        if self.replication is not None and (self.replication.primaries or self.replication.notes):
+            lines += self.replication.render()
         lines += [f"note: {n}" for n in self.notes + self._negative_notes()]
+        lines += [f.render() for f in self.failovers]
         lines += [f"BREACH: {b['message']}" for b in self.breaches]
         lines += [
             f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}" for u in self.unreachable
@@ -318,6 +340,11 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
         out.breaches += r.breaches
         prefix = " ".join(label.values())
         out.notes += [f"{prefix}: {n}" if prefix else n for n in r.notes]
+        out.failovers += r.failovers
+        if r.replication is not None:
+            if out.replication is None:
+                out.replication = ReplicationSnapshot()
+            out.replication.merge(r.replication)
         if len(levels) > 1 and r.consistency:
             out.write_by_consistency[r.consistency] = {
                 "count": r.write.count,

@@ -26,6 +26,8 @@ from replag.errors import ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
+from replag.replication.alongside import ProbeReplication
+from replag.replication.sampler import ReplicationSampler
 from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import LagWindow, Store
@@ -54,13 +56,18 @@ async def run_probe(
     mode: str | None = None,
     timeout_s: float | None = None,
     store: Store | None = None,
+    sampler: ReplicationSampler | None = None,
 ) -> ProbeReport:
     """Probe from `source` (default: the first region with a write endpoint) to every replica."""
     settings = config.settings.replace(count=count, rate=rate, mode=mode, timeout=timeout_s)
     region = config.topology.region(source) if source else config.topology.default_source()
     if region.write is None:
         raise UsageError(f"region {region.name!r} has no write endpoint to probe from")
-    write_ep = region.write
+    # Through Sentinel where the region has one: the primary may have moved.
+    replication = await ProbeReplication.open(
+        config, region, settings=settings, store=store, sampler=sampler
+    )
+    write_ep = replication.write_endpoint
     report = ProbeReport(
         run_id=uuid.uuid4().hex[:12],
         source=region.name,
@@ -74,9 +81,14 @@ async def run_probe(
     keys = ProbeKeys(
         prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
     )
+    report.notes += replication.notes
     if write_ep.kind == "dynomite":
         await _cluster_consistency(settings, report)
-    writer = await _open_writer(write_ep, settings)
+    try:
+        writer = await _open_writer(write_ep, settings)
+    except BaseException:
+        await replication.close()
+        raise
     scope = config.topology.observed_from(region)
     targets = []
     for r in scope:
@@ -97,6 +109,7 @@ async def run_probe(
                 report.clock.insert(
                     0, await estimate_offset(lambda: _time(writer), endpoint=write_ep.name)
                 )
+        await replication.sample_start()
         live = [t.observer for t in targets if t.observer is not None]
         for obs in live:
             await obs.start()
@@ -109,12 +122,14 @@ async def run_probe(
         await _wait_for_arrivals([u for u in units if u], writes, settings.timeout)
         for obs in live:
             await obs.stop()
+        await replication.sample_end()
         _collect(report, targets, writes, by_rack=by_rack)
         await _cleanup(writer, [keys.key(seq) for seq in writes], report)
     finally:
         # Also on error or cancellation: no subscription, poll task or socket outlives a run
         # (the service runs one per source every probe interval).
         await writer.close()
+        await replication.close()
         for t in targets:
             if t.observer is not None:
                 await t.observer.stop()
@@ -124,9 +139,16 @@ async def run_probe(
     if write_ep.kind == "dynomite":
         for pair in report.pairs:
             pair.consistency = settings.dynomite_consistency
+    replication.finish(
+        {p.replica: p99 for p in report.pairs if (p99 := p.summary.lag_ms["p99"]) is not None}
+    )
+    report.replication = replication.snapshot
+    if replication.event is not None:
+        report.failovers.append(replication.event)
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
     if store is not None:
         save_report(store, report)
+        replication.save(store, region)
     return report
 
 

@@ -1,9 +1,10 @@
 """Sampling replication state: offsets of a primary and its replicas read close together.
 
 Per primary, three steps on already-open connections, each stamped on this
-process's monotonic clock: the primary (`INFO replication` + `INFO stats`,
-pipelined), then every replica at once (`INFO replication`), then the primary
-again (`INFO replication`). Each step starts only after the previous one's
+process's monotonic clock: the primary (`INFO replication`), then every
+replica at once (`INFO replication`), then the primary again (`INFO
+replication` + `INFO stats`, pipelined, so its resync counters are at least as
+recent as every replica's state). Each step starts only after the previous one's
 answer arrived, so every replica's offset was read between the primary's two
 reads: bytes behind lies between (first primary offset − replica offset) and
 (second − replica), the bracket reported as estimate ± half-width, and the
@@ -156,7 +157,7 @@ class ReplicationSampler:
         for ep, error in zip(endpoints, errors, strict=True):
             if error is not None:
                 self._unreachable[ep.name] = error
-        first = await self._read(primary, stats=True)
+        first = await self._read(primary, stats=False)
         base: dict[str, Any] = {
             "source": target.source,
             "primary": primary.name,
@@ -164,15 +165,15 @@ class ReplicationSampler:
             "sampled_ns": time.time_ns(),
         }
         if first.info is None:
-            return PrimaryState(**base, error=first.error), 2
+            return PrimaryState(**base, error=first.error), 1
         if not first.info.is_primary:
             return PrimaryState(
                 **base,
                 error=f"role {first.info.role}, not a primary (replicating from "
                 f"{first.info.master_address}): a failover?",
-            ), 2
+            ), 1
         reads = await asyncio.gather(*(self._read(ep, stats=False) for _, ep in target.replicas))
-        second = await self._read(primary, stats=False)
+        second = await self._read(primary, stats=True)
         commands = 3 + len(target.replicas)
         if second.info is None or not second.info.is_primary:
             return PrimaryState(**base, error=second.error or "stopped being a primary"), commands
@@ -193,9 +194,9 @@ class ReplicationSampler:
             backlog_size=after.backlog_size,
             backlog_first_byte_offset=after.backlog_first_byte_offset,
             backlog_histlen=after.backlog_histlen,
-            sync_full=before.sync_full,
-            sync_partial_ok=before.sync_partial_ok,
-            sync_partial_err=before.sync_partial_err,
+            sync_full=after.sync_full,
+            sync_partial_ok=after.sync_partial_ok,
+            sync_partial_err=after.sync_partial_err,
             write_rate_bps=self._rate(primary.address, middle_ns, middle_offset, after.replid),
             replicas=replicas,
         )

@@ -1,0 +1,136 @@
+"""Replication state sampled alongside one probe run, and the Sentinel hand-off before it.
+
+`ProbeReplication.open()` resolves the write endpoint (through Sentinel for a
+region that has one, reporting a failover it finds); `sample_start()` and
+`sample_end()` bracket the run (the write rate is taken across it, the state
+reported is the end's, after the probe keys arrived); `finish()` puts both in
+the report and `save()` in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from replag.config import Config
+from replag.replication import history
+from replag.replication.check import recent_lag_p99_ms
+from replag.replication.follow import FailoverEvent, resolve_write
+from replag.replication.sampler import ReplicationSampler, SampleTarget, replication_targets
+from replag.replication.state import ReplicationSnapshot
+from replag.settings import Settings
+from replag.store import Store
+from replag.topology import Endpoint, Region
+
+_LAG_FRESHNESS_S = 300.0
+
+
+class ProbeReplication:
+    def __init__(
+        self,
+        *,
+        write_endpoint: Endpoint,
+        targets: list[SampleTarget],
+        notes: list[str],
+        target_notes: list[str],
+        sampler: ReplicationSampler,
+        own_sampler: bool,
+        event: FailoverEvent | None,
+    ) -> None:
+        self.write_endpoint = write_endpoint
+        self.targets = targets
+        self.notes = notes  # the Sentinel hand-off: for the run's notes
+        self.target_notes = target_notes  # what is not sampled, and why: for the snapshot
+        self.event = event
+        self.snapshot: ReplicationSnapshot | None = None
+        self._sampler = sampler
+        self._own = own_sampler
+        self._cost_commands = 0
+        self._cost_ns = 0
+
+    @classmethod
+    async def open(
+        cls,
+        config: Config,
+        region: Region,
+        *,
+        settings: Settings,
+        store: Store | None,
+        sampler: ReplicationSampler | None = None,
+    ) -> ProbeReplication:
+        """Resolve `region`'s write endpoint; EndpointError if no primary can be written to."""
+        assert region.write is not None
+        write, notes, event = region.write, [], None
+        if region.sentinel is not None:
+            lag = (
+                recent_lag_p99_ms(
+                    store, region.name, now_ns=time.time_ns(), freshness_s=_LAG_FRESHNESS_S
+                )
+                if store is not None
+                else {}
+            )
+            resolution = await resolve_write(
+                config.topology,
+                region,
+                timeout_s=settings.connect_timeout,
+                store=store,
+                lag_p99_ms=lag,
+            )
+            write, notes, event = resolution.endpoint, resolution.notes, resolution.event
+        targets, target_notes = replication_targets(
+            config.topology, sources=[dataclasses.replace(region, write=write)]
+        )
+        return cls(
+            write_endpoint=write,
+            targets=targets,
+            notes=notes,
+            target_notes=target_notes,
+            sampler=sampler or ReplicationSampler(timeout_s=settings.connect_timeout),
+            own_sampler=sampler is None,
+            event=event,
+        )
+
+    async def sample_start(self) -> None:
+        """The baseline of the write rate (and a warm connection to every server)."""
+        if self.targets:
+            first = await self._sampler.sample(self.targets)
+            self._cost_commands += first.commands
+            self._cost_ns += first.duration_ns
+
+    async def sample_end(self) -> None:
+        """The state reported for this run, read once the probe keys have arrived."""
+        snapshot = await self._sampler.sample(self.targets) if self.targets else None
+        snapshot = snapshot or ReplicationSnapshot()
+        snapshot.commands += self._cost_commands
+        snapshot.duration_ns += self._cost_ns
+        snapshot.notes += self.target_notes
+        self.snapshot = snapshot
+
+    async def close(self) -> None:
+        if self._own:
+            await self._sampler.close()
+
+    def finish(self, lag_p99_ms: dict[str, float]) -> None:
+        """The failover event's lag after it: the worst p99 of this run."""
+        if self.event is not None and lag_p99_ms:
+            self.event.lag_after_ms = max(lag_p99_ms.values())
+
+    def save(self, store: Store, region: Region) -> None:
+        if self.snapshot is not None and self.snapshot.primaries:
+            history.record_snapshot(store, self.snapshot)
+            if region.sentinel is not None:
+                primary = self.snapshot.primaries[0]
+                if primary.error is None:
+                    history.remember_write_primary(
+                        store,
+                        history.WritePrimary(
+                            region=region.name,
+                            master=region.sentinel.master,
+                            address=primary.address,
+                            replid=primary.replid,
+                            offset=primary.offset,
+                            updated_ns=primary.sampled_ns,
+                        ),
+                    )
+        if self.event is not None:
+            history.record_failover(store, self.event.to_dict())

@@ -1,0 +1,283 @@
+"""Replication samples, the primary each Sentinel region writes to, and failover events,
+in the results store. This component owns (and prunes) its tables.
+
+`replication_primaries` / `replication_replicas`: one row per primary / replica
+per sample. `write_primaries`: per region, the primary last written to and its
+last offset seen (what a failover's bytes lost are measured from).
+`failover_events`: each failover the probe followed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
+from replag.store import Store
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS replication_primaries (
+        id INTEGER PRIMARY KEY,
+        sampled_ns INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        primary_name TEXT NOT NULL,
+        address TEXT NOT NULL,
+        offset INTEGER,
+        replid TEXT,
+        write_rate_bps REAL,
+        sync_full INTEGER,
+        sync_partial_ok INTEGER,
+        sync_partial_err INTEGER,
+        backlog_size INTEGER,
+        read_skew_ns INTEGER NOT NULL,
+        error TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS replication_primaries_time ON replication_primaries (sampled_ns)",
+    """CREATE TABLE IF NOT EXISTS replication_replicas (
+        id INTEGER PRIMARY KEY,
+        sampled_ns INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        primary_name TEXT NOT NULL,
+        replica TEXT NOT NULL,
+        region TEXT NOT NULL,
+        status TEXT NOT NULL,
+        bytes_behind INTEGER,
+        bytes_uncertainty INTEGER,
+        backlog_headroom INTEGER,
+        headroom_fraction REAL,
+        offset INTEGER,
+        last_io_s INTEGER,
+        link_down_s INTEGER
+    )""",
+    "CREATE INDEX IF NOT EXISTS replication_replicas_time ON replication_replicas (sampled_ns)",
+    """CREATE INDEX IF NOT EXISTS replication_replicas_replica
+        ON replication_replicas (source, replica, sampled_ns)""",
+    """CREATE TABLE IF NOT EXISTS write_primaries (
+        region TEXT PRIMARY KEY,
+        master TEXT NOT NULL,
+        address TEXT NOT NULL,
+        replid TEXT,
+        offset INTEGER,
+        updated_ns INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS failover_events (
+        id INTEGER PRIMARY KEY,
+        detected_ns INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        event_json TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS failover_events_time ON failover_events (detected_ns)",
+)
+
+_PRIMARY_COLUMNS = (
+    "sampled_ns, source, primary_name, address, offset, replid, write_rate_bps, sync_full, "
+    "sync_partial_ok, sync_partial_err, backlog_size, read_skew_ns, error"
+)
+_REPLICA_COLUMNS = (
+    "sampled_ns, source, primary_name, replica, region, status, bytes_behind, "
+    "bytes_uncertainty, backlog_headroom, headroom_fraction, offset, last_io_s, link_down_s"
+)
+
+
+def ensure_schema(store: Store) -> None:
+    store.ensure_schema(SCHEMA)
+
+
+def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
+    """Append one row per primary and per replica of `snapshot`."""
+    ensure_schema(store)
+    statements: list[tuple[str, tuple[Any, ...]]] = []
+    for p in snapshot.primaries:
+        statements.append(
+            (
+                f"INSERT INTO replication_primaries ({_PRIMARY_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    p.sampled_ns,
+                    p.source,
+                    p.primary,
+                    p.address,
+                    p.offset,
+                    p.replid,
+                    p.write_rate_bps,
+                    p.sync_full,
+                    p.sync_partial_ok,
+                    p.sync_partial_err,
+                    p.backlog_size,
+                    p.read_skew_ns,
+                    p.error,
+                ),
+            )
+        )
+        for r in p.replicas:
+            statements.append(
+                (
+                    f"INSERT INTO replication_replicas ({_REPLICA_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        p.sampled_ns,
+                        p.source,
+                        p.primary,
+                        r.replica,
+                        r.region,
+                        r.status,
+                        r.bytes_behind,
+                        r.bytes_uncertainty,
+                        r.backlog_headroom,
+                        r.headroom_fraction,
+                        r.offset,
+                        r.last_io_s,
+                        r.link_down_s,
+                    ),
+                )
+            )
+    store.transaction(statements)
+
+
+def latest_primaries(store: Store, *, since_ns: int | None = None) -> list[PrimaryState]:
+    """The latest sample of every (source, primary), with its replicas' rows."""
+    ensure_schema(store)
+    rows = store.execute(
+        f"""SELECT {_PRIMARY_COLUMNS} FROM replication_primaries p
+            WHERE sampled_ns = (SELECT MAX(sampled_ns) FROM replication_primaries q
+                                WHERE q.source = p.source AND q.primary_name = p.primary_name)
+            AND sampled_ns >= ? ORDER BY source, primary_name""",
+        (since_ns or 0,),
+    )
+    out = []
+    for row in rows:
+        replicas = store.execute(
+            f"""SELECT {_REPLICA_COLUMNS} FROM replication_replicas
+                WHERE sampled_ns = ? AND source = ? AND primary_name = ? ORDER BY replica""",
+            (row[0], row[1], row[2]),
+        )
+        out.append(_primary(row, tuple(_replica(r) for r in replicas)))
+    return out
+
+
+def replica_series(
+    store: Store, *, source: str, replica: str, since_ns: int, until_ns: int | None = None
+) -> list[tuple[int, ReplicaState]]:
+    """(sampled_ns, ReplicaState) of one replica, oldest first."""
+    ensure_schema(store)
+    rows = store.execute(
+        f"""SELECT {_REPLICA_COLUMNS} FROM replication_replicas
+            WHERE source = ? AND replica = ? AND sampled_ns >= ? AND sampled_ns < ?
+            ORDER BY sampled_ns""",
+        (source, replica, since_ns, until_ns if until_ns is not None else 2**62),
+    )
+    return [(r[0], _replica(r)) for r in rows]
+
+
+def _primary(row: tuple[Any, ...], replicas: tuple[ReplicaState, ...]) -> PrimaryState:
+    return PrimaryState(
+        sampled_ns=row[0],
+        source=row[1],
+        primary=row[2],
+        address=row[3],
+        offset=row[4],
+        replid=row[5],
+        write_rate_bps=row[6],
+        sync_full=row[7],
+        sync_partial_ok=row[8],
+        sync_partial_err=row[9],
+        backlog_size=row[10],
+        read_skew_ns=row[11],
+        error=row[12],
+        replicas=replicas,
+    )
+
+
+def _replica(row: tuple[Any, ...]) -> ReplicaState:
+    return ReplicaState(
+        replica=row[3],
+        region=row[4],
+        address="",
+        status=row[5],
+        bytes_behind=row[6],
+        bytes_uncertainty=row[7],
+        backlog_headroom=row[8],
+        headroom_fraction=row[9],
+        offset=row[10],
+        last_io_s=row[11],
+        link_down_s=row[12],
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WritePrimary:
+    """The primary a Sentinel region was last written to, and its last offset seen."""
+
+    region: str
+    master: str
+    address: str
+    replid: str | None
+    offset: int | None
+    updated_ns: int
+
+
+def write_primary(store: Store, region: str) -> WritePrimary | None:
+    ensure_schema(store)
+    rows = store.execute(
+        "SELECT region, master, address, replid, offset, updated_ns FROM write_primaries "
+        "WHERE region = ?",
+        (region,),
+    )
+    if not rows:
+        return None
+    r = rows[0]
+    return WritePrimary(
+        region=r[0], master=r[1], address=r[2], replid=r[3], offset=r[4], updated_ns=r[5]
+    )
+
+
+def remember_write_primary(store: Store, record: WritePrimary) -> None:
+    ensure_schema(store)
+    store.execute(
+        """INSERT INTO write_primaries (region, master, address, replid, offset, updated_ns)
+           VALUES (?, ?, ?, ?, ?, ?)
+           ON CONFLICT (region) DO UPDATE SET master = excluded.master,
+               address = excluded.address, replid = excluded.replid,
+               offset = excluded.offset, updated_ns = excluded.updated_ns""",
+        (
+            record.region,
+            record.master,
+            record.address,
+            record.replid,
+            record.offset,
+            record.updated_ns,
+        ),
+    )
+
+
+def record_failover(store: Store, event: dict[str, Any]) -> None:
+    ensure_schema(store)
+    store.execute(
+        "INSERT INTO failover_events (detected_ns, source, event_json) VALUES (?, ?, ?)",
+        (event["detected_ns"], event["source"], json.dumps(event)),
+    )
+
+
+def failover_events(store: Store, *, since_ns: int = 0) -> list[dict[str, Any]]:
+    ensure_schema(store)
+    rows = store.execute(
+        "SELECT event_json FROM failover_events WHERE detected_ns >= ? ORDER BY detected_ns",
+        (since_ns,),
+    )
+    return [dict(json.loads(r[0])) for r in rows]
+
+
+def prune(store: Store, before_ns: int) -> dict[str, int]:
+    """Delete samples and events older than `before_ns`; rows deleted per table."""
+    ensure_schema(store)
+    deleted = {}
+    for table, column in (
+        ("replication_primaries", "sampled_ns"),
+        ("replication_replicas", "sampled_ns"),
+        ("failover_events", "detected_ns"),
+    ):
+        before = store.execute(f"SELECT COUNT(*) FROM {table} WHERE {column} < ?", (before_ns,))
+        store.execute(f"DELETE FROM {table} WHERE {column} < ?", (before_ns,))
+        deleted[table] = int(before[0][0])
+    return deleted
