@@ -9,7 +9,7 @@ import click
 
 from replag.durations import parse_duration_ns
 from replag.errors import UsageError
-from replag.lab.cluster import LabSpec, lab_down, lab_fault, lab_status, lab_up
+from replag.lab.cluster import LabSpec, lab_down, lab_failover, lab_fault, lab_status, lab_up
 from replag.lab.wan import parse_path, parse_paths
 
 _DIR = click.option(
@@ -88,6 +88,11 @@ def command() -> None:
     help="The primary's repl-backlog-size (e.g. 16kb): small, so a partition soon "
     "means a full resync.",
 )
+@click.option(
+    "--sentinel",
+    is_flag=True,
+    help="Also start 3 Sentinels (quorum 2) monitoring the primary; `lab failover` forces one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
 def up(
     lab_dir: Path,
@@ -98,6 +103,7 @@ def up(
     replicas: int,
     engine: str,
     backlog_size: str | None,
+    sentinel: bool,
     as_json: bool,
 ) -> None:
     """Start the lab and return once every replication link is up."""
@@ -108,6 +114,7 @@ def up(
     )
     spec = LabSpec(
         backlog_bytes=parse_size(backlog_size, option="--backlog-size") if backlog_size else None,
+        sentinel=sentinel,
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
         delays_ms=out_ms,
         back_ms=back_ms,
@@ -180,6 +187,22 @@ def partition(lab_dir: Path, region: str) -> None:
 def heal(lab_dir: Path, region: str) -> None:
     """Let REGION's replicas reconnect."""
     click.echo(f"healed: {', '.join(lab_fault(lab_dir, region, 'heal'))}")
+
+
+@command.command("failover")
+@_DIR
+@click.option("--json", "as_json", is_flag=True)
+def failover(lab_dir: Path, as_json: bool) -> None:
+    """Have the lab's Sentinels fail the primary over (SENTINEL FAILOVER) and wait for it."""
+    result = lab_failover(lab_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    old, new = result["old"], result["new"]
+    click.echo(
+        f"failover of {result['master']}: {old['name'] or '?'} (127.0.0.1:{old['port']}) → "
+        f"{new['name']} (127.0.0.1:{new['port']}) in {result['seconds']} s"
+    )
 
 
 @command.command("delay")

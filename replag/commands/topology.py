@@ -22,6 +22,7 @@ from replag.discovery.dynomite import (
     parse_port_override,
 )
 from replag.discovery.replication import discover_replication
+from replag.discovery.sentinel import discover_sentinel
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
 from replag.monitoring.dropped_writes import find_dropped_writes
@@ -53,6 +54,20 @@ def command() -> None:
     "cluster_url",
     metavar="URL",
     help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000.",
+)
+@click.option(
+    "--sentinel",
+    "sentinel_addresses",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A Redis Sentinel (repeatable; the first that answers is asked), or a redis:// URL.",
+)
+@click.option(
+    "--master",
+    "sentinel_masters",
+    multiple=True,
+    metavar="NAME",
+    help="With --sentinel: only this master (repeatable; default every one it monitors).",
 )
 @click.option(
     "--out",
@@ -92,6 +107,8 @@ def discover(
     dynomite_url: str | None,
     redis_url: str | None,
     cluster_url: str | None,
+    sentinel_addresses: tuple[str, ...],
+    sentinel_masters: tuple[str, ...],
     out: Path | None,
     peer_port: int | None,
     client_port: int | None,
@@ -104,8 +121,14 @@ def discover(
 ) -> None:
     """Discover a topology and print (or --out) the TOML file replag reads."""
     sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
+    if sentinel_addresses:
+        sources.append("sentinel")
     if len(sources) != 1:
-        raise UsageError("give exactly one of --dynomite URL, --redis URL, --cluster URL")
+        raise UsageError(
+            "give exactly one of --dynomite URL, --redis URL, --cluster URL, --sentinel HOST:PORT"
+        )
+    if sentinel_masters and not sentinel_addresses:
+        raise UsageError("--master applies to --sentinel only")
     dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
@@ -129,6 +152,12 @@ def discover(
         found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
     elif redis_url:
         found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s))
+    elif sentinel_addresses:
+        found = asyncio.run(
+            discover_sentinel(
+                list(sentinel_addresses), masters=list(sentinel_masters), timeout_s=timeout_s
+            )
+        )
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))

@@ -24,9 +24,13 @@ import redis
 from replag.config import render_config, write_config_atomic
 from replag.errors import LabError, UsageError
 from replag.lab.relay import relay_command, spawn_relay
+from replag.lab.sentinel import MASTER_NAME as SENTINEL_MASTER
+from replag.lab.sentinel import lab_failover as _failover
+from replag.lab.sentinel import master_port as sentinel_master_port
+from replag.lab.sentinel import start_sentinels
 from replag.lab.server import RedisServer, free_port, pid_alive, stop_pid
 from replag.lab.wan import delay_request, start_views, view_ports
-from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+from replag.topology import Endpoint, Region, ReplicaGroup, SentinelRef, Topology
 
 Engine = Literal["replicated", "independent"]
 STATE_FILE = "lab.json"
@@ -51,6 +55,8 @@ class LabSpec:
     # The primary's repl-backlog-size (bytes; Redis keeps at least 16 KiB): small makes a
     # partitioned replica's reconnect a full resync after a few writes.
     backlog_bytes: int | None = None
+    # Real Sentinels beside the lab (replag.lab.sentinel), so `lab failover` can force one.
+    sentinel: bool = False
 
     def __post_init__(self) -> None:
         if len(self.regions) < 2 and self.engine == "independent":
@@ -67,6 +73,8 @@ class LabSpec:
             raise UsageError(f"{option}: delays cannot be negative")
         if self.replicas < 1:
             raise UsageError("--replicas: at least 1")
+        if self.sentinel and self.engine != "replicated":
+            raise UsageError("--sentinel: only a replicated lab has a primary to fail over")
         if self.backlog_bytes is not None and self.backlog_bytes < 1:
             raise UsageError("--backlog-size: at least 1 byte")
 
@@ -222,6 +230,9 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
     slowest = max((sum(path) for path in paths.values()), default=0.0)
     wait_replication(started, timeout_s=30 + 0.1 * slowest)
     views()
+    if spec.sentinel:
+        sentinel_ports = start_sentinels(lab_dir, primary.port, len(links), started)
+        state["sentinel"] = {"master": SENTINEL_MASTER, "ports": sentinel_ports}
     _write_outputs(lab_dir, spec, state)
     return state
 
@@ -284,6 +295,15 @@ def lab_topology(state: dict[str, Any]) -> Topology:
         return endpoint
 
     servers = [p for p in state["processes"] if p["kind"] == "redis-server"]
+    sentinel = None
+    if state.get("sentinel"):
+        sentinel = SentinelRef(
+            master=state["sentinel"]["master"],
+            sentinels=tuple(
+                Endpoint.from_url(f"redis://127.0.0.1:{port}", name=f"sentinel {port}")
+                for port in state["sentinel"]["ports"]
+            ),
+        )
     regions = []
     for region in state["regions"]:
         write = next(
@@ -294,7 +314,7 @@ def lab_topology(state: dict[str, Any]) -> Topology:
             for p in servers
             if p["region"] == region and p["role"] in ("replica", "independent")
         )
-        regions.append(Region(name=region, write=write, replicas=replicas))
+        regions.append(Region(name=region, write=write, replicas=replicas, sentinel=sentinel))
     group = ReplicaGroup(name="lab", members=tuple(ep(p) for p in servers))
     return Topology(regions=tuple(regions), groups=(group,))
 
@@ -318,8 +338,10 @@ def _is_ours(pid: int, kind: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    marker = b"replag.lab.relay" if kind == "relay" else b"redis-server"
-    return marker in cmdline
+    if kind == "relay":
+        return b"replag.lab.relay" in cmdline
+    # Servers and Sentinels run whichever binary the lab used (REPLAG_REDIS_SERVER).
+    return b"redis-server" in cmdline or b"valkey-server" in cmdline
 
 
 def lab_status(lab_dir: Path) -> dict[str, Any]:
@@ -336,6 +358,11 @@ def lab_status(lab_dir: Path) -> dict[str, Any]:
                     row["keys"] = client.dbsize()
                 except redis.RedisError as exc:
                     row["link"] = f"error: {exc}"
+        if proc["kind"] == "sentinel" and row["alive"]:
+            try:
+                row["link"] = f"names primary 127.0.0.1:{sentinel_master_port(proc['port'])}"
+            except redis.RedisError as exc:
+                row["link"] = f"error: {exc}"
         procs.append(row)
     links = []
     for control in (state.get("relay_control_port"), state.get("view_relay_control_port")):
@@ -390,7 +417,19 @@ def lab_fault(
         state.setdefault("back_ms", {}).pop(region, None)
         if back_ms is not None and back_ms != delay_ms:
             state["back_ms"][region] = back_ms
-        tmp = state_path(lab_dir).with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(state_path(lab_dir))
+        _save_state(lab_dir, state)
     return [link["name"] for _, link in targets]
+
+
+def lab_failover(lab_dir: Path) -> dict[str, Any]:
+    """Force a Sentinel failover (the lab must have `--sentinel`); return old and new primary."""
+    state = read_state(lab_dir)
+    result = _failover(state)
+    _save_state(lab_dir, state)
+    return result
+
+
+def _save_state(lab_dir: Path, state: dict[str, Any]) -> None:
+    tmp = state_path(lab_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(state_path(lab_dir))

@@ -201,6 +201,10 @@ class DelayRelay:
             link.cut()
         elif op == "heal":
             link.partitioned = False
+        elif op == "upstream":
+            # The primary moved (a failover): new connections go to it, old ones are cut.
+            link.upstream_port = int(request["port"])
+            link.cut()
         elif op == "delay":
             link.delay_ms = float(request["delay_ms"])
             link.up_delay_ms = (

@@ -126,7 +126,7 @@ class ProbeReplication:
                         history.WritePrimary(
                             region=region.name,
                             master=region.sentinel.master,
-                            address=primary.address,
+                            address=self.write_endpoint.in_region().address,
                             replid=primary.replid,
                             offset=primary.offset,
                             updated_ns=primary.sampled_ns,

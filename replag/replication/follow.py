@@ -88,12 +88,18 @@ async def read_info(endpoint: Endpoint, *, timeout_s: float) -> ReplicationInfo:
     return ReplicationInfo.parse(text, where=endpoint.name)
 
 
+def home(endpoint: Endpoint) -> str:
+    """host:port as the server's own region (and Sentinel) knows it."""
+    return endpoint.in_region().address
+
+
 def endpoint_at(topology: Topology, region: Region, host: str, port: int) -> Endpoint:
     """The configured endpoint at host:port (its name and credentials), else one like
     the region's write endpoint at that address."""
     for r in topology.observed_from(region):
         for ep in ((r.write,) if r.write else ()) + r.replicas:
-            if (ep.host, ep.port) == (host, port):
+            # Sentinel names servers as their region sees them (`local`, if configured).
+            if (host, port) in ((ep.host, ep.port), ep.local):
                 return replace(ep, region=region.name)
     assert region.write is not None
     return replace(region.write, name=f"{region.name}-primary@{host}:{port}", host=host, port=port)
@@ -112,7 +118,7 @@ async def resolve_write(
     ref = region.sentinel
     assert ref is not None and region.write is not None
     known = write_primary(store, region.name) if store is not None else None
-    known_address = known.address if known else region.write.address
+    known_address = known.address if known else home(region.write)
     notes: list[str] = []
     try:
         found = await master_address(ref.sentinels, ref.master, timeout_s=timeout_s)
@@ -130,14 +136,14 @@ async def resolve_write(
     endpoint = endpoint_at(topology, region, *found)
     info = await _primary_info(endpoint, timeout_s=timeout_s, why="primary named by Sentinel")
     resolution = WriteResolution(endpoint=endpoint, info=info, notes=notes)
-    if endpoint.address != region.write.address:
+    if home(endpoint) != home(region.write):
         notes.append(
-            f"write endpoint resolved through Sentinel: {endpoint.name} ({endpoint.address}); "
-            f"the config names {region.write.address}"
+            f"write endpoint resolved through Sentinel: {endpoint.name} ({home(endpoint)}); "
+            f"the config names {home(region.write)}"
         )
-    if endpoint.address != known_address:
+    if home(endpoint) != known_address:
         resolution.event = await _event(
-            region, known, known_address, endpoint, info, timeout_s, lag_p99_ms or {}
+            topology, region, known, known_address, endpoint, info, timeout_s, lag_p99_ms or {}
         )
     if store is not None:
         remember_write_primary(
@@ -145,7 +151,7 @@ async def resolve_write(
             WritePrimary(
                 region=region.name,
                 master=ref.master,
-                address=endpoint.address,
+                address=home(endpoint),
                 replid=info.replid,
                 offset=info.offset,
                 updated_ns=time.time_ns(),
@@ -171,6 +177,7 @@ async def _primary_info(endpoint: Endpoint, *, timeout_s: float, why: str) -> Re
 
 
 async def _event(
+    topology: Topology,
     region: Region,
     known: WritePrimary | None,
     old_address: str,
@@ -184,7 +191,7 @@ async def _event(
         source=region.name,
         master=region.sentinel.master,
         old_primary=old_address,
-        new_primary=endpoint.address,
+        new_primary=home(endpoint),
         new_primary_name=endpoint.name,
         detected_ns=time.time_ns(),
         lag_before_ms=lag_p99_ms.get(endpoint.name),
@@ -193,7 +200,7 @@ async def _event(
     old_offset = known.offset if known else None
     # The old primary, if it is still up as a primary (a partition), may have written on.
     host, _, port = old_address.rpartition(":")
-    old = replace(endpoint, name="old primary", host=host, port=int(port))
+    old = endpoint_at(topology, region, host, int(port))
     try:
         old_info = await read_info(old, timeout_s=timeout_s)
     except ReplagError:

@@ -219,6 +219,8 @@ class ReplicationSampler:
 
 
 def _listed(listed: tuple[ListedReplica, ...], endpoint: Endpoint) -> ListedReplica | None:
+    """The primary's line for `endpoint`, which announces itself as its region sees it."""
+    endpoint = endpoint.in_region()
     for entry in listed:
         if entry.port == endpoint.port and entry.host in (endpoint.host, "", "?"):
             return entry

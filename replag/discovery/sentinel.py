@@ -1,0 +1,129 @@
+"""Discovery through Redis Sentinel: every master it monitors (or those named), their
+replicas and the Sentinels watching them.
+
+Each master becomes a region named after it (write = the master, replicas =
+what `SENTINEL REPLICAS` lists) carrying `sentinel = { master, sentinels }`,
+so the probe follows a failover; and a replica group per master for repair.
+The Sentinel's password (from its URL) is the Sentinels'; data nodes are
+written without one (add `password_env` to them if they need one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from replag.config import sentinel_endpoint
+from replag.discovery.result import Discovery
+from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
+from replag.replication import sentinel as ask
+from replag.topology import Endpoint, Region, ReplicaGroup, SentinelRef, Topology
+
+
+async def discover_sentinel(
+    addresses: list[str], *, masters: list[str], timeout_s: float
+) -> Discovery:
+    """Ask the first of `addresses` that answers; `masters` narrows to those names."""
+    try:
+        sentinels = [sentinel_endpoint(a) for a in addresses]
+    except ValueError as exc:
+        raise UsageError(f"--sentinel: {exc}") from None
+    failures: list[str] = []
+    for sentinel in sentinels:
+        try:
+            monitored = await ask.masters(sentinel, timeout_s=timeout_s)
+        except EndpointError as exc:
+            failures.append(str(exc))
+            continue
+        return await _discover(sentinel, sentinels, monitored, masters, timeout_s)
+    raise UnreachableError("no Sentinel answered: " + "; ".join(failures))
+
+
+async def _discover(
+    sentinel: Endpoint,
+    given: list[Endpoint],
+    monitored: list[dict[str, str]],
+    names: list[str],
+    timeout_s: float,
+) -> Discovery:
+    by_name = {m.get("name", ""): m for m in monitored}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        known = ", ".join(sorted(by_name)) or "none"
+        raise UsageError(
+            f"--master: {unknown[0]!r} is not monitored by {sentinel.address} "
+            f"(it monitors: {known})"
+        )
+    chosen = [by_name[n] for n in names] if names else [by_name[n] for n in sorted(by_name)]
+    if not chosen:
+        raise DiscoveryError("this Sentinel monitors no master", where=sentinel.url())
+    regions, groups = [], []
+    comments: dict[str, str] = {}
+    endpoint_comments: dict[str, str] = {}
+    for master in chosen:
+        name = master["name"]
+        try:
+            primary = _node(master["ip"], int(master["port"]), f"{name}-primary", name)
+        except (KeyError, ValueError):
+            raise DiscoveryError(
+                f"SENTINEL MASTERS: bad entry {master!r}", where=sentinel.url()
+            ) from None
+        listed = await ask.replicas(sentinel, name, timeout_s=timeout_s)
+        others = await ask.other_sentinels(sentinel, name, timeout_s=timeout_s)
+        watching = _sentinels(sentinel, given, others)
+        replicas = []
+        for i, entry in enumerate(listed, start=1):
+            ep = _node(entry["ip"], int(entry["port"]), f"{name}-{i}", name)
+            replicas.append(ep)
+            endpoint_comments[ep.name] = (
+                f"Sentinel flags {entry.get('flags', '?')}, link "
+                f"{entry.get('master-link-status', '?')}, priority "
+                f"{entry.get('slave-priority', '?')}, offset {entry.get('slave-repl-offset', '?')}"
+            )
+        endpoint_comments[primary.name] = (
+            f"primary of {name} per Sentinel (flags {master.get('flags', '?')}, quorum "
+            f"{master.get('quorum', '?')}, {len(watching)} Sentinels)"
+        )
+        regions.append(
+            Region(
+                name=name,
+                write=primary,
+                replicas=tuple(replicas),
+                sentinel=SentinelRef(master=name, sentinels=watching),
+            )
+        )
+        comments[name] = (
+            f"Sentinel master {name} (the probe follows its failovers through the Sentinels)"
+        )
+        if replicas:
+            groups.append(ReplicaGroup(name=name, members=(primary, *replicas)))
+    header = (
+        f"Discovered from Sentinel {sentinel.address}: {len(regions)} master(s).\n"
+        "Data nodes are written without a password: add password_env where they need one."
+    )
+    return Discovery(
+        topology=Topology(regions=tuple(regions), groups=tuple(groups)),
+        header=header,
+        comments=comments,
+        endpoint_comments=endpoint_comments,
+        facts={"masters": [r.name for r in regions], "sentinel": sentinel.address},
+    )
+
+
+def _node(host: str, port: int, name: str, region: str) -> Endpoint:
+    return Endpoint(name=name, host=host, port=port, region=region)
+
+
+def _sentinels(
+    asked: Endpoint, given: list[Endpoint], others: list[dict[str, str]]
+) -> tuple[Endpoint, ...]:
+    """The Sentinel asked, the others given, then those it knows of (with the asked one's auth)."""
+    out: dict[str, Endpoint] = {asked.address: asked}
+    for ep in given:
+        out.setdefault(ep.address, ep)
+    for entry in others:
+        try:
+            ep = replace(asked, host=entry["ip"], port=int(entry["port"]))
+        except (KeyError, ValueError):
+            continue
+        out.setdefault(ep.address, replace(ep, name=f"sentinel {ep.address}"))
+    return tuple(out.values())

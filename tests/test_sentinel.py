@@ -1,0 +1,214 @@
+"""Redis Sentinel with real Sentinels: discovery, a real failover, the probe following it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import config_from_dict, load_config
+from replag.errors import ConfigError
+from replag.lab.cluster import lab_failover, lab_fault, lab_status
+from replag.lab.server import pid_alive
+from replag.probes.runner import run_probe
+from replag.replication import history
+from replag.store import Store
+from tests.helpers.lab import LabFactory
+
+
+def sentinel_lab(lab_factory: LabFactory, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("regions", ("a", "b"))
+    spec.setdefault("delays_ms", {"b": 2})
+    return lab_factory(sentinel=True, **spec)
+
+
+def sentinel_ports(state: dict[str, Any]) -> list[int]:
+    return [int(p["port"]) for p in state["processes"] if p["role"] == "sentinel"]
+
+
+def test_discover_through_sentinel_finds_master_replicas_and_sentinels(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    state = sentinel_lab(lab_factory)
+    first = sentinel_ports(state)[0]
+    out = tmp_path / "found.toml"
+    result = CliRunner().invoke(
+        main,
+        ["topology", "discover", "--sentinel", f"127.0.0.1:{first}", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    topology = load_config(out, environ={}).topology
+    (region,) = topology.regions
+    primary = next(p for p in state["processes"] if p["role"] == "primary")
+    replicas = {p["port"] for p in state["processes"] if p["role"] == "replica"}
+    assert region.name == "replag-lab" and region.write is not None
+    assert region.write.port == primary["port"]
+    assert {r.port for r in region.replicas} == replicas
+    assert region.sentinel is not None and region.sentinel.master == "replag-lab"
+    assert {s.port for s in region.sentinel.sentinels} == set(sentinel_ports(state))
+    (group,) = topology.groups
+    assert {m.port for m in group.members} == replicas | {primary["port"]}
+
+    named = CliRunner().invoke(
+        main, ["topology", "discover", "--sentinel", f"127.0.0.1:{first}", "--master", "nope"]
+    )
+    assert named.exit_code == 2
+    assert "'nope' is not monitored" in named.stderr and "replag-lab" in named.stderr
+
+
+def test_discover_with_no_sentinel_answering_is_one_line_exit_2() -> None:
+    result = CliRunner().invoke(
+        main, ["topology", "discover", "--sentinel", "127.0.0.1:1", "--timeout", "200ms"]
+    )
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "no Sentinel answered" in line and "127.0.0.1:1" in line
+
+
+async def test_the_probe_follows_a_real_failover_and_reports_it(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    state = sentinel_lab(lab_factory)
+    lab_dir = Path(state["dir"])
+    config = load_config(lab_dir / "topology.toml", environ={})
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        before = await run_probe(config, count=20, store=store)
+        assert before.failovers == [] and before.exit_code == 0, before.render()
+        old_port = next(p["port"] for p in state["processes"] if p["role"] == "primary")
+
+        result = lab_failover(lab_dir)
+        assert result["old"]["port"] == old_port and result["new"]["port"] != old_port
+        promoted = result["new"]["name"]
+
+        after = await run_probe(config, count=20, store=store)
+        (event,) = after.failovers
+        assert event.old_primary == f"127.0.0.1:{old_port}"
+        assert event.new_primary == f"127.0.0.1:{result['new']['port']}"
+        assert event.new_primary_name == promoted
+        # Nothing was written between the last sample and the (graceful) failover.
+        assert event.bytes_lost == 0 and event.promoted_at_offset is not None
+        assert event.lag_after_ms is not None
+        assert after.write_endpoint.endswith(f":{result['new']['port']}")
+        assert after.exit_code == 0, after.render()
+        assert all(p.seen == p.sent for p in after.pairs)
+        assert promoted not in {p.replica for p in after.pairs}  # now the primary
+        assert "FAILOVER: a (Sentinel master replag-lab)" in after.render()
+        assert after.to_dict()["failovers"][0]["new_primary_name"] == promoted
+
+        again = await run_probe(config, count=20, store=store)
+        assert again.failovers == []  # the store remembers where the primary is now
+        assert any("resolved through Sentinel" in n for n in again.notes)
+        assert [e["new_primary"] for e in history.failover_events(store)] == [event.new_primary]
+    finally:
+        store.close()
+
+
+async def test_bytes_lost_in_a_failover_are_measured(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    state = sentinel_lab(lab_factory)
+    lab_dir = Path(state["dir"])
+    config = load_config(lab_dir / "topology.toml", environ={})
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        # Every replica cut off: the probe's writes reach the primary only, and its
+        # offset at the end of the run is on record. Sentinel still promotes a replica
+        # cut off for less than 10 × down-after-milliseconds.
+        for region in ("a", "b"):
+            lab_fault(lab_dir, region, "partition")
+        cut = await run_probe(config, count=20, timeout_s=0.5, store=store)
+        assert all(p.lost == p.sent for p in cut.pairs)
+        assert cut.replication is not None
+        behind = [r.bytes_behind for r in cut.replication.primaries[0].replicas]
+        result = lab_failover(lab_dir)
+        for region in ("a", "b"):
+            lab_fault(lab_dir, region, "heal")
+
+        after = await run_probe(config, count=20, store=store)
+        (event,) = after.failovers
+        assert event.new_primary_name == result["new"]["name"]
+        assert event.bytes_lost is not None and event.old_last_offset is not None
+        # At least the 20 probe SETs the promoted replica never received.
+        assert event.bytes_lost >= 20 * len("SET replag:probe:0123456789ab:0 x")
+        assert event.bytes_lost in behind  # what the last sample said it was behind
+    finally:
+        store.close()
+
+
+def test_lab_failover_cli_and_down_stops_the_sentinels(tmp_path: Path) -> None:
+    runner = CliRunner()
+    lab_dir = tmp_path / "lab"
+    up = runner.invoke(
+        main, ["lab", "up", "--dir", str(lab_dir), "--regions", "a,b", "--sentinel", "--json"]
+    )
+    assert up.exit_code == 0, up.output
+    pids = [p["pid"] for p in json.loads(up.output)["processes"]]
+    try:
+        done = runner.invoke(main, ["lab", "failover", "--dir", str(lab_dir)])
+        assert done.exit_code == 0, done.output
+        assert done.output.startswith("failover of replag-lab: a-primary")
+        roles = {p["name"]: p for p in lab_status(lab_dir)["processes"]}
+        assert roles["a-primary"]["role"] == "replica"
+        new = next(p for p in roles.values() if p["role"] == "primary")
+        assert all(
+            p["link"] == f"names primary 127.0.0.1:{new['port']}"
+            for p in roles.values()
+            if p["role"] == "sentinel"
+        )
+    finally:
+        down = runner.invoke(main, ["lab", "down", "--dir", str(lab_dir)])
+    assert down.exit_code == 0 and "sentinel-1" in down.output
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_failover_without_sentinels_is_a_lab_error(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a",))
+    result = CliRunner().invoke(main, ["lab", "failover", "--dir", str(state["dir"])])
+    assert result.exit_code == 2 and "--sentinel" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sentinel", "key", "message"),
+    [
+        ({"sentinels": ["127.0.0.1:26379"]}, "sentinel.master", "missing Sentinel master"),
+        ({"master": "m"}, "sentinel.sentinels", "list the Sentinels"),
+        ({"master": "m", "sentinels": "x"}, "sentinel.sentinels", "array"),
+        ({"master": "m", "sentinels": ["ftp://x"]}, "sentinel.sentinels[0]", "redis://"),
+        ({"master": "m", "quorum": 2}, "sentinel", "unknown key 'quorum'"),
+    ],
+)
+def test_bad_sentinel_tables_name_the_key(sentinel: dict[str, Any], key: str, message: str) -> None:
+    data = {"regions": [{"name": "a", "write": "redis://127.0.0.1:6379", "sentinel": sentinel}]}
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict(data, where="t.toml", environ={})
+    assert f"regions[0].{key}" in str(raised.value) and message in str(raised.value)
+
+
+def test_sentinel_regions_observe_only_their_master() -> None:
+    def region(name: str, master: str, write: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": name,
+            "replicas": [f"redis://127.0.0.1:{7000 + len(name) + ord(name[-1])}"],
+            "sentinel": {"master": master, "sentinels": ["127.0.0.1"]},
+        }
+        if write:
+            out["write"] = f"redis://127.0.0.1:{6000 + ord(name[-1])}"
+        return out
+
+    data = {
+        "regions": [
+            region("m1", "one", True),
+            region("m2", "two", True),
+            region("r1", "one", False),
+        ]
+    }
+    topology = config_from_dict(data, where="t.toml", environ={}).topology
+    assert [r.name for r in topology.observed_from(topology.region("m1"))] == ["m1", "r1"]
+    assert [r.name for r in topology.observed_from(topology.region("m2"))] == ["m2"]
+    ref = topology.region("m1").sentinel
+    assert ref is not None and ref.sentinels[0].port == 26379  # the default Sentinel port
