@@ -9,10 +9,11 @@ redis-py costs ~10 µs of Python per pipelined command; scanning a replica at
 300k keys/s needs one PTTL per key, so the scanner packs commands itself and
 parses replies with hiredis directly. Replies are grouped per request: one
 future resolves with all `n` replies of a request and the moment their bytes
-arrived, read on the connection's clock (wall time by default; probes use the
-monotonic clock) before any parsing, which is what probe timing needs too:
-library-level timestamps carry encode/parse overhead larger than a loopback
-round trip, and not symmetric.
+arrived, on the connection's clock (wall time by default; probes use the
+monotonic clock). Plain TCP connections read through `StampedSocket`, so
+that moment is the kernel's receive timestamp, not when the event loop got
+to the bytes (milliseconds later on a busy host); TLS connections, which
+asyncio decrypts, are stamped when read, before any parsing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import hiredis
 
 from replag.connections import translate
 from replag.errors import EndpointError
+from replag.stamped_socket import StampedSocket, connect_stamped
 from replag.topology import Endpoint
 
 Arg = bytes | str | int | float
@@ -46,8 +48,10 @@ def pack_per_key(command: bytes, keys: Sequence[bytes]) -> bytes:
 
 
 Clock = Callable[[], int]
-# A message the server pushed on a subscribed connection, and when its bytes arrived.
-PushHandler = Callable[[list[Any], int], None]
+# A message the server pushed on a subscribed connection, and when its bytes arrived:
+# (message, arrived, earliest). `earliest` < `arrived` when the message was read
+# together with later bytes, whose arrival `arrived` is: it came in between.
+PushHandler = Callable[[list[Any], int, int], None]
 _PUSHED = (b"message", b"pmessage")
 
 
@@ -63,6 +67,36 @@ def pack_multi_and_per_key(multi: bytes, per_key: bytes, keys: Sequence[bytes]) 
     return head + b"".join(bulks) + prefix + prefix.join(bulks)
 
 
+def _ending_the_chunk(pushed: list[list[Any]], last: Any, data: bytes) -> int:
+    """Index of the first pushed message whose bytes came in the chunk's last packet.
+
+    `arrived` is the arrival of a chunk's last packet (TCP merges packets queued
+    unread, keeping the last one's stamp). A message ending the chunk ended in that
+    packet; so did the messages just before it on the same channel, because one
+    command's keyspace events (`set`, then `expire` for SET … PX) are written to
+    the socket together. The others arrived between the previous read and then.
+    """
+    if not pushed or last is not pushed[-1]:
+        return len(pushed)
+    try:
+        encoded = pack(*last)
+    except TypeError:  # not all bulk strings: cannot tell where it ends
+        return len(pushed)
+    # The chunk ends exactly where the message does (or is the end of it).
+    clean = data.endswith(encoded) or encoded.endswith(data)
+    if not clean:
+        return len(pushed)
+    channel = _channel(last)
+    first = len(pushed) - 1
+    while first > 0 and _channel(pushed[first - 1]) == channel:
+        first -= 1
+    return first
+
+
+def _channel(message: list[Any]) -> Any:
+    return message[2] if message[0] == b"pmessage" else message[1]
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, clock: Clock, on_push: PushHandler | None = None) -> None:
         self.clock = clock
@@ -72,7 +106,7 @@ class _Protocol(asyncio.Protocol):
             collections.deque()
         )
         self.current: list[Any] = []
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | StampedSocket | None = None
         self.lost: BaseException | None = None
         self.failure: BaseException | None = None  # a protocol error we closed on
         # Resolves with the exception the connection was lost with (None: closed cleanly).
@@ -85,9 +119,13 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        """From asyncio's transport (TLS): stamped now, as read."""
         arrived = self.clock()
+        self.received(data, arrived, arrived)
+
+    def received(self, data: bytes, arrived: int, since: int) -> None:
         if self.on_push is not None:
-            self._received_with_pushes(data, arrived)
+            self._received_with_pushes(data, arrived, since)
             return
         # Hot loop: one iteration per reply (one per key while scanning), so
         # everything is a local and completion is checked by countdown.
@@ -110,10 +148,12 @@ class _Protocol(asyncio.Protocol):
             current = self.current = []
             append = current.append
 
-    def _received_with_pushes(self, data: bytes, arrived: int) -> None:
+    def _received_with_pushes(self, data: bytes, arrived: int, since: int) -> None:
         """A subscribed connection: pushed messages go to `on_push`, the rest answer requests."""
         assert self.on_push is not None
         self.reader.feed(data)
+        pushed: list[list[Any]] = []
+        last: Any = None
         while True:
             try:
                 reply = self.reader.gets()
@@ -121,11 +161,12 @@ class _Protocol(asyncio.Protocol):
                 self.failure = exc
                 if self.transport is not None:
                     self.transport.abort()
-                return
+                break
             if reply is False:
-                return
+                break
+            last = reply
             if isinstance(reply, list) and reply and reply[0] in _PUSHED:
-                self.on_push(reply, arrived)
+                pushed.append(reply)
                 continue
             self.current.append(reply)
             if self.waiting and len(self.current) >= self.waiting[0][0]:
@@ -133,6 +174,9 @@ class _Protocol(asyncio.Protocol):
                 if not future.done():
                     future.set_result((self.current, arrived))
                 self.current = []
+        exact = _ending_the_chunk(pushed, last, data)
+        for i, message in enumerate(pushed):
+            self.on_push(message, arrived, arrived if i >= exact else since)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or self.failure or ConnectionResetError("connection closed by the server")
@@ -167,14 +211,22 @@ class RespConnection:
         server pushes is handed to it with its arrival time, replies still answer requests.
         """
         loop = asyncio.get_running_loop()
-        context = ssl.create_default_context() if endpoint.tls else None
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _Protocol(clock, on_push), endpoint.host, endpoint.port, ssl=context
-                ),
-                timeout_s,
-            )
+            if endpoint.tls:
+                _, protocol = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: _Protocol(clock, on_push),
+                        endpoint.host,
+                        endpoint.port,
+                        ssl=ssl.create_default_context(),
+                    ),
+                    timeout_s,
+                )
+            else:
+                protocol = _Protocol(clock, on_push)
+                protocol.transport = await asyncio.wait_for(
+                    connect_stamped(endpoint.host, endpoint.port, protocol, clock), timeout_s
+                )
         except (OSError, TimeoutError) as exc:
             raise translate(exc, endpoint) from exc
         conn = cls(endpoint, protocol, timeout_s)
@@ -223,6 +275,12 @@ class RespConnection:
     @property
     def timeout_s(self) -> float:
         return self._timeout_s
+
+    @property
+    def kernel_stamps(self) -> bool:
+        """Replies are stamped with the kernel's receive time (else when read)."""
+        transport = self._protocol.transport
+        return isinstance(transport, StampedSocket) and transport.kernel_stamps
 
     async def call(self, *args: Arg) -> tuple[Any, int, int]:
         """One command: (reply, sent, arrived) on the connection's clock; error replies returned."""

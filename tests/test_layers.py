@@ -2,7 +2,7 @@
 
     values         errors, durations, histogram, clock, clockbound
     configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
-    io             connections, resp, store, discovery.http
+    io             connections, stamped_socket, resp, store, discovery.http
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics
     service → api → cli (commands)
@@ -36,7 +36,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "configuration",
         ("replag", "replag.settings", "replag.topology", "replag.alerts.config", "replag.config"),
     ),
-    ("io", ("replag.connections", "replag.resp", "replag.store", "replag.discovery.http")),
+    (
+        "io",
+        (
+            "replag.connections",
+            "replag.stamped_socket",
+            "replag.resp",
+            "replag.store",
+            "replag.discovery.http",
+        ),
+    ),
     (
         "components",
         (

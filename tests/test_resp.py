@@ -25,7 +25,7 @@ async def test_pushed_messages_go_to_on_push_and_replies_still_answer(
         Endpoint.from_url(server.url, name="push"),
         timeout_s=5,
         clock=time.monotonic_ns,
-        on_push=lambda message, arrived: pushed.append((message, arrived)),
+        on_push=lambda message, arrived, _: pushed.append((message, arrived)),
     )
     try:
         assert await conn.checked(b"PSUBSCRIBE", b"ch:*") == [b"psubscribe", b"ch:*", 1]

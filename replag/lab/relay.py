@@ -9,9 +9,10 @@ microsecond-accurate release times, which an asyncio loop (millisecond
 epoll timeouts) would not. A link can be partitioned (connections cut, new
 ones refused) and healed, and its delay changed, through a JSON-lines control
 port. Downstream bytes carrying probe keys are logged with the monotonic
-times they entered and left the relay: the ground truth benchmarks score
-probes against. CLOCK_MONOTONIC is system-wide, so other processes on this
-machine can compare those times with their own `time.monotonic_ns()`.
+times they entered (the kernel's receive timestamp) and left the relay: the
+ground truth benchmarks score probes against. CLOCK_MONOTONIC is
+system-wide, so other processes on this machine can compare those times
+with their own `time.monotonic_ns()`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from replag.stamped_socket import enable_kernel_stamps, recv_stamped
 
 _CHUNK = 65536
 
@@ -96,13 +99,15 @@ class _Pipe:
         threading.Thread(target=self._write, daemon=True).start()
 
     def _read(self) -> None:
+        # Bytes are "in" when the kernel received them, not when this thread got to run:
+        # on a busy host the difference is real lag the truth would otherwise leave out.
+        enable_kernel_stamps(self.src)
         last_due = 0
         while True:
             try:
-                data = self.src.recv(_CHUNK)
+                data, t_in = recv_stamped(self.src, _CHUNK, time.monotonic_ns)
             except OSError:
-                data = b""
-            t_in = time.monotonic_ns()
+                data, t_in = b"", 0
             if not data:
                 self.queue.put(None)
                 return

@@ -4,9 +4,9 @@ Each observer fills `arrivals[key] = Arrival(...)`: the estimated moment the
 replica applied the key, on this process's monotonic clock, with the bracket
 [lo_ns, hi_ns] that surely contains it.
 
-Push subscribes on a `RespConnection` of its own (`on_push`), whose protocol
-stamps each chunk as it leaves the kernel, before parsing: no client-library
-queue between the wire and the timestamp. The replica publishes the event when it
+Push subscribes on a `RespConnection` of its own (`on_push`), which stamps each
+event with the kernel's receive time (`replag.stamped_socket`): a busy event
+loop reading it late does not make it late. The replica publishes the event when it
 applies the write, so the apply moment lies within one round trip before the
 arrival; the estimate subtracts half the smallest PING round trip.
 
@@ -71,18 +71,25 @@ class PushObserver(Observer):
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
 
-    def on_message(self, message: list[Any], arrived_ns: int) -> None:
+    def on_message(self, message: list[Any], arrived_ns: int, earliest_ns: int) -> None:
         """A pushed `pmessage pattern channel event`; only `set` events mark an arrival."""
         if len(message) == 4 and message[0] == b"pmessage" and message[3] == b"set":
-            self.on_event(message[2], arrived_ns)
+            self.on_event(message[2], arrived_ns, earliest_ns)
 
-    def on_event(self, channel: bytes, now_ns: int) -> None:
+    def on_event(self, channel: bytes, arrived_ns: int, earliest_ns: int) -> None:
+        """The event reached us at `arrived_ns`, or between `earliest_ns` and then when it
+        was read together with later events (see `replag.stamped_socket`)."""
         key = channel[len(self.channel_prefix) :]
-        if key not in self.arrivals:
-            half = self.rtt_ns // 2
-            self.arrivals[key] = Arrival(
-                estimate_ns=now_ns - half, lo_ns=now_ns - self.rtt_ns, hi_ns=now_ns
-            )
+        if key in self.arrivals:
+            return
+        earliest = min(earliest_ns, arrived_ns)
+        # The replica published when it applied the write, a one-way trip (half the
+        # smallest round trip) before the event reached us.
+        self.arrivals[key] = Arrival(
+            estimate_ns=(earliest + arrived_ns) // 2 - self.rtt_ns // 2,
+            lo_ns=earliest - self.rtt_ns,
+            hi_ns=arrived_ns,
+        )
 
     async def start(self) -> None:
         """Subscribe (once: the runner starts every observer, push ones already are).

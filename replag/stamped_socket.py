@@ -1,0 +1,224 @@
+"""A TCP connection whose every read carries the kernel's receive timestamp.
+
+asyncio's transports read with `recv` and so can only stamp bytes when the
+event loop gets to them: on a busy host that is milliseconds after they
+arrived. Here the socket has `SO_TIMESTAMPNS` on and is read with `recvmsg`:
+each chunk comes with the moment the kernel received the last packet in it.
+
+Kernel stamps are on CLOCK_REALTIME. A chunk's stamp is moved onto the
+connection's own clock (the probe's is CLOCK_MONOTONIC) by the offset
+between the two clocks read right after `recvmsg` returns, sandwiched
+(clock, realtime, clock) and midpointed: the stamp and that offset are
+microseconds to milliseconds apart, so NTP slewing in between (≤ 0.5 ms/s)
+costs nanoseconds; a step of the realtime clock in that window is caught by
+never letting a stamp be later than the moment the read returned.
+
+TCP merges packets that queue up unread, and a merged packet keeps the last
+one's stamp, so of several messages read in one chunk only the one ending
+the chunk has an exact arrival; the others arrived after the previous read
+(which emptied the socket) and by the stamp. `received` gets that bracket.
+Where the option is missing (not Linux, or an architecture whose socket
+numbers differ) the stamp is the clock read when the bytes were read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+# <asm-generic/socket.h>; Python's socket module does not export it. Architectures
+# with their own numbering (alpha, mips, parisc, sparc) are left without stamps.
+SO_TIMESTAMPNS = 35
+_GENERIC_SOCKET_NUMBERS = ("x86_64", "i686", "i386", "aarch64", "armv7l", "riscv64", "s390x")
+_TIMESPEC = struct.Struct("@ll")  # struct timespec (time_t and long are native longs)
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+READ_SIZE = 256 * 1024  # as asyncio's own transports
+
+Clock = Callable[[], int]
+
+
+class StampedReceiver(Protocol):
+    def received(self, data: bytes, arrived: int, since: int) -> None:
+        """`data` ended arriving at `arrived`; any of it began arriving after `since`."""
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
+def kernel_stamps_possible() -> bool:
+    return sys.platform == "linux" and os.uname().machine in _GENERIC_SOCKET_NUMBERS
+
+
+def enable_kernel_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp what `sock` receives; False where it cannot."""
+    if not kernel_stamps_possible():
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The receive timestamp in `recvmsg`'s ancillary data: CLOCK_REALTIME ns, or None."""
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            seconds, nanos = _TIMESPEC.unpack_from(payload)
+            return int(seconds) * 1_000_000_000 + int(nanos)
+    return None
+
+
+def on_clock(realtime_ns: int, clock: Clock) -> int:
+    """A CLOCK_REALTIME moment of the last few milliseconds, on `clock` (see the module)."""
+    if clock is time.time_ns:
+        return realtime_ns
+    first = clock()
+    wall = time.time_ns()
+    second = clock()
+    return realtime_ns + (first + second) // 2 - wall
+
+
+def recv_stamped(sock: socket.socket, size: int, clock: Clock) -> tuple[bytes, int]:
+    """Blocking `recv` of up to `size` bytes, with their arrival on `clock` (kernel stamp
+    where the socket has them on, else the moment the read returned)."""
+    data, ancillary, _, _ = sock.recvmsg(size, _ANCILLARY)
+    now = clock()
+    stamp = kernel_stamp(ancillary)
+    return data, now if stamp is None else min(now, on_clock(stamp, clock))
+
+
+class StampedSocket:
+    """A minimal transport over a connected non-blocking socket (write, close, abort)."""
+
+    def __init__(
+        self, sock: socket.socket, receiver: StampedReceiver, clock: Clock, *, stamped: bool
+    ) -> None:
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._receiver = receiver
+        self._clock = clock
+        self.kernel_stamps = stamped
+        self._loop = asyncio.get_running_loop()
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._closing = False
+        self._closed = False
+        # Before the first read nothing was read: bytes may have arrived since connecting.
+        self._since = clock()
+        self._loop.add_reader(self._fd, self._read_ready)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def _read_ready(self) -> None:
+        reading = self._clock()
+        try:
+            data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, _ANCILLARY)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._shut(exc)
+            return
+        read_at = self._clock()
+        if not data:
+            self._shut(None)
+            return
+        stamp = kernel_stamp(ancillary) if self.kernel_stamps else None
+        arrived = read_at if stamp is None else min(read_at, on_clock(stamp, self._clock))
+        since = self._since
+        # This read took everything there was, so what comes next arrived after it
+        # began; one that filled the buffer may have left bytes that arrived earlier.
+        if len(data) < READ_SIZE:
+            self._since = reading
+        self._receiver.received(data, arrived, since)
+
+    def write(self, data: bytes) -> None:
+        if self._closing:
+            raise ConnectionResetError("connection is closing")
+        view = memoryview(data)
+        if not self._pending:
+            try:
+                sent = self._sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._shut(exc)
+                return
+            view = view[sent:]
+            if not view:
+                return
+            self._loop.add_writer(self._fd, self._write_ready)
+        self._pending.append(view)
+
+    def _write_ready(self) -> None:
+        while self._pending:
+            view = self._pending[0]
+            try:
+                sent = self._sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._shut(exc)
+                return
+            if sent < len(view):
+                self._pending[0] = view[sent:]
+                return
+            self._pending.popleft()
+        self._loop.remove_writer(self._fd)
+        if self._closing:
+            self._shut(None)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._closed
+
+    def close(self) -> None:
+        """Close once everything written so far has been sent."""
+        self._closing = True
+        if not self._pending:
+            self._shut(None)
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._shut(None)
+
+    def _shut(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        self._loop.remove_reader(self._fd)
+        self._loop.remove_writer(self._fd)
+        self._pending.clear()
+        self._sock.close()
+        self._loop.call_soon(self._receiver.connection_lost, exc)
+
+
+async def connect_stamped(
+    host: str, port: int, receiver: StampedReceiver, clock: Clock
+) -> StampedSocket:
+    """Connect to host:port (each address in turn) and start reading with stamps."""
+    loop = asyncio.get_running_loop()
+    last: OSError | None = None
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stamped = enable_kernel_stamps(sock)
+        return StampedSocket(sock, receiver, clock, stamped=stamped)
+    raise last or OSError(f"cannot resolve {host}:{port}")

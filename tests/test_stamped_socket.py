@@ -1,0 +1,165 @@
+"""Kernel receive timestamps: bytes read late by a busy event loop keep their arrival time."""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import Any
+
+import pytest
+
+from replag.probes.observers import PushObserver
+from replag.resp import RespConnection, _Protocol, pack
+from replag.stamped_socket import StampedSocket, connect_stamped, kernel_stamps_possible
+from replag.topology import Endpoint
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.waiting import until
+
+needs_stamps = pytest.mark.skipif(
+    not kernel_stamps_possible(), reason="SO_TIMESTAMPNS is only used on Linux (generic numbers)"
+)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.chunks: list[tuple[bytes, int, int]] = []
+        self.lost: list[Exception | None] = []
+
+    def received(self, data: bytes, arrived: int, since: int) -> None:
+        self.chunks.append((data, arrived, since))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.append(exc)
+
+
+def block_until_readable(sock: StampedSocket) -> None:
+    """Hold the event loop (as a busy host would) until the reply is in the kernel."""
+    select.select([sock.fileno()], [], [], 10)
+
+
+def hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@needs_stamps
+async def test_a_reply_read_late_carries_the_moment_it_arrived(redis_factory: RedisFactory) -> None:
+    server = redis_factory("stamps")
+    recorder = Recorder()
+    sock = await connect_stamped("127.0.0.1", server.port, recorder, time.monotonic_ns)
+    try:
+        assert sock.kernel_stamps
+        sent = time.monotonic_ns()
+        sock.write(pack(b"PING"))
+        block_until_readable(sock)
+        seen_readable = time.monotonic_ns()
+        hold_the_loop(0.05)  # still held: a stamp taken when read would come after this
+        held_until = time.monotonic_ns()
+        await until(lambda: bool(recorder.chunks), "the PONG")
+        data, arrived, since = recorder.chunks[0]
+        assert data == b"+PONG\r\n"
+        # Arrival on the monotonic clock: after the send, before we saw it was there.
+        assert sent < arrived <= seen_readable < held_until
+        assert since <= sent  # nothing had been read since connecting
+    finally:
+        sock.close()
+    await until(lambda: recorder.lost == [None], "the connection closed")
+
+
+@needs_stamps
+async def test_wall_clock_connections_get_the_kernel_stamp_unconverted(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("stamps")
+    recorder = Recorder()
+    sock = await connect_stamped("127.0.0.1", server.port, recorder, time.time_ns)
+    try:
+        sent = time.time_ns()
+        sock.write(pack(b"PING"))
+        block_until_readable(sock)
+        seen_readable = time.time_ns()
+        await until(lambda: bool(recorder.chunks), "the PONG")
+        assert sent < recorder.chunks[0][1] <= seen_readable
+    finally:
+        sock.abort()
+
+
+async def test_a_closed_server_connection_is_reported_lost(redis_factory: RedisFactory) -> None:
+    server = redis_factory("stamps")
+    recorder = Recorder()
+    sock = await connect_stamped("127.0.0.1", server.port, recorder, time.monotonic_ns)
+    sock.write(pack(b"QUIT"))
+    await until(lambda: bool(recorder.lost), "the server closing the connection")
+    assert recorder.lost == [None] and sock.is_closing()
+    with pytest.raises(ConnectionResetError):
+        sock.write(pack(b"PING"))
+
+
+async def test_a_large_write_is_sent_whole(redis_factory: RedisFactory) -> None:
+    # Bigger than a socket buffer: the rest goes out when the socket drains.
+    server = redis_factory("stamps")
+    conn = await RespConnection.open(Endpoint.from_url(server.url, name="s"), timeout_s=10)
+    try:
+        value = b"v" * (8 << 20)
+        assert await conn.request(pack(b"SET", b"big", value) + pack(b"STRLEN", b"big"), 2) == [
+            b"OK",
+            8 << 20,
+        ]
+        assert conn.kernel_stamps == kernel_stamps_possible()
+    finally:
+        await conn.close()
+
+
+async def test_messages_read_together_get_a_bracket_only_the_last_is_exact() -> None:
+    pushed: list[tuple[bytes, bytes, int, int]] = []
+
+    def on_push(message: list[Any], arrived: int, earliest: int) -> None:
+        pushed.append((message[2], message[3], arrived, earliest))
+
+    protocol = _Protocol(time.monotonic_ns, on_push)
+
+    def event(key: bytes, kind: bytes) -> bytes:
+        return pack(b"pmessage", b"__keyspace@0__:*", b"__keyspace@0__:" + key, kind)
+
+    # Two writes' events read in one chunk whose last packet arrived at 1000; the read
+    # before began at 400. The first may have arrived any time in between.
+    protocol.received(event(b"a", b"set") + event(b"b", b"set"), 1000, 400)
+    assert [(k[-1:], a, e) for k, _, a, e in pushed] == [(b"a", 1000, 400), (b"b", 1000, 1000)]
+    # One SET … PX: its set and expire events are written together, both exact.
+    pushed.clear()
+    protocol.received(event(b"c", b"set") + event(b"c", b"expire"), 1500, 1100)
+    assert [(kind, a, e) for _, kind, a, e in pushed] == [
+        (b"set", 1500, 1500),
+        (b"expire", 1500, 1500),
+    ]
+    # A message followed by part of the next did not end the last packet; the next,
+    # completed by the following chunk, did.
+    pushed.clear()
+    second = event(b"e", b"set")
+    protocol.received(event(b"d", b"set") + second[:9], 2000, 1600)
+    protocol.received(second[9:], 2600, 2100)
+    assert [(k[-1:], a, e) for k, _, a, e in pushed] == [(b"d", 2000, 1600), (b"e", 2600, 2600)]
+
+
+def test_the_push_observer_turns_a_bracket_into_an_honest_arrival() -> None:
+    observer = PushObserver(
+        Endpoint.from_url("redis://127.0.0.1:1", name="r"), pattern=b"*", rtt_ns=100, timeout_s=1
+    )
+    observer.on_event(b"__keyspace@0__:exact", 1000, 1000)
+    observer.on_event(b"__keyspace@0__:merged", 1000, 600)
+    exact, merged = observer.arrivals[b"exact"], observer.arrivals[b"merged"]
+    assert (exact.estimate_ns, exact.lo_ns, exact.hi_ns) == (950, 900, 1000)
+    assert (merged.estimate_ns, merged.lo_ns, merged.hi_ns) == (750, 500, 1000)
+    assert merged.half_width_ns == 250
+
+
+async def test_probe_connections_stamp_in_the_kernel(redis_factory: RedisFactory) -> None:
+    server = redis_factory("stamps")
+    conn = await RespConnection.open(
+        Endpoint.from_url(server.url, name="s"), timeout_s=5, clock=time.monotonic_ns
+    )
+    try:
+        assert conn.kernel_stamps == kernel_stamps_possible()
+        _, sent, arrived = await conn.call(b"PING")
+        assert sent < arrived <= time.monotonic_ns()
+    finally:
+        await conn.close()
