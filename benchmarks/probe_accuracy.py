@@ -7,16 +7,26 @@ the key (the loopback hops on either side, a few tens of µs, are outside both
 the truth and, mostly, the estimate). Prints, per case, measured p50/p99
 against truth and the error, plus the dynomite-seed method's average.
 
-    python benchmarks/probe_accuracy.py [--probes 500] [--delays 1,10,80] [--rate 200]
+With `--load N`, every case runs twice: on the machine as it is, then with N
+processes burning CPU (at normal priority) for the length of the measurement,
+and both tables are printed. Per-sample errors are also checked against the
+uncertainty each sample reports: a sample whose |error| exceeds its own
+uncertainty by more than 0.5 ms is counted ("over unc").
+
+    python benchmarks/probe_accuracy.py [--probes 500] [--delays 1,10,80] [--rate 200] [--load N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +37,35 @@ from replag.lab.relay import read_truth
 from replag.probes.runner import run_probe
 from replag.probes.seed_method import run_seed_method
 
+EXCESS_MS = 0.5
+
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
 
-async def one_case(lab_dir: Path, delay_ms: float, mode: str, probes: int, rate: float) -> dict:
+@contextlib.contextmanager
+def cpu_burners(n: int) -> Iterator[None]:
+    """`n` processes spinning on the CPU until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
+async def one_case(
+    lab_dir: Path, delay_ms: float, mode: str, probes: int, rate: float, load: int
+) -> dict:
     config = load_config(lab_dir / "topology.toml")
-    report = await run_probe(config, count=probes, mode=mode, rate=rate, timeout_s=5)
+    with cpu_burners(load):
+        report = await run_probe(config, count=probes, mode=mode, rate=rate, timeout_s=5)
+        seed = await run_seed_method(config, source="near", repeats=5)
     truth = read_truth(lab_dir / "truth-far-1.log")
-    measured, true, errors = [], [], []
+    measured, true, errors, excess = [], [], [], []
     for sample in report.samples:
         if sample.replica != "far-1" or sample.lag_ns is None:
             continue
@@ -47,7 +76,7 @@ async def one_case(lab_dir: Path, delay_ms: float, mode: str, probes: int, rate:
         measured.append(sample.lag_ns / 1e6)
         true.append((t_out - t_in) / 1e6)
         errors.append(abs(sample.lag_ns - (t_out - t_in)) / 1e6)
-    seed = await run_seed_method(config, source="near", repeats=5)
+        excess.append(errors[-1] - sample.uncertainty_ns / 1e6)
     seed_avg = statistics.mean(r["avg_ms"] for r in seed if r["replica"] == "far-1")
     pair = next(p for p in report.pairs if p.replica == "far-1")
     return {
@@ -62,9 +91,41 @@ async def one_case(lab_dir: Path, delay_ms: float, mode: str, probes: int, rate:
         "hdr50": pair.summary.lag_ms["p50"],
         "hdr99": pair.summary.lag_ms["p99"],
         "abs_err_p50": pct(errors, 50),
+        "abs_err_p99": pct(errors, 99),
+        "over_unc": sum(1 for e in excess if e > EXCESS_MS),
+        "max_excess": max(excess),
         "seed": seed_avg,
         "unc50": pair.summary.uncertainty_ms["p50"],
     }
+
+
+def table(rows: list[dict], title: str) -> None:
+    print(title)
+    print(
+        f"{'delay':>6} {'mode':<5} {'n':>4} {'lost':>4} | {'p50 meas':>9} {'p50 true':>9} "
+        f"{'p50 err':>8} | {'p99 meas':>9} {'p99 true':>9} {'p99 err':>8} | "
+        f"{'|err| med':>9} {'|err| p99':>9} {'±unc p50':>9} {'over unc':>8} | "
+        f"{'seed avg':>9} {'seed err':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['delay']:>6g} {r['mode']:<5} {r['n']:>4} {r['lost']:>4} | "
+            f"{r['m50']:>9.3f} {r['t50']:>9.3f} {r['m50'] - r['t50']:>+8.3f} | "
+            f"{r['m99']:>9.3f} {r['t99']:>9.3f} {r['m99'] - r['t99']:>+8.3f} | "
+            f"{r['abs_err_p50']:>9.3f} {r['abs_err_p99']:>9.3f} {r['unc50']:>9.3f} "
+            f"{r['over_unc']:>8} | {r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f}"
+        )
+    push = [r for r in rows if r["mode"] == "push"]
+    ok50 = all(abs(r["m50"] - r["t50"]) <= 0.2 for r in push)
+    ok99 = all(abs(r["m99"] - r["t99"]) <= 0.5 for r in push)
+    honest = all(r["over_unc"] == 0 for r in rows)
+    worst = max(r["max_excess"] for r in rows)
+    print(
+        f"targets (push): p50 error ≤ 0.2 ms: {'met' if ok50 else 'MISSED'}; "
+        f"p99 error ≤ 0.5 ms: {'met' if ok99 else 'MISSED'}; "
+        f"(push and poll) no sample over its uncertainty by > {EXCESS_MS} ms: "
+        f"{'met' if honest else 'MISSED'} (worst {worst:+.3f} ms)"
+    )
 
 
 async def main() -> int:
@@ -72,41 +133,32 @@ async def main() -> int:
     parser.add_argument("--probes", type=int, default=500)
     parser.add_argument("--delays", default="1,10,80")
     parser.add_argument("--rate", type=float, default=200)
+    parser.add_argument(
+        "--load", type=int, default=0, help="also run every case beside N CPU-burning processes"
+    )
     args = parser.parse_args()
-    rows = []
+    loads = [0, args.load] if args.load else [0]
+    rows: dict[int, list[dict]] = {n: [] for n in loads}
+    system_load: dict[int, list[float]] = {n: [] for n in loads}
     for delay in (float(d) for d in args.delays.split(",")):
         with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
             lab_dir = Path(tmp) / "lab"
             lab_up(lab_dir, LabSpec(regions=("near", "far"), delays_ms={"far": delay}))
             try:
                 for mode in ("push", "poll"):
-                    rows.append(await one_case(lab_dir, delay, mode, args.probes, args.rate))
+                    for n in loads:
+                        case = await one_case(lab_dir, delay, mode, args.probes, args.rate, n)
+                        rows[n].append(case)
+                        system_load[n].append(os.getloadavg()[0])
             finally:
                 lab_down(lab_dir)
-    print(
-        f"probe accuracy: {args.probes} probes per case at {args.rate:g}/s, no jitter; "
-        "truth = relay in→out per key; errors in ms"
-    )
-    print(
-        f"{'delay':>6} {'mode':<5} {'n':>4} {'lost':>4} | {'p50 meas':>9} {'p50 true':>9} "
-        f"{'p50 err':>8} | {'p99 meas':>9} {'p99 true':>9} {'p99 err':>8} | "
-        f"{'|err| med':>9} {'±unc p50':>9} | {'seed avg':>9} {'seed err':>9}"
-    )
-    for r in rows:
-        print(
-            f"{r['delay']:>6g} {r['mode']:<5} {r['n']:>4} {r['lost']:>4} | "
-            f"{r['m50']:>9.3f} {r['t50']:>9.3f} {r['m50'] - r['t50']:>+8.3f} | "
-            f"{r['m99']:>9.3f} {r['t99']:>9.3f} {r['m99'] - r['t99']:>+8.3f} | "
-            f"{r['abs_err_p50']:>9.3f} {r['unc50']:>9.3f} | "
-            f"{r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f}"
+    for n in loads:
+        table(
+            rows[n],
+            f"probe accuracy, {n} CPU burners on {os.cpu_count()} cores (1-min load "
+            f"{min(system_load[n]):.1f}–{max(system_load[n]):.1f}): {args.probes} probes per "
+            f"case at {args.rate:g}/s, no jitter; truth = relay in→out per key; errors in ms",
         )
-    push = [r for r in rows if r["mode"] == "push"]
-    ok50 = all(abs(r["m50"] - r["t50"]) <= 0.3 for r in push)
-    ok99 = all(abs(r["m99"] - r["t99"]) <= 1.0 for r in push)
-    print(
-        f"targets (push): p50 error ≤ 0.3 ms: {'met' if ok50 else 'MISSED'}; "
-        f"p99 error ≤ 1 ms: {'met' if ok99 else 'MISSED'}"
-    )
     return 0
 
 
