@@ -24,6 +24,7 @@ from tests.helpers.dynomite_cluster import (
 )
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 
 
 @pytest.fixture
@@ -83,3 +84,15 @@ def dynomite_factory(tmp_path: Path) -> Iterator[DynomiteFactory]:
             return started[-1]
 
         yield start
+
+
+@pytest.fixture(params=KINDS)
+def server_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test once per server kind (valkey-9, redis-7, redis-6.2): every redis-server it
+    starts is that kind's binary. A kind whose binary is missing skips, saying why."""
+    kind: str = request.param
+    binary, missing = kind_binary(kind)
+    if binary is None:
+        pytest.skip(f"server kind {kind}: {missing}")
+    with using_server_kind(binary):
+        yield kind

