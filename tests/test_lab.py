@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from replag.lab.cluster import lab_down, lab_fault, lab_status
 from replag.lab.relay import read_truth
 from replag.lab.server import pid_alive
 from tests.helpers.lab import LabFactory
+from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import wait_until
 
 
@@ -90,3 +93,35 @@ def test_lab_cli_rejects_bad_delay(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "--delay" in result.output and "'c'" in result.output
+
+
+def test_load_on_a_replicated_lab_goes_through_the_primary(lab_factory: LabFactory) -> None:
+    """The replicas refuse writes: loading writes the primary only, says so, and returns once
+    every replica holds the keyspace."""
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 5}, replicas=2)
+    result = CliRunner().invoke(
+        main, ["lab", "load", "--dir", str(state["dir"]), "--keys", "3000", "--value-size", "64"]
+    )
+    assert result.exit_code == 0, result.output
+    primary = next(p for p in state["processes"] if p["role"] == "primary")
+    assert result.output.startswith(
+        f"replicated lab: loaded 3000 keys × 64 B (string) through the primary {primary['name']}"
+    )
+    servers = [p for p in state["processes"] if p["kind"] == "redis-server"]
+    assert len(servers) == 5
+    for proc in servers:
+        with redis.Redis(port=proc["port"]) as client:
+            assert client.dbsize() == 3000, proc["name"]
+    assert json.loads((Path(state["dir"]) / "load.json").read_text())["via"] == primary["name"]
+
+
+def test_load_shows_progress_on_a_terminal_only(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), engine="independent")
+    load = [sys.executable, "-m", "replag", "lab", "load", "--dir", str(state["dir"])]
+    code, stdout, terminal = run_on_terminal([*load, "--keys", "20000", "--value-size", "16"])
+    assert code == 0, stdout + terminal
+    assert "\rlab load: " in terminal and "keys written" in terminal
+    assert "loaded 20000 keys" in stdout and "\r" not in stdout
+    piped = subprocess.run([*load, "--keys", "2000"], capture_output=True, text=True, check=False)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr == ""

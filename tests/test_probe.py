@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from replag.probes.report import PairResult, ProbeReport
 from replag.store import Store
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import until
 
 
@@ -381,3 +383,24 @@ def test_lag_samples_below_zero_are_counted_and_reported() -> None:
         "note: a→b-1: 2 of 4 lag samples read below 0 and were recorded as 0 (1 below even "
         "their uncertainty)"
     ) in report.render()
+
+
+def test_probe_shows_progress_on_a_terminal_and_never_in_json(lab_factory: LabFactory) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
+    probe = [
+        sys.executable,
+        "-m",
+        "replag",
+        "probe",
+        "--config",
+        str(state["dir"] / "topology.toml"),
+    ]
+    probe += ["--count", "40", "--rate", "200", "--no-store"]
+    code, stdout, terminal = run_on_terminal(probe)
+    assert code == 0, stdout + terminal
+    assert "\rprobe a: " in terminal and "keys written" in terminal
+    assert "arrivals seen" in terminal
+    assert stdout.startswith("probe run ") and "\r" not in stdout
+    code, stdout, terminal = run_on_terminal([*probe, "--json"])
+    assert code == 0, stdout + terminal
+    assert terminal == "" and json.loads(stdout)["pairs"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from replag.commands.status_line import status_line
 from replag.durations import parse_duration_ns
 from replag.errors import UsageError
 from replag.lab.cluster import LabSpec, lab_down, lab_failover, lab_fault, lab_status, lab_up
@@ -242,14 +243,33 @@ def set_delay(lab_dir: Path, region: str, delay: str) -> None:
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the value bytes.")
 def load(lab_dir: Path, keys: int, value_size: int, types: str, seed: int) -> None:
-    """Write the same data to every replica of the lab (independent engine), pipelined."""
+    """Write the same data to every member of the lab, pipelined (a replicated lab: through
+    its primary, waiting for the replicas)."""
     from replag.lab.load import LoadSpec, lab_load
 
-    info = lab_load(lab_dir, LoadSpec(keys=keys, value_size=value_size, types=types, seed=seed))
-    click.echo(
-        f"loaded {keys} keys × {value_size} B ({types}) into "
-        f"{', '.join(info['members'])} in {info['seconds']} s"
-    )
+    status = status_line()
+
+    def show(done: int, total: int) -> None:
+        if status is not None:
+            status.show(f"lab load: {done:,}/{total:,} keys written ({100 * done / total:.0f}%)")
+
+    try:
+        info = lab_load(
+            lab_dir, LoadSpec(keys=keys, value_size=value_size, types=types, seed=seed), show
+        )
+    finally:
+        if status is not None:
+            status.close()
+    members = ", ".join(info["members"])
+    if info["via"]:
+        click.echo(
+            f"replicated lab: loaded {keys} keys × {value_size} B ({types}) through the "
+            f"primary {info['via']}, replicated to {members}, in {info['seconds']} s"
+        )
+    else:
+        click.echo(
+            f"loaded {keys} keys × {value_size} B ({types}) into {members} in {info['seconds']} s"
+        )
 
 
 @command.command("diverge")

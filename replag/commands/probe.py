@@ -12,11 +12,13 @@ from typing import Any
 import click
 
 from replag.commands.options import config_option, json_option, load, setting_option
+from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.report import combine_reports
+from replag.probes.runner import ProbeProgress, ProgressCallback
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
 
@@ -32,6 +34,7 @@ async def probe_once(
     method: str,
     store: Store | None,
     consistency: str | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ProbeReport:
     if consistency:
         # One run per Dynomite consistency level, write latency reported per level.
@@ -48,12 +51,19 @@ async def probe_once(
                     wait_s=wait_s,
                     method=method,
                     store=store,
+                    progress=progress,
                 )
             )
         return combine_reports(runs)
     if source == "all":
         report = await run_probe_all(
-            config, count=count, rate=rate, mode=mode, timeout_s=wait_s, store=store
+            config,
+            count=count,
+            rate=rate,
+            mode=mode,
+            timeout_s=wait_s,
+            store=store,
+            progress=progress,
         )
     else:
         report = await run_probe(
@@ -64,6 +74,7 @@ async def probe_once(
             mode=mode,
             timeout_s=wait_s,
             store=store,
+            progress=progress,
         )
     if method == "dynomite-seed":
         sources = [p.source for p in report.pairs] or [report.source]
@@ -127,6 +138,7 @@ def command(
     settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
     config = dataclasses.replace(config, settings=settings)
     store = None if no_store else Store(settings.store)
+    status = status_line(as_json=as_json)
     try:
         report = asyncio.run(
             probe_once(
@@ -139,10 +151,13 @@ def command(
                 method=method,
                 store=store,
                 consistency=consistency,
+                progress=None if status is None else _progress_to(status),
             )
         )
         outcome = _fire_alerts(config, store, report) if with_alerts else None
     finally:
+        if status is not None:
+            status.close()
         if store is not None:
             store.close()
     if as_json:
@@ -155,6 +170,22 @@ def command(
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     sys.exit(report.exit_code)
+
+
+def _progress_to(line: StatusLine) -> ProgressCallback:
+    shown: list[tuple[str, str]] = []  # the last (source, phase): a new one shows at once
+
+    def show(event: ProbeProgress) -> None:
+        new = not shown or shown[-1] != (event.source, event.phase)
+        shown[:] = [(event.source, event.phase)]
+        if event.phase == "writing":
+            text = f"probe {event.source}: {event.done}/{event.total} keys written"
+        else:
+            pct = 100 * event.done / event.total if event.total else 100.0
+            text = f"probe {event.source}: {event.done}/{event.total} arrivals seen ({pct:.0f}%)"
+        line.show(text, force=new)
+
+    return show
 
 
 def _seconds(text: str | None, *, option: str) -> float | None:

@@ -2,7 +2,9 @@
 
 Commands are packed once per batch (MSET for strings, a few commands per
 collection) and streamed to every member over raw pipelined connections, so a
-million 1 KB keys load in seconds. What was loaded is recorded in
+million 1 KB keys load in seconds. In a replicated lab the replicas are
+read-only: the keyspace is written through the primary only and the load
+returns once every replica has replicated it. What was loaded is recorded in
 DIR/load.json so `lab diverge` can pick existing keys.
 """
 
@@ -12,11 +14,12 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from replag.errors import UsageError
+from replag.errors import LabError, UsageError
 from replag.lab.cluster import lab_topology, read_state
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
@@ -85,24 +88,36 @@ def _commands(spec: LoadSpec, start: int, stop: int, block: bytes) -> tuple[byte
     return b"".join(out + others), len(out) + len(others)
 
 
-async def _load_member(member: Endpoint, spec: LoadSpec, block: bytes) -> None:
+# Called with (keys written so far over all members, keys to write over all members).
+LoadProgress = Callable[[int, int], None]
+
+
+async def _load_member(
+    member: Endpoint, spec: LoadSpec, block: bytes, written: Callable[[int], None]
+) -> None:
     conn = await RespConnection.open(member, timeout_s=30.0)
     try:
-        inflight: list[asyncio.Future[tuple[list[object], int]]] = []
+        inflight: list[tuple[asyncio.Future[tuple[list[object], int]], int]] = []
         for start in range(0, spec.keys, BATCH):
-            payload, count = _commands(spec, start, min(spec.keys, start + BATCH), block)
-            inflight.append(conn.send(payload, count))
+            stop = min(spec.keys, start + BATCH)
+            payload, count = _commands(spec, start, stop, block)
+            inflight.append((conn.send(payload, count), stop - start))
             if len(inflight) >= IN_FLIGHT:
-                replies, _ = await conn.wait(inflight.pop(0))
+                future, keys = inflight.pop(0)
+                replies, _ = await conn.wait(future)
                 conn.check(replies)
-        for future in inflight:
+                written(keys)
+        for future, keys in inflight:
             replies, _ = await conn.wait(future)
             conn.check(replies)
+            written(keys)
     finally:
         await conn.close()
 
 
-async def load_members(members: tuple[Endpoint, ...], spec: LoadSpec) -> float:
+async def load_members(
+    members: tuple[Endpoint, ...], spec: LoadSpec, progress: LoadProgress | None = None
+) -> float:
     """Write `spec`'s keyspace to every member; seconds taken."""
     if spec.keys < 0 or spec.value_size < 1:
         raise UsageError("--keys must be >= 0 and --value-size >= 1")
@@ -110,23 +125,88 @@ async def load_members(members: tuple[Endpoint, ...], spec: LoadSpec) -> float:
         raise UsageError(f"--types: expected string or mixed, got {spec.types!r}")
     rng = random.Random(spec.seed)
     block = bytes(rng.getrandbits(8) for _ in range(spec.value_size))
+    total = spec.keys * len(members)
+    done = 0
+
+    def written(keys: int) -> None:
+        nonlocal done
+        done += keys
+        if progress is not None:
+            progress(done, total)
+
     started = time.perf_counter()
-    await asyncio.gather(*(_load_member(m, spec, block) for m in members))
+    await asyncio.gather(*(_load_member(m, spec, block, written) for m in members))
     return time.perf_counter() - started
 
 
-def lab_load(lab_dir: Path, spec: LoadSpec) -> dict[str, Any]:
-    """Load the lab in `lab_dir` (its replica group "lab"); returns what was done."""
+async def _replication_offset(conn: RespConnection, field: bytes) -> int:
+    info = await conn.checked("INFO", "replication")
+    for line in bytes(info).splitlines():
+        name, _, value = line.partition(b":")
+        if name == field:
+            return int(value)
+    raise LabError(f"{conn.endpoint.name}: INFO replication has no {field.decode()}")
+
+
+async def wait_replicated(
+    primary: Endpoint, replicas: tuple[Endpoint, ...], *, timeout_s: float = 120.0
+) -> None:
+    """Until every replica's offset reaches the primary's (now): what was written is there."""
+    conns = [await RespConnection.open(ep, timeout_s=10.0) for ep in (primary, *replicas)]
+    try:
+        target = await _replication_offset(conns[0], b"master_repl_offset")
+        deadline = time.monotonic() + timeout_s
+        for conn in conns[1:]:
+            while await _replication_offset(conn, b"slave_repl_offset") < target:
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"{conn.endpoint.name} has not replicated the load after {timeout_s:g} s"
+                    )
+                await asyncio.sleep(0.05)
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+def lab_load(lab_dir: Path, spec: LoadSpec, progress: LoadProgress | None = None) -> dict[str, Any]:
+    """Load the lab in `lab_dir`; returns what was done.
+
+    An independent lab: every member of its replica group "lab" is written. A
+    replicated lab: only the primary (its replicas refuse writes), then we wait
+    until every replica holds the load, so what follows (diverge, check) sees it.
+    """
+    state = read_state(lab_dir)
+    topology = lab_topology(state)
     # The lab writes as the operator on each host would: on the local addresses, not the WAN.
-    members = tuple(m.in_region() for m in lab_topology(read_state(lab_dir)).groups[0].members)
-    seconds = asyncio.run(load_members(members, spec))
+    members = tuple(m.in_region() for m in topology.groups[0].members)
+    via: str | None = None
+    if state["engine"] == "replicated":
+        primary = next(r.write for r in topology.regions if r.write is not None).in_region()
+        replicas = tuple(m for m in members if m.name != primary.name)
+        seconds = asyncio.run(_load_replicated(primary, replicas, spec, progress))
+        via = primary.name
+    else:
+        seconds = asyncio.run(load_members(members, spec, progress))
     info: dict[str, Any] = {
         **asdict(spec),
         "members": [m.name for m in members],
+        "via": via,
         "seconds": round(seconds, 3),
     }
     (lab_dir / LOAD_FILE).write_text(json.dumps(info, indent=2))
     return info
+
+
+async def _load_replicated(
+    primary: Endpoint,
+    replicas: tuple[Endpoint, ...],
+    spec: LoadSpec,
+    progress: LoadProgress | None,
+) -> float:
+    started = time.perf_counter()
+    await load_members((primary,), spec, progress)
+    await wait_replicated(primary, replicas)
+    return time.perf_counter() - started
 
 
 def read_load(lab_dir: Path) -> LoadSpec:

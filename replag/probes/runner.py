@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import hiredis
@@ -35,6 +36,20 @@ from replag.topology import Endpoint
 
 log = logging.getLogger(__name__)
 _CLEANUP_BATCH = 500
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeProgress:
+    """Where a run is: `phase` "writing" (done = keys written) or "waiting" (done = arrivals
+    seen, over every replica or Dynomite rack), out of `total`."""
+
+    source: str
+    phase: str
+    done: int
+    total: int
+
+
+ProgressCallback = Callable[[ProbeProgress], None]
 
 
 @dataclass
@@ -57,8 +72,12 @@ async def run_probe(
     timeout_s: float | None = None,
     store: Store | None = None,
     sampler: ReplicationSampler | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ProbeReport:
-    """Probe from `source` (default: the first region with a write endpoint) to every replica."""
+    """Probe from `source` (default: the first region with a write endpoint) to every replica.
+
+    `progress`, when given, is called as keys are written and as they arrive.
+    """
     settings = config.settings.replace(count=count, rate=rate, mode=mode, timeout=timeout_s)
     region = config.topology.region(source) if source else config.topology.default_source()
     if region.write is None:
@@ -113,13 +132,18 @@ async def run_probe(
         live = [t.observer for t in targets if t.observer is not None]
         for obs in live:
             await obs.start()
-        writes = await _write_keys(writer, keys, settings, live, report)
+        writes = await _write_keys(writer, keys, settings, live, report, progress)
         by_rack = write_ep.kind == "dynomite"
         units = [
             [t.observer for t in unit if t.observer is not None]
             for unit in _observation_units(targets, by_rack=by_rack)
         ]
-        await _wait_for_arrivals([u for u in units if u], writes, settings.timeout)
+        await _wait_for_arrivals(
+            [u for u in units if u],
+            writes,
+            settings.timeout,
+            None if progress is None else _reporter(progress, report.source),
+        )
         for obs in live:
             await obs.stop()
         await replication.sample_end()
@@ -160,6 +184,7 @@ async def run_probe_all(
     mode: str | None = None,
     timeout_s: float | None = None,
     store: Store | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ProbeReport:
     """Probe from every region that has a write endpoint (every shard of a Redis Cluster)."""
     reports = [
@@ -171,6 +196,7 @@ async def run_probe_all(
             mode=mode,
             timeout_s=timeout_s,
             store=store,
+            progress=progress,
         )
         for r in config.topology.regions
         if r.write is not None
@@ -254,6 +280,7 @@ async def _write_keys(
     settings: Settings,
     observers: list[Observer],
     report: ProbeReport,
+    progress: ProgressCallback | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Write the run's keys at `settings.rate`; return seq -> (sent_ns, acked_ns)."""
     writes: dict[int, tuple[int, int]] = {}
@@ -289,14 +316,30 @@ async def _write_keys(
             log.warning("probe write %r failed: %s", key, reply)
             continue
         writes[seq] = (t_a, t_b)
+        if progress is not None:
+            progress(
+                ProbeProgress(
+                    source=report.source, phase="writing", done=seq + 1, total=settings.count
+                )
+            )
         report.write.record_ns(t_b - t_a)
         for obs in observers:
             obs.expect(key, t_a)
     return writes
 
 
+def _reporter(progress: ProgressCallback, source: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        progress(ProbeProgress(source=source, phase="waiting", done=done, total=total))
+
+    return report
+
+
 async def _wait_for_arrivals(
-    units: list[list[Observer]], writes: dict[int, tuple[int, int]], timeout_s: float
+    units: list[list[Observer]],
+    writes: dict[int, tuple[int, int]],
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Until every unit (replica, or Dynomite rack) has seen every key, or the timeout."""
     if not writes:
@@ -310,6 +353,9 @@ async def _wait_for_arrivals(
         return sum(len(o.arrivals) for o in unit) < want
 
     while time.monotonic_ns() < deadline:
+        if progress is not None:
+            seen = sum(min(want, sum(len(o.arrivals) for o in unit)) for unit in units)
+            progress(seen, want * len(units))
         if not any(waiting(u) for u in units):
             return
         await asyncio.sleep(0.002)
