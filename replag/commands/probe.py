@@ -80,7 +80,8 @@ async def probe_once(
         sources = [p.source for p in report.pairs] or [report.source]
         report.seed_method = []
         for name in dict.fromkeys(sources):
-            report.seed_method += await run_seed_method(config, source=name)
+            rows = await run_seed_method(config, source=name)
+            report.seed_method += [{"source": name, **row} for row in rows]
     return report
 
 

