@@ -18,7 +18,7 @@ from replag.probes import run_probe
 from replag.probes.report import PairResult, ProbeReport
 from replag.store import Store
 from tests.helpers.lab import LabFactory
-from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
 from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import until
 
@@ -309,7 +309,10 @@ def _config_refusing_replica(redis_factory: RedisFactory, tmp_path: Path) -> Pat
     """A primary and a replica that refuses CONFIG, as managed Redis services do."""
     primary = redis_factory("p")
     args = ("--replicaof", "127.0.0.1", str(primary.port), "--rename-command", "CONFIG", "")
-    replica = redis_factory("r", extra_args=args)
+    replica = redis_factory("r", extra_args=(*args, *FAST_SYNC))
+    # Valkey and Redis 7 delay a diskless first sync by 5 s: wait until the link is up, or
+    # the probe's keys would be lost to a replica that is not replicating yet.
+    wait_listed(primary, [replica])
     return _topology(tmp_path, primary.url, replica.url)
 
 
