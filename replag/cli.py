@@ -21,6 +21,12 @@ from replag.errors import ReplagError
 # them with the help here, which a test checks against each command's docstring.
 
 
+def _agent() -> click.Command:
+    from replag.commands import agent
+
+    return agent.command
+
+
 def _alerts() -> click.Command:
     from replag.commands import alerts
 
@@ -76,6 +82,7 @@ def _topology() -> click.Command:
 
 
 COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
+    "agent": (_agent, "Keep Tictac trees of one region's replicas current and serve them."),
     "alerts": (
         _alerts,
         "Alert rules and hooks (rules and sinks live in the config's [alerts] table).",

@@ -40,7 +40,7 @@ from replag.topology import (
     Topology,
 )
 
-_REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots", "sentinel"}
+_REGION_KEYS = {"name", "write", "write_kind", "replicas", "slots", "sentinel", "agent"}
 _SENTINEL_KEYS = {"master", "sentinels", "password_env"}
 _ENDPOINT_KEYS = {"name", "url", "kind", "rack", "password_env", "local"}
 _GROUP_KEYS = {"name", "members", "slots"}
@@ -169,8 +169,23 @@ def _topology(data: Mapping[str, Any], *, where: str, environ: Mapping[str, str]
                     "the write endpoint through a failover",
                     where=f"{where}: {key}.sentinel.sentinels",
                 )
+        agent = raw.get("agent")
+        if agent is not None and (
+            not isinstance(agent, str) or not agent.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                f"expected the agent's http:// or https:// URL, got {agent!r}",
+                where=f"{where}: {key}.agent",
+            )
         regions.append(
-            Region(name=name, write=write, replicas=tuple(replicas), slots=slots, sentinel=sentinel)
+            Region(
+                name=name,
+                write=write,
+                replicas=tuple(replicas),
+                slots=slots,
+                sentinel=sentinel,
+                agent=agent.rstrip("/") if agent else None,
+            )
         )
 
     raw_groups = data.get("groups", [])
@@ -410,6 +425,8 @@ def render_config(
         if region.name in comments:
             lines += comment(comments[region.name])
         lines += ["[[regions]]", f"name = {_toml_value(region.name)}"]
+        if region.agent:
+            lines.append(f"agent = {_toml_value(region.agent)}")
         if region.write:
             if region.write.name in endpoint_comments:
                 lines += comment(endpoint_comments[region.write.name])

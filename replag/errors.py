@@ -9,7 +9,8 @@ route) so the edge (CLI, API) can print one clear line::
     │   └── JobConflict         a check/repair of that group already runs
     ├── EndpointError           a Redis/Dynomite endpoint failed us
     │   ├── UnreachableError    connect refused / timed out / closed
-    │   └── AuthError           wrong password or ACL refusal
+    │   ├── AuthError           wrong password or ACL refusal
+    │   └── AgentError          a region agent failed, refused, or has no current tree
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
     └── RepairError             a repair run cannot go on (resumable)
@@ -50,6 +51,10 @@ class UnreachableError(EndpointError):
 
 class AuthError(EndpointError):
     """The endpoint refused our credentials."""
+
+
+class AgentError(EndpointError):
+    """A region agent (`replag agent`) failed us; `where` is its URL or the replica."""
 
 
 class LabError(ReplagError):

@@ -113,6 +113,7 @@ class _Protocol(asyncio.Protocol):
         self.closed: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future()
         )
+        self.bytes_received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -124,6 +125,7 @@ class _Protocol(asyncio.Protocol):
         self.received(data, arrived, arrived)
 
     def received(self, data: bytes, arrived: int, since: int) -> None:
+        self.bytes_received += len(data)
         if self.on_push is not None:
             self._received_with_pushes(data, arrived, since)
             return
@@ -281,6 +283,11 @@ class RespConnection:
         """Replies are stamped with the kernel's receive time (else when read)."""
         transport = self._protocol.transport
         return isinstance(transport, StampedSocket) and transport.kernel_stamps
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes this connection has read from the server (what a check pulls across)."""
+        return self._protocol.bytes_received
 
     async def call(self, *args: Arg) -> tuple[Any, int, int]:
         """One command: (reply, sent, arrived) on the connection's clock; error replies returned."""

@@ -300,6 +300,30 @@ class Settings:
         _url_list,
         "Dynomite stats URLs whose /info is collected (written by topology discover).",
     )
+    # Region agents (`replag agent`): the token is `api_token`.
+    agent_wait: float = setting(
+        "60s",
+        _positive_duration,
+        "How long a check waits for a region agent's tree to become current (after a "
+        "start or a rebuild) before reporting its replicas as not compared.",
+    )
+    agent_state_dir: str = setting(
+        str(Path("~/.local/state/replag/agent")),
+        _str,
+        "Directory where `replag agent` saves its trees, so a restart against unchanged "
+        "data does not rescan.",
+    )
+    agent_tls_cert: str | None = setting(
+        None, _optional_str, "`replag agent`: PEM certificate to serve HTTPS with."
+    )
+    agent_tls_key: str | None = setting(
+        None, _optional_str, "`replag agent`: PEM private key of `agent_tls_cert`."
+    )
+    agent_tls_ca: str | None = setting(
+        None,
+        _optional_str,
+        "CA bundle the coordinator verifies https:// agents with (default: the system's).",
+    )
 
     def replace(self, **overrides: Any) -> Settings:
         """A copy with `overrides` parsed through each setting's own parser (None = keep)."""

@@ -149,6 +149,8 @@ class Region:
     replicas: tuple[Endpoint, ...]
     slots: tuple[tuple[int, int], ...] = ()
     sentinel: SentinelRef | None = None
+    # URL of the region's `replag agent` (http:// or https://), if one runs there.
+    agent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -160,6 +162,8 @@ class Region:
             out["slots"] = [list(r) for r in self.slots]
         if self.sentinel:
             out["sentinel"] = self.sentinel.to_dict()
+        if self.agent:
+            out["agent"] = self.agent
         return out
 
 
@@ -226,6 +230,13 @@ class Topology:
             for ep in group.members:
                 seen.setdefault((ep.host, ep.port, ep.db), ep)
         return list(seen.values())
+
+    def agent_of(self, endpoint: Endpoint) -> str | None:
+        """URL of the agent of `endpoint`'s region, if that region has one."""
+        for region in self.regions:
+            if region.name == endpoint.region:
+                return region.agent
+        return None
 
     def default_source(self) -> Region:
         for region in self.regions:

@@ -4,7 +4,7 @@
     configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
     io             connections, stamped_socket, resp, store, discovery.http
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics
+                   alerts, metrics, agent
     service → api → cli (commands)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.lab",
             "replag.alerts",
             "replag.metrics",
+            "replag.agent",
         ),
     ),
     ("service", ("replag.service",)),

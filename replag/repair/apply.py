@@ -113,6 +113,7 @@ class ReplicaLane:
     timeout_s: float
     clock: BusyClock = field(default_factory=BusyClock)
     writes: int = 0
+    bytes_received: int = 0
     _idle: list[RespConnection] = field(default_factory=list)
     _slots: asyncio.Semaphore = field(init=False)
     _limiter: RateLimiter = field(init=False)
@@ -137,11 +138,13 @@ class ReplicaLane:
                 else await RespConnection.open(self.endpoint, timeout_s=self.timeout_s)
             )
             clean = False
+            before = conn.bytes_received
             try:
                 with self.clock.busy():
                     yield conn
                 clean = True
             finally:
+                self.bytes_received += conn.bytes_received - before
                 if clean:
                     self._idle.append(conn)
                 else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from replag.repair.observe import KeyState, key_to_json
 from replag.repair.scan import ScanIndex
@@ -28,17 +29,32 @@ def candidate_keys(indexes: Sequence[ScanIndex], trees: Sequence[TictacTree]) ->
     if len(leaves) == 0:
         return []
     depth = trees[0].depth
+    return differing_keys([in_leaves(index, leaves, depth) for index in indexes])
+
+
+def in_leaves(index: ScanIndex, leaves: npt.NDArray[np.int64], depth: int) -> ScanIndex:
+    """The part of `index` whose keys fall in `leaves`."""
+    picked = np.flatnonzero(np.isin(leaf_of(index.key_hashes, depth), leaves))
+    keys = [index.key(int(i)) for i in picked]
+    return ScanIndex(
+        index.key_hashes[picked],
+        index.entries[picked],
+        np.fromiter(map(len, keys), np.uint32, count=len(keys)),
+        b"".join(keys),
+    )
+
+
+def differing_keys(indexes: Sequence[ScanIndex]) -> list[bytes]:
+    """Keys (each index one replica's keys of the same leaves) whose entry hash is missing
+    or different somewhere, sorted."""
     per_replica: list[dict[int, int]] = []
     names: dict[int, bytes] = {}
     for index in indexes:
-        picked = np.flatnonzero(np.isin(leaf_of(index.key_hashes, depth), leaves))
-        seen: dict[int, int] = {}
-        for i in picked:
-            h = int(index.key_hashes[i])
-            seen[h] = int(index.entries[i])
+        hashes = index.key_hashes.tolist()
+        per_replica.append(dict(zip(hashes, index.entries.tolist(), strict=True)))
+        for i, h in enumerate(hashes):
             if h not in names:
-                names[h] = index.key(int(i))
-        per_replica.append(seen)
+                names[h] = index.key(i)
     out = []
     for h, key in names.items():
         entries = [seen.get(h) for seen in per_replica]

@@ -16,6 +16,7 @@ from replag.repair import report as rp
 from replag.repair.group_run import GroupRun, ProgressCallback, RepairProgress, RunParams
 from replag.repair.observe import key_from_json
 from replag.repair.policy import parse_policy
+from replag.repair.remote import AgentPool
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog, new_run_id
 from replag.store import Store
 
@@ -68,9 +69,11 @@ async def _run(
             seconds=time.perf_counter() - started,
         )
 
+    agents = AgentPool(config)
     try:
         for g, policy in zip(groups, policies, strict=True):
-            reports.append(await GroupRun(config, g, params, policy, log, progress).run())
+            run = GroupRun(config, g, params, policy, log, progress, agents)
+            reports.append(await run.run())
     except EndpointError as exc:
         message = f"{exc.message}; run {run_id} can be resumed with --resume {run_id}"
         if log is not None:
@@ -89,6 +92,8 @@ async def _run(
         if log is not None:
             log.set_status(FAILED, error=f"internal error: {exc!r}")
         raise
+    finally:
+        await agents.close()
     report = result(DONE)
     if log is not None:
         log.set_status(DONE, report=report.to_dict())

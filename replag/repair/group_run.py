@@ -1,7 +1,8 @@
 """One replica group within one check or repair run.
 
-Scan each member into a `ScanIndex` (checkpointed), build the Tictac trees,
-collect the keys the trees point at, verify them with two reads
+Scan each member into a `ScanIndex` (checkpointed), or reach its tree through
+its region's agent, walk the Tictac trees from the root (`walk`), collect the
+keys of the differing leaves that differ, verify them with two reads
 `repair_settle` apart, record the divergent keys, then (repair only) decide
 and write each key under WATCH, rechecking keys that were being written
 instead of clobbering them. `engine` runs the groups and owns the run.
@@ -16,17 +17,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.config import Config
+from replag.errors import AgentError
 from replag.repair import report as rp
 from replag.repair.apply import Applier, ReplicaLane
-from replag.repair.diff import Divergence, candidate_keys, classify
+from replag.repair.diff import Divergence, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.policy import Decision, Policy
+from replag.repair.remote import AgentClient, AgentPool
 from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.repair.tictac import DEFAULT_DEPTH
+from replag.repair.walk import AgentTree, MemberTree, ScannedTree, differing_leaves
 from replag.topology import ReplicaGroup
 
 VERIFY_BATCH = 256
+# Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.
+AGENT_VERIFY_BATCH = 4096
 RECHECK_ROUNDS = 3
 
 
@@ -85,9 +91,11 @@ class GroupRun:
         policy: Policy,
         log: RunLog | None,
         progress: ProgressCallback | None,
+        agents: AgentPool | None = None,
     ) -> None:
         s = config.settings
         self.group, self.params, self.policy, self.log = group, params, policy, log
+        self.agent_wait_s = s.agent_wait
         self.progress = progress
         self.timeout_s = s.connect_timeout
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
@@ -104,7 +112,17 @@ class GroupRun:
         self.lanes = [
             ReplicaLane(m, params.max_inflight, params.rate, self.timeout_s) for m in group.members
         ]
-        self.stats = [rp.ReplicaStats(m.name) for m in group.members]
+        # Members whose region runs an agent are compared through it: their trees and key
+        # reads stay in the region. A --match/--type check needs a filtered scan: direct.
+        filtered = params.match is not None or params.type_filter is not None
+        self.agents: list[AgentClient | None] = [
+            agents.client_for(m) if agents is not None and not filtered else None
+            for m in group.members
+        ]
+        self.stats = [
+            rp.ReplicaStats(m.name, region=m.region, via="agent" if a is not None else "scan")
+            for m, a in zip(group.members, self.agents, strict=True)
+        ]
         self.records: dict[bytes, _KeyRecord] = {}
         self.report = rp.GroupReport(group.name, self.stats)
 
@@ -128,8 +146,12 @@ class GroupRun:
             for lane, stats in zip(self.lanes, self.stats, strict=True):
                 stats.busy_s += lane.clock.seconds
                 stats.writes += lane.writes
-                lane.clock.seconds, lane.writes = 0.0, 0
+                stats.bytes_fetched += lane.bytes_received
+                lane.clock.seconds, lane.writes, lane.bytes_received = 0.0, 0, 0
                 await lane.close()
+            for client, stats in zip(self.agents, self.stats, strict=True):
+                if client is not None:
+                    stats.bytes_fetched += client.take_bytes(stats.replica)
         self._summarise()
         return self.report
 
@@ -184,15 +206,31 @@ class GroupRun:
         started = time.perf_counter()
         slots = asyncio.Semaphore(self.scan_parallel)
 
-        async def one(i: int) -> ScanIndex:
+        async def one(i: int) -> MemberTree:
+            member, client = self.group.members[i], self.agents[i]
+            if client is not None:
+                return AgentTree(
+                    member.name,
+                    client,
+                    depth=DEFAULT_DEPTH,
+                    ttl_bucket_ms=self.options.ttl_bucket_ms,
+                    wait_s=self.agent_wait_s,
+                )
             async with slots:
-                return await self._scan_member(i)
+                index = (await self._scan_member(i)).deduplicated()
+            return ScannedTree(member.name, index, DEFAULT_DEPTH)
 
-        indexes = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
-        indexes = [index.deduplicated() for index in indexes]
-        trees = [index.tree(DEFAULT_DEPTH) for index in indexes]
-        candidates = candidate_keys(indexes, trees)
-        del indexes
+        trees = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+        try:
+            leaves = await differing_leaves(trees, DEFAULT_DEPTH)
+            parts = await asyncio.gather(*(t.leaf_keys(leaves) for t in trees))
+        except AgentError as exc:
+            raise self._not_compared(exc) from exc
+        for tree, stats in zip(trees, self.stats, strict=True):
+            if isinstance(tree, AgentTree):
+                stats.keys_scanned = tree.keys
+        candidates = differing_keys(parts) if len(leaves) else []
+        del trees, parts
         self.report.scan_s += time.perf_counter() - started
         self.report.candidates = len(candidates)
         divergent, changing = await self._verify(candidates, phase="verify")
@@ -206,6 +244,18 @@ class GroupRun:
         self._save_phase("diffed")
         if self.log is not None:
             self.log.drop_scans(self.group.name)
+
+    def _not_compared(self, exc: AgentError) -> AgentError:
+        """The agent's failure, naming the members it left uncompared."""
+        lost = [
+            m.name
+            for m, client in zip(self.group.members, self.agents, strict=True)
+            if client is not None and client.url == exc.where
+        ]
+        names = ", ".join(lost) or "its replicas"
+        return AgentError(
+            f"{exc.message}; could not compare {names} (group {self.group.name})", where=exc.where
+        )
 
     async def _scan_member(self, i: int) -> ScanIndex:
         member = self.group.members[i]
@@ -225,6 +275,7 @@ class GroupRun:
             )
             with self.lanes[i].clock.busy():
                 parts.append(await scanner.run(state))
+            self.stats[i].bytes_fetched += scanner.bytes_received
         self.stats[i].keys_scanned, self.stats[i].scan_s = state.keys, state.seconds
         return ScanIndex.concat(parts)
 
@@ -237,12 +288,28 @@ class GroupRun:
                 )
             )
 
-    async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
-        async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
-            async with lane.connection() as conn:
-                return await observe_keys(conn, keys, chunk=self.options.count)
+    async def _observe_twice(
+        self, keys: Sequence[bytes]
+    ) -> tuple[list[dict[bytes, KeyState]], list[dict[bytes, KeyState]]]:
+        """Every member's reads of `keys`, twice, `settle_s` apart: through a member's agent
+        (both reads in its region, one round trip), else here."""
 
-        return list(await asyncio.gather(*(one(lane) for lane in self.lanes)))
+        async def one(i: int) -> tuple[dict[bytes, KeyState], dict[bytes, KeyState]]:
+            client, lane = self.agents[i], self.lanes[i]
+            if client is not None:
+                return await client.observe_twice(lane.name, keys, self.settle_s)
+            async with lane.connection() as conn:
+                first = await observe_keys(conn, keys, chunk=self.options.count)
+            await asyncio.sleep(self.settle_s)
+            async with lane.connection() as conn:
+                second = await observe_keys(conn, keys, chunk=self.options.count)
+            return first, second
+
+        try:
+            pairs = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+        except AgentError as exc:
+            raise self._not_compared(exc) from exc
+        return [p[0] for p in pairs], [p[1] for p in pairs]
 
     async def _verify(
         self,
@@ -255,11 +322,10 @@ class GroupRun:
         divergent: list[Divergence] = []
         changing: list[tuple[bytes, Divergence | None]] = []
         started = time.perf_counter()
-        for start in range(0, len(keys), VERIFY_BATCH):
-            batch = keys[start : start + VERIFY_BATCH]
-            first = await self._observe_all(batch)
-            await asyncio.sleep(self.settle_s)
-            second = await self._observe_all(batch)
+        size = AGENT_VERIFY_BATCH if any(self.agents) else VERIFY_BATCH
+        for start in range(0, len(keys), size):
+            batch = keys[start : start + size]
+            first, second = await self._observe_twice(batch)
             now_ms = time.time_ns() // 1_000_000
             for key in batch:
                 states = [reads[key] for reads in second]
@@ -282,7 +348,7 @@ class GroupRun:
                 elif found is not None:
                     divergent.append(found)
             if self.progress is not None:
-                done = min(start + VERIFY_BATCH, len(keys))
+                done = min(start + size, len(keys))
                 elapsed = time.perf_counter() - started
                 self.progress(
                     RepairProgress(

@@ -21,6 +21,15 @@ AGREED = "agreed"  # replicas agreed by the time we came to repair it
 OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING)
 
 
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{value:,.0f} B" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1000
+    return f"{value:,.1f} GB"
+
+
 @dataclass
 class ReplicaStats:
     replica: str
@@ -28,6 +37,9 @@ class ReplicaStats:
     scan_s: float = 0.0
     busy_s: float = 0.0
     writes: int = 0
+    region: str | None = None
+    via: str = "scan"  # or "agent": compared through its region's agent
+    bytes_fetched: int = 0  # bytes received from the replica or its agent
 
     @property
     def keys_per_s(self) -> float:
@@ -41,6 +53,9 @@ class ReplicaStats:
             "keys_per_s": round(self.keys_per_s),
             "busy_s": round(self.busy_s, 3),
             "writes": self.writes,
+            "region": self.region,
+            "via": self.via,
+            "bytes_fetched": self.bytes_fetched,
         }
 
 
@@ -73,7 +88,15 @@ class GroupReport:
             "scan_s": round(self.scan_s, 3),
             "repair_s": round(self.repair_s, 3),
             "replicas": [r.to_dict() for r in self.replicas],
+            "bytes_by_region": self.bytes_by_region(),
         }
+
+    def bytes_by_region(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.replicas:
+            region = r.region or "-"
+            out[region] = out.get(region, 0) + r.bytes_fetched
+        return out
 
 
 @dataclass
@@ -153,12 +176,17 @@ class RepairReport:
             extras.append(f"{changing} changing while read (being written; not compared)")
         if extras:
             lines.append("also: " + ", ".join(extras))
-        lines += ["", f"{'replica':<24} {'keys':>10} {'keys/s':>10} {'busy s':>8} {'writes':>7}"]
+        lines += [
+            "",
+            f"{'replica':<24} {'via':>6} {'keys':>10} {'keys/s':>10} {'busy s':>8} "
+            f"{'writes':>7} {'fetched':>10}",
+        ]
         for g in self.groups:
             for r in g.replicas:
+                rate = f"{r.keys_per_s:>10,.0f}" if r.via == "scan" else f"{'-':>10}"
                 lines.append(
-                    f"{r.replica:<24} {r.keys_scanned:>10} {r.keys_per_s:>10,.0f} "
-                    f"{r.busy_s:>8.2f} {r.writes:>7}"
+                    f"{r.replica:<24} {r.via:>6} {r.keys_scanned:>10} {rate} "
+                    f"{r.busy_s:>8.2f} {r.writes:>7} {_size(r.bytes_fetched):>10}"
                 )
         lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
         return "\n".join(lines)

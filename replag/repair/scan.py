@@ -156,6 +156,7 @@ class ReplicaScanner:
         # A key that changed type while being read gets a digest no other replica
         # can have, so it always shows up as a candidate and is read again.
         self._changed_digest = int.from_bytes(os.urandom(8), "little")
+        self.bytes_received = 0
 
     async def run(self, state: ScanProgress) -> ScanIndex:
         opts = self.options
@@ -168,6 +169,7 @@ class ReplicaScanner:
         try:
             return await self._run(state, scan_conn, fetch_conn)
         finally:
+            self.bytes_received += scan_conn.bytes_received + fetch_conn.bytes_received
             await scan_conn.close()
             await fetch_conn.close()
 
@@ -260,6 +262,18 @@ class ReplicaScanner:
             await queue.put(RepairError(f"scan failed: {exc!r}", where=self.endpoint.name))
             return
         await queue.put(None)
+
+    async def index_keys(self, conn: RespConnection, keys: list[bytes]) -> ScanIndex:
+        """`keys` as they are now, read the way a scan reads them (keys gone are left out);
+        a region agent re-reads the keys a notification named with this."""
+        if self.options.exclude_prefix:
+            skip = self.options.exclude_prefix
+            keys = [k for k in keys if not k.startswith(skip)]
+        if not keys:
+            return ScanIndex.empty()
+        future = conn.send(pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys))
+        replies, arrived_ns = await conn.wait(future)
+        return await self._index_batch(conn, keys, replies, arrived_ns)
 
     async def _index_batch(
         self, conn: RespConnection, keys: list[bytes], replies: list[object], arrived_ns: int

@@ -1,0 +1,231 @@
+"""The agent's HTTP API: tree levels, leaf contents, key states, metrics.
+
+Everything but `GET /agent/v1/health` needs `Authorization: Bearer
+<settings.api_token>` (the service's token). Handlers are coroutines on the
+event loop the trees are updated on, so a response is never computed from a
+tree half-way through a batch of updates.
+
+* `GET /agent/v1/health`: region, version, each tree's state;
+* `GET /agent/v1/replicas`: each tree's state, keys, root, bytes per key, events, rebuilds;
+* `POST /agent/v1/replicas/{name}/nodes` {level, nodes, down, fresh, wait_s}: per
+  node of `level`, its 2**down descendants (uint64 little-endian);
+* `POST /agent/v1/replicas/{name}/leaves` {leaves}: the keys of those leaves
+  (hash, entry hash, name: `ScanIndex` bytes);
+* `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s}: each
+  key's state read twice, settle_s apart;
+* `GET /metrics`: Prometheus text (see `agent.metrics`).
+
+With `fresh`, the tree first catches up with every write the replica applied
+before the request (see `LiveTree.fresh`), waiting up to `wait_s` for a tree
+that is being built.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
+
+from replag import __version__
+from replag.agent.livetree import LiveTree
+from replag.agent.metrics import AgentMetrics
+from replag.agent.region import RegionAgent
+from replag.errors import AgentError, EndpointError, ReplagError
+from replag.repair import remote as wire
+
+_bearer = HTTPBearer(auto_error=False, description="settings.api_token")
+OCTETS = "application/octet-stream"
+MAX_NODES = 1 << 24
+
+
+class NodesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: int = Field(ge=0, le=24)
+    nodes: list[int] = Field(max_length=MAX_NODES)
+    down: int = Field(ge=0, le=24)
+    fresh: bool = False
+    wait_s: float = Field(default=0.0, ge=0, le=3600)
+
+
+class LeavesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    leaves: list[int] = Field(max_length=MAX_NODES)
+
+
+class ObserveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keys: list[str] = Field(max_length=100_000)
+    settle_s: float = Field(default=0.0, ge=0, le=60)
+
+
+def _agent(request: Request) -> RegionAgent:
+    agent: RegionAgent = request.app.state.agent
+    return agent
+
+
+Agent = Annotated[RegionAgent, Depends(_agent)]
+
+
+def require_token(
+    agent: Agent, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    expected = agent.settings.api_token
+    if not expected:  # `replag agent` refuses to start without one; a test app may not
+        raise HTTPException(403, "this agent has no api_token configured")
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(
+            401, "missing bearer token (Authorization: Bearer …)", {"WWW-Authenticate": "Bearer"}
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(401, "wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+def _tree(agent: RegionAgent, name: str) -> LiveTree:
+    if name not in agent.trees:
+        raise HTTPException(404, f"no replica {name!r} here (keeping: {', '.join(agent.trees)})")
+    return agent.trees[name]
+
+
+def _tree_headers(tree: LiveTree) -> dict[str, str]:
+    return {
+        wire.DEPTH_HEADER: str(tree.depth),
+        wire.BUCKET_HEADER: str(tree.options.ttl_bucket_ms),
+        wire.KEYS_HEADER: str(len(tree.table) if tree.table is not None else 0),
+    }
+
+
+health_router = APIRouter(prefix=wire.PREFIX)
+router = APIRouter(prefix=wire.PREFIX, dependencies=[Depends(require_token)])
+
+
+@health_router.get("/health")
+async def health(agent: Agent) -> dict[str, Any]:
+    """Liveness, and each tree's state (no token needed)."""
+    return {
+        "version": __version__,
+        "region": agent.region,
+        "replicas": {name: tree.state for name, tree in agent.trees.items()},
+    }
+
+
+@router.get("/replicas")
+async def replicas(agent: Agent) -> dict[str, Any]:
+    """Every tree this agent keeps, with its state and counters."""
+    return {"region": agent.region, "replicas": [t.to_dict() for t in agent.trees.values()]}
+
+
+@router.post("/replicas/{name}/nodes")
+async def nodes(agent: Agent, name: str, body: NodesRequest) -> Response:
+    """Per requested node of `level`, its 2**down descendants (uint64 little-endian)."""
+    tree = _tree(agent, name)
+    if body.fresh:
+        await tree.fresh(body.wait_s)
+    values = tree.descendants(body.level, body.nodes, body.down)
+    return Response(wire.u64_bytes(values), media_type=OCTETS, headers=_tree_headers(tree))
+
+
+@router.post("/replicas/{name}/leaves")
+async def leaves(agent: Agent, name: str, body: LeavesRequest) -> Response:
+    """Key hash, entry hash and name of every key in the given leaves."""
+    tree = _tree(agent, name)
+    index = tree.leaf_keys(body.leaves)
+    return Response(index.to_bytes(), media_type=OCTETS, headers=_tree_headers(tree))
+
+
+@router.post("/replicas/{name}/keys/observe")
+async def observe(agent: Agent, name: str, body: ObserveRequest) -> dict[str, Any]:
+    """Each key's state read twice, `settle_s` apart, on the replica (verification)."""
+    tree = _tree(agent, name)
+    try:
+        keys = wire.keys_from_wire(body.keys)
+    except ValueError:
+        raise HTTPException(400, "keys: expected base64 strings") from None
+    first, second = await tree.observe_twice(keys, body.settle_s)
+    return {
+        "first": [wire.state_to_wire(first[k]) for k in keys],
+        "second": [wire.state_to_wire(second[k]) for k in keys],
+    }
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[
+    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
+]
+
+
+class _CountBytes:
+    """ASGI middleware: bytes of every response body, by route, into the agent's metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: AgentMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = AgentMetrics.route_label(scope.get("path", ""))
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                self.metrics.sent(route, len(message.get("body", b"")))
+            await send(message)
+
+        await self.app(scope, receive, counting)
+
+
+def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
+    """The agent's app; the lifespan starts and stops the trees unless `run` is False."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if run:
+            await agent.start()
+        try:
+            yield
+        finally:
+            if run:
+                await agent.stop()
+
+    app = FastAPI(
+        title="replag agent",
+        version=__version__,
+        lifespan=lifespan,
+        description="Tictac trees of one region's replicas, kept current from keyspace "
+        "notifications; leaf contents and key states for `repair check` and `run`.",
+    )
+    app.state.agent = agent
+    metrics = AgentMetrics(agent)
+    app.include_router(health_router)
+    app.include_router(router)
+    for part in agent.parts:
+        if part.router is not None:
+            app.include_router(part.router, dependencies=[Depends(require_token)])
+
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_token)])
+    async def metrics_page() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(ReplagError)
+    async def replag_error(request: Request, exc: ReplagError) -> JSONResponse:
+        status = 400
+        if isinstance(exc, AgentError):
+            status = 503  # the tree is not current (building, stale, replica down)
+        elif isinstance(exc, EndpointError):
+            status = 502
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    app.add_middleware(_CountBytes, metrics=metrics)
+    return app

@@ -1,0 +1,145 @@
+"""The agent's `/metrics`: its trees' state and counters, read when Prometheus scrapes.
+
+A collector reads each `LiveTree`'s counters at scrape time (nothing is
+updated on the event path), in a registry of the agent's own.
+
+Per replica: `replag_agent_tree_state{state}` (1 for the current one),
+`_tree_keys`, `_tree_bytes_per_key`, `_tree_memory_bytes`, `_pending_keys`
+(named by events, not yet re-read), `_events_total`, `_keys_applied_total`,
+`_builds_total`, `_restores_total`, `_rebuilds_total{cause}` (lost, flush,
+notifications, restart, resync), `_build_seconds` and
+`_build_replica_cpu_seconds` (the replica's INFO used_cpu during the last full
+scan), `_replica_cpu_seconds_total` (the replica's used_cpu, to rate()); and
+`replag_agent_response_bytes_total{route}`: what the agent sent, i.e. what
+crosses the WAN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from replag.agent.livetree import STATES
+
+if TYPE_CHECKING:
+    from replag.agent.region import RegionAgent
+
+ROUTES = ("nodes", "leaves", "observe", "replicas", "health", "metrics")
+
+
+class _TreeCollector(Collector):
+    def __init__(self, agent: RegionAgent, sent: dict[str, int]) -> None:
+        self.agent = agent
+        self.sent_bytes = sent
+
+    def collect(self) -> Iterator[Metric]:
+        trees = self.agent.trees
+        state = GaugeMetricFamily(
+            "replag_agent_tree_state",
+            "1 for the tree's current state.",
+            labels=["replica", "state"],
+        )
+        gauges = {
+            "keys": GaugeMetricFamily(
+                "replag_agent_tree_keys", "Keys tracked.", labels=["replica"]
+            ),
+            "bpk": GaugeMetricFamily(
+                "replag_agent_tree_bytes_per_key",
+                "Memory of the key table per key tracked.",
+                labels=["replica"],
+            ),
+            "mem": GaugeMetricFamily(
+                "replag_agent_tree_memory_bytes", "Memory of the key table.", labels=["replica"]
+            ),
+            "pending": GaugeMetricFamily(
+                "replag_agent_pending_keys",
+                "Keys named by events and not yet re-read.",
+                labels=["replica"],
+            ),
+            "build_s": GaugeMetricFamily(
+                "replag_agent_build_seconds", "Duration of the last full scan.", labels=["replica"]
+            ),
+            "build_cpu": GaugeMetricFamily(
+                "replag_agent_build_replica_cpu_seconds",
+                "The replica's CPU (INFO used_cpu) during the last full scan.",
+                labels=["replica"],
+            ),
+        }
+        counters = {
+            "events": CounterMetricFamily(
+                "replag_agent_events", "Keyspace events about tracked keys.", labels=["replica"]
+            ),
+            "applied": CounterMetricFamily(
+                "replag_agent_keys_applied",
+                "Keys re-read and applied to the tree.",
+                labels=["replica"],
+            ),
+            "builds": CounterMetricFamily("replag_agent_builds", "Full scans.", labels=["replica"]),
+            "restores": CounterMetricFamily(
+                "replag_agent_restores", "Starts from a saved tree.", labels=["replica"]
+            ),
+            "cpu": CounterMetricFamily(
+                "replag_agent_replica_cpu_seconds",
+                "The replica's used_cpu_user + used_cpu_sys (INFO), as last polled.",
+                labels=["replica"],
+            ),
+        }
+        rebuilds = CounterMetricFamily(
+            "replag_agent_rebuilds", "Stale trees rebuilt, by cause.", labels=["replica", "cause"]
+        )
+        for name, tree in trees.items():
+            for s in STATES:
+                state.add_metric([name, s], 1.0 if tree.state == s else 0.0)
+            table = tree.table
+            st = tree.stats
+            if table is not None:
+                gauges["keys"].add_metric([name], len(table))
+                gauges["bpk"].add_metric([name], table.bytes_per_key())
+                gauges["mem"].add_metric([name], table.nbytes)
+            gauges["pending"].add_metric([name], len(tree._dirty))
+            gauges["build_s"].add_metric([name], st.last_build_s)
+            gauges["build_cpu"].add_metric([name], st.build_replica_cpu_s)
+            counters["events"].add_metric([name], st.events)
+            counters["applied"].add_metric([name], st.keys_applied)
+            counters["builds"].add_metric([name], st.builds)
+            counters["restores"].add_metric([name], st.restores)
+            if st.replica_cpu_s is not None:
+                counters["cpu"].add_metric([name], st.replica_cpu_s)
+            for cause, count in st.rebuilds.items():
+                rebuilds.add_metric([name, cause], count)
+        sent = CounterMetricFamily(
+            "replag_agent_response_bytes", "Bytes of responses sent, by route.", labels=["route"]
+        )
+        for route, count in self.sent_bytes.items():
+            sent.add_metric([route], count)
+        yield state
+        yield from gauges.values()
+        yield from counters.values()
+        yield rebuilds
+        yield sent
+        for part in self.agent.parts:
+            yield from part.collect()
+
+
+class AgentMetrics:
+    """The agent's registry; `sent()` counts response bytes by route."""
+
+    def __init__(self, agent: RegionAgent) -> None:
+        self.registry = CollectorRegistry()
+        self.sent_bytes: dict[str, int] = dict.fromkeys(ROUTES, 0)
+        self.registry.register(_TreeCollector(agent, self.sent_bytes))
+
+    @staticmethod
+    def route_label(path: str) -> str:
+        last = path.rstrip("/").rsplit("/", 1)[-1]
+        return last if last in ROUTES else "other"
+
+    def sent(self, route: str, count: int) -> None:
+        self.sent_bytes[route] = self.sent_bytes.get(route, 0) + count
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

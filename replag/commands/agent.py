@@ -1,0 +1,94 @@
+"""`replag agent`: keep Tictac trees of one region's replicas current and serve them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import uvicorn
+
+from replag.commands.options import config_option, load
+from replag.commands.serve import CleanExitServer, _is_loopback, listen
+from replag.errors import UsageError
+
+log = logging.getLogger("replag.agent")
+DEFAULT_PORT = 8701
+
+
+def _listen_address(listen_opt: str | None, agent_url: str | None) -> tuple[str, int]:
+    if listen_opt is None:
+        port = urlsplit(agent_url).port if agent_url else None
+        return "127.0.0.1", port or DEFAULT_PORT
+    host, sep, port_text = listen_opt.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UsageError(f"--listen: expected HOST:PORT, got {listen_opt!r}")
+    return host.strip("[]") or "127.0.0.1", int(port_text)
+
+
+@click.command(name="agent")
+@config_option
+@click.option("--region", "-r", required=True, help="The region whose replicas this agent keeps.")
+@click.option(
+    "--listen",
+    "listen_opt",
+    metavar="HOST:PORT",
+    help="Address to bind (default: 127.0.0.1 and the port of the region's `agent` URL, "
+    f"else {DEFAULT_PORT}). Anything but loopback exposes it to the network.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where trees are saved between runs [default: settings.agent_state_dir/REGION].",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def command(
+    config_path: Path, region: str, listen_opt: str | None, state_dir: Path | None, log_level: str
+) -> None:
+    """Keep Tictac trees of one region's replicas current and serve them.
+
+    One tree per replica-group member of REGION, built by a full scan and kept current
+    from keyspace notifications; `repair check`/`run` and `serve` walk them, so only
+    trees and divergent keys cross the WAN.
+
+    Every call but /agent/v1/health needs `Authorization: Bearer <settings.api_token>`.
+    Stops cleanly on SIGTERM or Ctrl-C (trees are saved), exiting 0.
+    """
+    from replag.agent.app import create_agent_app
+    from replag.agent.region import RegionAgent
+
+    config = load(config_path)
+    logging.getLogger("replag").setLevel(log_level.upper())
+    settings = config.settings
+    if not settings.api_token:
+        raise UsageError(
+            "replag agent needs settings.api_token (or REPLAG_API_TOKEN): it serves key "
+            "names and values, so every call but health must carry the token"
+        )
+    if (settings.agent_tls_cert is None) != (settings.agent_tls_key is None):
+        raise UsageError("settings.agent_tls_cert and agent_tls_key go together")
+    host, port = _listen_address(listen_opt, config.topology.region(region).agent)
+    agent = RegionAgent(config, region, state_dir=state_dir)
+    if not _is_loopback(host):
+        log.warning("agent of %s listening on %s: reachable from the network", region, host)
+    sock = listen(host, port)
+    with sock:
+        server = CleanExitServer(
+            uvicorn.Config(
+                create_agent_app(agent),
+                host=host,
+                port=port,
+                log_level=log_level,
+                access_log=False,
+                lifespan="on",
+                ssl_certfile=settings.agent_tls_cert,
+                ssl_keyfile=settings.agent_tls_key,
+            )
+        )
+        server.run(sockets=[sock])
