@@ -26,17 +26,13 @@ Notifications must be on: `K` (keyspace channel) and the classes `g$lshzxet`
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 
-import hiredis
-
-from replag.connections import translate
 from replag.errors import UnreachableError
-from replag.resp import pack
+from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
 log = logging.getLogger(__name__)
@@ -60,46 +56,6 @@ def notifications_with_ours(flags: str) -> str:
     return "".join(sorted(set(flags) | set("K" + NEEDED_CLASSES)))
 
 
-class _FeedProtocol(asyncio.Protocol):
-    def __init__(self, feed: KeyspaceFeed) -> None:
-        self.feed = feed
-        self.reader = hiredis.Reader()
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        now = time.monotonic_ns()
-        self.reader.feed(data)
-        feed = self.feed
-        prefix_len = len(feed.channel_prefix)
-        while True:
-            try:
-                msg = self.reader.gets()
-            except hiredis.ProtocolError as exc:
-                feed.fail(f"protocol error on the notification connection: {exc}")
-                return
-            if msg is False:
-                return
-            if isinstance(msg, list) and len(msg) == 4 and msg[0] == b"pmessage":
-                feed.events += 1
-                key = msg[2][prefix_len:]
-                for listener in feed.listeners:
-                    listener(key, msg[3], now)
-            elif isinstance(msg, list) and len(msg) == 3 and msg[:2] == [b"message", INVALIDATE]:
-                if msg[2] is None:
-                    feed.flushes += 1
-                    for flushed in feed.flush_listeners:
-                        flushed()
-            else:
-                feed.reply(msg)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.feed.fail(str(exc) if exc else "connection closed by the server")
-
-
 class KeyspaceFeed:
     """Keyspace notifications of one replica (a db), delivered to listeners as they arrive."""
 
@@ -113,8 +69,8 @@ class KeyspaceFeed:
         self.flushes = 0
         self.tracks_flushes = False
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._protocol: _FeedProtocol | None = None
-        self._replies: collections.deque[asyncio.Future[object]] = collections.deque()
+        self._conn: RespConnection | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     def add_listener(self, listener: Listener) -> None:
         self.listeners.append(listener)
@@ -122,41 +78,47 @@ class KeyspaceFeed:
     def on_flush(self, listener: Callable[[], None]) -> None:
         self.flush_listeners.append(listener)
 
+    def _pushed(self, msg: list[Any], arrived_ns: int) -> None:
+        if len(msg) == 4 and msg[0] == b"pmessage":
+            self.events += 1
+            key = msg[2][len(self.channel_prefix) :]
+            for listener in self.listeners:
+                listener(key, msg[3], arrived_ns)
+        elif len(msg) == 3 and msg[1] == INVALIDATE and msg[2] is None:
+            self.flushes += 1
+            for flushed in self.flush_listeners:
+                flushed()
+
     async def open(self) -> KeyspaceFeed:
         """Connect, authenticate, track flushes and PSUBSCRIBE; events flow from then on."""
-        ep = self.endpoint
-        loop = asyncio.get_running_loop()
-        context = ssl.create_default_context() if ep.tls else None
+        conn = await RespConnection.open(
+            self.endpoint, timeout_s=self.timeout_s, clock=time.monotonic_ns, on_push=self._pushed
+        )
+        self._conn = conn
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _FeedProtocol(self), ep.host, ep.port, ssl=context),
-                self.timeout_s,
-            )
-        except (OSError, TimeoutError) as exc:
-            raise translate(exc, ep) from exc
-        self._protocol = protocol
-        try:
-            if ep.password is not None:
-                auth = (ep.username, ep.password) if ep.username else (ep.password,)
-                reply = await self._request(pack(b"AUTH", *auth))
-                if isinstance(reply, hiredis.ReplyError):
-                    raise translate(_auth_error(str(reply)), ep)
-            await self._track_flushes()
-            reply = await self._request(pack(b"PSUBSCRIBE", self.channel_prefix + b"*"))
-            if not (isinstance(reply, list) and reply and reply[0] == b"psubscribe"):
+            await self._track_flushes(conn)
+            (reply,) = await conn.request(pack(b"PSUBSCRIBE", self.channel_prefix + b"*"), 1)
+            if not (isinstance(reply, list) and reply[:1] == [b"psubscribe"]):
                 raise UnreachableError(
-                    f"PSUBSCRIBE refused: {reply!r}", where=f"{ep.name} ({ep.url()})"
+                    f"PSUBSCRIBE refused: {reply!r}",
+                    where=f"{self.endpoint.name} ({self.endpoint.url()})",
                 )
         except BaseException:
-            self.close()
+            conn.abort()
             raise
+        self._watch = asyncio.create_task(self._wait_lost(conn))
         return self
 
-    async def _track_flushes(self) -> None:
-        own_id = await self._request(pack(b"CLIENT", b"ID"))
+    async def _wait_lost(self, conn: RespConnection) -> None:
+        exc = await conn.wait_closed()
+        if not self.closed.done():
+            self.closed.set_result(str(exc) if exc else "connection closed by the server")
+
+    async def _track_flushes(self, conn: RespConnection) -> None:
+        (own_id,) = await conn.request(pack(b"CLIENT", b"ID"), 1)
         if not isinstance(own_id, int):
             log.warning(
-                "%s: CLIENT ID refused (%s); flushes will be noticed by polling only",
+                "%s: CLIENT ID refused (%s); flushes are noticed by polling only",
                 self.endpoint.name,
                 own_id,
             )
@@ -164,67 +126,30 @@ class KeyspaceFeed:
         tracking = pack(
             b"CLIENT", b"TRACKING", b"ON", b"REDIRECT", own_id, b"BCAST", b"PREFIX", _NO_KEYS_PREFIX
         )
-        reply = await self._request(tracking)
+        (reply,) = await conn.request(tracking, 1)
         if reply != b"OK":
             log.warning(
-                "%s: CLIENT TRACKING refused (%s); flushes will be noticed by polling only",
+                "%s: CLIENT TRACKING refused (%s); flushes are noticed by polling only",
                 self.endpoint.name,
                 reply,
             )
             return
-        reply = await self._request(pack(b"SUBSCRIBE", INVALIDATE))
+        (reply,) = await conn.request(pack(b"SUBSCRIBE", INVALIDATE), 1)
         self.tracks_flushes = isinstance(reply, list) and reply[:1] == [b"subscribe"]
 
-    def reply(self, msg: object) -> None:
-        if self._replies:
-            future = self._replies.popleft()
-            if not future.done():
-                future.set_result(msg)
-
-    def fail(self, reason: str) -> None:
-        if not self.closed.done():
-            self.closed.set_result(reason)
-        while self._replies:
-            future = self._replies.popleft()
-            if not future.done():
-                future.set_exception(
-                    UnreachableError(
-                        f"notification connection lost: {reason}",
-                        where=f"{self.endpoint.name} ({self.endpoint.url()})",
-                    )
-                )
-        if self._protocol is not None and self._protocol.transport is not None:
-            self._protocol.transport.abort()
-
-    async def _request(self, payload: bytes) -> object:
-        protocol = self._protocol
-        if protocol is None or protocol.transport is None or self.closed.done():
+    async def fence(self) -> None:
+        """Return once every event published before this call reached the listeners."""
+        if self._conn is None or self.closed.done():
             raise UnreachableError(
                 "notification connection is closed",
                 where=f"{self.endpoint.name} ({self.endpoint.url()})",
             )
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._replies.append(future)
-        protocol.transport.write(payload)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await future
-        except TimeoutError:
-            self.fail("no answer within the timeout")
-            raise UnreachableError(
-                "notification connection: no answer within the timeout",
-                where=f"{self.endpoint.name} ({self.endpoint.url()})",
-            ) from None
-
-    async def fence(self) -> None:
-        """Return once every event published before this call reached the listeners."""
-        await self._request(pack(b"PING"))
+        await self._conn.request(pack(b"PING"), 1)
 
     def close(self) -> None:
-        self.fail("closed by the agent")
-
-
-def _auth_error(text: str) -> Exception:
-    from redis.exceptions import AuthenticationError
-
-    return AuthenticationError(text)
+        if not self.closed.done():
+            self.closed.set_result("closed by the agent")
+        if self._conn is not None:
+            self._conn.abort()
+        if self._watch is not None:
+            self._watch.cancel()

@@ -1,0 +1,127 @@
+"""Running a `LiveTree` (or an agent process) next to a test that writes with redis-py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from replag.agent.livetree import LiveTree
+from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
+from replag.repair.tictac import TictacTree
+from replag.topology import Endpoint
+from tests.helpers.waiting import wait_until
+
+_T = TypeVar("_T")
+# Entries hashed with these options in every agent test (the probe prefix is excluded).
+OPTIONS = ScanOptions(count=100, exclude_prefix=b"replag:probe:", ttl_bucket_ms=2000)
+
+
+class LoopThread:
+    """An event loop in a thread, so a sync test can write with redis-py meanwhile."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[_T], timeout_s: float = 60.0) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+async def scanned_tree(endpoint: Endpoint, options: ScanOptions = OPTIONS) -> TictacTree:
+    """What a direct scan of the replica's data gives now."""
+    index = await ReplicaScanner(endpoint, options).run(ScanProgress(endpoint.name))
+    return index.deduplicated().tree(16)
+
+
+class RunningTree:
+    """A LiveTree kept by its own task on a LoopThread."""
+
+    def __init__(self, endpoint: Endpoint, *, state_dir: Path | None = None) -> None:
+        self.endpoint = endpoint
+        self.loop = LoopThread()
+        self.tree = LiveTree(endpoint, options=OPTIONS, state_dir=state_dir, poll_s=0.1)
+        self._task = self.loop.run(self._start())
+
+    async def _start(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self.tree.run())
+
+    def fresh(self) -> TictacTree:
+        """The tree once it holds every write applied before this call."""
+
+        async def go() -> TictacTree:
+            await self.tree.fresh(30.0)
+            assert self.tree.tree is not None
+            return TictacTree(16, self.tree.tree.leaves.copy())
+
+        return self.loop.run(go())
+
+    def scanned(self) -> TictacTree:
+        return self.loop.run(scanned_tree(self.endpoint))
+
+    def wait(self, what: str, check: object) -> None:
+        wait_until(lambda: bool(check() if callable(check) else check), what)
+
+    def stop(self) -> None:
+        async def go() -> None:
+            await self.tree.stop()
+            await asyncio.wait_for(self._task, 30)
+
+        self.loop.run(go())
+        self.loop.close()
+
+
+@contextmanager
+def running_tree(endpoint: Endpoint, *, state_dir: Path | None = None) -> Iterator[RunningTree]:
+    running = RunningTree(endpoint, state_dir=state_dir)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def start_agent(config_path: Path, region: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`replag agent` in its own process; returns once its health endpoint answers."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replag", "agent", "-c", str(config_path), "--region", region],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"agent of {region} exited {proc.returncode}: {log.read_text()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/agent/v1/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, f"agent of {region} answering on {port}")
+    return proc
+
+
+def stop_agent(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait(10)

@@ -1,0 +1,161 @@
+"""`repair check` and `repair run` through real `replag agent` processes.
+
+Three independent servers, one per region; regions b and c run agents, region a has
+none and is scanned directly (a mixed group). Divergence of every kind is injected
+at known keys; the check must report exactly those, the repair fix exactly those,
+and an agent that dies during a check must be named with the replicas it leaves
+uncompared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from replag.config import load_config
+from replag.errors import ReplagError
+from replag.lab.server import RedisServer, free_port
+from replag.repair import RepairProgress, check
+from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.keyspace import fill, write_every_type
+from tests.helpers.redis_servers import RedisFactory
+
+TOKEN = "check-t0ken"
+
+
+@dataclass
+class AgentsLab:
+    config: Path
+    servers: dict[str, RedisServer]
+    agents: dict[str, subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLab]:
+    servers = {r: redis_factory(r) for r in "abc"}
+    for server in servers.values():
+        fill(server.client(), 5_000)
+        write_every_type(server.client())
+    ports = {r: free_port() for r in "bc"}
+    data = {
+        "settings": {
+            "api_token": TOKEN,
+            "store": str(tmp_path / "replag.sqlite"),
+            "repair_settle": "20ms",
+            "agent_state_dir": str(tmp_path / "agents"),
+        },
+        "regions": [
+            {
+                "name": r,
+                **({"agent": f"http://127.0.0.1:{ports[r]}"} if r in ports else {}),
+                "replicas": [{"name": f"{r}-1", "url": servers[r].url}],
+            }
+            for r in "abc"
+        ],
+        "groups": [{"name": "g", "members": ["a-1", "b-1", "c-1"]}],
+    }
+    config = tmp_path / "topology.toml"
+    config.write_text(tomli_w.dumps(data))
+    agents = {r: start_agent(config, r, ports[r], tmp_path / f"agent-{r}.log") for r in ports}
+    try:
+        yield AgentsLab(config, servers, agents)
+    finally:
+        for proc in agents.values():
+            stop_agent(proc)
+
+
+def _inject(lab: AgentsLab) -> dict[str, str]:
+    """Divergence of every kind on one member each; the key → the kind a check reports."""
+    a, b, c = (lab.servers[r].client() for r in "abc")
+    b.set(b"k:0000010", b"changed in b")
+    c.delete(b"k:0000020")
+    a.set(b"only-in-a", b"extra")
+    c.delete(b"t:hash")
+    c.set(b"t:hash", b"now a string")
+    b.expire(b"k:0000030", 3600)
+    a.sadd(b"t:set", b"only in a")
+    return {
+        "t:set": "value",
+        "k:0000010": "value",
+        "k:0000020": "missing",
+        "only-in-a": "missing",
+        "t:hash": "type",
+        "k:0000030": "ttl",
+    }
+
+
+def _replag(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replag", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def _found(report: dict[str, object]) -> dict[str, str]:
+    keys = report["divergent_keys"]
+    assert isinstance(keys, list)
+    return {k["key"]: k["kind"] for k in keys}
+
+
+def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
+    agents_lab: AgentsLab,
+) -> None:
+    injected = _inject(agents_lab)
+    checked = _replag("repair", "check", "-c", str(agents_lab.config), "--json")
+    assert checked.returncode == 1, checked.stderr
+    report = json.loads(checked.stdout)
+    assert _found(report) == injected
+    via = {r["replica"]: r["via"] for r in report["replicas"]}
+    assert via == {"a-1": "scan", "b-1": "agent", "c-1": "agent"}
+    fetched = report["groups"][0]["bytes_by_region"]
+    # The direct scan pulled every key of a; the agents sent trees and a few keys.
+    assert fetched["a"] > 10 * max(fetched["b"], fetched["c"]) > 0
+
+    repaired = _replag("repair", "run", "-c", str(agents_lab.config), "--json")
+    assert repaired.returncode == 0, repaired.stderr
+    result = json.loads(repaired.stdout)
+    assert result["repaired"] == len(injected)
+    assert {k["key"] for k in result["divergent_keys"]} == set(injected)
+
+    again = _replag("repair", "check", "-c", str(agents_lab.config), "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["divergent"] == 0
+
+
+def test_an_agent_dying_mid_check_is_reported_with_the_replicas_not_compared(
+    agents_lab: AgentsLab,
+) -> None:
+    _inject(agents_lab)
+    config = load_config(agents_lab.config)
+    victim = agents_lab.agents["c"]
+
+    def kill_when_scanning(event: RepairProgress) -> None:
+        # Region a is scanned here while b and c wait to be walked: c dies in between.
+        if event.phase == "scan" and victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+
+    with pytest.raises(ReplagError) as failed:
+        asyncio.run(check(config, progress=kill_when_scanning))
+    assert victim.returncode == -signal.SIGKILL
+    message = str(failed.value)
+    assert "could not compare c-1" in message and "b-1" not in message
+    assert failed.value.exit_code == 2
+
+    cli = _replag("repair", "check", "-c", str(agents_lab.config))
+    assert cli.returncode == 2
+    assert "could not compare c-1" in cli.stderr and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
