@@ -182,8 +182,8 @@ async def test_every_agent_route_and_metric_is_documented(client: httpx.AsyncCli
     [
         ({"agent": "ftp://x"}, "regions[0].agent: expected the agent's http:// or https:// URL"),
         (
-            {"replicas": [{"url": "redis://10.0.0.1:6379", "local_url": "nope"}]},
-            "regions[0].replicas[0].local_url: not a Redis URL",
+            {"replicas": [{"url": "redis://10.0.0.1:6379", "local": "nope"}]},
+            "regions[0].replicas[0].local: not a Redis URL",
         ),
     ],
 )
@@ -194,14 +194,14 @@ def test_agent_config_errors_name_the_key(region: dict[str, object], error: str)
     assert error in str(failed.value)
 
 
-def test_local_url_is_where_the_agent_connects() -> None:
+def test_local_is_where_the_agent_connects() -> None:
     data = {
         "regions": [
             {
                 "name": "r",
                 "agent": "https://agent.r:8701/",
                 "replicas": [
-                    {"name": "x", "url": "redis://:pw@10.9.0.1:7000", "local_url": "redis://127.0.0.1:6379"}
+                    {"name": "x", "url": "redis://:pw@10.9.0.1:7000", "local": "redis://127.0.0.1:6379"}
                 ],
             }
         ],
@@ -210,10 +210,10 @@ def test_local_url_is_where_the_agent_connects() -> None:
     config = config_from_dict(data, where="t.toml", environ={})
     member = config.topology.groups[0].members[0]
     assert (member.host, member.port) == ("10.9.0.1", 7000)
-    local = member.local()
+    local = member.in_region()
     assert (local.host, local.port, local.password) == ("127.0.0.1", 6379, "pw")
     assert config.topology.agent_of(member) == "https://agent.r:8701"
     assert config.topology.agent_of(config.topology.groups[0].members[1]) is None
     again = config_from_dict(tomllib.loads(render_config(config.topology)), where="", environ={})
-    assert again.topology.groups[0].members[0].local() == local
+    assert again.topology.groups[0].members[0].in_region() == local
     assert again.topology.regions[0].agent == "https://agent.r:8701"

@@ -2,8 +2,8 @@
 
 A central `repair check` pulls every value of every remote replica across the
 WAN before it can build a tree. An agent runs in the replica's region, talks
-only to its own region's replicas on their local addresses (`local_url`,
-else `url`), and keeps one Tictac tree per replica-group member there:
+only to its own region's replicas on their addresses inside the region
+(`local`, else `url`), and keeps one Tictac tree per replica-group member there:
 
 * built by a full scan with the repair's own scanner and digests, so the tree
   equals a direct scan's tree of the same data (`livetree`);
