@@ -37,7 +37,9 @@ from replag.topology import Endpoint
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[bytes, bytes, int], None]  # (key, event, arrival monotonic ns)
+# (key, event, arrived_ns, since_ns): the event reached us within [since_ns, arrived_ns] on
+# the monotonic clock (one instant when the kernel stamped the bytes that carried it alone).
+Listener = Callable[[bytes, bytes, int, int], None]
 NEEDED_CLASSES = "g$lshzxet"
 INVALIDATE = b"__redis__:invalidate"
 # A prefix no key has: tracking then reports only whole-database flushes.
@@ -78,12 +80,12 @@ class KeyspaceFeed:
     def on_flush(self, listener: Callable[[], None]) -> None:
         self.flush_listeners.append(listener)
 
-    def _pushed(self, msg: list[Any], arrived_ns: int) -> None:
+    def _pushed(self, msg: list[Any], arrived_ns: int, since_ns: int) -> None:
         if len(msg) == 4 and msg[0] == b"pmessage":
             self.events += 1
             key = msg[2][len(self.channel_prefix) :]
             for listener in self.listeners:
-                listener(key, msg[3], arrived_ns)
+                listener(key, msg[3], arrived_ns, since_ns)
         elif len(msg) == 3 and msg[1] == INVALIDATE and msg[2] is None:
             self.flushes += 1
             for flushed in self.flush_listeners:

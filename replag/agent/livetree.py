@@ -285,7 +285,7 @@ class LiveTree:
         self.state, self.reason = state, reason
         self._changed.set()
 
-    def _on_event(self, key: bytes, event: bytes, arrived_ns: int) -> None:
+    def _on_event(self, key: bytes, event: bytes, arrived_ns: int, since_ns: int) -> None:
         if self._exclude is not None and key.startswith(self._exclude):
             return
         self._seen += 1
