@@ -1,4 +1,4 @@
-"""Parsing and printing of durations ("80ms", "5s", "1m") used by config and CLI."""
+"""Parsing and printing of durations ("80ms", "5s", "1m") and sizes ("16kb") for config and CLI."""
 
 from __future__ import annotations
 
@@ -61,3 +61,23 @@ def format_span(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def parse_bytes(text: str | int) -> int:
+    """`16kb`, `1mb`, `4096` (or an int) → bytes, in binary units as redis.conf reads them."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"not a size: {text!r}")
+        return text
+    number = text.strip().lower().removesuffix("ib").removesuffix("b")
+    digits = number.rstrip("kmg")
+    unit = number[len(digits) :]
+    unit = unit + "b" if unit else ""
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 16kb, 1mb or bytes)")
+    return int(digits) * _SIZE_UNITS[unit]

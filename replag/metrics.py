@@ -7,6 +7,8 @@ Every series of a pair exists from its first probe on (lost probes at 0), so a
 lost/sent ratio is 0, not empty, for a healthy pair. Dynomite's /info
 figures are exported as they were last read, one series per node
 (`replag_dynomite_*`, labels dc, rack, node), µs converted to seconds.
+Replication state (`replag_replication_*`) is the latest sample of every
+primary, per replica (labels source, primary, region, replica) and per primary.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from prometheus_client.registry import Collector
 from replag.histogram import LagHistogram
 from replag.lagindex import SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
+from replag.replication.state import PrimaryState
 
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the
@@ -84,6 +87,152 @@ def _family(figure: Figure) -> CounterMetricFamily | GaugeMetricFamily:
     return GaugeMetricFamily(
         dynomite_metric_name(figure), help_text, labels=DynomiteCollector.LABELS
     )
+
+
+class ReplicationCollector(Collector):
+    """Replication state as Prometheus series, from the latest sample of each primary.
+
+    Every (source, primary, replica) the topology names has its series from the start
+    (NaN until first read, and while unknown, e.g. an unreachable replica's bytes), so
+    a replica that stops answering keeps its series and `link_up` reads 0. Resync
+    counters are the primary's own `sync_*` counts (counters, as exporters do).
+    """
+
+    REPLICA = ("source", "primary", "region", "replica")
+    PRIMARY = ("source", "primary")
+
+    def __init__(self) -> None:
+        self._expected: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+        self._latest: dict[tuple[str, str], PrimaryState] = {}
+        self._rpo: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._failovers: dict[str, int] = {}
+
+    def expect(self, plan: Iterable[tuple[str, str, Sequence[tuple[str, str]]]]) -> None:
+        """(source, primary, [(region, replica), …]) whose series exist from now on."""
+        for source, primary, replicas in plan:
+            self._expected[(source, primary)] = tuple(replicas)
+            self._failovers.setdefault(source, 0)
+
+    def update(self, primary: PrimaryState, rpo: Iterable[tuple[str, float, float]]) -> None:
+        """A new sample of one primary and its candidates' RPO (replica, bytes, seconds)."""
+        key = (primary.source, primary.primary)
+        # One primary per source: after a failover the old one's series go.
+        for old in [k for k in self._expected if k[0] == primary.source and k != key]:
+            self._expected.pop(old)
+            self._latest.pop(old, None)
+            self._rpo = {k: v for k, v in self._rpo.items() if k[:2] != old}
+        self._latest[key] = primary
+        listed = list(self._expected.get(key, ()))
+        for r in primary.replicas:
+            if (r.region, r.replica) not in listed:
+                listed.append((r.region, r.replica))
+        self._expected[key] = tuple(listed)
+        for replica, rpo_bytes, rpo_s in rpo:
+            self._rpo[(primary.source, primary.primary, replica)] = (rpo_bytes, rpo_s)
+
+    def failover(self, source: str) -> None:
+        self._failovers[source] = self._failovers.get(source, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, text: str, labels: Sequence[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=labels)
+
+        nan = float("nan")
+
+        def value(x: float | None) -> float:
+            return nan if x is None else float(x)
+
+        behind = gauge(
+            "replag_replication_offset_lag_bytes",
+            "Primary's replication offset minus the replica's applied offset (midpoint).",
+            self.REPLICA,
+        )
+        uncertainty = gauge(
+            "replag_replication_offset_lag_uncertainty_bytes",
+            "Half the bytes the primary wrote while the offsets were read (± on lag bytes).",
+            self.REPLICA,
+        )
+        link = gauge(
+            "replag_replication_link_up",
+            "1 when the replica's link to its primary is up and it is not resyncing.",
+            self.REPLICA,
+        )
+        headroom = gauge(
+            "replag_replication_backlog_headroom_bytes",
+            "Bytes the primary may still write before a reconnect of this replica means a "
+            "full resync (negative: already gone from the backlog).",
+            self.REPLICA,
+        )
+        ratio = gauge(
+            "replag_replication_backlog_headroom_ratio",
+            "Backlog headroom over repl-backlog-size (1 caught up, 0 full resync due).",
+            self.REPLICA,
+        )
+        rpo_bytes = gauge(
+            "replag_replication_rpo_bytes",
+            "Bytes a failover to this replica would lose now.",
+            self.REPLICA,
+        )
+        rpo_seconds = gauge(
+            "replag_replication_rpo_seconds",
+            "Writes (in time) a failover to this replica would lose now.",
+            self.REPLICA,
+        )
+        rate = gauge(
+            "replag_replication_write_rate_bytes_per_second",
+            "Growth of the primary's replication offset between samples.",
+            self.PRIMARY,
+        )
+        skew = gauge(
+            "replag_replication_read_skew_seconds",
+            "How long reading the primary, its replicas and the primary again took.",
+            self.PRIMARY,
+        )
+        backlog = gauge(
+            "replag_replication_backlog_size_bytes",
+            "The primary's repl-backlog-size.",
+            self.PRIMARY,
+        )
+        resyncs = CounterMetricFamily(
+            "replag_replication_resyncs",
+            "Resyncs the primary served: full, partial_ok, partial_err (INFO stats sync_*).",
+            labels=(*self.PRIMARY, "kind"),
+        )
+        failovers = CounterMetricFamily(
+            "replag_replication_failovers",
+            "Sentinel failovers the probe followed, per source region.",
+            labels=("source",),
+        )
+        for (source, primary), replicas in sorted(self._expected.items()):
+            state = self._latest.get((source, primary))
+            states = {r.replica: r for r in state.replicas} if state else {}
+            for region, replica in replicas:
+                r = states.get(replica)
+                labels = [source, primary, region, replica]
+
+                behind.add_metric(labels, value(r.bytes_behind if r else None))
+                uncertainty.add_metric(labels, value(r.bytes_uncertainty if r else None))
+                link.add_metric(labels, 1.0 if r is not None and r.link_up else 0.0)
+                headroom.add_metric(labels, value(r.backlog_headroom if r else None))
+                ratio.add_metric(labels, value(r.headroom_fraction if r else None))
+                loss = self._rpo.get((source, primary, replica), (nan, nan))
+                rpo_bytes.add_metric(labels, loss[0])
+                rpo_seconds.add_metric(labels, loss[1])
+            primary_labels = [source, primary]
+            ok = state is not None and state.error is None
+            rate.add_metric(primary_labels, value(state.write_rate_bps if ok and state else None))
+            skew.add_metric(primary_labels, state.read_skew_ns / 1e9 if ok and state else nan)
+            backlog.add_metric(primary_labels, value(state.backlog_size if state else None))
+            for kind, count in (
+                ("full", state.sync_full if state else None),
+                ("partial_ok", state.sync_partial_ok if state else None),
+                ("partial_err", state.sync_partial_err if state else None),
+            ):
+                resyncs.add_metric([*primary_labels, kind], float(count or 0))
+        for source, count in sorted(self._failovers.items()):
+            failovers.add_metric([source], float(count))
+        yield from (behind, uncertainty, link, headroom, ratio, rpo_bytes, rpo_seconds)
+        yield from (rate, skew, backlog, resyncs, failovers)
 
 
 class ServiceMetrics:
@@ -161,6 +310,8 @@ class ServiceMetrics:
         )
         self.dynomite = DynomiteCollector()
         r.register(self.dynomite)
+        self.replication = ReplicationCollector()
+        r.register(self.replication)
         self.dynomite_errors = Counter(
             "replag_dynomite_stats_errors",
             "Dynomite /info requests that failed (unreachable, bad answer), per stats URL.",

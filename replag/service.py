@@ -4,8 +4,9 @@
 endpoint, every `probe_interval`), the repair-check scheduler (every replica
 group, every `check_interval`, repairing when `auto_repair` is on), the
 Dynomite stats collector (every `dynomite_stats_urls` node's /info, every
-`probe_interval`) and the alert sender's workers; `stop()` cancels and awaits
-them and closes what they opened. FastAPI's lifespan calls both (see
+`probe_interval`), the replication sampler (every primary's and replica's INFO
+replication, every `replication_interval`) and the alert sender's workers;
+`stop()` cancels and awaits them and closes what they opened. FastAPI's lifespan calls both (see
 `replag.api.app`); the API reads through the same object, so what it shows is
 what the schedulers stored.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -36,6 +38,12 @@ from replag.probes.report import ProbeReport
 from replag.probes.runner import run_probe
 from replag.repair import RepairReport, check, repair
 from replag.repair.policy import parse_policy
+from replag.replication import history as replication_history
+from replag.replication.check import recent_lag_p99_ms
+from replag.replication.follow import endpoint_at
+from replag.replication.rpo import FailoverAssessment, assess_failover
+from replag.replication.sampler import ReplicationSampler, SampleTarget, replication_targets
+from replag.replication.state import PrimaryState, ReplicationSnapshot
 from replag.store import Store
 
 log = logging.getLogger(__name__)
@@ -109,6 +117,14 @@ class ReplagService:
         self.dynomite_errors: dict[str, str] = {}
         # (source, replica) pairs whose last probe saw nothing: logged once per spell.
         self._silent: set[tuple[str, str]] = set()
+        # Replication state: the latest sample of each (source, primary), from the probe
+        # runs and the service's own rounds (every `replication_interval`).
+        self.replication_sampler = ReplicationSampler(timeout_s=config.settings.connect_timeout)
+        self.replication_latest: dict[tuple[str, str], PrimaryState] = {}
+        self.metrics.replication.expect(
+            (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
+            for t in self.replication_targets()
+        )
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -128,6 +144,11 @@ class ReplagService:
                 "check-scheduler", self._every(self.settings.check_interval, self.check_round)
             )
         self._spawn("retention", self._every(3600.0, self.prune_round))
+        if self.replication_targets():
+            self._spawn(
+                "replication-sampler",
+                self._every(self.settings.replication_interval, self.replication_round),
+            )
         if self.settings.dynomite_stats_urls:
             self._spawn(
                 "dynomite-stats", self._every(self.settings.probe_interval, self.dynomite_round)
@@ -150,6 +171,7 @@ class ReplagService:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self.sender.close()
+        await self.replication_sampler.close()
         if self._own_store:
             self.store.close()
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"
@@ -191,6 +213,13 @@ class ReplagService:
         deleted = await asyncio.to_thread(self.store.prune, cutoff)
         deleted["dynomite_stats"] = await asyncio.to_thread(prune_stats, self.store, cutoff)
         deleted["alert_events"] = await asyncio.to_thread(self.alert_book.prune_events, cutoff)
+        deleted |= await asyncio.to_thread(replication_history.prune, self.store, cutoff)
+        await asyncio.to_thread(
+            replication_history.thin,
+            self.store,
+            older_than_ns=now - int(self.settings.compact_after * 1e9),
+            window_ns=max(1, int(self.settings.window * 1e9)),
+        )
         forgotten = self.index.forget_before(cutoff)
         if any(deleted.values()):
             log.info(
@@ -231,6 +260,11 @@ class ReplagService:
             return None
         self.counters["probe runs"] += 1
         self._log_silent_replicas(report)
+        if report.replication is not None:
+            self._observe_replication(report.replication)
+        for event in report.failovers:
+            self.metrics.replication.failover(source)
+            log.warning("%s", event.render())
         self.metrics.observe_probe(
             source=source,
             targets=[p.target for p in report.pairs],
@@ -274,6 +308,124 @@ class ReplagService:
                     pair.seen,
                     pair.sent,
                 )
+
+    # --- replication state ------------------------------------------------------
+
+    def replication_targets(self) -> list[SampleTarget]:
+        """Every primary to sample: a Sentinel region's where the probe last found it."""
+        regions = []
+        for region in self.config.topology.regions:
+            if region.write is not None and region.sentinel is not None:
+                known = replication_history.write_primary(self.store, region.name)
+                if known is not None:
+                    host, _, port = known.address.rpartition(":")
+                    moved = endpoint_at(self.config.topology, region, host, int(port))
+                    region = dataclasses.replace(region, write=moved)
+            regions.append(region)
+        return replication_targets(self.config.topology, sources=regions)[0]
+
+    async def replication_round(self) -> None:
+        """Sample every primary and its replicas, store it, export it, then alert."""
+        snapshot = await self.replication_sampler.sample(self.replication_targets())
+        await asyncio.to_thread(replication_history.record_snapshot, self.store, snapshot)
+        self.counters["replication samples"] += 1
+        for primary in snapshot.primaries:
+            if primary.error:
+                log.warning("replication of %s: %s", primary.source, primary.error)
+        self._observe_replication(snapshot)
+        await self.evaluate_alerts()
+
+    def _observe_replication(self, snapshot: ReplicationSnapshot) -> None:
+        now = time.time_ns()
+        for primary in snapshot.primaries:
+            self.replication_latest[(primary.source, primary.primary)] = primary
+            assessment = self.failover_assessment(primary, now_ns=now)
+            nan = float("nan")
+            self.metrics.replication.update(
+                primary,
+                [
+                    (
+                        c.replica,
+                        nan if c.rpo_bytes is None else float(c.rpo_bytes),
+                        nan if c.rpo_s is None else c.rpo_s,
+                    )
+                    for c in assessment.candidates
+                ],
+            )
+            if primary.error is None:
+                self.metrics.last_success.labels("replication", primary.source).set(now / 1e9)
+
+    def failover_assessment(self, primary: PrimaryState, *, now_ns: int) -> FailoverAssessment:
+        """RPO of each replica of `primary`, with the probe's recent p99 lag as its time."""
+        lag = recent_lag_p99_ms(
+            self.store,
+            primary.source,
+            now_ns=now_ns,
+            freshness_s=max(300.0, 3 * self.settings.probe_interval),
+        )
+        return assess_failover(primary, lag_p99_ms=lag)
+
+    def latest_replication(self) -> list[PrimaryState]:
+        """The latest sample of every primary: this service's, else the store's (cron's)."""
+        if self.replication_latest:
+            latest = list(self.replication_latest.values())
+        else:
+            latest = replication_history.latest_primaries(self.store)
+        newest: dict[str, PrimaryState] = {}
+        for p in latest:  # after a failover a source's old primary is history
+            if p.source not in newest or p.sampled_ns > newest[p.source].sampled_ns:
+                newest[p.source] = p
+        return sorted(newest.values(), key=lambda p: p.source)
+
+    def replication_status(self) -> dict[str, Any]:
+        """What `GET /api/v1/replication` returns: each primary's latest state with its
+        failover assessment, and the failovers followed in the last day."""
+        now = time.time_ns()
+        primaries = []
+        for p in self.latest_replication():
+            out = p.to_dict()
+            out["sampled_ns"] = p.sampled_ns
+            out["age_s"] = round((now - p.sampled_ns) / 1e9, 3)
+            out["failover"] = self.failover_assessment(p, now_ns=now).to_dict()
+            primaries.append(out)
+        return {
+            "interval_s": self.settings.replication_interval,
+            "primaries": primaries,
+            "failovers": replication_history.failover_events(
+                self.store, since_ns=now - 86_400 * 10**9
+            ),
+        }
+
+    def replication_cells(self) -> list[dict[str, Any]]:
+        """Per (source, target region): the worst replica's bytes behind and headroom."""
+        cells: dict[tuple[str, str], dict[str, Any]] = {}
+        for p in self.latest_replication():
+            for r in p.replicas:
+                cell = cells.setdefault(
+                    (p.source, r.region),
+                    {
+                        "source": p.source,
+                        "target": r.region,
+                        "bytes_behind": None,
+                        "headroom_fraction": None,
+                        "links_down": 0,
+                        "replicas": 0,
+                        "sampled_ns": p.sampled_ns,
+                    },
+                )
+                cell["replicas"] += 1
+                cell["links_down"] += 0 if r.link_up else 1
+                if r.bytes_behind is not None:
+                    cell["bytes_behind"] = max(cell["bytes_behind"] or 0, r.bytes_behind)
+                if r.headroom_fraction is not None:
+                    fraction = cell["headroom_fraction"]
+                    cell["headroom_fraction"] = round(
+                        r.headroom_fraction
+                        if fraction is None
+                        else min(fraction, r.headroom_fraction),
+                        4,
+                    )
+        return list(cells.values())
 
     async def evaluate_alerts(self) -> None:
         outcome = await evaluate_and_notify(

@@ -233,6 +233,12 @@ class Settings:
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
     )
+    replication_interval: float = setting(
+        "10s",
+        _positive_duration,
+        "Service: time between samples of every primary's and replica's INFO replication "
+        "(bytes behind, link, resyncs, backlog headroom), besides the one each probe run takes.",
+    )
     window: float = setting(
         "60s",
         _positive_duration,

@@ -7,10 +7,18 @@
     [[alerts.rules]]
     name = "cross-region-lag"
     kind = "lag_p99"              # lag_p99 | probe_loss | divergent_keys | unreachable | no_probe
-                                  # | dynomite_dropped_writes
+                                  # | dynomite_dropped_writes | replication_bytes_behind
+                                  # | replication_headroom | replication_link_down
+                                  # | replication_full_resync | failover_rpo_bytes
+                                  # | failover_rpo_time
     threshold = "200ms"           # lag_p99: duration; probe_loss: ratio; divergent_keys: count;
                                   # no_probe: duration without a successful probe;
-                                  # dynomite_dropped_writes: dropped peer requests
+                                  # dynomite_dropped_writes: dropped peer requests;
+                                  # replication_bytes_behind, failover_rpo_bytes: a size
+                                  # ("1mb"); replication_headroom: a fraction it must stay
+                                  # above; replication_link_down: how long down;
+                                  # replication_full_resync: full resyncs within `over`;
+                                  # failover_rpo_time: a duration
     for = "5m"                    # the condition must hold this long before firing
     over = "5m"                   # lag_p99 / probe_loss: the range of windows merged;
                                   # dynomite_dropped_writes: how far back growth counts
@@ -40,11 +48,22 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from replag.durations import parse_duration_s
+from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import ConfigError
 
 RuleKind = Literal[
-    "lag_p99", "probe_loss", "divergent_keys", "unreachable", "no_probe", "dynomite_dropped_writes"
+    "lag_p99",
+    "probe_loss",
+    "divergent_keys",
+    "unreachable",
+    "no_probe",
+    "dynomite_dropped_writes",
+    "replication_bytes_behind",
+    "replication_headroom",
+    "replication_link_down",
+    "replication_full_resync",
+    "failover_rpo_bytes",
+    "failover_rpo_time",
 ]
 SinkKind = Literal["webhook", "slack", "pagerduty", "command"]
 Severity = Literal["critical", "warning", "info"]
@@ -57,6 +76,12 @@ RULE_KINDS: tuple[RuleKind, ...] = (
     "unreachable",
     "no_probe",
     "dynomite_dropped_writes",
+    "replication_bytes_behind",
+    "replication_headroom",
+    "replication_link_down",
+    "replication_full_resync",
+    "failover_rpo_bytes",
+    "failover_rpo_time",
 )
 SINK_KINDS: tuple[SinkKind, ...] = ("webhook", "slack", "pagerduty", "command")
 SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
@@ -98,7 +123,15 @@ _DEFAULT_THRESHOLD: dict[RuleKind, float] = {
     "unreachable": 0.0,
     "no_probe": 300.0,
     "dynomite_dropped_writes": 0.0,
+    "replication_bytes_behind": float(1 << 20),
+    "replication_headroom": 0.25,
+    "replication_link_down": 0.0,
+    "replication_full_resync": 0.0,
+    "failover_rpo_bytes": float(1 << 20),
+    "failover_rpo_time": 1.0,
 }
+_BYTES_KINDS = ("replication_bytes_behind", "failover_rpo_bytes")
+_SECONDS_KINDS = ("no_probe", "replication_link_down", "failover_rpo_time")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,12 +289,21 @@ def _threshold(kind: RuleKind, raw: Any, *, where: str) -> float:
         return _DEFAULT_THRESHOLD[kind]
     if kind == "lag_p99":
         return _duration(raw, where=where) * 1000
-    if kind == "no_probe":
+    if kind in _SECONDS_KINDS:
         return _duration(raw, where=where)
+    if kind in _BYTES_KINDS:
+        if isinstance(raw, float) and raw.is_integer():
+            raw = int(raw)
+        try:
+            return float(parse_bytes(raw))
+        except (AttributeError, TypeError, ValueError):
+            raise ConfigError(
+                f"expected a size like 1mb or a byte count, got {raw!r}", where=where
+            ) from None
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw < math.inf:
         raise ConfigError(f"expected a finite, non-negative number, got {raw!r}", where=where)
-    if kind == "probe_loss" and raw > 1:
-        raise ConfigError(f"a loss ratio is between 0 and 1, got {raw!r}", where=where)
+    if kind in ("probe_loss", "replication_headroom") and raw > 1:
+        raise ConfigError(f"a ratio is between 0 and 1, got {raw!r}", where=where)
     return float(raw)
 
 

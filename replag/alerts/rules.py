@@ -14,12 +14,11 @@ Each rule kind is one function in `RULE_KINDS` taking the rule and a
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import pairwise
 
+from replag.alerts import replication_rules
+from replag.alerts.condition import Condition, RuleContext, RuleKind, fingerprint
 from replag.alerts.config import AlertRule
 from replag.alerts.health import group_health, probe_health
 from replag.config import Config
@@ -33,55 +32,6 @@ from replag.store import Store
 # Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s
 # interval would be 60k; beyond this the growth counts over the most recent samples only.
 MAX_STATS_SAMPLES = 2000
-
-
-@dataclass(frozen=True, kw_only=True)
-class Condition:
-    """One rule on one subject now: `active`, or not, or (`no_data`) not measurable."""
-
-    rule: AlertRule
-    labels: dict[str, str] = field(default_factory=dict)
-    active: bool
-    value: float | None
-    summary: str
-    no_data: bool = False
-
-    @property
-    def all_labels(self) -> dict[str, str]:
-        return {
-            "alertname": self.rule.name,
-            "kind": self.rule.kind,
-            "severity": self.rule.severity,
-            **self.labels,
-        }
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint(self.rule.name, self.labels)
-
-
-def fingerprint(rule_name: str, labels: dict[str, str]) -> str:
-    text = json.dumps([rule_name, sorted(labels.items())])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuleContext:
-    """What every rule kind may read: the config, the lag index (and its store), the time."""
-
-    config: Config
-    index: LagIndex
-    now_ns: int
-
-    @property
-    def store(self) -> Store:
-        return self.index.store
-
-    def since_ns(self, rule: AlertRule) -> int:
-        return self.now_ns - int(rule.over_s * 1e9)
-
-
-RuleKind = Callable[[AlertRule, RuleContext], list[Condition]]
 
 
 def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Condition]:
@@ -405,4 +355,12 @@ RULE_KINDS: dict[str, RuleKind] = {
     "unreachable": unreachable_conditions,
     "no_probe": no_probe_conditions,
     "dynomite_dropped_writes": dynomite_dropped_writes_conditions,
+    "replication_bytes_behind": replication_rules.bytes_behind_conditions,
+    "replication_headroom": replication_rules.headroom_conditions,
+    "replication_link_down": replication_rules.link_down_conditions,
+    "replication_full_resync": replication_rules.full_resync_conditions,
+    "failover_rpo_bytes": replication_rules.rpo_bytes_conditions,
+    "failover_rpo_time": replication_rules.rpo_time_conditions,
 }
+
+__all__ = ["RULE_KINDS", "Condition", "RuleContext", "RuleKind", "evaluate_rules", "fingerprint"]

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from replag import __version__
-from replag.api import dynomite, lag, routes
+from replag.api import dynomite, lag, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.service import ReplagService
@@ -66,6 +66,7 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(lag.router)
     app.include_router(dynomite.router)
+    app.include_router(replication.router)
     app.mount("/static/docs", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 

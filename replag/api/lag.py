@@ -92,7 +92,9 @@ async def lag(
 @router.get("/lag/matrix")
 async def lag_matrix(svc: Service, since: Since = None) -> Response:
     """Region × region p50/p99/loss since `since` (default 15m), each cell with its colour
-    (the worse of p99 and loss against the rules covering that pair) and bands."""
+    (the worse of p99 and loss against the rules covering that pair) and bands;
+    `replication`: per (source, target) the latest worst bytes behind, least backlog
+    headroom and links down of the target's replicas."""
     span = TimeRange.parse(since, None, now_ns=time.time_ns(), default_since_s=900)
     signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
 
@@ -128,7 +130,13 @@ async def lag_matrix(svc: Service, since: Since = None) -> Response:
         )
 
     body = await _cached(svc.index, ("matrix", signature), build)
-    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
+    # Replication state changes apart from the lag windows: read fresh, not cached.
+    head = {
+        "since_ns": span.since_ns,
+        "until_ns": span.until_ns,
+        "replication": await run_in_threadpool(svc.replication_cells),
+    }
+    return _json(head, body)
 
 
 @router.get("/lag/series")

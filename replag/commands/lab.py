@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from replag.commands.status_line import status_line
-from replag.durations import parse_duration_ns
+from replag.durations import parse_bytes, parse_duration_ns
 from replag.errors import UsageError
 from replag.lab.cluster import LabSpec, lab_down, lab_failover, lab_fault, lab_status, lab_up
 from replag.lab.wan import parse_path, parse_paths
@@ -29,17 +29,11 @@ def _ms(text: str, *, option: str) -> float:
         raise UsageError(f"{option}: {exc}") from None
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
-
-
 def parse_size(text: str, *, option: str) -> int:
-    """`16kb`, `1mb`, `4096` → bytes (binary units, as redis.conf reads them)."""
-    number = text.strip().lower().rstrip("ib")
-    digits = number.rstrip("kmg")
-    unit = number[len(digits) :] + ("b" if number[len(digits) :] else "")
-    if not digits.isdigit() or unit not in _SIZE_UNITS:
-        raise UsageError(f"{option}: expected a size like 16kb or 1mb, got {text!r}")
-    return int(digits) * _SIZE_UNITS[unit]
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
 
 
 @click.group(name="lab")

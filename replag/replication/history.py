@@ -68,6 +68,7 @@ SCHEMA = (
         event_json TEXT NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS failover_events_time ON failover_events (detected_ns)",
+    "CREATE TABLE IF NOT EXISTS replication_meta (key TEXT PRIMARY KEY, value INTEGER)",
 )
 
 _PRIMARY_COLUMNS = (
@@ -266,6 +267,47 @@ def failover_events(store: Store, *, since_ns: int = 0) -> list[dict[str, Any]]:
         (since_ns,),
     )
     return [dict(json.loads(r[0])) for r in rows]
+
+
+def thin(store: Store, *, older_than_ns: int, window_ns: int) -> int:
+    """Keep, of samples older than `older_than_ns`, one per replica (and primary) per
+    `window_ns`: the replica's worst (most bytes behind), the primary's last (its
+    counters only grow). Incremental: each range is thinned once. Returns rows deleted."""
+    ensure_schema(store)
+    rows = store.execute("SELECT value FROM replication_meta WHERE key = 'thinned_until'")
+    start = rows[0][0] if rows else 0
+    # Whole windows only, so a window is never thinned in two passes.
+    end = older_than_ns - older_than_ns % window_ns
+    if end <= start:
+        return 0
+    deleted = 0
+    for table, order in (
+        ("replication_replicas", "COALESCE(bytes_behind, -1) DESC, sampled_ns DESC"),
+        ("replication_primaries", "sampled_ns DESC"),
+    ):
+        who = "source, replica" if table == "replication_replicas" else "source, primary_name"
+        before = store.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?", (start, end)
+        )[0][0]
+        store.execute(
+            f"""DELETE FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ? AND id NOT IN (
+                    SELECT id FROM (
+                        SELECT id, ROW_NUMBER() OVER (
+                            PARTITION BY {who}, sampled_ns / ? ORDER BY {order}) AS n
+                        FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?)
+                    WHERE n = 1)""",
+            (start, end, window_ns, start, end),
+        )
+        after = store.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?", (start, end)
+        )[0][0]
+        deleted += int(before) - int(after)
+    store.execute(
+        "INSERT INTO replication_meta (key, value) VALUES ('thinned_until', ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (end,),
+    )
+    return deleted
 
 
 def prune(store: Store, before_ns: int) -> dict[str, int]:

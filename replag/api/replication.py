@@ -1,0 +1,82 @@
+"""The replication endpoints: each primary's latest state with its failover RPO, and a
+replica's bytes behind and backlog headroom as a series (from the store's samples)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from replag.api.params import TimeRange
+from replag.api.routes import Service
+from replag.errors import UsageError
+from replag.replication import history
+
+router = APIRouter(prefix="/api/v1")
+TIME_HELP = "a duration ago (15m), Unix seconds or ISO 8601"
+
+
+@router.get("/replication")
+def replication(svc: Service) -> dict[str, Any]:
+    """Per primary (region or shard): offset, write rate, backlog, resyncs, read skew, and
+    per replica: bytes behind (± the bytes written while reading), link, backlog headroom;
+    `failover`: the replicas ranked by what a failover to each would lose now (RPO bytes
+    and seconds) and the safest; `failovers`: Sentinel failovers followed in the last day."""
+    return svc.replication_status()
+
+
+@router.get("/replication/series")
+def replication_series(
+    svc: Service,
+    source: Annotated[str, Query(max_length=200)],
+    replica: Annotated[str, Query(max_length=200)],
+    since: Annotated[str | None, Query(max_length=64, description=TIME_HELP)] = None,
+    until: Annotated[str | None, Query(max_length=64, description=TIME_HELP)] = None,
+    step: Annotated[
+        str | None, Query(max_length=32, description="e.g. 1m (default: ~240 points)")
+    ] = None,
+) -> dict[str, Any]:
+    """One replica per epoch-aligned step (default range 1h): the most bytes behind, the
+    least backlog headroom, the share of samples with the link up."""
+    known = {(p.source, r.replica) for p in svc.latest_replication() for r in p.replicas}
+    if known and (source, replica) not in known:
+        names = ", ".join(f"{s}/{r}" for s, r in sorted(known))
+        raise UsageError(f"unknown source/replica {source}/{replica} (known: {names})")
+    span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=3600)
+    step_ns = span.step_ns(step, minimum_s=min(svc.settings.replication_interval, 60.0))
+    rows = history.replica_series(
+        svc.store, source=source, replica=replica, since_ns=span.since_ns, until_ns=span.until_ns
+    )
+    points: dict[int, dict[str, Any]] = {}
+    for sampled_ns, state in rows:
+        start = sampled_ns - sampled_ns % step_ns
+        point = points.setdefault(
+            start,
+            {
+                "t_ns": start,
+                "bytes_behind_max": None,
+                "headroom_fraction_min": None,
+                "link_up_ratio": 0.0,
+                "samples": 0,
+            },
+        )
+        point["samples"] += 1
+        point["link_up_ratio"] += 1.0 if state.link_up else 0.0
+        if state.bytes_behind is not None:
+            point["bytes_behind_max"] = max(point["bytes_behind_max"] or 0, state.bytes_behind)
+        if state.headroom_fraction is not None:
+            low = point["headroom_fraction_min"]
+            point["headroom_fraction_min"] = (
+                state.headroom_fraction if low is None else min(low, state.headroom_fraction)
+            )
+    for point in points.values():
+        point["link_up_ratio"] = round(point["link_up_ratio"] / point["samples"], 4)
+    return {
+        "since_ns": span.since_ns,
+        "until_ns": span.until_ns,
+        "source": source,
+        "replica": replica,
+        "step_s": step_ns / 1e9,
+        "points": [points[k] for k in sorted(points)],
+    }
