@@ -9,7 +9,7 @@ delete, with lost writes, and left divergent though the run did not report
 them; anomalies on keys with a write whose fan-out took longer than
 `repair_settle` are counted apart (the bound repair's safety rests on).
 
-    python benchmarks/repair_safety.py [--runs 21] [--keys 6000] [--rate 100]
+    python benchmarks/repair_safety.py [--runs 21] [--keys 8000] [--rate 100]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ POLICIES = ("quorum", "source:n1", "newest:ts")
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21, help="runs in all, policies in turn")
-    parser.add_argument("--keys", type=int, default=6000)
-    parser.add_argument("--faults", type=int, default=1500)
+    parser.add_argument("--keys", type=int, default=8000)
+    parser.add_argument("--faults", type=int, default=2000)
     parser.add_argument("--writes", type=int, default=20_000, help="flag runs with fewer writes")
     parser.add_argument("--writers", type=int, default=12)
     parser.add_argument("--rate", type=float, default=100.0, help="repair writes/s per replica")

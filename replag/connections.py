@@ -16,7 +16,7 @@ import inspect
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from replag.errors import AuthError, EndpointError, UnreachableError
+from replag.errors import AuthError, EndpointError, NotRedisError, UnreachableError
 from replag.topology import Endpoint
 
 if TYPE_CHECKING:
@@ -70,18 +70,33 @@ def async_client(
     )
 
 
+class NotRespError(ConnectionError):
+    """The peer sent bytes that are not RESP: not a Redis-protocol server."""
+
+
+def not_resp(sample: bytes) -> NotRespError:
+    return NotRespError(f"not a Redis server: it answered {sample[:48]!r}")
+
+
 def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
     """A ReplagError for a redis-py or socket exception raised while talking to `endpoint`."""
     where = f"{endpoint.name} ({endpoint.url()})"
     text = str(exc) or type(exc).__name__
     if endpoint.password:
         text = text.replace(endpoint.password, "***")
+    if isinstance(exc, NotRespError):
+        return NotRedisError(text, where=where)
     if isinstance(exc, TimeoutError):
         return UnreachableError(f"timed out: {text}", where=where)
     if isinstance(exc, OSError):
         return _unreachable(text, endpoint, where)
     # Only a redis-py exception is left to sort, and redis-py is then already loaded.
-    from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        InvalidResponse,
+        ResponseError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -90,6 +105,8 @@ def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
         and any(w in text for w in ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password"))
     ):
         return AuthError(f"authentication failed: {text}", where=where)
+    if isinstance(exc, InvalidResponse):
+        return NotRedisError(f"not a Redis server: {text}", where=where)
     if isinstance(exc, RedisTimeoutError):
         return UnreachableError(f"timed out: {text}", where=where)
     if isinstance(exc, RedisConnectionError):

@@ -10,6 +10,7 @@ route) so the edge (CLI, API) can print one clear line::
     ├── EndpointError           a Redis/Dynomite endpoint failed us
     │   ├── UnreachableError    connect refused / timed out / closed
     │   ├── AuthError           wrong password or ACL refusal
+    │   ├── NotRedisError       it answered, but not in RESP (wrong port?)
     │   └── AgentError          a region agent failed, refused, or has no current tree
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
@@ -51,6 +52,11 @@ class UnreachableError(EndpointError):
 
 class AuthError(EndpointError):
     """The endpoint refused our credentials."""
+
+
+class NotRedisError(EndpointError):
+    """The endpoint answered bytes that are not RESP: an HTTP listener, a TLS port, the
+    wrong service. A configuration mistake, not an outage to measure."""
 
 
 class AgentError(EndpointError):

@@ -27,7 +27,7 @@ from typing import Any
 
 import hiredis
 
-from replag.connections import translate
+from replag.connections import NotRespError, not_resp, translate
 from replag.errors import EndpointError
 from replag.stamped_socket import StampedSocket, connect_stamped
 from replag.topology import Endpoint
@@ -109,6 +109,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | StampedSocket | None = None
         self.lost: BaseException | None = None
         self.failure: BaseException | None = None  # a protocol error we closed on
+        self.first_bytes = b""  # the start of what the peer sent, to name a non-Redis peer
         # Resolves with the exception the connection was lost with (None: closed cleanly).
         self.closed: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future()
@@ -126,6 +127,8 @@ class _Protocol(asyncio.Protocol):
 
     def received(self, data: bytes, arrived: int, since: int) -> None:
         self.bytes_received += len(data)
+        if not self.first_bytes:
+            self.first_bytes = data[:48]
         if self.on_push is not None:
             self._received_with_pushes(data, arrived, since)
             return
@@ -137,18 +140,28 @@ class _Protocol(asyncio.Protocol):
         waiting = self.waiting
         current = self.current
         append = current.append
-        while waiting:
-            count, future = waiting[0]
-            for _ in range(count - len(current)):
-                reply = gets()
-                if reply is False:
-                    return
-                append(reply)
-            waiting.popleft()
-            if not future.done():
-                future.set_result((current, arrived))
-            current = self.current = []
-            append = current.append
+        try:
+            while waiting:
+                count, future = waiting[0]
+                for _ in range(count - len(current)):
+                    reply = gets()
+                    if reply is False:
+                        return
+                    append(reply)
+                waiting.popleft()
+                if not future.done():
+                    future.set_result((current, arrived))
+                current = self.current = []
+                append = current.append
+        except hiredis.ProtocolError:
+            self._not_resp()
+
+    def _not_resp(self) -> None:
+        """An HTTP listener, a TLS port, garbage: every request on this connection fails
+        with an error that says so, and the connection is dropped."""
+        self.failure = not_resp(self.first_bytes)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _received_with_pushes(self, data: bytes, arrived: int, since: int) -> None:
         """A subscribed connection: pushed messages go to `on_push`, the rest answer requests."""
@@ -159,10 +172,8 @@ class _Protocol(asyncio.Protocol):
         while True:
             try:
                 reply = self.reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.failure = exc
-                if self.transport is not None:
-                    self.transport.abort()
+            except hiredis.ProtocolError:
+                self._not_resp()
                 break
             if reply is False:
                 break
@@ -255,7 +266,8 @@ class RespConnection:
         """Write `payload` (holding `count` commands); the future gets (replies, arrival ns)."""
         protocol = self._protocol
         if protocol.lost is not None or protocol.transport is None:
-            raise translate(ConnectionResetError("connection closed"), self.endpoint)
+            lost = protocol.lost if isinstance(protocol.lost, NotRespError) else None
+            raise translate(lost or ConnectionResetError("connection closed"), self.endpoint)
         future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
         protocol.waiting.append((count, future))
         protocol.transport.write(payload)

@@ -32,6 +32,13 @@ def _int(value: Any) -> int:
     return number
 
 
+def _positive_int(value: Any) -> int:
+    number = _int(value)
+    if number == 0:
+        raise ValueError(f"expected an integer of at least 1, got {value!r}")
+    return number
+
+
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"expected a number, got {value!r}")
@@ -45,6 +52,13 @@ def _optional_float(value: Any) -> float | None:
     if value in (None, "", "none", "off"):
         return None
     return _float(value)
+
+
+def _optional_ratio(value: Any) -> float | None:
+    ratio = _optional_float(value)
+    if ratio is not None and ratio > 1:
+        raise ValueError(f"expected a ratio from 0 to 1 (0.01 = 1%), got {value!r}")
+    return ratio
 
 
 def _duration(value: Any) -> float:
@@ -221,8 +235,8 @@ class Settings:
     )
     max_loss: float | None = setting(
         0.0,
-        _optional_float,
-        "Breach when a pair's lost/sent ratio exceeds this (default 0: any lost probe).",
+        _optional_ratio,
+        "Breach when a pair's lost/sent ratio (0 to 1) exceeds this (default 0: any lost probe).",
     )
     dynomite_consistency: str | None = setting(
         None,
@@ -269,13 +283,18 @@ class Settings:
     repair_rate: float = setting(
         0.0, _float, "Repair writes per second per replica (0 = unthrottled)."
     )
-    max_inflight: int = setting(64, _int, "Maximum repair commands in flight per replica.")
+    max_inflight: int = setting(
+        64, _positive_int, "Maximum repair commands in flight per replica (at least 1)."
+    )
     ttl_tolerance: float = setting(
-        "2s", _duration, "Expiry times closer than this count as equal when comparing replicas."
+        "2s",
+        _positive_duration,
+        "Expiry times closer than this count as equal when comparing replicas (above 0: "
+        "replicas' TTLs are read moments apart, so exact equality never holds).",
     )
     repair_settle: float = setting(
         "50ms",
-        _duration,
+        _positive_duration,
         "Repair reads each divergent key twice this far apart (one that changed is "
         "being written: rechecked later, not repaired) and re-reads every replica this long "
         "after writing, undoing the write if the winner moved. Keep it above the time a write "

@@ -129,6 +129,25 @@ def test_bad_files_name_file_and_key(tmp_path: Path, text: str, expected: str) -
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("max_inflight = 0", "settings.max_inflight: expected an integer of at least 1"),
+        ("max_loss = 1.5", "settings.max_loss: expected a ratio from 0 to 1"),
+        ('ttl_tolerance = "0s"', "settings.ttl_tolerance: expected a duration above 0"),
+        ('repair_settle = "0ms"', "settings.repair_settle: expected a duration above 0"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_in_the_file(
+    tmp_path: Path, setting: str, expected: str
+) -> None:
+    path = write(tmp_path, f'[settings]\n{setting}\n[[regions]]\nname = "a"\nwrite = "redis://h"')
+    result = CliRunner().invoke(main, ["repair", "check", "--config", str(path)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and expected in lines[0]
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     path = write(tmp_path, '[[regions]]\nname = "a"\nwrite = "redis://:hunter2@h:70000"')
     result = CliRunner().invoke(main, ["probe", "--config", str(path)])

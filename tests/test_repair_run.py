@@ -16,7 +16,8 @@ from replag.errors import UsageError
 from replag.lab.server import RedisServer
 from replag.repair import check, get_run, list_runs, repair
 from replag.repair.apply import _typed_writes
-from replag.repair.observe import observe_keys
+from replag.repair.observe import KeyState, observe_keys
+from replag.repair.values import read_values
 from replag.resp import RespConnection
 from replag.store import Store
 from tests.helpers.configs import group_config
@@ -90,7 +91,9 @@ async def test_type_specific_writes_rebuild_the_same_value(
     src = await RespConnection.open(_endpoint(source), timeout_s=5)
     dst = await RespConnection.open(_endpoint(target), timeout_s=5)
     keys = [b"t:hash", b"t:set", b"t:zset", b"t:list", b"t:stream", b"t:string"]
-    states = await observe_keys(src, keys)
+    types = await observe_keys(src, keys)
+    values = await read_values(src, [(k, str(types[k].type)) for k in keys], keep=True)
+    states = {k: KeyState(True, v.type, v.digest, None, v.data) for k, v in values.items() if v}
     for key in keys:
         commands = _typed_writes(key, states[key])
         dst.check(await dst.request(b"".join(commands), len(commands)))

@@ -13,8 +13,8 @@ from replag.lab.safety.harness import SafetySpec, run_once
 from replag.lab.safety.model import ABSENT, Held, Keyspace
 from replag.lab.safety.workload import DELETE, WRITE, Op
 from replag.repair import repair
-from tests.conftest import RedisFactory
-from tests.test_repair_scan import group_config
+from tests.helpers.configs import group_config
+from tests.helpers.redis_servers import RedisFactory
 
 
 @pytest.mark.parametrize(("policy", "seed"), [("quorum", 1), ("source:n1", 2), ("newest:ts", 3)])

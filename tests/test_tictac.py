@@ -79,3 +79,36 @@ def test_index_checkpoint_round_trip() -> None:
     again = ScanIndex.from_bytes(index.to_bytes())
     assert [again.key(i) for i in range(len(again))] == [index.key(i) for i in range(len(index))]
     assert again.tree(6) == index.tree(6)
+
+
+def test_unordered_digests_ignore_page_order_and_splits_but_not_content() -> None:
+    from replag.repair.digest import UnorderedDigest
+
+    fields = [(b"f%d" % i, b"v%d" % i) for i in range(1000)]
+
+    def digest(pages: list[list[tuple[bytes, bytes]]]) -> int:
+        acc = UnorderedDigest(b"hash")
+        for page in pages:
+            acc.add_hash_page([f for f, _ in page], [v for _, v in page])
+        return acc.digest()
+
+    whole = digest([fields])
+    assert digest([fields[600:], fields[:250], fields[250:600]]) == whole
+    assert digest([list(reversed(fields))]) == whole
+    changed = [*fields[:-1], (b"f999", b"other")]
+    assert digest([changed]) != whole
+    swapped = [*fields[:-2], (b"f998", b"v999"), (b"f999", b"v998")]
+    assert digest([swapped]) != whole
+
+
+def test_a_collection_read_with_an_element_seen_twice_counts_as_changed() -> None:
+    from replag.repair.values import _Reader
+
+    reader = _Reader(b"h", "hash", 2, keep=False)
+    reader.feed([3, [b"7", [b"a", b"1", b"b", b"2"]]])  # HLEN 3, first page
+    reader.feed([[b"0", [b"b", b"2", b"c", b"3"]]])  # "b" again: the table was resized
+    assert reader.done and reader.result() is None
+    reader = _Reader(b"h", "hash", 2, keep=False)
+    reader.feed([3, [b"7", [b"a", b"1", b"b", b"2"]]])
+    reader.feed([[b"0", [b"c", b"3"]]])
+    assert reader.result() is not None

@@ -1,4 +1,4 @@
-"""`replag repair check|run`: find and repair divergence between the replicas of a group."""
+"""`replag repair check|run|runs`: find and repair divergence between the replicas of a group."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from typing import Any
 import click
 
 from replag.commands.options import config_option, json_option, load, setting_option
-from replag.repair import RepairProgress, RepairReport, check, repair
+from replag.errors import UsageError
+from replag.repair import RepairProgress, RepairReport, check, list_runs, repair
+from replag.repair.observe import key_text
+from replag.repair.runs import resumable, resume_command
 from replag.store import Store
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
@@ -67,18 +70,52 @@ def _run(
     job: Callable[..., Coroutine[Any, Any, RepairReport]],
     **options: Any,
 ) -> RepairReport:
-    """Load the config, open the store, run `job` with a progress line on a terminal, report."""
+    """Load the config, open the store, run `job` with a progress line on a terminal, report.
+
+    Ctrl-C leaves the run `interrupted` in the store; the message says how to resume it."""
     config = load(config_path)
     store = Store(config.settings.store)
     progress = _progress(as_json)
+    run_ids: list[str] = []
     try:
-        report = asyncio.run(job(config, store=store, progress=progress, **options))
+        report = asyncio.run(
+            job(config, store=store, progress=progress, on_run=run_ids.append, **options)
+        )
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close()
+        if not run_ids:
+            raise
+        kind = "check" if job is check else "repair"
+        again = resume_command(kind, run_ids[-1], str(config_path))
+        click.echo(f"replag: interrupted; run {run_ids[-1]} is saved: `{again}`", err=True)
+        sys.exit(130)
     finally:
         if progress is not None:
             progress.close()
         store.close()
     _emit(report, as_json)
     return report
+
+
+class _KeysOut:
+    """JSON Lines, one divergent key a line, written as the check finds them."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._file = path.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--keys-out: cannot write {path}: {exc.strerror}") from None
+        self.count = 0
+
+    def __call__(self, group: str, key: bytes, found: dict[str, Any]) -> None:
+        line = {"group": group, **key_text(key), "kind": found["kind"]}
+        line["replicas"] = found["replicas"]
+        self._file.write(json.dumps(line) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
 
 
 @click.group(name="repair")
@@ -91,13 +128,89 @@ def command() -> None:
 @_GROUP
 @_MATCH
 @_TYPE
+@click.option(
+    "--keys-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every divergent key to this file as JSON Lines as they are found "
+    "(key, key_b64 when not UTF-8, kind, each replica's state).",
+)
+@click.option("--resume", metavar="RUN", help="Continue an interrupted or failed check.")
 @json_option
 def check_command(
-    config_path: Path, group: str | None, match: str | None, type_filter: str | None, as_json: bool
+    config_path: Path,
+    group: str | None,
+    match: str | None,
+    type_filter: str | None,
+    keys_out: Path | None,
+    resume: str | None,
+    as_json: bool,
 ) -> None:
     """Compare the replicas; exit 0 if they agree, 1 if divergence is found."""
-    report = _run(config_path, as_json, check, group=group, match=match, type_filter=type_filter)
+    sink = _KeysOut(keys_out) if keys_out is not None else None
+    try:
+        report = _run(
+            config_path,
+            as_json,
+            check,
+            group=group,
+            match=match,
+            type_filter=type_filter,
+            resume=resume,
+            key_sink=sink,
+        )
+    finally:
+        if sink is not None:
+            sink.close()
     sys.exit(1 if report.divergent else 0)
+
+
+@command.command("runs")
+@config_option
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@json_option
+def runs_command(config_path: Path, limit: int, as_json: bool) -> None:
+    """Recent check and repair runs, newest first: state, findings, how to resume."""
+    config = load(config_path)
+    store = Store(config.settings.store)
+    try:
+        runs = list_runs(store, limit=limit)
+    finally:
+        store.close()
+    for run in runs:
+        run["resume"] = (
+            resume_command(run["kind"], run["run_id"], str(config_path))
+            if resumable(run["status"])
+            else None
+        )
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+        return
+    if not runs:
+        click.echo(f"no runs in {config.settings.store}")
+    for run in runs:
+        click.echo(_run_line(run))
+        if run["resume"]:
+            click.echo(f"    resume: {run['resume']}")
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
+    params = run["params"]
+    what = f"group {params['group']}" if params.get("group") else "every group"
+    if run["kind"] == "repair":
+        what += f", policy {params['policy']}" + (", dry run" if params["dry_run"] else "")
+    report = run["report"]
+    if report is not None:
+        found = f"divergent {report['divergent']}"
+        if run["kind"] == "repair":
+            found += f", repaired {report['repaired']}, left {_left(report)}"
+    else:
+        found = run["error"] or ""
+    return f"{run['run_id']}  {run['status']:<11} {started}  {what}; {found}"
+
+
+def _left(report: dict[str, Any]) -> int:
+    return int(report["conflicts"] + report["busy"] + report["kept"])
 
 
 @command.command("run")
@@ -117,7 +230,13 @@ def check_command(
 )
 @setting_option("repair_rate", "--rate", type=click.FloatRange(0))
 @setting_option("max_inflight", type=click.IntRange(1))
-@click.option("--resume", "resume", metavar="RUN", help="Continue an interrupted run.")
+@click.option(
+    "--resume",
+    "resume",
+    metavar="RUN",
+    help="Continue an interrupted or failed repair run (`replag repair runs` lists them); "
+    "what it had repaired is read again first.",
+)
 @_MATCH
 @_TYPE
 @json_option
@@ -149,5 +268,4 @@ def run_command(
         match=match,
         type_filter=type_filter,
     )
-    left = report.to_dict()
-    sys.exit(1 if left["conflicts"] or left["busy"] or left["kept"] else 0)
+    sys.exit(1 if _left(report.to_dict()) else 0)

@@ -23,7 +23,7 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import ReplagError, UsageError
+from replag.errors import NotRedisError, ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -60,6 +60,7 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
+    misconfigured: NotRedisError | None = None  # not an outage: the run stops, exit 2
 
 
 async def run_probe(
@@ -123,6 +124,9 @@ async def run_probe(
             targets.append(_Target(region=r.name, replica=rep, cluster=bool(r.slots)))
     try:
         await asyncio.gather(*(_open_target(t, keys, settings, report) for t in targets))
+        for target in targets:
+            if target.misconfigured is not None:
+                raise target.misconfigured
         if write_ep.kind == "redis":
             with contextlib.suppress(ReplagError):
                 report.clock.insert(
@@ -267,6 +271,8 @@ async def _open_target(
             notes=report.notes,
         )
         target.observer = observer
+    except NotRedisError as exc:
+        target.misconfigured = exc
     except ReplagError as exc:
         target.error = exc.message
         report.unreachable.append(

@@ -54,7 +54,7 @@ from typing import Any, Literal, TypeVar
 from replag.errors import EndpointError
 from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.policy import Decision
-from replag.repair.values import StreamEntry
+from replag.repair.values import StreamEntry, read_values
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
@@ -255,7 +255,7 @@ class Applier:
         payload, pttl, read_at = source
         results = await asyncio.gather(
             *(
-                self._copy(t, key, states[t], winner_state, payload, pttl, read_at)
+                self._copy(t, key, states[t], decision.winner, winner_state, payload, pttl, read_at)
                 for t in decision.targets
             )
         )
@@ -316,6 +316,7 @@ class Applier:
         target: int,
         key: bytes,
         expected: KeyState,
+        winner_index: int,
         winner: KeyState,
         payload: bytes,
         pttl: int,
@@ -346,21 +347,36 @@ class Applier:
         try:
             return await self._write(target, key, expected, restore)
         except EndpointError as exc:
-            if "payload" not in exc.message.lower() or winner.data is None:
+            if "payload" not in exc.message.lower():
                 raise
 
         # The target cannot read the winner's DUMP format (an older server):
         # rebuild the value with type-specific writes, still under WATCH.
+        whole = await self._winner_value(winner_index, key, winner)
+        if whole is None:
+            return None
+
         def typed() -> list[bytes] | None:
             left = remaining_ms()
             if left is None:
                 return None
-            commands = _typed_writes(key, winner)
+            commands = _typed_writes(key, whole)
             if left:
                 commands.append(pack(b"PEXPIRE", key, left))
             return commands
 
         return await self._write(target, key, expected, typed)
+
+    async def _winner_value(self, index: int, key: bytes, expected: KeyState) -> KeyState | None:
+        """The winner's whole value for type-specific writes, read again (on this rare
+        path memory grows with the value); None if it no longer has the decided digest."""
+        assert expected.type is not None
+        async with self.lanes[index].connection() as conn:
+            reads = await read_values(conn, [(key, expected.type)], chunk=self.chunk, keep=True)
+        read = reads[key]
+        if read is None or read.digest != expected.digest:
+            return None
+        return KeyState(True, read.type, read.digest, expected.expiry_ms, read.data)
 
     async def _write(
         self,

@@ -1,15 +1,19 @@
 """Canonical per-type digests and the per-key entry hash the Tictac tree XORs.
 
 Two replicas holding the same logical value get the same 64-bit digest
-whatever their internal encoding (listpack or hashtable, intset or hashtable):
-unordered collections hash each element and sort the element hashes, ordered
-ones (list, stream) hash their elements in order. Every hash is xxh3_64.
+whatever their internal encoding (listpack or hashtable, intset or hashtable)
+and server version. Unordered collections (hash, set, zset) are digested as
+they stream in pages (`UnorderedDigest`): each element's hash is mixed, then
+summed and XORed into two 64-bit words, an order-independent combination, so
+nothing but the element count and two integers is kept, however large the
+collection, and no sort is needed. Ordered ones (list, stream) hash their
+elements in order (`OrderedDigest`). Every hash is xxh3_64.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -47,31 +51,70 @@ def _hashes(items: Iterable[bytes], count: int) -> U64:
     return np.fromiter(map(_h64, items), dtype=np.uint64, count=count)
 
 
-def _unordered(tag: bytes, element_hashes: U64) -> int:
-    # Sorting the element hashes makes the digest independent of SCAN order
-    # and of the server's encoding; callers pass each element once.
-    return int(_h64(tag + np.sort(element_hashes).tobytes()))
+_MASK = (1 << 64) - 1
+
+
+class UnorderedDigest:
+    """Digest of a hash, set or sorted set fed page by page, in any order.
+
+    SCAN-family commands may return an element twice (the server's table resized
+    between pages): a duplicate would count twice. The element `count` is kept
+    so the caller can compare it with HLEN/SCARD/ZCARD and read the key again
+    when they differ.
+    """
+
+    def __init__(self, tag: bytes) -> None:
+        self.tag = tag
+        self.count = 0
+        self._sum = 0
+        self._xor = 0
+
+    def add(self, element_hashes: U64) -> None:
+        """Fold in a page of per-element hashes (already mixed)."""
+        if not len(element_hashes):
+            return
+        self.count += len(element_hashes)
+        # uint64 array sums wrap modulo 2^64 (as they should here) without a warning.
+        self._sum = (self._sum + int(element_hashes.sum(dtype=np.uint64))) & _MASK
+        self._xor ^= int(np.bitwise_xor.reduce(element_hashes))
+
+    def add_hash_page(self, fields: Sequence[bytes], values: Sequence[bytes]) -> None:
+        # Field and value are hashed separately and mixed, so ("ab", "c") and
+        # ("a", "bc") differ.
+        n = len(fields)
+        names, data = _hashes(fields, n), _hashes(values, n)
+        self.add(_mix(names ^ _mix(data + np.uint64(0x9E3779B97F4A7C15))))
+
+    def add_set_page(self, members: Sequence[bytes]) -> None:
+        self.add(_mix(_hashes(members, len(members))))
+
+    def add_zset_page(self, members: Sequence[bytes], scores: Sequence[float]) -> None:
+        # Scores compare as IEEE doubles: "1", "1.0" and "1e0" from different
+        # server versions are the same score.
+        n = len(members)
+        bits = np.fromiter(scores, dtype=np.float64, count=n).view(np.uint64)
+        self.add(_mix(_hashes(members, n) ^ _mix(bits + np.uint64(0x632BE59BD9B4E019))))
+
+    def digest(self) -> int:
+        return int(_h64(self.tag + struct.pack("<QQQ", self.count, self._sum, self._xor)))
 
 
 def hash_digest(fields: dict[bytes, bytes]) -> int:
-    # Field and value are hashed separately and mixed, so ("ab", "c") and
-    # ("a", "bc") differ; vectorised because hashes can have millions of fields.
-    n = len(fields)
-    names, values = _hashes(fields.keys(), n), _hashes(fields.values(), n)
-    return _unordered(b"hash", _mix(names ^ _mix(values + np.uint64(0x9E3779B97F4A7C15))))
+    acc = UnorderedDigest(b"hash")
+    acc.add_hash_page(list(fields), list(fields.values()))
+    return acc.digest()
 
 
 def set_digest(members: set[bytes]) -> int:
-    return _unordered(b"set", _hashes(members, len(members)))
+    acc = UnorderedDigest(b"set")
+    acc.add_set_page(list(members))
+    return acc.digest()
 
 
 def zset_digest(scores: dict[bytes, float]) -> int:
-    # Scores compare as IEEE doubles: "1", "1.0" and "1e0" from different
-    # server versions are the same score.
-    n = len(scores)
-    members = _hashes(scores.keys(), n)
-    bits = np.fromiter(scores.values(), dtype=np.float64, count=n).view(np.uint64)
-    return _unordered(b"zset", _mix(members ^ _mix(bits + np.uint64(0x632BE59BD9B4E019))))
+    acc = UnorderedDigest(b"zset")
+    acc.add_zset_page(list(scores), list(scores.values()))
+    return acc.digest()
 
 
 class OrderedDigest:

@@ -1,24 +1,45 @@
 """`check` and `repair`: the lifecycle of one run over one or every replica group.
 
-A run is created in the store (or resumed from it), walks its groups in order
-(`group_run.GroupRun` does one group's scan, diff, verify and repair), and ends
-done, failed (resumable when an endpoint failed) or interrupted.
+A run is created in the store (or resumed from it), checks that every member
+answers, walks its groups in order (`group_run.GroupRun` does one group's
+scan, diff, verify and repair), and ends done, failed (resumable when an
+endpoint failed; the message names the command) or interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from replag.config import Config
 from replag.errors import EndpointError, RepairError, ReplagError, UsageError
 from replag.repair import report as rp
-from replag.repair.group_run import GroupRun, ProgressCallback, RepairProgress, RunParams
+from replag.repair.group_run import (
+    GroupRun,
+    KeySink,
+    ProgressCallback,
+    RepairProgress,
+    RunParams,
+)
 from replag.repair.observe import key_from_json
 from replag.repair.policy import parse_policy
+from replag.repair.reachable import members_reachable
 from replag.repair.remote import AgentPool
-from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog, new_run_id
+from replag.repair.runs import (
+    DONE,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    RunLog,
+    new_run_id,
+    resume_command,
+)
 from replag.store import Store
+
+
+def _config_name(config: Config) -> str | None:
+    return str(config.path) if config.path is not None else None
 
 
 async def _run(
@@ -28,7 +49,17 @@ async def _run(
     store: Store | None,
     resume: str | None,
     progress: ProgressCallback | None,
+    on_run: Callable[[str], None] | None = None,
+    key_sink: KeySink | None = None,
 ) -> rp.RepairReport:
+    """Run `params` (or resume run `resume`): every member must answer first."""
+    topology = config.topology
+    groups = [topology.group(params.group)] if params.group else list(topology.groups)
+    if not groups:
+        raise UsageError("the topology has no replica groups to compare ([[groups]])")
+    for g in groups:
+        if len(g.members) < 2:
+            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
     log: RunLog | None = None
     if resume is not None:
         if store is None:
@@ -37,22 +68,22 @@ async def _run(
         row = log.row()
         if row is None:
             raise UsageError(f"--resume: no run {resume!r} in {store.path}")
-        _, status, saved = row
+        kind, status, saved = row
+        if kind != params.kind:
+            again = resume_command(kind, resume, _config_name(config))
+            raise UsageError(f"--resume: {resume} is a {kind} run; resume it with `{again}`")
         if status == DONE:
             raise UsageError(f"--resume: run {resume} has already finished")
         params = RunParams(**saved)
+        groups = [topology.group(params.group)] if params.group else list(topology.groups)
+    policies = [parse_policy(params.policy, g.members) for g in groups]
+    if log is not None:
         log.set_status(RUNNING)
     elif store is not None:
         log = RunLog.create(store, kind=params.kind, params=params.to_dict())
     run_id = log.run_id if log is not None else new_run_id(params.kind)
-    topology = config.topology
-    groups = [topology.group(params.group)] if params.group else list(topology.groups)
-    if not groups:
-        raise UsageError("the topology has no replica groups to compare ([[groups]])")
-    policies = [parse_policy(params.policy, g.members) for g in groups]
-    for g in groups:
-        if len(g.members) < 2:
-            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
+    if on_run is not None:
+        on_run(run_id)
     started = time.perf_counter()
     reports: list[rp.GroupReport] = []
 
@@ -71,12 +102,23 @@ async def _run(
 
     agents = AgentPool(config)
     try:
+        # Every member answers first, or nothing is scanned (the run is recorded as failed).
+        await members_reachable(
+            groups,
+            timeout_s=config.settings.connect_timeout,
+            through_agent=lambda m: config.topology.agent_of(m) is not None,
+        )
         for g, policy in zip(groups, policies, strict=True):
-            run = GroupRun(config, g, params, policy, log, progress, agents)
+            run = GroupRun(
+                config, g, params, policy, log, progress, agents=agents, key_sink=key_sink
+            )
             reports.append(await run.run())
     except EndpointError as exc:
-        message = f"{exc.message}; run {run_id} can be resumed with --resume {run_id}"
+        message = exc.message
         if log is not None:
+            message += (
+                f"; resume with `{resume_command(params.kind, run_id, _config_name(config))}`"
+            )
             log.set_status(FAILED, error=str(exc))
         raise RepairError(message, where=exc.where) from exc
     except ReplagError as exc:
@@ -109,8 +151,13 @@ async def check(
     match: str | None = None,
     type_filter: str | None = None,
     resume: str | None = None,
+    on_run: Callable[[str], None] | None = None,
+    key_sink: KeySink | None = None,
 ) -> rp.RepairReport:
-    """Find the keys on which the members of `group` (None = every group) differ."""
+    """Find the keys on which the members of `group` (None = every group) differ.
+
+    `on_run(run_id)` is called once the run is recorded; `key_sink(group, key, dict)`
+    with each divergent key as it is verified (resumed: those found before, first)."""
     params = RunParams(
         kind="check",
         group=group,
@@ -122,7 +169,15 @@ async def check(
         match=match,
         type_filter=type_filter,
     )
-    return await _run(config, params, store=store, resume=resume, progress=progress)
+    return await _run(
+        config,
+        params,
+        store=store,
+        resume=resume,
+        progress=progress,
+        on_run=on_run,
+        key_sink=key_sink,
+    )
 
 
 async def repair(
@@ -139,8 +194,10 @@ async def repair(
     progress: ProgressCallback | None = None,
     match: str | None = None,
     type_filter: str | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> rp.RepairReport:
-    """Find and repair divergence; see the module docstring of `policy` for the rules."""
+    """Find and repair divergence; see the module docstring of `policy` for the rules.
+    A resumed run first reads again every key it had repaired."""
     if rate is not None and rate < 0:
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
@@ -156,7 +213,7 @@ async def repair(
         match=match,
         type_filter=type_filter,
     )
-    return await _run(config, params, store=store, resume=resume, progress=progress)
+    return await _run(config, params, store=store, resume=resume, progress=progress, on_run=on_run)
 
 
 __all__ = ["ProgressCallback", "RepairProgress", "check", "key_from_json", "repair"]

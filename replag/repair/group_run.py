@@ -22,7 +22,7 @@ from replag.repair import report as rp
 from replag.repair.apply import Applier, ReplicaLane
 from replag.repair.diff import Divergence, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
-from replag.repair.policy import Decision, Policy
+from replag.repair.policy import Decision, Newest, Policy
 from replag.repair.remote import AgentClient, AgentPool
 from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
@@ -34,6 +34,11 @@ VERIFY_BATCH = 256
 # Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.
 AGENT_VERIFY_BATCH = 4096
 RECHECK_ROUNDS = 3
+# A key whose replicas changed between the two reads, with how they differed at the
+# second (None: they agreed then).
+_Changing = tuple[bytes, Divergence | None]
+# Receives (group, key, the divergent key's dict) as a check finds each one.
+KeySink = Callable[[str, bytes, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -92,11 +97,12 @@ class GroupRun:
         log: RunLog | None,
         progress: ProgressCallback | None,
         agents: AgentPool | None = None,
+        key_sink: KeySink | None = None,
     ) -> None:
         s = config.settings
         self.group, self.params, self.policy, self.log = group, params, policy, log
         self.agent_wait_s = s.agent_wait
-        self.progress = progress
+        self.progress, self.key_sink = progress, key_sink
         self.timeout_s = s.connect_timeout
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
         self.settle_s = s.repair_settle
@@ -137,9 +143,13 @@ class GroupRun:
                 self._restore(phase[1])
             if phase is None or phase[0] == "scanning":
                 await self._scan_and_verify()
-            if self.params.kind == "repair" and (phase is None or phase[0] != "done"):
+            if self.params.kind == "repair":
                 started = time.perf_counter()
-                await self._repair()
+                # A resumed run trusts nothing it recorded as repaired: a replica may have
+                # restarted from an older snapshot since.
+                differ = await self._reverify_repaired() if phase is not None else 0
+                if phase is None or phase[0] != "done" or differ:
+                    await self._repair()
                 self.report.repair_s += time.perf_counter() - started
             self._save_phase("done")
         finally:
@@ -168,9 +178,13 @@ class GroupRun:
         self.report.undone = saved.get("undone", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
         self.report.repair_s = saved.get("repair_s", 0.0)
+        self.report.reverified = saved.get("reverified", 0)
+        self.report.differed_again = saved.get("differed_again", 0)
         assert self.log is not None
         for key, kind, status, detail in self.log.keys(self.group.name):
             self.records[key] = _KeyRecord(kind, status, detail)
+            if self.key_sink is not None and status == rp.FOUND:
+                self.key_sink(self.group.name, key, detail)
 
     def _save_phase(self, phase: str) -> None:
         if self.log is None:
@@ -233,14 +247,21 @@ class GroupRun:
         del trees, parts
         self.report.scan_s += time.perf_counter() - started
         self.report.candidates = len(candidates)
-        divergent, changing = await self._verify(candidates, phase="verify")
-        self.report.changing = len(changing)
         status = rp.FOUND if self.params.kind == "check" else rp.PENDING
-        if self.params.kind == "repair":
-            # Being written, and differing when last read: the repair rounds recheck
-            # them; one still moving after the last round is reported busy.
-            divergent += [d for _, d in changing if d is not None]
-        self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
+
+        def record(divergent: list[Divergence], changing: list[_Changing]) -> None:
+            self.report.changing += len(changing)
+            if self.params.kind == "repair":
+                # Being written, and differing when last read: the repair rounds recheck
+                # them; one still moving after the last round is reported busy.
+                divergent = divergent + [d for _, d in changing if d is not None]
+            self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
+            if self.key_sink is not None:
+                for d in divergent:
+                    self.key_sink(self.group.name, d.key, d.to_dict())
+
+        self.report.changing = 0
+        await self._verify(candidates, phase="verify", on_batch=record)
         self._save_phase("diffed")
         if self.log is not None:
             self.log.drop_scans(self.group.name)
@@ -288,6 +309,21 @@ class GroupRun:
                 )
             )
 
+    @property
+    def _stamp_fields(self) -> tuple[bytes, ...]:
+        """newest:FIELD decides on one hash field: read just that, not the whole hash."""
+        return (self.policy.field.encode(),) if isinstance(self.policy, Newest) else ()
+
+    async def _observe(self, lane: ReplicaLane, keys: Sequence[bytes]) -> dict[bytes, KeyState]:
+        async with lane.connection() as conn:
+            return await observe_keys(
+                conn, keys, chunk=self.options.count, fields=self._stamp_fields
+            )
+
+    async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
+        """One read of `keys` on every member, from here."""
+        return list(await asyncio.gather(*(self._observe(lane, keys) for lane in self.lanes)))
+
     async def _observe_twice(
         self, keys: Sequence[bytes]
     ) -> tuple[list[dict[bytes, KeyState]], list[dict[bytes, KeyState]]]:
@@ -298,12 +334,9 @@ class GroupRun:
             client, lane = self.agents[i], self.lanes[i]
             if client is not None:
                 return await client.observe_twice(lane.name, keys, self.settle_s)
-            async with lane.connection() as conn:
-                first = await observe_keys(conn, keys, chunk=self.options.count)
+            first = await self._observe(lane, keys)
             await asyncio.sleep(self.settle_s)
-            async with lane.connection() as conn:
-                second = await observe_keys(conn, keys, chunk=self.options.count)
-            return first, second
+            return first, await self._observe(lane, keys)
 
         try:
             pairs = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
@@ -316,15 +349,18 @@ class GroupRun:
         keys: Sequence[bytes],
         *,
         phase: str,
-    ) -> tuple[list[Divergence], list[tuple[bytes, Divergence | None]]]:
+        on_batch: Callable[[list[Divergence], list[_Changing]], None] | None = None,
+    ) -> tuple[list[Divergence], list[_Changing]]:
         """Divergent keys (stable over two reads `settle_s` apart) and keys still changing,
-        each with how it differed at the second read (None: the replicas agreed then)."""
+        each with how it differed at the second read (None: the replicas agreed then).
+        `on_batch(divergent, changing)` is called with each batch's share."""
         divergent: list[Divergence] = []
-        changing: list[tuple[bytes, Divergence | None]] = []
+        changing: list[_Changing] = []
         started = time.perf_counter()
         size = AGENT_VERIFY_BATCH if any(self.agents) else VERIFY_BATCH
         for start in range(0, len(keys), size):
             batch = keys[start : start + size]
+            found_before, changing_before = len(divergent), len(changing)
             first, second = await self._observe_twice(batch)
             now_ms = time.time_ns() // 1_000_000
             for key in batch:
@@ -347,6 +383,8 @@ class GroupRun:
                     changing.append((key, found))
                 elif found is not None:
                     divergent.append(found)
+            if on_batch is not None:
+                on_batch(divergent[found_before:], changing[changing_before:])
             if self.progress is not None:
                 done = min(start + size, len(keys))
                 elapsed = time.perf_counter() - started
@@ -361,6 +399,28 @@ class GroupRun:
                     )
                 )
         return divergent, changing
+
+    async def _reverify_repaired(self) -> int:
+        """Read again every key recorded as repaired (one read per replica, digests
+        compared); those that differ now are pending again. How many differ."""
+        keys = sorted(k for k, r in self.records.items() if r.status == rp.REPAIRED)
+        differ: dict[bytes, _KeyRecord] = {}
+        now_ms = time.time_ns() // 1_000_000
+        for start in range(0, len(keys), VERIFY_BATCH):
+            batch = keys[start : start + VERIFY_BATCH]
+            reads = await self._observe_all(batch)
+            for key in batch:
+                states = [r[key] for r in reads]
+                kind = classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
+                if kind is not None or not all(s.readable for s in states):
+                    found = Divergence(
+                        key, kind or "value", dict(zip(self.names, states, strict=True))
+                    )
+                    differ[key] = _KeyRecord(found.kind, rp.PENDING, found.to_dict())
+        self._set(differ)
+        self.report.reverified += len(keys)
+        self.report.differed_again += len(differ)
+        return len(differ)
 
     # --- resolve and apply --------------------------------------------------
 

@@ -27,7 +27,9 @@ class KeyState:
     type: str | None = None
     digest: int | None = None
     expiry_ms: int | None = None
-    data: Data | None = field(default=None, compare=False, repr=False)
+    data: Data | None = field(default=None, compare=False, repr=False)  # a string's value
+    # Hash fields read alongside (a `newest:FIELD` policy's timestamp), not the whole hash.
+    fields: dict[bytes, bytes] | None = field(default=None, compare=False, repr=False)
 
     @property
     def readable(self) -> bool:
@@ -71,16 +73,38 @@ def key_to_json(key: bytes) -> dict[str, str]:
         return {"key_b64": base64.b64encode(key).decode("ascii")}
 
 
+def key_text(key: bytes) -> dict[str, str]:
+    """`key` always as text (undecodable bytes as \\xNN), plus `key_b64`, the lossless
+    form, when the key is not UTF-8."""
+    try:
+        return {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            "key": key.decode("utf-8", "backslashreplace"),
+            "key_b64": base64.b64encode(key).decode("ascii"),
+        }
+
+
 def key_from_json(item: dict[str, Any]) -> bytes:
-    if "key" in item:
-        return str(item["key"]).encode("utf-8")
-    return base64.b64decode(item["key_b64"])
+    """The key of `key_to_json` or `key_text` output."""
+    if "key_b64" in item:
+        return base64.b64decode(item["key_b64"])
+    return str(item["key"]).encode("utf-8")
 
 
 async def observe_keys(
-    conn: RespConnection, keys: Sequence[bytes], *, chunk: int = 1000, keep: bool = True
+    conn: RespConnection,
+    keys: Sequence[bytes],
+    *,
+    chunk: int = 1000,
+    keep: bool = True,
+    fields: Sequence[bytes] = (),
 ) -> dict[bytes, KeyState]:
-    """TYPE, PTTL and GET per key in one round, then chunked reads of collections."""
+    """TYPE, PTTL and GET per key in one round, then chunked reads of collections.
+
+    Collections are digested as they stream and never kept (memory does not grow
+    with them); `keep` keeps string values, `fields` reads those hash fields too.
+    """
     if not keys:
         return {}
     payload = b"".join(pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GET", k) for k in keys)
@@ -108,15 +132,32 @@ async def observe_keys(
             collections.append((key, type_name))
         else:
             out[key] = KeyState(True, type_name, None, expiries[key])
-    if collections:
-        values = await read_values(conn, collections, chunk=chunk, keep=keep)
-        for key, type_name in collections:
-            read = values[key]
-            out[key] = KeyState(
-                True,
-                type_name,
-                read.digest if read else None,
-                expiries[key],
-                read.data if read else None,
-            )
+    if not collections:
+        return out
+    values = await read_values(conn, collections, chunk=chunk)
+    hashes = [k for k, t in collections if t == "hash"] if fields else []
+    selected = await _hash_fields(conn, hashes, fields)
+    for key, type_name in collections:
+        read = values[key]
+        out[key] = KeyState(
+            True,
+            type_name,
+            read.digest if read else None,
+            expiries[key],
+            fields=selected.get(key),
+        )
+    return out
+
+
+async def _hash_fields(
+    conn: RespConnection, keys: Sequence[bytes], fields: Sequence[bytes]
+) -> dict[bytes, dict[bytes, bytes]]:
+    """HMGET of `fields` on each hash key: the present ones, by key."""
+    if not keys:
+        return {}
+    replies = await conn.request(b"".join(pack(b"HMGET", k, *fields) for k in keys), len(keys))
+    out: dict[bytes, dict[bytes, bytes]] = {}
+    for key, reply in zip(keys, replies, strict=True):
+        if isinstance(reply, list):
+            out[key] = {f: v for f, v in zip(fields, reply, strict=True) if isinstance(v, bytes)}
     return out

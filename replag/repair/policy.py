@@ -145,8 +145,8 @@ def timestamp_of(state: KeyState, field: str) -> float | None:
         except (ValueError, UnicodeDecodeError):
             return None
         raw = document.get(field) if isinstance(document, dict) else None
-    elif state.type == "hash" and isinstance(state.data, dict):
-        raw = state.data.get(field.encode())
+    elif state.type == "hash" and state.fields is not None:
+        raw = state.fields.get(field.encode())
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):

@@ -66,6 +66,8 @@ class GroupReport:
     candidates: int = 0
     changing: int = 0
     undone: int = 0  # target writes put back because the winner moved before they stood
+    reverified: int = 0  # keys a resumed run read again because it had repaired them
+    differed_again: int = 0  # ... and found differing again (repaired again or reported)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     outcomes: dict[str, int] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
@@ -84,6 +86,8 @@ class GroupReport:
             "candidates": self.candidates,
             "changing_during_check": self.changing,
             "undone": self.undone,
+            "reverified": self.reverified,
+            "differed_again": self.differed_again,
             **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
             "scan_s": round(self.scan_s, 3),
             "repair_s": round(self.repair_s, 3),
@@ -137,6 +141,8 @@ class RepairReport:
             "conflicts": self._total(CONFLICT),
             "busy": self._total(BUSY),
             "undone": sum(g.undone for g in self.groups),
+            "reverified": sum(g.reverified for g in self.groups),
+            "differed_again": sum(g.differed_again for g in self.groups),
             "kept": self._total(KEPT),
             "would_repair": self._total(DRY_RUN),
             "agreed": self._total(AGREED),
@@ -174,6 +180,11 @@ class RepairReport:
         changing = sum(g.changing for g in self.groups)
         if changing and self.kind == "check":
             extras.append(f"{changing} changing while read (being written; not compared)")
+        if d["reverified"]:
+            extras.append(
+                f"resumed: {d['reverified']} key(s) repaired before read again, "
+                f"{d['differed_again']} differed again"
+            )
         if extras:
             lines.append("also: " + ", ".join(extras))
         lines += [
@@ -188,5 +199,17 @@ class RepairReport:
                     f"{r.replica:<24} {r.via:>6} {r.keys_scanned:>10} {rate} "
                     f"{r.busy_s:>8.2f} {r.writes:>7} {_size(r.bytes_fetched):>10}"
                 )
+        left = [
+            (g.group, k)
+            for g in self.groups
+            for k in g.keys
+            if k.get("status") in (CONFLICT, BUSY, KEPT, PENDING)
+        ]
+        if left:
+            lines += ["", "not fixed (first 10; --json lists up to 100, check --keys-out all):"]
+            for group, k in left[:10]:
+                name = k.get("key", k.get("key_b64", "?"))
+                reason = f": {k['reason']}" if k.get("reason") else ""
+                lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
         return "\n".join(lines)

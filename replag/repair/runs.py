@@ -62,6 +62,17 @@ SCHEMA = (
 RUNNING, INTERRUPTED, FAILED, DONE = "running", "interrupted", "failed", "done"
 
 
+def resume_command(kind: str, run_id: str, config: str | None = None) -> str:
+    """The command that continues run `run_id` of `kind` (check or repair)."""
+    where = f" -c {config}" if config else ""
+    return f"replag repair {'check' if kind == 'check' else 'run'}{where} --resume {run_id}"
+
+
+def resumable(status: str) -> bool:
+    """Interrupted, failed, or still marked running (its process may have died)."""
+    return status != DONE
+
+
 def new_run_id(kind: str) -> str:
     return f"{kind}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
 

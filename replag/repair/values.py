@@ -2,8 +2,12 @@
 
 Large collections are read with HSCAN/SSCAN/ZSCAN (COUNT `chunk`), LRANGE
 ranges and XRANGE pages; every key still being read gets one chunk command
-per round, and a round is one pipelined write. SCAN-family commands may
-return an element twice, so unordered types are collected into a dict/set.
+per round, and a round is one pipelined write. Each page is folded into the
+key's digest as it arrives (`UnorderedDigest`, `OrderedDigest`) and dropped,
+so memory does not grow with a collection unless the data is asked for
+(`keep`). SCAN-family commands may return an element twice, so the first
+round also asks HLEN/SCARD/ZCARD: a count that does not match means the key
+moved (or was resized) while being read, and the read counts as changed.
 """
 
 from __future__ import annotations
@@ -12,19 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag.repair.digest import (
-    OrderedDigest,
-    hash_digest,
-    set_digest,
-    string_digest,
-    zset_digest,
-)
+from replag.repair.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
 Data = (
     bytes | dict[bytes, bytes] | set[bytes] | dict[bytes, float] | list[bytes] | list[StreamEntry]
 )
+
+_SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
+_CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
 
 
 @dataclass(frozen=True)
@@ -45,44 +46,49 @@ class _Reader:
         self.start = 0
         self.done = False
         self.failed = False
+        self.card: int | None = None  # HLEN/SCARD/ZCARD, asked with the first page
         self.pairs: dict[bytes, Any] = {}
         self.members: set[bytes] = set()
         self.items: list[Any] = []
         self.ordered = OrderedDigest(type_name.encode())
+        self.unordered = UnorderedDigest(type_name.encode())
+
+    @property
+    def replies(self) -> int:
+        """Replies the next `command()` produces."""
+        return 2 if self.type in _SCAN and self.card is None else 1
 
     def command(self) -> bytes:
         k, n = self.key, self.chunk
         if self.type == "string":
             return pack(b"GET", k)
-        if self.type == "hash":
-            return pack(b"HSCAN", k, self.cursor, b"COUNT", n)
-        if self.type == "set":
-            return pack(b"SSCAN", k, self.cursor, b"COUNT", n)
-        if self.type == "zset":
-            return pack(b"ZSCAN", k, self.cursor, b"COUNT", n)
+        if self.type in _SCAN:
+            page = pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
+            return pack(_CARD[self.type], k) + page if self.card is None else page
         if self.type == "list":
             return pack(b"LRANGE", k, self.start, self.start + n - 1)
         # Streams: "(" makes the start exclusive (Redis >= 6.2).
         return pack(b"XRANGE", k, self.cursor, b"+", b"COUNT", n)
 
-    def feed(self, reply: Any) -> None:
-        if error_text(reply) is not None or (reply is None and self.type == "string"):
+    def feed(self, replies: list[Any]) -> None:
+        if any(error_text(r) is not None for r in replies) or (
+            replies[0] is None and self.type == "string"
+        ):
             # WRONGTYPE or gone: the key changed under us; the caller re-reads it later.
             self.failed = self.done = True
             return
+        if self.type in _SCAN:
+            if self.card is None:
+                self.card = int(replies[0])
+                if not self.card:  # gone since its TYPE was read (collections are never empty)
+                    self.failed = self.done = True
+                    return
+            self._page(*replies[-1])
+            return
+        reply = replies[0]
         if self.type == "string":
             self.items = [reply]
             self.done = True
-        elif self.type in ("hash", "zset", "set"):
-            cursor, flat = reply
-            if self.type == "set":
-                self.members.update(flat)
-            elif self.type == "hash":
-                self.pairs.update(zip(flat[0::2], flat[1::2], strict=True))
-            else:
-                self.pairs.update(zip(flat[0::2], map(float, flat[1::2]), strict=True))
-            self.cursor = cursor
-            self.done = cursor == b"0"
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -99,18 +105,38 @@ class _Reader:
                 self.cursor = b"(" + reply[-1][0]
             self.done = len(reply) < self.chunk
 
+    def _page(self, cursor: bytes, flat: list[bytes]) -> None:
+        if self.type == "set":
+            self.unordered.add_set_page(flat)
+            if self.keep:
+                self.members.update(flat)
+        else:
+            names, values = flat[0::2], flat[1::2]
+            if self.type == "hash":
+                self.unordered.add_hash_page(names, values)
+                if self.keep:
+                    self.pairs.update(zip(names, values, strict=True))
+            else:
+                scores = list(map(float, values))
+                self.unordered.add_zset_page(names, scores)
+                if self.keep:
+                    self.pairs.update(zip(names, scores, strict=True))
+        self.cursor = cursor
+        self.done = cursor == b"0"
+        if self.done and self.unordered.count != self.card:
+            self.failed = True  # an element seen twice, or the key changed meanwhile
+
     def result(self) -> ReadValue | None:
         if self.failed:
             return None
         if self.type == "string":
             value: bytes = self.items[0]
             return ReadValue("string", string_digest(value), value if self.keep else None)
-        if self.type == "hash":
-            return ReadValue("hash", hash_digest(self.pairs), self.pairs if self.keep else None)
-        if self.type == "zset":
-            return ReadValue("zset", zset_digest(self.pairs), self.pairs if self.keep else None)
-        if self.type == "set":
-            return ReadValue("set", set_digest(self.members), self.members if self.keep else None)
+        if self.type in _SCAN:
+            data: Data | None = None
+            if self.keep:
+                data = self.members if self.type == "set" else self.pairs
+            return ReadValue(self.type, self.unordered.digest(), data)
         return ReadValue(self.type, self.ordered.digest(), self.items if self.keep else None)
 
 
@@ -132,10 +158,13 @@ async def read_values(
     out: dict[bytes, ReadValue | None] = {k: None for k, _ in typed_keys}
     active = readers
     while active:
+        counts = [r.replies for r in active]
         payload = b"".join(r.command() for r in active)
-        replies = await conn.request(payload, len(active))
-        for reader, reply in zip(active, replies, strict=True):
-            reader.feed(reply)
+        replies = await conn.request(payload, sum(counts))
+        at = 0
+        for reader, count in zip(active, counts, strict=True):
+            reader.feed(replies[at : at + count])
+            at += count
         active = [r for r in active if not r.done]
     for reader in readers:
         out[reader.key] = reader.result()
