@@ -32,7 +32,7 @@ from replag.replication.sampler import ReplicationSampler
 from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import LagWindow, Store
-from replag.topology import Endpoint
+from replag.topology import Endpoint, Region
 
 log = logging.getLogger(__name__)
 _CLEANUP_BATCH = 500
@@ -63,6 +63,67 @@ class _Target:
     misconfigured: NotRedisError | None = None  # not an outage: the run stops, exit 2
 
 
+@dataclass(kw_only=True)
+class _ProbeRun:
+    """One run's open connections and what it measures; `close()` ends them all."""
+
+    settings: Settings
+    keys: ProbeKeys
+    report: ProbeReport
+    replication: ProbeReplication
+    writer: RespConnection
+    targets: list[_Target]
+    progress: ProgressCallback | None = None
+
+    @property
+    def by_rack(self) -> bool:
+        """Through Dynomite, a rack (not each backend) is what receives a write or not."""
+        return self.writer.endpoint.kind == "dynomite"
+
+    async def measure(self) -> None:
+        """Connect to every replica, write the keys, wait for them, fill the report."""
+        settings, report, writer, progress = self.settings, self.report, self.writer, self.progress
+        await asyncio.gather(*(_open_target(t, self.keys, settings, report) for t in self.targets))
+        for target in self.targets:
+            if target.misconfigured is not None:
+                raise target.misconfigured
+        if writer.endpoint.kind == "redis":
+            with contextlib.suppress(ReplagError):
+                offset = await estimate_offset(lambda: _time(writer), endpoint=writer.endpoint.name)
+                report.clock.insert(0, offset)
+        await self.replication.sample_start()
+        live = [t.observer for t in self.targets if t.observer is not None]
+        for obs in live:
+            await obs.start()
+        writes = await _write_keys(writer, self.keys, settings, live, report, progress)
+        units = [
+            [t.observer for t in unit if t.observer is not None]
+            for unit in _observation_units(self.targets, by_rack=self.by_rack)
+        ]
+        await _wait_for_arrivals(
+            [u for u in units if u],
+            writes,
+            settings.timeout,
+            None if progress is None else _reporter(progress, report.source),
+        )
+        for obs in live:
+            await obs.stop()
+        await self.replication.sample_end()
+        _collect(report, self.targets, writes, by_rack=self.by_rack)
+        await _cleanup(writer, [self.keys.key(seq) for seq in writes], report)
+
+    async def close(self) -> None:
+        """Also on error or cancellation: no subscription, poll task or socket outlives a run
+        (the service runs one per source every probe interval)."""
+        await self.writer.close()
+        await self.replication.close()
+        for t in self.targets:
+            if t.observer is not None:
+                await t.observer.stop()
+            if t.conn is not None:
+                await t.conn.close()
+
+
 async def run_probe(
     config: Config,
     *,
@@ -87,8 +148,39 @@ async def run_probe(
     replication = await ProbeReplication.open(
         config, region, settings=settings, store=store, sampler=sampler
     )
-    write_ep = replication.write_endpoint
-    report = ProbeReport(
+    report = _new_report(region, replication.write_endpoint, settings)
+    report.notes += replication.notes
+    try:
+        if replication.write_endpoint.kind == "dynomite":
+            await _cluster_consistency(settings, report)
+        writer = await _open_writer(replication.write_endpoint, settings)
+    except BaseException:
+        await replication.close()
+        raise
+    run = _ProbeRun(
+        settings=settings,
+        keys=ProbeKeys(
+            prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
+        ),
+        report=report,
+        replication=replication,
+        writer=writer,
+        targets=_targets(config, region, writer.endpoint, report),
+        progress=progress,
+    )
+    try:
+        await run.measure()
+    finally:
+        await run.close()
+    _finish(run)
+    if store is not None:
+        save_report(store, report)
+        replication.save(store, region)
+    return report
+
+
+def _new_report(region: Region, write_ep: Endpoint, settings: Settings) -> ProbeReport:
+    return ProbeReport(
         run_id=uuid.uuid4().hex[:12],
         source=region.name,
         mode=settings.mode,
@@ -98,20 +190,14 @@ async def run_probe(
         if write_ep.kind == "dynomite"
         else None,
     )
-    keys = ProbeKeys(
-        prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
-    )
-    report.notes += replication.notes
-    if write_ep.kind == "dynomite":
-        await _cluster_consistency(settings, report)
-    try:
-        writer = await _open_writer(write_ep, settings)
-    except BaseException:
-        await replication.close()
-        raise
-    scope = config.topology.observed_from(region)
+
+
+def _targets(
+    config: Config, region: Region, write_ep: Endpoint, report: ProbeReport
+) -> list[_Target]:
+    """Every replica a write in `region` should reach, but the write endpoint itself."""
     targets = []
-    for r in scope:
+    for r in config.topology.observed_from(region):
         for rep in r.replicas:
             if (rep.host, rep.port, rep.db) == (write_ep.host, write_ep.port, write_ep.db):
                 # Probe keys are written there directly: it holds them at once, which
@@ -122,49 +208,14 @@ async def run_probe(
                 )
                 continue
             targets.append(_Target(region=r.name, replica=rep, cluster=bool(r.slots)))
-    try:
-        await asyncio.gather(*(_open_target(t, keys, settings, report) for t in targets))
-        for target in targets:
-            if target.misconfigured is not None:
-                raise target.misconfigured
-        if write_ep.kind == "redis":
-            with contextlib.suppress(ReplagError):
-                report.clock.insert(
-                    0, await estimate_offset(lambda: _time(writer), endpoint=write_ep.name)
-                )
-        await replication.sample_start()
-        live = [t.observer for t in targets if t.observer is not None]
-        for obs in live:
-            await obs.start()
-        writes = await _write_keys(writer, keys, settings, live, report, progress)
-        by_rack = write_ep.kind == "dynomite"
-        units = [
-            [t.observer for t in unit if t.observer is not None]
-            for unit in _observation_units(targets, by_rack=by_rack)
-        ]
-        await _wait_for_arrivals(
-            [u for u in units if u],
-            writes,
-            settings.timeout,
-            None if progress is None else _reporter(progress, report.source),
-        )
-        for obs in live:
-            await obs.stop()
-        await replication.sample_end()
-        _collect(report, targets, writes, by_rack=by_rack)
-        await _cleanup(writer, [keys.key(seq) for seq in writes], report)
-    finally:
-        # Also on error or cancellation: no subscription, poll task or socket outlives a run
-        # (the service runs one per source every probe interval).
-        await writer.close()
-        await replication.close()
-        for t in targets:
-            if t.observer is not None:
-                await t.observer.stop()
-            if t.conn is not None:
-                await t.conn.close()
+    return targets
+
+
+def _finish(run: _ProbeRun) -> None:
+    """Label, judge and date the measured report."""
+    report, settings, replication = run.report, run.settings, run.replication
     report.finished_ns = time.time_ns()
-    if write_ep.kind == "dynomite":
+    if run.by_rack:
         for pair in report.pairs:
             pair.consistency = settings.dynomite_consistency
     replication.finish(
@@ -174,10 +225,6 @@ async def run_probe(
     if replication.event is not None:
         report.failovers.append(replication.event)
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
-    if store is not None:
-        save_report(store, report)
-        replication.save(store, region)
-    return report
 
 
 async def run_probe_all(
