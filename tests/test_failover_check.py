@@ -25,7 +25,9 @@ def answer(result: Result) -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
-def test_safe_before_a_partition_and_unsafe_after(lab_factory: LabFactory) -> None:
+def test_safe_before_a_partition_and_unsafe_after(
+    server_kind: str, lab_factory: LabFactory
+) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
     before = check(state)
     assert before.exit_code == 0, before.output

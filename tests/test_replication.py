@@ -76,6 +76,7 @@ def replica(primary: PrimaryState, name: str) -> Any:
 
 
 async def test_bytes_behind_grows_while_partitioned_and_returns_to_zero(
+    server_kind: str,
     lab_factory: LabFactory,
 ) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
@@ -104,6 +105,7 @@ async def test_bytes_behind_grows_while_partitioned_and_returns_to_zero(
 
 
 async def test_backlog_headroom_falls_until_a_full_resync_and_the_counter_moves(
+    server_kind: str,
     lab_factory: LabFactory,
 ) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 1}, backlog_bytes=16384)

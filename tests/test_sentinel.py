@@ -70,7 +70,7 @@ def test_discover_with_no_sentinel_answering_is_one_line_exit_2() -> None:
 
 
 async def test_the_probe_follows_a_real_failover_and_reports_it(
-    lab_factory: LabFactory, tmp_path: Path
+    server_kind: str, lab_factory: LabFactory, tmp_path: Path
 ) -> None:
     state = sentinel_lab(lab_factory)
     lab_dir = Path(state["dir"])
