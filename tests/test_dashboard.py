@@ -18,6 +18,8 @@ import pytest
 from replag.lab.server import free_port
 from replag.monitoring.dynomite_figures import parse_info
 from replag.monitoring.dynomite_stats import record_stats
+from replag.replication import history
+from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import Store
 from tests.helpers.browser import CHROMIUM, chromium
 from tests.helpers.dynomite_admin import fixture_bytes
@@ -141,3 +143,44 @@ def test_dynomite_panel_shows_each_node_and_the_one_dropping(
     chromium(tmp_path, f"--screenshot={shot}", dynomite_dashboard_url)
     if os.environ.get("REPLAG_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-dynomite.png"))
+
+
+@pytest.fixture
+def replication_dashboard_url(tmp_path: Path) -> Iterator[str]:
+    """Two replication samples of us-east's primary: us-west-1 cut off and falling behind."""
+    store = Store(tmp_path / "s.sqlite")
+    now = time.time_ns()
+    for age_s, behind in ((60, 1024), (5, 2048)):
+        replicas = (
+            ReplicaState(replica="us-west-1", region="us-west", address="", status="link-down",
+                         link_down_s=age_s, bytes_behind=behind, bytes_uncertainty=0,
+                         backlog_headroom=16384 - behind,
+                         headroom_fraction=(16384 - behind) / 16384),
+            ReplicaState(replica="eu-west-1", region="eu-west", address="", status="ok",
+                         bytes_behind=0, bytes_uncertainty=0, backlog_headroom=16384,
+                         headroom_fraction=1.0, priority=100),
+        )  # fmt: skip
+        primary = PrimaryState(source="us-east", primary="us-east-primary", address="",
+                               sampled_ns=now - age_s * 10**9, offset=5000, backlog_size=16384,
+                               sync_full=1, replicas=replicas)  # fmt: skip
+        history.record_snapshot(store, ReplicationSnapshot(primaries=[primary]))
+    store.close()
+    yield from serve_dashboard(tmp_path)
+
+
+def test_replication_beside_the_lag_tiles_and_in_its_panel(
+    replication_dashboard_url: str, tmp_path: Path
+) -> None:
+    dom = chromium(tmp_path, "--dump-dom", replication_dashboard_url)
+    assert 'data-loaded="true"' in dom and 'id="replication-card" hidden' not in dom
+    # The lag tile us-east → us-west says how far behind its replica is now.
+    assert re.search(r'class="repl repl-down" data-bytes-behind="2048"[^>]*>2\.0 KiB behind', dom)
+    rows = dict(re.findall(r'<tr data-replica="([^"]+)" data-status="([^"]+)"', dom))
+    assert rows == {"us-west-1": "link-down", "eu-west-1": "ok"}
+    assert "safest failover: eu-west-1 (loses 0 B)" in dom
+    sparks = re.findall(r'<svg class="spark"[^>]*data-points="(\d+)"', dom)
+    assert sorted(sparks) == ["2", "2"]
+    shot = tmp_path / "replication.png"
+    chromium(tmp_path, f"--screenshot={shot}", replication_dashboard_url)
+    if os.environ.get("REPLAG_SCREENSHOT"):
+        shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-replication.png"))

@@ -6,7 +6,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
 const RANGE_STEP = { "15m": "10s", "1h": "30s", "6h": "2m", "24h": "6m", "7d": "42m" };
 const REPAIRS_PER_PAGE = 10;
-const state = { range: "1h", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map() };
+const state = { range: "1h", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map(), replication: new Map() };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -93,10 +93,19 @@ function drawStatus(health) {
     ...(problems.length > 6 ? [el("div", { class: "muted" }, `and ${problems.length - 6} more`)] : []));
 }
 
+// A size with its unit: "0 B", "1.4 KiB", "12.0 MiB".
+function fmtBytes(v) {
+  if (v === null || v === undefined) return "–";
+  const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [unit, size] of units) if (Math.abs(v) >= size) return `${(v / size).toFixed(1)} ${unit}`;
+  return `${Math.round(v)} B`;
+}
+
 // --- matrix ------------------------------------------------------------------
 
 function drawMatrix(data) {
   state.cells = new Map(data.cells.map((c) => [`${c.source}→${c.target}`, c]));
+  state.replication = new Map((data.replication || []).map((r) => [`${r.source}→${r.target}`, r]));
   const bands = data.thresholds_ms, loss = data.loss_thresholds;
   document.getElementById("legend").replaceChildren(
     el("span", {}, el("span", { class: "swatch sw-ok" }), `p99 < ${fmtMs(bands.warning)}`),
@@ -130,9 +139,22 @@ function drawMatrix(data) {
       onclick: () => focusPair(s, t),
     },
       el("div", { class: "p99" }, figure, el("span", { class: "unit" }, unit)),
-      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...(flag ? [flag] : []));
+      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicationLine(s, t), ...(flag ? [flag] : []));
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+}
+
+// Beside the lag: the target's worst replica in bytes behind and backlog headroom (latest).
+function replicationLine(source, target) {
+  const r = state.replication.get(`${source}→${target}`);
+  if (!r) return [];
+  const headroom = r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction);
+  const low = r.headroom_fraction !== null && r.headroom_fraction < 0.25;
+  return [el("div", {
+    class: `repl${r.links_down ? " repl-down" : ""}${low ? " repl-low" : ""}`, "data-bytes-behind": r.bytes_behind ?? "",
+    title: `${target}'s replicas of ${source}'s primary (latest sample): most behind ${fmtBytes(r.bytes_behind)}, ` +
+      `least backlog headroom ${headroom}, ${r.links_down}/${r.replicas} link(s) down`,
+  }, `${fmtBytes(r.bytes_behind)} behind · headroom ${headroom}`, ...(r.links_down ? [` · ${r.links_down} link down`] : []))];
 }
 
 function focusPair(source, target) {
@@ -442,19 +464,95 @@ function drawDynomite(data) {
     el("tbody", {}, ...rows, ...errors)));
 }
 
+// --- replication ----------------------------------------------------------------
+
+// Bytes behind over the range as a small area chart (max per step), 0 at the bottom.
+function sparkline(points, width = 180, height = 28) {
+  const root = svg("svg", { class: "spark", width, height, viewBox: `0 0 ${width} ${height}`, "data-points": points.length });
+  const values = points.map((p) => p.bytes_behind_max ?? 0);
+  const max = Math.max(1, ...values);
+  if (points.length) {
+    const t0 = points[0].t_ns, t1 = points[points.length - 1].t_ns || t0 + 1;
+    const x = (t) => (t1 === t0 ? width : ((t - t0) / (t1 - t0)) * (width - 2) + 1);
+    const y = (v) => height - 2 - (v / max) * (height - 4);
+    const d = points.map((p, i) => `${i ? "L" : "M"}${x(p.t_ns).toFixed(1)},${y(values[i]).toFixed(1)}`).join("");
+    root.append(svg("path", { class: "spark-line", d }));
+    points.forEach((p, i) => {
+      if (p.link_up_ratio < 1) root.append(svg("rect", { class: "spark-down", x: x(p.t_ns) - 1, y: 0, width: 2, height }));
+    });
+  }
+  root.append(svg("title", {}, `most behind per step over the range: peak ${fmtBytes(Math.max(0, ...values))}`));
+  return root;
+}
+
+function headroomBar(fraction) {
+  const root = svg("svg", { class: "bar", width: 120, height: 10 });
+  root.append(svg("rect", { class: "track", x: 0, y: 0, width: 120, height: 10, rx: 3 }));
+  if (fraction !== null && fraction !== undefined) {
+    root.append(svg("rect", { class: `fill${fraction < 0.25 ? " fill-low" : ""}`, x: 0, y: 0, width: Math.max(2, 120 * fraction), height: 10, rx: 3 }));
+  }
+  return root;
+}
+
+async function drawReplication(data) {
+  const card = document.getElementById("replication-card");
+  card.hidden = !data.primaries.length;
+  if (card.hidden) return;
+  const step = RANGE_STEP[state.range];
+  const series = new Map(await Promise.all(data.primaries.flatMap((p) => p.replicas.map(async (r) => [
+    `${p.source}/${r.replica}`,
+    (await getJSON(`/api/v1/replication/series?source=${encodeURIComponent(p.source)}&replica=${encodeURIComponent(r.replica)}&since=${state.range}&step=${step}`)).points,
+  ]))));
+  const events = data.failovers.length ? ` · ${data.failovers.length} failover(s) followed today` : "";
+  document.getElementById("replication-summary").textContent = `sampled every ${data.interval_s} s${events}`;
+  const blocks = data.primaries.map((p) => {
+    const rpo = new Map(p.failover.candidates.map((c) => [c.replica, c]));
+    const head = p.error
+      ? el("div", { class: "message" }, `${p.source} (${p.primary}): ${p.error}`)
+      : el("div", { class: "primary-line" }, el("strong", {}, `${p.source}`), ` primary ${p.primary} · writes ${p.write_rate_bps === null ? "–" : `${fmtBytes(p.write_rate_bps)}/s`}` +
+        ` · backlog ${fmtBytes(p.backlog.size)} · full resyncs ${p.resyncs.full ?? "–"} · read skew ${fmtMs(p.read_skew_ms)} · `,
+        el("span", { class: `badge badge-${p.failover.safe ? "ok" : "critical"}`, title: p.failover.verdict },
+          p.failover.safest ? `safest failover: ${p.failover.safest} (loses ${fmtBytes(p.failover.rpo_bytes)})` : "no replica can be promoted"));
+    const rows = p.replicas.map((r) => {
+      const c = rpo.get(r.replica) || {};
+      const link = r.status === "ok" ? "up" : r.status;
+      return el("tr", { "data-replica": r.replica, "data-status": r.status, "data-bytes-behind": r.bytes_behind ?? "" },
+        el("td", {}, el("strong", {}, r.replica), el("div", { class: "node" }, r.region)),
+        el("td", {}, el("span", { class: `badge badge-${r.status === "ok" ? "ok" : "critical"}` }, link),
+          ...(r.link_down_s !== null ? [el("div", { class: "node" }, `down ${r.link_down_s} s`)] : []),
+          ...(r.error ? [el("div", { class: "message" }, r.error)] : [])),
+        el("td", { class: `num${r.bytes_behind ? " bad" : ""}` }, fmtBytes(r.bytes_behind),
+          el("div", { class: "node" }, `± ${fmtBytes(r.bytes_uncertainty)}`)),
+        el("td", { class: "num" }, r.backlog_headroom !== null && r.backlog_headroom < 0 ? "full resync due" :
+          r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction)),
+        el("td", { class: "num" }, c.rpo_bytes === null || c.rpo_bytes === undefined ? "–" : fmtBytes(c.rpo_bytes),
+          el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000))),
+        el("td", {}, sparkline(series.get(`${p.source}/${r.replica}`) || [])));
+    });
+    return el("div", { class: "repl-primary" }, head, el("table", { class: "list replication", id: `replication-${p.source}` },
+      el("thead", {}, el("tr", {}, el("th", {}, "replica"), el("th", {}, "link"), el("th", { class: "num" }, "behind"),
+        el("th", { class: "num" }, "backlog headroom"), el("th", { class: "num" }, "RPO if promoted"),
+        el("th", {}, `behind over ${state.range}`))),
+      el("tbody", {}, ...rows)));
+  });
+  document.getElementById("replication").replaceChildren(...blocks);
+}
+
 // --- refresh loop --------------------------------------------------------------
 
 async function refresh() {
   try {
-    const [matrix, health, alerts, repairs, dynomite] = await Promise.all([
+    const [matrix, health, alerts, repairs, dynomite, replication] = await Promise.all([
       getJSON(`/api/v1/lag/matrix?since=${state.range}`), getJSON("/api/v1/health"),
       getJSON("/api/v1/alerts"), getJSON(repairsUrl()), getJSON("/api/v1/dynomite"),
+      getJSON("/api/v1/replication"),
     ]);
     drawStatus(health);
     drawMatrix(matrix);
     drawAlerts(alerts);
     drawRepairs(repairs);
     drawDynomite(dynomite);
+    await drawReplication(replication);
     document.getElementById("range-note").textContent = `over the last ${state.range}`;
     await drawCharts(matrix.cells.map((c) => [c.source, c.target]));
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
