@@ -6,6 +6,7 @@ route) so the edge (CLI, API) can print one clear line::
     ReplagError                 exit 2 unless a subclass says otherwise
     ├── ConfigError             bad file, key or value (names file and key)
     ├── UsageError              bad command-line or API argument
+    │   ├── NotFound            it names a region, group, replica or run that does not exist
     │   └── JobConflict         a check/repair of that group already runs
     ├── EndpointError           a Redis/Dynomite endpoint failed us
     │   ├── UnreachableError    connect refused / timed out / closed
@@ -40,6 +41,10 @@ class ConfigError(ReplagError):
 
 class UsageError(ReplagError):
     """A command-line option or API parameter is wrong."""
+
+
+class NotFound(UsageError):
+    """An argument names a region, replica group, replica or run that does not exist."""
 
 
 class EndpointError(ReplagError):

@@ -202,9 +202,9 @@ class Topology:
             if group.name == name:
                 return group
         known = ", ".join(g.name for g in self.groups) or "none"
-        from replag.errors import UsageError
+        from replag.errors import NotFound
 
-        raise UsageError(f"unknown replica group {name!r} (known: {known})")
+        raise NotFound(f"unknown replica group {name!r} (known: {known})")
 
     def observed_from(self, source: Region) -> list[Region]:
         """Regions whose replicas receive what is written in `source`.

@@ -15,15 +15,18 @@ from contextlib import asynccontextmanager
 from importlib import resources
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from replag import __version__
 from replag.api import dynomite, lag, replication, routes
 from replag.config import Config
-from replag.errors import EndpointError, JobConflict, ReplagError
+from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
 from replag.service import ReplagService
 from replag.store import Store
 
@@ -98,13 +101,36 @@ def create_app(
     def metrics() -> Response:
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's 405 lists the methods of the first route matching the path only, but
+        # GET and POST /api/v1/repairs are two routes: say every method the path takes.
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed_methods(app, request))}
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(ReplagError)
     async def replag_error(request: Request, exc: ReplagError) -> JSONResponse:
-        status = 400
-        if isinstance(exc, JobConflict):
-            status = 409
-        elif isinstance(exc, EndpointError):
-            status = 502
-        return JSONResponse({"detail": str(exc)}, status_code=status)
+        return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
 
     return app
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """The methods the OpenAPI document declares for the request's path."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods)
+
+
+def status_of(exc: ReplagError) -> int:
+    """The HTTP status of an error raised under a route (see `replag.api.errors`)."""
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, JobConflict):
+        return 409
+    if isinstance(exc, EndpointError):
+        return 502
+    return 400

@@ -18,16 +18,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour
-from replag.api.params import TimeRange
+from replag.api.errors import errors
+from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
-from replag.errors import UsageError
+from replag.errors import NotFound
 from replag.lagindex import LagIndex, NotCached
 from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
-TIME_HELP = "a duration ago (15m), Unix seconds or ISO 8601"
-Since = Annotated[str | None, Query(max_length=64, description=TIME_HELP)]
-Region = Annotated[str | None, Query(max_length=200)]
+Region = Annotated[str | None, Query(max_length=200, description="a region name")]
 
 
 async def _cached(index: LagIndex, key: Hashable, build: Callable[[], bytes]) -> bytes:
@@ -56,16 +55,16 @@ def _regions(svc: ReplagService) -> list[str]:
 
 def _check_region(svc: ReplagService, name: str | None, *, param: str) -> None:
     if name is not None and name not in (known := _regions(svc)):
-        raise UsageError(f"{param}: unknown region {name!r} (known: {', '.join(known)})")
+        raise NotFound(f"{param}: unknown region {name!r} (known: {', '.join(known)})")
 
 
-@router.get("/lag")
+@router.get("/lag", responses=errors(404))
 async def lag(
     svc: Service,
     source: Region = None,
     target: Region = None,
-    since: Since = None,
-    until: Since = None,
+    since: Time = None,
+    until: Time = None,
 ) -> Response:
     """Merged percentiles, count and loss per (source, target) over the range (default 15m)."""
     _check_region(svc, source, param="source")
@@ -90,7 +89,7 @@ async def lag(
 
 
 @router.get("/lag/matrix")
-async def lag_matrix(svc: Service, since: Since = None) -> Response:
+async def lag_matrix(svc: Service, since: Time = None) -> Response:
     """Region × region p50/p99/loss since `since` (default 15m), each cell with its colour
     (the worse of p99 and loss against the rules covering that pair) and bands;
     `replication`: per (source, target) the latest worst bytes behind, least backlog
@@ -139,16 +138,14 @@ async def lag_matrix(svc: Service, since: Since = None) -> Response:
     return _json(head, body)
 
 
-@router.get("/lag/series")
+@router.get("/lag/series", responses=errors(404))
 async def lag_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],
     target: Annotated[str, Query(max_length=200)],
-    since: Since = None,
-    until: Since = None,
-    step: Annotated[
-        str | None, Query(max_length=32, description="e.g. 1m (default: ~240 points)")
-    ] = None,
+    since: Time = None,
+    until: Time = None,
+    step: Step = None,
 ) -> Response:
     """Percentiles per epoch-aligned step (default range 1h) for charts."""
     _check_region(svc, source, param="source")

@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
+from replag.api.errors import errors
 from replag.repair import count_runs, get_run, list_runs
 from replag.service import ReplagService
 
@@ -81,7 +82,7 @@ def repairs(
     }
 
 
-@router.get("/repairs/{run_id}")
+@router.get("/repairs/{run_id}", responses=errors(404))
 def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> dict[str, Any]:
     """One repair run by its run id (or a service job by its job id)."""
     if run_id in svc.jobs:
@@ -107,7 +108,12 @@ class RepairRequest(BaseModel):
     allow_deletes: bool = False
 
 
-@router.post("/repairs", status_code=202, dependencies=[Depends(require_token)])
+@router.post(
+    "/repairs",
+    status_code=202,
+    dependencies=[Depends(require_token)],
+    responses=errors(400, 401, 403, 404, 409),
+)
 async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
     """Start a check or a repair in the background; poll `/repairs/{job_id}` for it.
 

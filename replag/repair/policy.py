@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from replag.errors import UsageError
+from replag.errors import NotFound, UsageError
 from replag.repair.observe import KeyState
 from replag.topology import Endpoint
 
@@ -209,7 +209,7 @@ def parse_policy(text: str, members: Sequence[Endpoint]) -> Policy:
             return Source(found[0], arg)
         names = ", ".join(m.name for m in members)
         if not found:
-            raise UsageError(f"--policy source:{arg}: no such replica or region (members: {names})")
+            raise NotFound(f"--policy source:{arg}: no such replica or region (members: {names})")
         raise UsageError(
             f"--policy source:{arg}: several members are in {arg}; name one of "
             f"{', '.join(members[i].name for i in found)}"
