@@ -1,12 +1,21 @@
 """Load on the lag API: a day of one-minute windows for 6 region pairs, served by `replag serve`.
 
 Fills a store with 24 h × 60 windows × 6 pairs (each window 200 samples of a
-lognormal lag with a daily wave), starts `replag serve` in a subprocess, then
-drives `/api/v1/lag/matrix` and `/api/v1/lag/series` from aiohttp clients:
-open-loop at a fixed rate (the 500 req/s target) and closed-loop (as fast as
-N clients go). Prints req/s and p50/p99 latency; asserts nothing.
+lognormal lag with a daily wave), then serves it twice with `replag serve` in a
+subprocess and drives `/api/v1/lag/matrix` and `/api/v1/lag/series` from
+aiohttp clients, open-loop at a fixed rate (the 500 req/s target) and
+closed-loop (as fast as N clients go):
 
-    python benchmarks/api_load.py [--rate 500] [--seconds 10] [--clients 32]
+1. idle: the topology has no write endpoint, so the service only serves;
+2. with its schedules: the same store, and a live three-region lab (real
+   redis-server processes, 40 and 80 ms links) that the service probes every
+   `--probe-interval` (200 probes each) and repair-checks every
+   `--check-interval` (`--keys` keys per replica), in the same process.
+
+Prints req/s and p50/p99 latency of both, the probe rounds and checks the
+service ran meanwhile (from its own metrics), and the ratio; asserts nothing.
+
+    python benchmarks/api_load.py [--rate 500] [--seconds 10] [--clients 32] [--keys 50000]
 """
 
 from __future__ import annotations
@@ -21,11 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
+import tomli_w
 
+from replag.lab.cluster import LabSpec, lab_down, lab_up
+from replag.lab.load import LoadSpec, lab_load
 from replag.store import LagWindow, Store
 from replag.store import summarize as merge_windows
 
@@ -89,6 +103,23 @@ def write_config(directory: Path) -> Path:
         ]
     path = directory / "bench.toml"
     path.write_text("\n".join(lines))
+    return path
+
+
+def write_lab_config(directory: Path, lab_dir: Path, args: argparse.Namespace) -> Path:
+    """The lab's topology (a write endpoint in us-east, one replica group) on the same store,
+    with the service probing and checking on the given schedules."""
+    data = tomllib.loads((lab_dir / "topology.toml").read_text())
+    data["settings"].update(
+        store=str(directory / "bench.sqlite"),
+        window="60s",
+        probe_interval=f"{args.probe_interval}s",
+        check_interval=f"{args.check_interval}s",
+        count=200,
+        rate=200,
+    )
+    path = directory / "bench-lab.toml"
+    path.write_text(tomli_w.dumps(data))
     return path
 
 
@@ -191,54 +222,113 @@ def naive_matrix_ms(store: Store, *, since_ns: int, rounds: int = 3) -> float:
     return best
 
 
-async def drive(
-    base: str, proc: subprocess.Popen[bytes], args: argparse.Namespace
-) -> dict[str, float]:
-    await wait_ready(base, proc)
-    matrix = [
-        "/api/v1/lag/matrix?since=24h",
-        "/api/v1/lag/matrix?since=1h",
-        "/api/v1/lag/matrix?since=15m",
-    ]
-    series = [
-        f"/api/v1/lag/series?source={s}&target={t}&since=24h&step=5m"
-        for s in REGIONS
-        for t in REGIONS
-        if s != t
-    ]
+MATRIX = [
+    "/api/v1/lag/matrix?since=24h",
+    "/api/v1/lag/matrix?since=1h",
+    "/api/v1/lag/matrix?since=15m",
+]
+SERIES = [
+    f"/api/v1/lag/series?source={s}&target={t}&since=24h&step=5m"
+    for s in REGIONS
+    for t in REGIONS
+    if s != t
+]
+
+
+async def drive(base: str, args: argparse.Namespace, label: str) -> dict[str, dict[str, float]]:
+    """The four measured loads; each line printed with `label` (idle / schedules)."""
     async with aiohttp.ClientSession() as session:
-        for path in matrix + series:  # the first of each may decode windows: report it apart
+        for path in MATRIX + SERIES:  # the first of each may decode windows: report it apart
             first: list[float] = []
             await timed_get(session, base + path, first)
-            if path in (matrix[0], series[0]):
-                print(f"first request {path}: {first[0]:.0f} ms")
+            if path in (MATRIX[0], SERIES[0]):
+                print(f"{label}: first request {path}: {first[0]:.0f} ms")
     # Unmeasured: the service decodes the last day of windows in a background thread at
     # start; what follows is steady state.
-    await open_loop(base, matrix + series, args.rate, 5.0)
-    matrix_open = await open_loop(base, matrix, args.rate, args.seconds)
-    print(line("GET /api/v1/lag/matrix (3 ranges)", f"open loop {args.rate:g}/s", matrix_open))
+    await open_loop(base, MATRIX + SERIES, args.rate, 5.0)
+    out = {
+        "matrix open": await open_loop(base, MATRIX, args.rate, args.seconds),
+        "series open": await open_loop(base, SERIES, args.rate, args.seconds),
+        "matrix closed": await closed_loop(base, MATRIX, args.clients, args.seconds),
+        "series closed": await closed_loop(base, SERIES, args.clients, args.seconds),
+    }
+    for key, result in out.items():
+        what = "matrix (3 ranges)" if key.startswith("matrix") else "series (6 pairs)"
+        mode = f"open loop {args.rate:g}/s" if key.endswith("open") else f"closed {args.clients}"
+        print(line(f"{label:<9} GET /api/v1/lag/{what}", mode, result))
+    return out
+
+
+async def counters(base: str) -> dict[str, float]:
+    """Probe runs and repair checks so far, from the service's own /metrics."""
+    async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as response:
+        text = await response.text()
+    out = {"probe runs": 0.0, "checks": 0.0}
+    for row in text.splitlines():
+        if row.startswith("replag_probe_runs_total{"):
+            out["probe runs"] += float(row.rsplit(" ", 1)[1])
+        elif row.startswith("replag_repair_runs_total{") and 'action="check"' in row:
+            out["checks"] += float(row.rsplit(" ", 1)[1])
+    return out
+
+
+async def probe_lag(base: str, since_ns: int, until_ns: int) -> dict[str, float | None]:
+    """p99 lag per target of the probe windows that ended between the two times."""
+    async with aiohttp.ClientSession() as session:
+        span = {
+            "source": "us-east",
+            "since": f"{since_ns / 1e9:.3f}",
+            "until": f"{until_ns / 1e9:.3f}",
+        }
+        async with session.get(f"{base}/api/v1/lag", params=span) as response:
+            body = await response.json()
+    return {p["target"]: p["lag_ms"]["p99"] for p in body["pairs"]}
+
+
+async def scheduled(base: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The loads with the schedules running; and the probes' own figures, quiet vs loaded."""
+    quiet_from = time.time_ns()
+    await asyncio.sleep(args.seconds * 2)  # probes and a check with no API load
+    quiet = await probe_lag(base, quiet_from, time.time_ns())
+    before, loaded_from = await counters(base), time.time_ns()
+    out = await drive(base, args, "schedules")
+    after, loaded = await counters(base), await probe_lag(base, loaded_from, time.time_ns())
     print(
-        line(
-            "GET /api/v1/lag/series (6 pairs)",
-            f"open loop {args.rate:g}/s",
-            await open_loop(base, series, args.rate, args.seconds),
-        )
+        f"schedules meanwhile: {after['probe runs'] - before['probe runs']:.0f} probe rounds "
+        f"(200 probes each), {after['checks'] - before['checks']:.0f} repair checks "
+        f"({args.keys} keys per replica)"
     )
-    print(
-        line(
-            "GET /api/v1/lag/matrix (3 ranges)",
-            f"closed {args.clients} clients",
-            await closed_loop(base, matrix, args.clients, args.seconds),
+    for target in sorted(quiet):
+        print(
+            f"probe p99 us-east→{target}: {quiet[target]:.2f} ms without API load, "
+            f"{loaded.get(target) or float('nan'):.2f} ms under it"
         )
-    )
-    print(
-        line(
-            "GET /api/v1/lag/series (6 pairs)",
-            f"closed {args.clients} clients",
-            await closed_loop(base, series, args.clients, args.seconds),
-        )
-    )
-    return matrix_open
+    return out
+
+
+def serve(config: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port),
+         "--log-level", "warning"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+
+def run_served(config: Path, args: argparse.Namespace, phase: Any) -> dict[str, dict[str, float]]:
+    port = free_port()
+    proc = serve(config, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        async def go() -> dict[str, dict[str, float]]:
+            await wait_ready(base, proc)
+            result: dict[str, dict[str, float]] = await phase(base, args)
+            return result
+
+        return asyncio.run(go())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def main() -> None:
@@ -247,10 +337,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--hours", type=int, default=24)
+    parser.add_argument("--keys", type=int, default=50_000, help="keys per replica checked")
+    parser.add_argument("--probe-interval", type=float, default=1.0)
+    parser.add_argument("--check-interval", type=float, default=15.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
         directory = Path(tmp)
-        config = write_config(directory)
         store = Store(directory / "bench.sqlite")
         t0 = time.perf_counter()
         count = fill_store(store, hours=args.hours)
@@ -265,33 +357,28 @@ def main() -> None:
             f"baseline: 24 h matrix straight from the store (decode + merge every window): "
             f"{baseline:.0f} ms per request"
         )
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "replag",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        idle = run_served(write_config(directory), args, lambda b, a: drive(b, a, "idle"))
+        lab_dir = directory / "lab"
+        lab_up(lab_dir, LabSpec(regions=REGIONS, delays_ms={"us-west": 40, "eu-west": 80}))
         try:
-            matrix_open = asyncio.run(drive(f"http://127.0.0.1:{port}", proc, args))
-            print(
-                f"ratio: served matrix p50 {matrix_open['p50']:.2f} ms vs baseline "
-                f"{baseline:.0f} ms = {baseline / matrix_open['p50']:.0f}× faster; "
-                f"target p99 ≤ 20 ms at {args.rate:g} req/s: "
-                + ("met" if matrix_open["p99"] <= 20 else "MISSED")
-            )
+            lab_load(lab_dir, LoadSpec(keys=args.keys, value_size=100))
+            busy = run_served(write_lab_config(directory, lab_dir, args), args, scheduled)
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            lab_down(lab_dir)
+    matrix = idle["matrix open"]
+    print(
+        f"ratio: served matrix p50 {matrix['p50']:.2f} ms vs baseline {baseline:.0f} ms = "
+        f"{baseline / matrix['p50']:.0f}× faster"
+    )
+    for key in ("matrix open", "series open"):
+        print(
+            f"schedules vs idle, {key} loop p99: {busy[key]['p99']:.2f} ms vs "
+            f"{idle[key]['p99']:.2f} ms = {busy[key]['p99'] / idle[key]['p99']:.1f}×"
+        )
+    print(
+        f"target p99 ≤ 20 ms at {args.rate:g} req/s (matrix, schedules running): "
+        + ("met" if busy["matrix open"]["p99"] <= 20 else "MISSED")
+    )
 
 
 if __name__ == "__main__":

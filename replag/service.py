@@ -14,9 +14,11 @@ what the schedulers stored.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
@@ -28,6 +30,7 @@ from replag.alerts.evaluate import AlertBook, AlertSender, DeliveryResult, evalu
 from replag.alerts.health import probe_health, record_check, record_probe
 from replag.alerts.rules import dropped_writes_since
 from replag.alerts.verdict import replication_health
+from replag.background import BackgroundLoop
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, ReplagError
 from replag.lagindex import LagIndex
@@ -107,7 +110,14 @@ class ReplagService:
         self.jobs: dict[str, RepairJob] = {}
         self.counters: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
-        self._job_tasks: dict[str, asyncio.Task[None]] = {}
+        # Started jobs not finished yet: tasks of the jobs loop (or of the caller's loop when
+        # the schedules do not run).
+        self._job_tasks: dict[str, concurrent.futures.Future[None] | asyncio.Future[None]] = {}
+        self._job_lock = threading.Lock()  # start_job runs on the API's and the schedules' loops
+        # Own event loops in own threads (replag.background), from start() to stop(): the
+        # probe schedule (with alert evaluation and delivery) and the checks and repairs.
+        self._schedules: BackgroundLoop | None = None
+        self._jobs_loop: BackgroundLoop | None = None
         # Group (None: every group) → the id of the job holding it. A job of every group
         # excludes all others, and any running job excludes one of every group.
         self._busy: dict[str | None, str] = {}
@@ -129,7 +139,13 @@ class ReplagService:
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the schedules on loops of their own, away from the API's (see stop())."""
         self.started_ns = time.time_ns()
+        self._jobs_loop = BackgroundLoop("replag-jobs").start()
+        self._schedules = BackgroundLoop("replag-schedules").start()
+        await self._schedules.call(self._start_schedules)
+
+    def _start_schedules(self) -> None:
         self._stopping.clear()
         sources = [r.name for r in self.config.topology.regions if r.write is not None]
         # Decode the last day of windows off the event loop, before the dashboard asks.
@@ -164,11 +180,18 @@ class ReplagService:
         )
 
     async def stop(self) -> None:
-        self._stopping.set()
-        tasks = [*self._tasks, *self._job_tasks.values()]
-        for task in tasks:
+        """Cancel and await the schedules, jobs and alert deliveries; close the store."""
+        if self._schedules is not None:
+            # The sender's session and workers live on the schedules' loop.
+            await self._schedules.run(self.sender.close())
+        for background in (self._schedules, self._jobs_loop):  # schedules first: no new jobs
+            if background is not None:
+                await background.stop()
+        self._schedules = self._jobs_loop = None
+        local = [f for f in self._job_tasks.values() if isinstance(f, asyncio.Future)]
+        for task in local:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*local, return_exceptions=True)
         self._tasks.clear()
         await self.sender.close()
         await self.replication_sampler.close()
@@ -517,25 +540,34 @@ class ReplagService:
             self.config.topology.group(group)  # UsageError naming the known groups
         if action == "repair":
             self._check_policy(group, options.get("policy", "quorum"))
-        running = [g for g in self._busy if group is None or g is None or g == group]
-        if running:
-            what = running[0] or "every group"
-            raise JobConflict(f"a check or repair of {what} is already running")
         job = RepairJob(
             id=uuid.uuid4().hex[:12], action=action, group=group, started_ns=time.time_ns()
         )
-        self._busy[group] = job.id
-        self.jobs[job.id] = job
-        self._prune_jobs()
-        task = asyncio.create_task(self._run_job(job, options), name=f"job-{job.id}")
-        self._job_tasks[job.id] = task
+        with self._job_lock:
+            running = [g for g in self._busy if group is None or g is None or g == group]
+            if running:
+                what = running[0] or "every group"
+                raise JobConflict(f"a check or repair of {what} is already running")
+            self._busy[group] = job.id
+            self.jobs[job.id] = job
+            self._prune_jobs()
+        coro = self._run_job(job, options)
+        # On the jobs' own loop when the schedules run: a check's CPU-bound stretches then
+        # hold up neither the API nor the probes' observations.
+        future: concurrent.futures.Future[None] | asyncio.Future[None] = (
+            self._jobs_loop.submit(coro)
+            if self._jobs_loop is not None
+            else asyncio.ensure_future(coro)
+        )
+        self._job_tasks[job.id] = future
 
-        def finished(_: asyncio.Task[None]) -> None:
-            self._job_tasks.pop(job.id, None)
-            if self._busy.get(group) == job.id:  # also when cancelled before it started
-                del self._busy[group]
+        def finished(_: object) -> None:
+            with self._job_lock:
+                self._job_tasks.pop(job.id, None)
+                if self._busy.get(group) == job.id:  # also when cancelled before it started
+                    del self._busy[group]
 
-        task.add_done_callback(finished)
+        future.add_done_callback(finished)
         return job
 
     def _check_policy(self, group: str | None, policy: str) -> None:
@@ -545,9 +577,12 @@ class ReplagService:
             parse_policy(policy, g.members)
 
     async def wait_job(self, job_id: str) -> RepairJob:
-        task = self._job_tasks.get(job_id)
-        if task is not None:
-            await asyncio.shield(task)
+        """Wait (from any loop) for a started job to end; a cancelled wait leaves it running."""
+        future = self._job_tasks.get(job_id)
+        if isinstance(future, concurrent.futures.Future):
+            await asyncio.shield(asyncio.wrap_future(future))
+        elif future is not None:
+            await asyncio.shield(future)
         return self.jobs[job_id]
 
     async def _run_job(self, job: RepairJob, options: dict[str, Any]) -> None:
@@ -586,7 +621,8 @@ class ReplagService:
                 group=job.group,
                 started_ns=time.time_ns(),
             )
-            self.jobs[follow.id] = follow
+            with self._job_lock:
+                self.jobs[follow.id] = follow
             await self._run_job(follow, {})
 
     def _job_failed(self, job: RepairJob, error: str) -> None:

@@ -2,7 +2,7 @@
 
     values         errors, durations, histogram, clock, clockbound
     configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
-    io             connections, stamped_socket, resp, store, discovery.http
+    io             connections, stamped_socket, resp, store, discovery.http, background
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent
     service → api → cli (commands)
@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.resp",
             "replag.store",
             "replag.discovery.http",
+            "replag.background",
         ),
     ),
     (
