@@ -9,14 +9,18 @@ slightly negative, inside its uncertainty) are recorded as 0 and counted in
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from hdrh.histogram import HdrHistogram
 
 LOWEST_US = 1
 HIGHEST_US = 3_600_000_000  # one hour
 SIGNIFICANT_FIGURES = 3
+IntArray = npt.NDArray[np.int64]
 
 
 class LagHistogram:
@@ -71,20 +75,108 @@ class LagHistogram:
         return float(self.hdr.get_value_at_percentile(pct)) / 1000
 
     def summary_ms(self) -> dict[str, float | None]:
-        """mean, p50, p90, p99, p999, max in milliseconds (None when empty)."""
-        if self.count == 0:
-            return dict.fromkeys(("mean", "p50", "p90", "p99", "p999", "max"))
-        return {
-            "mean": round(float(self.hdr.get_mean_value()) / 1000, 4),
-            "p50": self.percentile_ms(50),
-            "p90": self.percentile_ms(90),
-            "p99": self.percentile_ms(99),
-            "p999": self.percentile_ms(99.9),
-            "max": float(self.hdr.get_max_value()) / 1000,
-        }
+        """mean, p50, p90, p99, p999, max in milliseconds (None when empty).
+
+        Computed over the non-zero buckets with numpy (`SparseHistogram`), exactly as
+        hdrh's own percentile and mean walks would, which visit all 23,552 buckets in
+        Python (~50 ms, holding the GIL, per call)."""
+        return SparseHistogram.from_lag_histogram(self).summary_ms()
 
     def to_b64(self) -> str:
         return base64.b64encode(self.encode()).decode("ascii")
+
+
+# The geometry of every LagHistogram; used to turn bucket indexes back into values
+# exactly as hdrh does (get_value_from_index / get_highest_equivalent_value).
+_GEOMETRY = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
+_HALF_MAG = int(_GEOMETRY.sub_bucket_half_count_magnitude)
+_HALF = int(_GEOMETRY.sub_bucket_half_count)
+_UNIT = int(_GEOMETRY.unit_magnitude)
+_COUNTS_LEN = int(_GEOMETRY.counts_len)
+
+
+@dataclass(frozen=True, slots=True)
+class SparseHistogram:
+    """Non-zero buckets of a LagHistogram: sorted bucket indexes and their counts."""
+
+    index: IntArray
+    count: IntArray
+    out_of_range: int = 0
+
+    @classmethod
+    def from_lag_histogram(cls, hist: LagHistogram) -> SparseHistogram:
+        dense = np.ctypeslib.as_array(hist.hdr.counts).astype(np.int64)
+        index = np.flatnonzero(dense).astype(np.int64)
+        return cls(index=index, count=dense[index], out_of_range=hist.out_of_range)
+
+    @classmethod
+    def merge(cls, parts: Sequence[SparseHistogram]) -> SparseHistogram:
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return _EMPTY
+        index = np.concatenate([p.index for p in parts])
+        count = np.concatenate([p.count for p in parts])
+        dense = np.bincount(index, weights=count, minlength=_COUNTS_LEN)
+        merged = np.flatnonzero(dense).astype(np.int64)
+        return cls(
+            index=merged,
+            count=np.rint(dense[merged]).astype(np.int64),
+            out_of_range=sum(p.out_of_range for p in parts),
+        )
+
+    def values_us(self) -> list[tuple[int, int]]:
+        """(lowest value of the bucket in µs, count) per non-empty bucket."""
+        return list(zip(_value_from_index(self.index).tolist(), self.count.tolist(), strict=True))
+
+    @property
+    def total(self) -> int:
+        return int(self.count.sum())
+
+    def summary_ms(self) -> dict[str, float | None]:
+        """Same keys and values as `LagHistogram.summary_ms()`, in microseconds of numpy."""
+        total = self.total
+        if total == 0:
+            return dict.fromkeys(("mean", "p50", "p90", "p99", "p999", "max"))
+        cumulative = np.cumsum(self.count)
+        lowest = _value_from_index(self.index)
+        bucket = np.maximum((self.index >> _HALF_MAG) - 1, 0)
+        median = lowest + ((np.int64(1) << (bucket + _UNIT)) >> 1)
+        if total * int(median[-1]) < 2**62:  # int64 cannot overflow: exact and vectorised
+            weighted = int(np.dot(self.count, median))
+        else:
+            weighted = sum(int(c) * int(m) for c, m in zip(self.count, median, strict=True))
+        mean_us = weighted / total
+
+        def at(pct: float) -> float:
+            target = max(int((min(pct, 100.0) * total / 100) + 0.5), 1)
+            position = int(np.searchsorted(cumulative, target, side="left"))
+            return _highest_equivalent(int(lowest[position])) / 1000
+
+        return {
+            "mean": round(mean_us / 1000, 4),
+            "p50": at(50),
+            "p90": at(90),
+            "p99": at(99),
+            "p999": at(99.9),
+            "max": _highest_equivalent(int(lowest[-1])) / 1000,
+        }
+
+
+_EMPTY = SparseHistogram(index=np.zeros(0, np.int64), count=np.zeros(0, np.int64))
+
+
+def _value_from_index(index: IntArray) -> IntArray:
+    bucket = (index >> _HALF_MAG) - 1
+    sub_bucket = (index & (_HALF - 1)) + _HALF
+    first = bucket < 0
+    sub_bucket = np.where(first, sub_bucket - _HALF, sub_bucket)
+    bucket = np.where(first, 0, bucket)
+    return np.asarray(sub_bucket << (bucket + _UNIT), dtype=np.int64)
+
+
+def _highest_equivalent(value: int) -> int:
+    return int(_GEOMETRY.get_highest_equivalent_value(value))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,115 +16,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-from hdrh.histogram import HdrHistogram
-
-from replag.histogram import HIGHEST_US, LOWEST_US, SIGNIFICANT_FIGURES, LagHistogram
+from replag.histogram import LagHistogram, SparseHistogram
 from replag.histogram import LagSummary as LagSummary
 from replag.store import Store
 
-IntArray = npt.NDArray[np.int64]
 _T = TypeVar("_T")
 _LOAD_CHUNK = 500  # ids per SELECT … IN (…); SQLite allows 999 parameters by default
-
-# The geometry of every LagHistogram; used to turn bucket indexes back into values
-# exactly as hdrh does (get_value_from_index / get_highest_equivalent_value).
-_GEOMETRY = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
-_HALF_MAG = int(_GEOMETRY.sub_bucket_half_count_magnitude)
-_HALF = int(_GEOMETRY.sub_bucket_half_count)
-_UNIT = int(_GEOMETRY.unit_magnitude)
-_COUNTS_LEN = int(_GEOMETRY.counts_len)
 
 
 class NotCached(LookupError):
     """`LagIndex.answer(may_compute=False)` found no cached value."""
-
-
-@dataclass(frozen=True, slots=True)
-class SparseHistogram:
-    """Non-zero buckets of a LagHistogram: sorted bucket indexes and their counts."""
-
-    index: IntArray
-    count: IntArray
-    out_of_range: int = 0
-
-    @classmethod
-    def from_lag_histogram(cls, hist: LagHistogram) -> SparseHistogram:
-        dense = np.ctypeslib.as_array(hist.hdr.counts).astype(np.int64)
-        index = np.flatnonzero(dense).astype(np.int64)
-        return cls(index=index, count=dense[index], out_of_range=hist.out_of_range)
-
-    @classmethod
-    def merge(cls, parts: Sequence[SparseHistogram]) -> SparseHistogram:
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return _EMPTY
-        index = np.concatenate([p.index for p in parts])
-        count = np.concatenate([p.count for p in parts])
-        dense = np.bincount(index, weights=count, minlength=_COUNTS_LEN)
-        merged = np.flatnonzero(dense).astype(np.int64)
-        return cls(
-            index=merged,
-            count=np.rint(dense[merged]).astype(np.int64),
-            out_of_range=sum(p.out_of_range for p in parts),
-        )
-
-    def values_us(self) -> list[tuple[int, int]]:
-        """(lowest value of the bucket in µs, count) per non-empty bucket."""
-        return list(zip(_value_from_index(self.index).tolist(), self.count.tolist(), strict=True))
-
-    @property
-    def total(self) -> int:
-        return int(self.count.sum())
-
-    def summary_ms(self) -> dict[str, float | None]:
-        """Same keys and values as `LagHistogram.summary_ms()`, in microseconds of numpy."""
-        total = self.total
-        if total == 0:
-            return dict.fromkeys(("mean", "p50", "p90", "p99", "p999", "max"))
-        cumulative = np.cumsum(self.count)
-        lowest = _value_from_index(self.index)
-        bucket = np.maximum((self.index >> _HALF_MAG) - 1, 0)
-        median = lowest + ((np.int64(1) << (bucket + _UNIT)) >> 1)
-        if total * int(median[-1]) < 2**62:  # int64 cannot overflow: exact and vectorised
-            weighted = int(np.dot(self.count, median))
-        else:
-            weighted = sum(int(c) * int(m) for c, m in zip(self.count, median, strict=True))
-        mean_us = weighted / total
-
-        def at(pct: float) -> float:
-            target = max(int((min(pct, 100.0) * total / 100) + 0.5), 1)
-            position = int(np.searchsorted(cumulative, target, side="left"))
-            return _highest_equivalent(int(lowest[position])) / 1000
-
-        return {
-            "mean": round(mean_us / 1000, 4),
-            "p50": at(50),
-            "p90": at(90),
-            "p99": at(99),
-            "p999": at(99.9),
-            "max": _highest_equivalent(int(lowest[-1])) / 1000,
-        }
-
-
-_EMPTY = SparseHistogram(index=np.zeros(0, np.int64), count=np.zeros(0, np.int64))
-
-
-def _value_from_index(index: IntArray) -> IntArray:
-    bucket = (index >> _HALF_MAG) - 1
-    sub_bucket = (index & (_HALF - 1)) + _HALF
-    first = bucket < 0
-    sub_bucket = np.where(first, sub_bucket - _HALF, sub_bucket)
-    bucket = np.where(first, 0, bucket)
-    return np.asarray(sub_bucket << (bucket + _UNIT), dtype=np.int64)
-
-
-def _highest_equivalent(value: int) -> int:
-    return int(_GEOMETRY.get_highest_equivalent_value(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +103,7 @@ class _PairWindows:
 class LagIndex:
     """Cached, exact lag summaries over any time range; thread-safe (API calls run in threads)."""
 
-    def __init__(self, store: Store, *, max_cached_answers: int = 4096) -> None:
+    def __init__(self, store: Store, *, max_cached_answers: int = 16384) -> None:
         self.store = store
         self._pairs: dict[tuple[str, str], _PairWindows] = {}
         self._stats: dict[int, WindowStats] = {}
@@ -311,17 +215,23 @@ class LagIndex:
             # A window compacted away meanwhile is simply absent (its merged window arrives
             # on the next refresh, when the cache is cleared).
             stats = self._load_map([k[1] for k in keys])
-            buckets: dict[int, list[WindowStats]] = {}
+            buckets: dict[int, list[int]] = {}
             for end_ns, window_id in keys:
                 if window_id not in stats:
                     continue
                 # Buckets aligned to the epoch, not to `since`, so a sliding "last 24h"
                 # keeps its buckets (and its cache entry) from one request to the next.
-                start = end_ns // step_ns * step_ns
-                buckets.setdefault(start, []).append(stats[window_id])
+                buckets.setdefault(end_ns // step_ns * step_ns, []).append(window_id)
+
+            def bucket(ids: list[int]) -> LagSummary:
+                parts = [stats[i] for i in ids]
+                return summarize_stats(parts, source=source, target=target, replica=None)
+
+            # A new window changes one bucket: the others come from the cache, so a series
+            # costs one merge per probe round, not one per bucket of the range.
             return [
-                (start, summarize_stats(parts, source=source, target=target, replica=None))
-                for start, parts in sorted(buckets.items())
+                (start, self._answer(("bucket", source, target, tuple(ids)), partial(bucket, ids)))
+                for start, ids in sorted(buckets.items())
             ]
 
         return self._answer(key, compute)

@@ -20,8 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replag.histogram import LagHistogram
-from replag.lagindex import SparseHistogram
+from replag.histogram import LagHistogram, SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
 from replag.replication.state import PrimaryState
 
