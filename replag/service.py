@@ -182,8 +182,9 @@ class ReplagService:
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""
         if self._schedules is not None:
-            # The sender's session and workers live on the schedules' loop.
-            await self._schedules.run(self.sender.close())
+            # The sender's session and workers, and the sampler's connections, live on the
+            # schedules' loop: closed there, before it ends.
+            await self._schedules.run(self._close_clients())
         for background in (self._schedules, self._jobs_loop):  # schedules first: no new jobs
             if background is not None:
                 await background.stop()
@@ -193,12 +194,15 @@ class ReplagService:
             task.cancel()
         await asyncio.gather(*local, return_exceptions=True)
         self._tasks.clear()
-        await self.sender.close()
-        await self.replication_sampler.close()
+        await self._close_clients()
         if self._own_store:
             self.store.close()
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"
         log.info("service stopped: %s", summary)
+
+    async def _close_clients(self) -> None:
+        await self.sender.close()
+        await self.replication_sampler.close()
 
     def _spawn(self, name: str, coro: Awaitable[Any]) -> None:
         self._tasks.append(asyncio.ensure_future(coro))

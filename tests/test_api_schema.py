@@ -54,9 +54,10 @@ def test_every_operation_conforms_to_its_schema(api: FastAPI, token: bool) -> No
     schema = schemathesis.openapi.from_asgi("/openapi.json", api)
     headers = {"Authorization": f"Bearer {TOKEN}"} if token else {}
     failures: list[str] = []
-    tested = set()
+    tested, declared = set(), set()
     for result in schema.get_all_operations():
         operation = result.ok()
+        declared.add(operation.label)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             for case in cases(operation, mode):
                 tested.add(operation.label)
@@ -64,5 +65,5 @@ def test_every_operation_conforms_to_its_schema(api: FastAPI, token: bool) -> No
                     case.call_and_validate(headers=headers)
                 except AssertionError as exc:  # schemathesis' failures are AssertionErrors
                     failures.append(f"{operation.label} ({mode.value}): {exc}")
-    assert len(tested) == 10  # every operation the API declares
+    assert tested == declared and len(declared) >= 10  # every operation the API declares
     assert failures == [], "\n\n".join(failures[:5])

@@ -151,7 +151,7 @@ async def test_api_shows_state_rpo_and_series(svc: ReplagService) -> None:
         assert all(p["link_up_ratio"] == 0 for p in series["points"])
         assert max(p["bytes_behind_max"] for p in series["points"]) > 2000
         unknown = await client.get("/api/v1/replication/series?source=a&replica=nope")
-        assert unknown.status_code == 400 and "a/b-1" in unknown.text
+        assert unknown.status_code == 404 and "a/b-1" in unknown.text
         matrix = (await client.get("/api/v1/lag/matrix")).json()
         cell = next(c for c in matrix["replication"] if c["target"] == "b")
         assert cell["links_down"] == 1 and cell["bytes_behind"] > 2000

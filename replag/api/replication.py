@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from replag.api.params import TimeRange
+from replag.api.errors import errors
+from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
-from replag.errors import UsageError
+from replag.errors import NotFound
 from replag.replication import history
 
 router = APIRouter(prefix="/api/v1")
-TIME_HELP = "a duration ago (15m), Unix seconds or ISO 8601"
 
 
 @router.get("/replication")
@@ -26,23 +26,21 @@ def replication(svc: Service) -> dict[str, Any]:
     return svc.replication_status()
 
 
-@router.get("/replication/series")
+@router.get("/replication/series", responses=errors(404))
 def replication_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],
     replica: Annotated[str, Query(max_length=200)],
-    since: Annotated[str | None, Query(max_length=64, description=TIME_HELP)] = None,
-    until: Annotated[str | None, Query(max_length=64, description=TIME_HELP)] = None,
-    step: Annotated[
-        str | None, Query(max_length=32, description="e.g. 1m (default: ~240 points)")
-    ] = None,
+    since: Time = None,
+    until: Time = None,
+    step: Step = None,
 ) -> dict[str, Any]:
     """One replica per epoch-aligned step (default range 1h): the most bytes behind, the
     least backlog headroom, the share of samples with the link up."""
     known = {(p.source, r.replica) for p in svc.latest_replication() for r in p.replicas}
     if known and (source, replica) not in known:
         names = ", ".join(f"{s}/{r}" for s, r in sorted(known))
-        raise UsageError(f"unknown source/replica {source}/{replica} (known: {names})")
+        raise NotFound(f"unknown source/replica {source}/{replica} (known: {names})")
     span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=3600)
     step_ns = span.step_ns(step, minimum_s=min(svc.settings.replication_interval, 60.0))
     rows = history.replica_series(
