@@ -11,16 +11,19 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
 from hdrh.histogram import HdrHistogram
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    IntArray = npt.NDArray[np.int64]
 
 LOWEST_US = 1
 HIGHEST_US = 3_600_000_000  # one hour
 SIGNIFICANT_FIGURES = 3
-IntArray = npt.NDArray[np.int64]
 
 
 class LagHistogram:
@@ -105,16 +108,20 @@ class SparseHistogram:
 
     @classmethod
     def from_lag_histogram(cls, hist: LagHistogram) -> SparseHistogram:
+        import numpy as np
+
         dense = np.ctypeslib.as_array(hist.hdr.counts).astype(np.int64)
         index = np.flatnonzero(dense).astype(np.int64)
         return cls(index=index, count=dense[index], out_of_range=hist.out_of_range)
 
     @classmethod
     def merge(cls, parts: Sequence[SparseHistogram]) -> SparseHistogram:
+        import numpy as np
+
         if len(parts) == 1:
             return parts[0]
         if not parts:
-            return _EMPTY
+            return cls(index=np.zeros(0, np.int64), count=np.zeros(0, np.int64))
         index = np.concatenate([p.index for p in parts])
         count = np.concatenate([p.count for p in parts])
         dense = np.bincount(index, weights=count, minlength=_COUNTS_LEN)
@@ -135,6 +142,8 @@ class SparseHistogram:
 
     def summary_ms(self) -> dict[str, float | None]:
         """Same keys and values as `LagHistogram.summary_ms()`, in microseconds of numpy."""
+        import numpy as np
+
         total = self.total
         if total == 0:
             return dict.fromkeys(("mean", "p50", "p90", "p99", "p999", "max"))
@@ -163,10 +172,9 @@ class SparseHistogram:
         }
 
 
-_EMPTY = SparseHistogram(index=np.zeros(0, np.int64), count=np.zeros(0, np.int64))
-
-
 def _value_from_index(index: IntArray) -> IntArray:
+    import numpy as np
+
     bucket = (index >> _HALF_MAG) - 1
     sub_bucket = (index & (_HALF - 1)) + _HALF
     first = bucket < 0
