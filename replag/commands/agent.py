@@ -11,6 +11,7 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.commands.serve import CleanExitServer, _is_loopback, listen
+from replag.durations import parse_duration_ns
 from replag.errors import UsageError
 
 log = logging.getLogger("replag.agent")
@@ -25,6 +26,15 @@ def _listen_address(listen_opt: str | None, agent_url: str | None) -> tuple[str,
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise UsageError(f"--listen: expected HOST:PORT, got {listen_opt!r}")
     return host.strip("[]") or "127.0.0.1", int(port_text)
+
+
+def _offset_ns(text: str) -> int:
+    body = text.strip()
+    sign = -1 if body.startswith("-") else 1
+    try:
+        return sign * parse_duration_ns(body.lstrip("+-"), default_unit="ms")
+    except ValueError as exc:
+        raise UsageError(f"--clock-offset: {exc}") from None
 
 
 @click.command(name="agent")
@@ -43,13 +53,26 @@ def _listen_address(listen_opt: str | None, agent_url: str | None) -> tuple[str,
     help="Where trees are saved between runs [default: settings.agent_state_dir/REGION].",
 )
 @click.option(
+    "--clock-offset",
+    default="0ms",
+    show_default=True,
+    metavar="DURATION",
+    help="Lab and tests only: run this agent's wall clock this far ahead (e.g. 3ms, or -3ms "
+    "behind), to show that lag error bars hold when clocks differ.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 def command(
-    config_path: Path, region: str, listen_opt: str | None, state_dir: Path | None, log_level: str
+    config_path: Path,
+    region: str,
+    listen_opt: str | None,
+    state_dir: Path | None,
+    clock_offset: str,
+    log_level: str,
 ) -> None:
     """Keep Tictac trees of one region's replicas current and serve them.
 
@@ -61,7 +84,9 @@ def command(
     Stops cleanly on SIGTERM or Ctrl-C (trees are saved), exiting 0.
     """
     from replag.agent.app import create_agent_app
+    from replag.agent.lag import LagPart
     from replag.agent.region import RegionAgent
+    from replag.clockbound import WallClock
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
@@ -74,7 +99,13 @@ def command(
     if (settings.agent_tls_cert is None) != (settings.agent_tls_key is None):
         raise UsageError("settings.agent_tls_cert and agent_tls_key go together")
     host, port = _listen_address(listen_opt, config.topology.region(region).agent)
-    agent = RegionAgent(config, region, state_dir=state_dir)
+    offset_ns = _offset_ns(clock_offset)
+    if offset_ns:
+        log.warning(
+            "agent of %s: clock shifted by %+.3f ms (--clock-offset)", region, offset_ns / 1e6
+        )
+    lag = LagPart(clock=WallClock(offset_ns=offset_ns))
+    agent = RegionAgent(config, region, state_dir=state_dir, parts=[lag])
     if not _is_loopback(host):
         log.warning("agent of %s listening on %s: reachable from the network", region, host)
     sock = listen(host, port)

@@ -29,6 +29,19 @@ def _ms(text: str, *, option: str) -> float:
         raise UsageError(f"{option}: {exc}") from None
 
 
+def _offsets(text: str) -> dict[str, float]:
+    """`eu-west=3ms,us-west=-1ms` → {"eu-west": 3.0, "us-west": -1.0}."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        region, sep, value = part.partition("=")
+        if not sep or not region.strip():
+            raise UsageError(f"--agent-clock-offset: expected REGION=DURATION, got {part!r}")
+        value = value.strip()
+        sign = -1.0 if value.startswith("-") else 1.0
+        out[region.strip()] = sign * _ms(value.lstrip("+-"), option="--agent-clock-offset")
+    return out
+
+
 def parse_size(text: str, *, option: str) -> int:
     try:
         return parse_bytes(text)
@@ -84,6 +97,25 @@ def command() -> None:
     "means a full resync.",
 )
 @click.option(
+    "--agents",
+    is_flag=True,
+    help="Also run a `replag agent` per region (reached through the region's path in a "
+    "--wan lab); topology.toml gets each region's `agent` URL and an api_token.",
+)
+@click.option(
+    "--agent-clock-offset",
+    default="",
+    metavar="REGION=DURATION,…",
+    help="Shift agents' clocks (e.g. eu-west=3ms or eu-west=-3ms) to show lag error bars "
+    "hold when clocks differ.",
+)
+@click.option(
+    "--clock-error-bound",
+    metavar="DURATION",
+    help="clock_error_bound written for every lab process (the lab's shared clock is "
+    "unsynchronised to UTC, so the kernel bounds nothing), e.g. 1ms.",
+)
+@click.option(
     "--sentinel",
     is_flag=True,
     help="Also start 3 Sentinels (quorum 2) monitoring the primary; `lab failover` forces one.",
@@ -98,6 +130,9 @@ def up(
     replicas: int,
     engine: str,
     backlog_size: str | None,
+    agents: bool,
+    agent_clock_offset: str,
+    clock_error_bound: str | None,
     sentinel: bool,
     as_json: bool,
 ) -> None:
@@ -114,6 +149,11 @@ def up(
         delays_ms=out_ms,
         back_ms=back_ms,
         wan=wan is not None,
+        agents=agents,
+        agent_clock_offsets_ms=_offsets(agent_clock_offset),
+        clock_error_bound_ms=(
+            _ms(clock_error_bound, option="--clock-error-bound") if clock_error_bound else None
+        ),
         jitter_ms=_ms(jitter, option="--jitter"),
         replicas=replicas,
         engine=engine,  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ import redis
 
 from replag.config import render_config, write_config_atomic
 from replag.errors import LabError, UsageError
+from replag.lab.agents import agent_urls, plan_agents, start_agents
 from replag.lab.relay import relay_command, spawn_relay
 from replag.lab.sentinel import MASTER_NAME as SENTINEL_MASTER
 from replag.lab.sentinel import lab_failover as _failover
@@ -49,6 +51,11 @@ class LabSpec:
     # not directly on loopback.
     wan: bool = False
     jitter_ms: float = 0.0
+    # A `replag agent` per region (replag.lab.agents), with these clock offsets (ms), and
+    # the clock error every lab host states (`clock_error_bound`, ms; None: the kernel's).
+    agents: bool = False
+    agent_clock_offsets_ms: dict[str, float] = field(default_factory=dict)
+    clock_error_bound_ms: float | None = None
     replicas: int = 1
     engine: Engine = "replicated"
     prefix: str = "replag:probe:"
@@ -71,6 +78,13 @@ class LabSpec:
             raise UsageError(f"{option}: {unknown[0]!r} is not one of --regions")
         if any(v < 0 for v in [*self.delays_ms.values(), *self.back_ms.values()]):
             raise UsageError(f"{option}: delays cannot be negative")
+        unknown = sorted(set(self.agent_clock_offsets_ms) - set(self.regions))
+        if unknown:
+            raise UsageError(f"--agent-clock-offset: {unknown[0]!r} is not one of --regions")
+        if self.agent_clock_offsets_ms and not self.agents:
+            raise UsageError("--agent-clock-offset: only with --agents")
+        if self.clock_error_bound_ms is not None and self.clock_error_bound_ms < 0:
+            raise UsageError("--clock-error-bound: cannot be negative")
         if self.replicas < 1:
             raise UsageError("--replicas: at least 1")
         if self.sentinel and self.engine != "replicated":
@@ -138,6 +152,10 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         "wan": spec.wan,
     }
 
+    if spec.agents:
+        plan_agents(state, spec.agent_clock_offsets_ms)
+        state["api_token"] = secrets.token_urlsafe(24)
+
     def views() -> None:
         if spec.wan:
             entry = start_views(
@@ -167,6 +185,8 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
             for i in range(spec.replicas):
                 server(f"{region}-{i + 1}", region, "independent")
         views()
+        _write_outputs(lab_dir, spec, state)
+        start_agents(lab_dir, state, started)
         _write_outputs(lab_dir, spec, state)
         return state
 
@@ -234,6 +254,9 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         sentinel_ports = start_sentinels(lab_dir, primary.port, len(links), started)
         state["sentinel"] = {"master": SENTINEL_MASTER, "ports": sentinel_ports}
     _write_outputs(lab_dir, spec, state)
+    # Agents read topology.toml; lab.json is written again to list them.
+    start_agents(lab_dir, state, started)
+    _write_outputs(lab_dir, spec, state)
     return state
 
 
@@ -273,7 +296,15 @@ def _write_outputs(lab_dir: Path, spec: LabSpec, state: dict[str, Any]) -> None:
             f"\nWAN view: `url` is how a prober in {spec.regions[0]} reaches a server (through "
             "its region's path), `local` is the server's address inside its region"
         )
-    settings = {"store": str(lab_dir / "replag.sqlite"), "prefix": spec.prefix}
+    settings: dict[str, Any] = {"store": str(lab_dir / "replag.sqlite"), "prefix": spec.prefix}
+    if spec.clock_error_bound_ms is not None:
+        settings["clock_error_bound"] = f"{spec.clock_error_bound_ms:g}ms"
+    if state.get("api_token"):
+        settings["api_token"] = state["api_token"]
+        offsets = {r: a["offset_ms"] for r, a in state["agents"].items() if a["offset_ms"]}
+        header += "\nagents: one `replag agent` per region (`agent` URLs: the prober's view)" + (
+            f"; agent clocks shifted (ms): {json.dumps(offsets)}" if offsets else ""
+        )
     write_config_atomic(
         lab_dir / TOPOLOGY_FILE, render_config(topology, settings=settings, header=header)
     )
@@ -315,6 +346,8 @@ def lab_topology(state: dict[str, Any]) -> Topology:
             if p["region"] == region and p["role"] in ("replica", "independent")
         )
         regions.append(Region(name=region, write=write, replicas=replicas, sentinel=sentinel))
+    agents = agent_urls(state)
+    regions = [replace(r, agent=agents.get(r.name)) for r in regions]
     group = ReplicaGroup(name="lab", members=tuple(ep(p) for p in servers))
     return Topology(regions=tuple(regions), groups=(group,))
 
@@ -338,6 +371,8 @@ def _is_ours(pid: int, kind: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    if kind == "agent":
+        return b"replag\x00agent\x00" in cmdline
     if kind == "relay":
         return b"replag.lab.relay" in cmdline
     # Servers and Sentinels run whichever binary the lab used (REPLAG_REDIS_SERVER).

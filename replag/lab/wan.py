@@ -92,6 +92,22 @@ def start_views(
                 "truth_prefix": prefix,
             }
         )
+    for region, agent in state.get("agents", {}).items():
+        # A region's agent is reached over the same path as its servers (nothing logged).
+        out_ms, back_ms = paths.get(region, (0.0, 0.0))
+        links.append(
+            {
+                "name": f"view-agent-{region}",
+                "server": f"agent-{region}",
+                "region": region,
+                "kind": "view",
+                "listen_port": 0,
+                "upstream_port": agent["port"],
+                "delay_ms": back_ms,
+                "up_delay_ms": out_ms,
+                "jitter_ms": jitter_ms if out_ms or back_ms else 0.0,
+            }
+        )
     pid, control = spawn_relay(lab_dir, VIEW_RELAY, links)
     entry = {
         "name": VIEW_RELAY,

@@ -57,6 +57,11 @@ class ProbeKeys:
         self._stem = f"{prefix}{run_id}:{tag}".encode()
 
     @property
+    def stem(self) -> bytes:
+        """Every key of this run is the stem followed by its sequence number."""
+        return self._stem
+
+    @property
     def pattern(self) -> bytes:
         """Glob matching every key of this run (prefixes are validated glob-free)."""
         return f"{self.prefix}{self.run_id}:*".encode()

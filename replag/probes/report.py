@@ -94,6 +94,8 @@ class ProbeReport:
     write_errors: int = 0
     write_error: str | None = None  # the first error a probe write was answered with
     clock: list[ClockOffset] = field(default_factory=list)
+    # Regions observed by their agent: its URL, replicas, and the clock comparison.
+    agents: list[dict[str, Any]] = field(default_factory=list)
     unreachable: list[dict[str, str]] = field(default_factory=list)
     breaches: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -175,6 +177,7 @@ class ProbeReport:
                 **self.write.summary_ms(),
             },
             "clock": [c.to_dict() for c in self.clock],
+            "agents": self.agents,
             "unreachable": self.unreachable,
             "breaches": self.breaches,
             "notes": self.notes,
@@ -206,6 +209,7 @@ class ProbeReport:
         sources = list(dict.fromkeys(p.source for p in self.pairs)) or [self.source]
         levels = list(dict.fromkeys(p.consistency for p in self.pairs if p.consistency))
         by_source, by_level = len(sources) > 1, len(levels) > 1
+        via = max([4, *(len(p.observed_by) for p in self.pairs)])
         lines = [
             f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
             f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
@@ -219,7 +223,7 @@ class ProbeReport:
             "",
             (f"{'source':<12} " if by_source else "")
             + (f"{'consistency':<14} " if by_level else "")
-            + f"{'target':<12} {'replica':<18} {'via':<4} {'sent':>5} {'seen':>5} {'lost':>5} "
+            + f"{'target':<12} {'replica':<18} {'via':<{via}} {'sent':>5} {'seen':>5} {'lost':>5} "
             f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",
         ]
         for pair in self.pairs:
@@ -230,11 +234,11 @@ class ProbeReport:
             )
             if pair.error:
                 lines.append(
-                    f"{head}{s.target:<12} {s.replica:<18} {'-':<4} {'UNREACHABLE: ' + pair.error}"
+                    f"{head}{s.target:<12} {s.replica:<18} {'-':<{via}} UNREACHABLE: {pair.error}"
                 )
                 continue
             lines.append(
-                f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<4} {s.sent:>5} "
+                f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<{via}} {s.sent:>5} "
                 f"{s.seen:>5} {s.lost:>5} "
                 + " ".join(
                     f"{format_ms(lag[k]):>8}" for k in ("mean", "p50", "p90", "p99", "p999", "max")
@@ -254,6 +258,20 @@ class ProbeReport:
                     f"{c.endpoint} {c.offset_ns / 1e6:+.3f} ms (±{c.uncertainty_ns / 1e6:.3f})"
                     for c in self.clock
                 )
+            )
+        for agent in self.agents:
+            clock = agent["clock"] or {}
+            bound = "clock not compared"
+            if clock.get("bound_ms") is not None:
+                bound = (
+                    f"clock {clock['offset_ms']:+.3f} ms ± {clock['bound_ms']:.3f} ms "
+                    f"({clock['source']})"
+                )
+            lines.append(
+                f"agent of {agent['region']} ({agent['agent']}): observed "
+                f"{', '.join(agent['replicas'])}; {bound}"
+                + (f"; ERROR {agent['error']}" if agent["error"] else "")
+                + (f"; {clock['note']}" if clock.get("note") else "")
             )
         if self.seed_method:
             lines.append("dynomite-seed method (write 1000, poll 20 random keys, average):")
@@ -348,6 +366,7 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
             if out.replication is None:
                 out.replication = ReplicationSnapshot()
             out.replication.merge(r.replication)
+        out.agents += [{**a, "source": r.source} for a in r.agents]
         if len(levels) > 1 and r.consistency:
             out.write_by_consistency[r.consistency] = {
                 "count": r.write.count,

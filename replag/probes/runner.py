@@ -17,7 +17,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import hiredis
 
@@ -33,6 +34,9 @@ from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import LagWindow, Store
 from replag.topology import Endpoint, Region
+
+if TYPE_CHECKING:
+    from replag.probes.remote import RegionWatch
 
 log = logging.getLogger(__name__)
 _CLEANUP_BATCH = 500
@@ -73,7 +77,12 @@ class _ProbeRun:
     replication: ProbeReplication
     writer: RespConnection
     targets: list[_Target]
+    config: Config
     progress: ProgressCallback | None = None
+    # Regions whose agent watches their replicas (lag through agents), and the clock
+    # round trips to those agents that run while the keys are written.
+    watches: list[RegionWatch] = field(default_factory=list)
+    clock_rounds: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def by_rack(self) -> bool:
@@ -83,7 +92,14 @@ class _ProbeRun:
     async def measure(self) -> None:
         """Connect to every replica, write the keys, wait for them, fill the report."""
         settings, report, writer, progress = self.settings, self.report, self.writer, self.progress
-        await asyncio.gather(*(_open_target(t, self.keys, settings, report) for t in self.targets))
+        remote = await self._open_watches()
+        await asyncio.gather(
+            *(
+                _open_target(t, self.keys, settings, report)
+                for t in self.targets
+                if t.observer is None
+            )
+        )
         for target in self.targets:
             if target.misconfigured is not None:
                 raise target.misconfigured
@@ -95,16 +111,21 @@ class _ProbeRun:
         live = [t.observer for t in self.targets if t.observer is not None]
         for obs in live:
             await obs.start()
+        # The agents' clocks are compared with ours while the keys are written.
+        self.clock_rounds += [asyncio.create_task(w.sample_clock()) for w in self.watches]
         writes = await _write_keys(writer, self.keys, settings, live, report, progress)
         units = [
-            [t.observer for t in unit if t.observer is not None]
+            [t.observer for t in unit if t.observer is not None and t.replica.name not in remote]
             for unit in _observation_units(self.targets, by_rack=self.by_rack)
         ]
-        await _wait_for_arrivals(
-            [u for u in units if u],
-            writes,
-            settings.timeout,
-            None if progress is None else _reporter(progress, report.source),
+        await asyncio.gather(
+            _wait_for_arrivals(
+                [u for u in units if u],
+                writes,
+                settings.timeout,
+                None if progress is None else _reporter(progress, report.source),
+            ),
+            *(_finish_watch(w, writes, settings.timeout, self.clock_rounds) for w in self.watches),
         )
         for obs in live:
             await obs.stop()
@@ -112,11 +133,37 @@ class _ProbeRun:
         _collect(report, self.targets, writes, by_rack=self.by_rack)
         await _cleanup(writer, [self.keys.key(seq) for seq in writes], report)
 
+    async def _open_watches(self) -> set[str]:
+        """Have the agents of agent regions watch their replicas; the replicas' names."""
+        if not any(self.config.topology.region(t.region).agent for t in self.targets):
+            return set()
+        # Only runs with agents load their HTTP client (and what it brings: aiohttp, numpy).
+        from replag.probes.agents import open_region_watches
+
+        self.watches = await open_region_watches(
+            self.config,
+            [(t.region, t.replica) for t in self.targets],
+            self.keys,
+            self.settings,
+            self.report.notes,
+        )
+        remote = {name: obs for w in self.watches for name, obs in w.observers.items()}
+        for t in self.targets:
+            t.observer = remote.get(t.replica.name)
+        return set(remote)
+
     async def close(self) -> None:
         """Also on error or cancellation: no subscription, poll task or socket outlives a run
         (the service runs one per source every probe interval)."""
         await self.writer.close()
         await self.replication.close()
+        for task in self.clock_rounds:
+            task.cancel()
+        await asyncio.gather(*self.clock_rounds, return_exceptions=True)
+        for w in self.watches:
+            await w.close()
+            await w.client.close()
+            self.report.agents.append(w.to_dict())
         for t in self.targets:
             if t.observer is not None:
                 await t.observer.stop()
@@ -166,6 +213,7 @@ async def run_probe(
         replication=replication,
         writer=writer,
         targets=_targets(config, region, writer.endpoint, report),
+        config=config,
         progress=progress,
     )
     try:
@@ -412,6 +460,18 @@ async def _wait_for_arrivals(
         if not any(waiting(u) for u in units):
             return
         await asyncio.sleep(0.002)
+
+
+async def _finish_watch(
+    watch: RegionWatch,
+    writes: dict[int, tuple[int, int]],
+    timeout_s: float,
+    clock_rounds: list[asyncio.Task[None]],
+) -> None:
+    """The agent waits for the keys on its side (one long poll), up to our own deadline."""
+    await asyncio.gather(*clock_rounds)
+    last = max((t_b for _, t_b in writes.values()), default=time.monotonic_ns())
+    await watch.finish((last + int(timeout_s * 1e9) - time.monotonic_ns()) / 1e9)
 
 
 def _observation_units(targets: list[_Target], *, by_rack: bool) -> list[list[_Target]]:
