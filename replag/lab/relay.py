@@ -44,11 +44,12 @@ class Link:
     jitter_ms: float = 0.0
     partitioned: bool = False
     up_delay_ms: float | None = None  # client → upstream; None: the same as delay_ms
-    truth_path: Path | None = None
+    truth_path: Path | None = None  # probe keys going downstream
+    truth_up_path: Path | None = None  # probe keys going upstream (e.g. writes to a primary)
     truth_prefix: bytes = b"replag:probe:"
     _pipes: list[_Pipe] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _truth: TextIO | None = field(default=None, repr=False)
+    _truth: dict[Path, TextIO] = field(default_factory=dict, repr=False)
 
     def one_way_ns(self, *, downstream: bool = True) -> int:
         base = self.delay_ms if downstream or self.up_delay_ms is None else self.up_delay_ms
@@ -67,15 +68,17 @@ class Link:
             "connections": len(self._pipes) // 2,
         }
 
-    def record(self, keys: list[bytes], t_in: int, t_out: int) -> None:
-        if self.truth_path is None:
+    def record(self, keys: list[bytes], t_in: int, t_out: int, *, downstream: bool = True) -> None:
+        path = self.truth_path if downstream else self.truth_up_path
+        if path is None:
             return
         with self._lock:
-            if self._truth is None:
-                self._truth = open(self.truth_path, "a", encoding="latin-1")  # noqa: SIM115
+            if path not in self._truth:
+                self._truth[path] = open(path, "a", encoding="latin-1")  # noqa: SIM115
+            out = self._truth[path]
             for key in keys:
-                self._truth.write(f"{t_in} {t_out} {key.decode('latin-1')}\n")
-            self._truth.flush()
+                out.write(f"{t_in} {t_out} {key.decode('latin-1')}\n")
+            out.flush()
 
     def cut(self) -> None:
         with self._lock:
@@ -128,7 +131,8 @@ class _Pipe:
             except OSError:
                 break
             t_out = time.monotonic_ns()
-            if self.downstream and self.link.truth_path is not None:
+            path = self.link.truth_path if self.downstream else self.link.truth_up_path
+            if path is not None:
                 self._note_keys(data, t_in, t_out)
         self.close()
 
@@ -137,7 +141,7 @@ class _Pipe:
         keys = [m.group(0) for m in self._keys.finditer(buf) if m.end() > len(self._carry)]
         self._carry = buf[-256:]
         if keys:
-            self.link.record(keys, t_in, t_out)
+            self.link.record(keys, t_in, t_out, downstream=self.downstream)
 
     def close(self) -> None:
         if self.closed:
@@ -309,6 +313,7 @@ def main(argv: list[str]) -> None:
             jitter_ms=raw.get("jitter_ms", 0.0),
             up_delay_ms=raw.get("up_delay_ms"),
             truth_path=Path(raw["truth_path"]) if raw.get("truth_path") else None,
+            truth_up_path=Path(raw["truth_up_path"]) if raw.get("truth_up_path") else None,
             truth_prefix=raw.get("truth_prefix", "replag:probe:").encode(),
         )
         for raw in spec["links"]

@@ -13,7 +13,10 @@ server's own port as its `local` address, which a region's agent uses.
 The view links log probe keys passing server → prober (keyspace events) in
 `DIR/truth-view-<server>.log`: with the replication links' truth this shows
 exactly how long each direction took, and so what a prober that halves a
-round trip gets wrong on an asymmetric path.
+round trip gets wrong on an asymmetric path. The primary's view link also logs
+probe writes as it delivers them to the primary (`DIR/truth-write-<primary>.log`):
+from that moment to the replication link's delivery of the same key is the
+key's lag as the lab's network gave it, processes' wake-ups included.
 """
 
 from __future__ import annotations
@@ -89,6 +92,12 @@ def start_views(
                 # A server in the prober's own region is local to it: no WAN jitter.
                 "jitter_ms": jitter_ms if out_ms or back_ms else 0.0,
                 "truth_path": str(lab_dir / f"truth-view-{proc['name']}.log"),
+                # Probe writes delivered to the primary: the truth's start of a key's lag.
+                "truth_up_path": (
+                    str(lab_dir / f"truth-write-{proc['name']}.log")
+                    if proc["role"] == "primary"
+                    else None
+                ),
                 "truth_prefix": prefix,
             }
         )
