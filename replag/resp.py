@@ -269,8 +269,12 @@ class RespConnection:
             lost = protocol.lost if isinstance(protocol.lost, NotRespError) else None
             raise translate(lost or ConnectionResetError("connection closed"), self.endpoint)
         future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
+        try:
+            protocol.transport.write(payload)
+        except OSError as exc:
+            # The socket closed (the server hung up) before connection_lost ran.
+            raise translate(exc, self.endpoint) from exc
         protocol.waiting.append((count, future))
-        protocol.transport.write(payload)
         return future
 
     async def wait(self, future: asyncio.Future[tuple[list[Any], int]]) -> tuple[list[Any], int]:

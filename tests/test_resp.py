@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
 from typing import Any
 
 import pytest
 
-from replag.errors import AuthError
+from replag.errors import AuthError, ReplagError
 from replag.probes.observers import PushObserver
 from replag.resp import RespConnection
 from replag.topology import Endpoint
@@ -77,3 +80,33 @@ async def test_a_refused_subscription_names_the_replica(redis_factory: RedisFact
     assert "s3cret" not in str(raised.value)
     assert observer.conn is not None and observer.conn.endpoint.name == "r1"
     await asyncio.wait_for(observer.conn.wait_closed(), 5)  # closed, not leaked
+
+
+async def test_a_server_that_hangs_up_at_once_is_an_endpoint_error_every_time() -> None:
+    """A peer closing right after accepting (a partitioned relay link does) races our first
+    command: whether the close or the write is seen first, the caller gets a ReplagError
+    naming the endpoint, never a bare ConnectionResetError, and no future is left behind."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                client, _ = server.accept()
+                client.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    endpoint = Endpoint.from_url(f"redis://127.0.0.1:{port}", name="hangs-up")
+    try:
+        for attempt in range(60):
+            with pytest.raises(ReplagError) as info:
+                conn = await RespConnection.open(endpoint, timeout_s=5, clock=time.monotonic_ns)
+                for _ in range(attempt % 4):  # let the loop see the close first, or not
+                    await asyncio.sleep(0)
+                time.sleep(0.0005)  # noqa: ASYNC251 (blocks the loop: the FIN is in, unread)
+                await conn.checked(b"PING")
+            assert "hangs-up" in str(info.value)
+    finally:
+        stop.set()
+        server.close()
