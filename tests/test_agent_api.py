@@ -217,3 +217,69 @@ def test_local_is_where_the_agent_connects() -> None:
     again = config_from_dict(tomllib.loads(render_config(config.topology)), where="", environ={})
     assert again.topology.groups[0].members[0].in_region() == local
     assert again.topology.regions[0].agent == "https://agent.r:8701"
+
+
+async def test_repair_steps_run_by_the_agent_compare_before_they_write(
+    client: httpx.AsyncClient,
+) -> None:
+    agent: RegionAgent = client._transport.app.state.agent  # type: ignore[attr-defined]
+    endpoint = agent.trees["r"].endpoint
+    import redis
+
+    direct = redis.Redis(host=endpoint.host, port=endpoint.port)
+    key = b"k:0000003"
+    states = await client.post(
+        "/agent/v1/replicas/r/keys/observe",
+        json={"keys": [base64.b64encode(key).decode()], "once": True},
+        headers=AUTH,
+    )
+    (held,) = states.json()["first"]
+    assert "second" not in states.json()
+    b64 = base64.b64encode(key).decode()
+
+    read = await client.post(
+        "/agent/v1/replicas/r/keys/read-for-copy",
+        json={"key": b64, "expected": held, "tolerance_ms": 2000},
+        headers=AUTH,
+    )
+    dump = base64.b64decode(read.json()["payload"])
+    assert read.json()["pttl"] == -1 and dump == direct.dump(key)
+    stale = ["string", "0000000000000000", None]
+    refused = await client.post(
+        "/agent/v1/replicas/r/keys/read-for-copy",
+        json={"key": b64, "expected": stale, "tolerance_ms": 2000},
+        headers=AUTH,
+    )
+    assert refused.json() == {"changed": True}
+
+    other = base64.b64encode(b"k:0000004").decode()
+    direct_value = direct.get(b"k:0000004")
+    write = {"op": "restore", "payload": base64.b64encode(dump).decode(), "pttl": -1}
+    not_written = await client.post(
+        "/agent/v1/replicas/r/keys/write",
+        json={"key": other, "expected": stale, "write": write, "age_ms": 0, "tolerance_ms": 2000},
+        headers=AUTH,
+    )
+    assert not_written.json() == {"written": False} and direct.get(b"k:0000004") == direct_value
+    (other_held,) = (
+        await client.post(
+            "/agent/v1/replicas/r/keys/observe",
+            json={"keys": [other], "once": True},
+            headers=AUTH,
+        )
+    ).json()["first"]
+    written = await client.post(
+        "/agent/v1/replicas/r/keys/write",
+        json={
+            "key": other,
+            "expected": other_held,
+            "write": write,
+            "age_ms": 0,
+            "tolerance_ms": 2000,
+        },
+        headers=AUTH,
+    )
+    answer = written.json()
+    assert answer["written"] and answer["count"] == 1 and answer["pre_pttl"] == -1
+    assert direct.get(b"k:0000004") == direct.get(key)
+    assert base64.b64decode(answer["pre_image"]) != dump  # the old value, for an undo

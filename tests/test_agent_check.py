@@ -1,10 +1,12 @@
 """`repair check` and `repair run` through real `replag agent` processes.
 
 Three independent servers, one per region; regions b and c run agents, region a has
-none and is scanned directly (a mixed group). Divergence of every kind is injected
-at known keys; the check must report exactly those, the repair fix exactly those,
-and an agent that dies during a check must be named with the replicas it leaves
-uncompared.
+none and is scanned directly (a mixed group). This process cannot reach b's and c's
+servers at all (their `url` is a closed port): every read and write of them, the
+repair's compare-and-set writes included, goes through their agents. Divergence of
+every kind is injected at known keys; the check must report exactly those, the repair
+fix exactly those, and an agent that dies during a check must be named with the
+replicas it leaves uncompared.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ class AgentsLab:
     agents: dict[str, subprocess.Popen[bytes]]
 
 
+def _replica(region: str, server: RedisServer) -> dict[str, str]:
+    """Regions with an agent get a `url` nothing listens on: this process can reach their
+    servers only through the agent, which uses `local`."""
+    if region == "a":
+        return {"name": "a-1", "url": server.url}
+    return {
+        "name": f"{region}-1",
+        "url": f"redis://127.0.0.1:{free_port()}",
+        "local": f"redis://127.0.0.1:{server.port}",
+    }
+
+
 @pytest.fixture
 def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLab]:
     servers = {r: redis_factory(r) for r in "abc"}
@@ -58,7 +72,7 @@ def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLa
             {
                 "name": r,
                 **({"agent": f"http://127.0.0.1:{ports[r]}"} if r in ports else {}),
-                "replicas": [{"name": f"{r}-1", "url": servers[r].url}],
+                "replicas": [_replica(r, servers[r])],
             }
             for r in "abc"
         ],
@@ -128,6 +142,8 @@ def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
     assert repaired.returncode == 0, repaired.stderr
     result = json.loads(repaired.stdout)
     assert result["repaired"] == len(injected)
+    writes = {r["replica"]: r["writes"] for r in result["replicas"]}
+    assert writes["b-1"] > 0 and writes["c-1"] > 0
     assert {k["key"] for k in result["divergent_keys"]} == set(injected)
 
     again = _replag("repair", "check", "-c", str(agents_lab.config), "--json")

@@ -11,8 +11,14 @@ tree half-way through a batch of updates.
   node of `level`, its 2**down descendants (uint64 little-endian);
 * `POST /agent/v1/replicas/{name}/leaves` {leaves}: the keys of those leaves
   (hash, entry hash, name: `ScanIndex` bytes);
-* `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s}: each
-  key's state read twice, settle_s apart;
+* `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s, once}:
+  each key's state read twice, settle_s apart (once: read once);
+* `POST /agent/v1/replicas/{name}/keys/read-for-copy` {key, expected, tolerance_ms}:
+  the repair's step 1 on a winner here (`apply.read_for_copy`): DUMP and PTTL if
+  the key still holds the expected state;
+* `POST /agent/v1/replicas/{name}/keys/write` {key, expected, write, age_ms,
+  tolerance_ms}: the repair's compare-and-set write here (`apply.compare_and_write`),
+  the TTL computed when written; answers the pre-image for an undo;
 * `GET /metrics`: Prometheus text (see `agent.metrics`).
 
 With `fresh`, the tree first catches up with every write the replica applied
@@ -22,10 +28,12 @@ that is being built.
 
 from __future__ import annotations
 
+import base64
 import hmac
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -39,6 +47,8 @@ from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
 from replag.errors import AgentError, EndpointError, ReplagError
 from replag.repair import remote as wire
+from replag.repair.apply import Write, compare_and_write, read_for_copy
+from replag.repair.observe import KeyState
 
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token")
 OCTETS = "application/octet-stream"
@@ -63,6 +73,28 @@ class ObserveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keys: list[str] = Field(max_length=100_000)
     settle_s: float = Field(default=0.0, ge=0, le=60)
+    once: bool = False
+    keep: bool = False  # send string values too (a newest:FIELD policy reads them)
+    fields: list[str] = Field(default_factory=list, max_length=16)  # hash fields (base64)
+
+
+class WriteSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["delete", "restore", "expire", "undo"]
+    payload: str | None = None  # base64
+    pttl: int = -1
+
+
+class KeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str  # base64
+    expected: list[Any] | None  # a key state (null: absent)
+    tolerance_ms: int = Field(ge=0)
+
+
+class WriteRequest(KeyRequest):
+    write: WriteSpec
+    age_ms: int = Field(ge=0)  # time since the source was read, when the request left
 
 
 def _agent(request: Request) -> RegionAgent:
@@ -145,12 +177,70 @@ async def observe(agent: Agent, name: str, body: ObserveRequest) -> dict[str, An
     tree = _tree(agent, name)
     try:
         keys = wire.keys_from_wire(body.keys)
+        fields = wire.keys_from_wire(body.fields)
     except ValueError:
-        raise HTTPException(400, "keys: expected base64 strings") from None
-    first, second = await tree.observe_twice(keys, body.settle_s)
+        raise HTTPException(400, "keys and fields: expected base64 strings") from None
+    if body.once:
+        once = await tree.observe(keys, keep=body.keep, fields=fields)
+        return {"first": [wire.state_to_wire(once[k]) for k in keys]}
+    first, second = await tree.observe_twice(keys, body.settle_s, keep=body.keep, fields=fields)
     return {
         "first": [wire.state_to_wire(first[k]) for k in keys],
         "second": [wire.state_to_wire(second[k]) for k in keys],
+    }
+
+
+def _key_and_state(name: str, body: KeyRequest) -> tuple[bytes, KeyState]:
+    try:
+        (key,) = wire.keys_from_wire([body.key])
+        return key, wire.state_from_wire(body.expected, where=name)
+    except (ValueError, AgentError) as exc:
+        raise HTTPException(400, f"key or expected state: {exc}") from None
+
+
+@router.post("/replicas/{name}/keys/read-for-copy")
+async def read_winner(agent: Agent, name: str, body: KeyRequest) -> dict[str, Any]:
+    """The repair's read of a winner, here: DUMP and PTTL if it still holds `expected`."""
+    _tree(agent, name)
+    key, expected = _key_and_state(name, body)
+    async with agent.lane(name).connection() as conn:
+        read = await read_for_copy(
+            conn, key, expected, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
+        )
+    if read is None:
+        return {"changed": True}
+    return {"payload": base64.b64encode(read[0]).decode("ascii"), "pttl": read[1]}
+
+
+@router.post("/replicas/{name}/keys/write")
+async def write_key(agent: Agent, name: str, body: WriteRequest) -> dict[str, Any]:
+    """The repair's compare-and-set write of one key, here (WATCH, compare, MULTI/EXEC)."""
+    received = time.monotonic()
+    _tree(agent, name)
+    key, expected = _key_and_state(name, body)
+    try:
+        payload = (
+            base64.b64decode(body.write.payload, validate=True) if body.write.payload else None
+        )
+    except ValueError:
+        raise HTTPException(400, "write.payload: expected base64") from None
+    write = Write(body.write.op, payload, body.write.pttl)
+
+    def commands() -> list[bytes] | None:
+        return write.commands(key, body.age_ms + int((time.monotonic() - received) * 1000))
+
+    async with agent.lane(name).connection(write=True) as conn:
+        done = await compare_and_write(
+            conn, key, expected, commands, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
+        )
+    if done is None:
+        return {"written": False}
+    pre_image, pre_pttl, count = done
+    return {
+        "written": True,
+        "pre_image": base64.b64encode(pre_image).decode("ascii") if pre_image else None,
+        "pre_pttl": pre_pttl,
+        "count": count,
     }
 
 

@@ -237,15 +237,27 @@ class LiveTree:
             raise UsageError(f"leaf numbers outside a tree of depth {self.depth}")
         return self.table.keys_in_leaves(leaves, self.depth)
 
+    async def observe(
+        self, keys: Sequence[bytes], *, keep: bool = False, fields: Sequence[bytes] = ()
+    ) -> dict[bytes, KeyState]:
+        """Each key's state now (`keep`: with string values; `fields`: those hash fields)."""
+        conn = await self._query_connection()
+        return await observe_keys(
+            conn, keys, chunk=self.options.count, keep=keep, fields=tuple(fields)
+        )
+
     async def observe_twice(
-        self, keys: Sequence[bytes], settle_s: float
+        self,
+        keys: Sequence[bytes],
+        settle_s: float,
+        *,
+        keep: bool = False,
+        fields: Sequence[bytes] = (),
     ) -> tuple[dict[bytes, KeyState], dict[bytes, KeyState]]:
         """Every key read, `settle_s` apart, twice: what the repair's verification compares."""
-        conn = await self._query_connection()
-        first = await observe_keys(conn, keys, chunk=self.options.count, keep=False)
+        first = await self.observe(keys, keep=keep, fields=fields)
         await asyncio.sleep(settle_s)
-        second = await observe_keys(conn, keys, chunk=self.options.count, keep=False)
-        return first, second
+        return first, await self.observe(keys, keep=keep, fields=fields)
 
     async def _query_connection(self) -> RespConnection:
         if self._query is None:

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 from replag.agent.livetree import LiveTree
 from replag.config import Config
 from replag.errors import UsageError
+from replag.repair.apply import ReplicaLane
 from replag.repair.scan import ScanOptions
 from replag.repair.tictac import DEFAULT_DEPTH
 from replag.settings import Settings
@@ -102,6 +103,12 @@ class RegionAgent:
             for m in members
         }
         self.parts = list(parts)
+        self.chunk = options.count
+        # Repair writes (WATCH is per connection): a few connections per replica.
+        self.lanes = {
+            m.name: ReplicaLane(m.in_region(), self.settings.max_inflight, None, options.timeout_s)
+            for m in members
+        }
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -132,9 +139,14 @@ class RegionAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        for lane in self.lanes.values():
+            await lane.close()
         events = sum(t.stats.events for t in self.trees.values())
         rebuilds = sum(sum(t.stats.rebuilds.values()) for t in self.trees.values())
         log.info("agent of %s stopped: events %d, rebuilds %d", self.region, events, rebuilds)
+
+    def lane(self, name: str) -> ReplicaLane:
+        return self.lanes[name]
 
     def tree(self, name: str) -> LiveTree:
         try:

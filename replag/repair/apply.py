@@ -40,6 +40,13 @@ DUMP/RESTORE carries the value and the remaining TTL (computed at the moment
 of writing); a target that refuses the winner's DUMP format (an older server)
 gets type-specific writes in the same transaction. Each replica has its own
 throttle (keys/s, in-flight) and busy clock.
+
+Where a replica's region runs an agent, the lane's `remote` makes steps 1 and 2
+(and the reads of 3) there, next to the replica, with these same functions
+(`read_for_copy`, `compare_and_write`): the write travels as data (`Write`) and
+its TTL is computed by the agent when it writes, from the time since the
+winner was read (which leaves out the one-way trip of the request: a copy may
+live that much longer). Typed writes are made only here.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from replag.errors import EndpointError
 from replag.repair.observe import ABSENT, KeyState, observe_keys
@@ -61,6 +68,105 @@ from replag.topology import Endpoint
 Outcome = Literal["repaired", "changed", "dry_run"]
 _CHUNK = 1000
 _T = TypeVar("_T")
+WriteOp = Literal["delete", "restore", "expire", "undo"]
+
+
+@dataclass(frozen=True)
+class Write:
+    """A repair write as data: made over a key only once it still holds what was compared.
+
+    `pttl` is the source's remaining TTL (ms, -1 none) when it was read: the copy's TTL
+    is computed when the write is made, from the time elapsed since (`commands`).
+    """
+
+    op: WriteOp
+    payload: bytes | None = None  # the winner's DUMP (restore) or the target's pre-image (undo)
+    pttl: int = -1
+
+    def commands(self, key: bytes, elapsed_ms: int) -> list[bytes] | None:
+        """The commands to run now; None when nothing valid is left (the source expired)."""
+        if self.op == "delete":
+            return [pack(b"DEL", key)]
+        left = self.pttl - elapsed_ms if self.pttl >= 0 else 0  # 0: no expiry
+        if self.op == "undo":
+            if self.payload is None or (self.pttl >= 0 and left <= 0):
+                return [pack(b"DEL", key)]  # there was no key, or it would have expired
+            return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
+        if self.pttl >= 0 and left <= 0:
+            return None
+        if self.op == "expire":
+            return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
+        assert self.payload is not None
+        return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
+
+
+async def read_for_copy(
+    conn: RespConnection, key: bytes, expected: KeyState, *, tolerance_ms: int, chunk: int
+) -> tuple[bytes, int] | None:
+    """Step 1 on the winner: (DUMP, PTTL) if the key still holds `expected`, else None."""
+    conn.check(await conn.request(pack(b"WATCH", key), 1))
+    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
+    if not now[key].same_as(expected, tolerance_ms):
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None
+    replies = await conn.request(
+        pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"), 4
+    )
+    conn.check(replies[:1])
+    result = replies[3]
+    if result is None or not isinstance(result[0], bytes):
+        return None  # the winner changed after we read it
+    return result[0], int(result[1])
+
+
+async def compare_and_write(
+    conn: RespConnection,
+    key: bytes,
+    expected: KeyState,
+    commands: Callable[[], list[bytes] | None],
+    *,
+    tolerance_ms: int,
+    chunk: int,
+) -> tuple[bytes | None, int, int] | None:
+    """Step 2 on a target: under WATCH, if the key still holds `expected`, run `commands()`
+    in MULTI/EXEC after a DUMP and PTTL of what they replace. (pre-image or None for no
+    key, its PTTL, commands run), or None if nothing was written.
+
+    `commands` is called once the connection is ours, so a TTL in it is computed at the
+    moment of writing; it returns None when there is nothing valid left to write.
+    """
+    conn.check(await conn.request(pack(b"WATCH", key), 1))
+    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
+    if not now[key].same_as(expected, tolerance_ms):
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None
+    built = commands()
+    if built is None:
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None
+    body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
+    replies = await conn.request(b"".join(body), len(body))
+    conn.check(replies[:1])
+    result = replies[-1]
+    if result is None:
+        return None
+    conn.check(result)
+    pre_image = result[0] if isinstance(result[0], bytes) else None
+    return pre_image, int(result[1]), len(built)
+
+
+class RemoteReplica(Protocol):
+    """A replica reached through its region's agent (`repair.remote.AgentReplica`)."""
+
+    async def read_for_copy(
+        self, key: bytes, expected: KeyState, tolerance_ms: int
+    ) -> tuple[bytes, int] | None: ...
+
+    async def write(
+        self, key: bytes, expected: KeyState, write: Write, age_ms: int, tolerance_ms: int
+    ) -> tuple[bytes | None, int, int] | None: ...
+
+    async def observe(self, keys: Sequence[bytes]) -> dict[bytes, KeyState]: ...
 
 
 class BusyClock:
@@ -114,6 +220,7 @@ class ReplicaLane:
     clock: BusyClock = field(default_factory=BusyClock)
     writes: int = 0
     bytes_received: int = 0
+    remote: RemoteReplica | None = None  # reads and writes go through the region's agent
     _idle: list[RespConnection] = field(default_factory=list)
     _slots: asyncio.Semaphore = field(init=False)
     _limiter: RateLimiter = field(init=False)
@@ -125,6 +232,15 @@ class ReplicaLane:
     @property
     def name(self) -> str:
         return self.endpoint.name
+
+    @contextlib.asynccontextmanager
+    async def turn(self, *, write: bool = False) -> AsyncIterator[None]:
+        """A request's turn: within the in-flight limit (and the write rate), timed busy."""
+        async with self._slots:
+            if write:
+                await self._limiter.acquire()
+            with self.clock.busy():
+                yield
 
     @contextlib.asynccontextmanager
     async def connection(self, *, write: bool = False) -> AsyncIterator[RespConnection]:
@@ -243,8 +359,9 @@ class Applier:
     ) -> _Attempt | None:
         """Write every target (steps 1 and 2); None if the winner changed first."""
         if decision.action == "delete":
+            now = time.monotonic()
             results = await asyncio.gather(
-                *(self._write(t, key, states[t], [pack(b"DEL", key)]) for t in decision.targets)
+                *(self._write(t, key, states[t], Write("delete"), now) for t in decision.targets)
             )
             return _attempt(key, ABSENT, results)
         assert decision.winner is not None
@@ -263,6 +380,9 @@ class Applier:
 
     async def _observe(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
         async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
+            if lane.remote is not None:
+                async with lane.turn():
+                    return await lane.remote.observe(keys)
             async with lane.connection() as conn:
                 return await observe_keys(conn, keys, chunk=self.chunk, keep=False)
 
@@ -280,36 +400,25 @@ class Applier:
         )
 
     async def _undo(self, key: bytes, wrote: KeyState, written: _Written) -> None:
-        def restore() -> list[bytes] | None:
-            ttl = 0  # RESTORE's "no expiry"
-            if written.pre_pttl >= 0:
-                ttl = written.pre_pttl - int((time.monotonic() - written.at) * 1000)
-                if ttl <= 0:  # the old value would have expired by now
-                    return [pack(b"DEL", key)]
-            if written.pre_image is None:
-                return [pack(b"DEL", key)]
-            return [pack(b"RESTORE", key, ttl, written.pre_image, b"REPLACE")]
-
-        if await self._write(written.target, key, wrote, restore) is not None:
+        # Back to the pre-image, with the TTL it had left minus the time since (DEL if it
+        # would have expired, or if there was no key).
+        undo = Write("undo", written.pre_image, written.pre_pttl)
+        if await self._write(written.target, key, wrote, undo, written.at) is not None:
             self.undone += 1
 
     async def _read_winner(
         self, index: int, key: bytes, expected: KeyState
     ) -> tuple[bytes, int, float] | None:
-        async with self.lanes[index].connection() as conn:
-            conn.check(await conn.request(pack(b"WATCH", key), 1))
-            now = await observe_keys(conn, [key], chunk=self.chunk, keep=False)
-            if not now[key].same_as(expected, self.tolerance_ms):
-                conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return None
-            replies = await conn.request(
-                pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"), 4
-            )
-            conn.check(replies[:1])
-            result = replies[3]
-            if result is None or not isinstance(result[0], bytes):
-                return None  # the winner changed after we read it
-            return result[0], int(result[1]), time.monotonic()
+        lane = self.lanes[index]
+        if lane.remote is not None:
+            async with lane.turn():
+                read = await lane.remote.read_for_copy(key, expected, self.tolerance_ms)
+        else:
+            async with lane.connection() as conn:
+                read = await read_for_copy(
+                    conn, key, expected, tolerance_ms=self.tolerance_ms, chunk=self.chunk
+                )
+        return None if read is None else (read[0], read[1], time.monotonic())
 
     async def _copy(
         self,
@@ -322,32 +431,19 @@ class Applier:
         pttl: int,
         read_at: float,
     ) -> _Written | None:
-        def remaining_ms() -> int | None:
-            """The winner's TTL left now; None once it has expired. Read at write time:
-            waiting for the rate limiter must not stretch the copy's life."""
-            if pttl < 0:
-                return 0
-            left = pttl - int((time.monotonic() - read_at) * 1000)
-            return left if left > 0 else None
-
         if expected.exists and expected.same_value(winner):
             # Only the expiry differs: leave the value alone.
-            def ttl_fix() -> list[bytes] | None:
-                left = remaining_ms()
-                if left is None:
-                    return None
-                return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
-
-            return await self._write(target, key, expected, ttl_fix)
-
-        def restore() -> list[bytes] | None:
-            left = remaining_ms()
-            return None if left is None else [pack(b"RESTORE", key, left, payload, b"REPLACE")]
-
+            return await self._write(target, key, expected, Write("expire", None, pttl), read_at)
         try:
-            return await self._write(target, key, expected, restore)
+            return await self._write(
+                target, key, expected, Write("restore", payload, pttl), read_at
+            )
         except EndpointError as exc:
-            if "payload" not in exc.message.lower():
+            if (
+                "payload" not in exc.message.lower()
+                or self.lanes[target].remote is not None
+                or self.lanes[winner_index].remote is not None
+            ):
                 raise
 
         # The target cannot read the winner's DUMP format (an older server):
@@ -357,15 +453,12 @@ class Applier:
             return None
 
         def typed() -> list[bytes] | None:
-            left = remaining_ms()
-            if left is None:
-                return None
-            commands = _typed_writes(key, whole)
-            if left:
-                commands.append(pack(b"PEXPIRE", key, left))
-            return commands
+            expiry = Write("expire", None, pttl).commands(key, _elapsed_ms(read_at))
+            if expiry is None:
+                return None  # the winner has expired meanwhile
+            return _typed_writes(key, whole) + (expiry if pttl >= 0 else [])
 
-        return await self._write(target, key, expected, typed)
+        return await self._write(target, key, expected, typed, read_at)
 
     async def _winner_value(self, index: int, key: bytes, expected: KeyState) -> KeyState | None:
         """The winner's whole value for type-specific writes, read again (on this rare
@@ -383,36 +476,43 @@ class Applier:
         target: int,
         key: bytes,
         expected: KeyState,
-        commands: list[bytes] | Callable[[], list[bytes] | None],
+        write: Write | Callable[[], list[bytes] | None],
+        since: float,
     ) -> _Written | None:
-        """Under WATCH: if the key still holds `expected`, run `commands` in MULTI/EXEC
-        after a DUMP and PTTL of what they replace; None if nothing was written.
-
-        `commands` may be a function, called once the connection (and the rate
-        limiter's slot) is ours, so a TTL in it is computed at the moment of writing;
-        it returns None when there is nothing valid left to write (winner expired).
-        """
+        """Step 2 on lane `target` (here, or through its agent); None if nothing was written.
+        TTLs in `write` count from `since` (monotonic) to the moment of writing, so waiting
+        for the rate limiter never stretches a copy's life."""
         lane = self.lanes[target]
-        async with lane.connection(write=True) as conn:
-            conn.check(await conn.request(pack(b"WATCH", key), 1))
-            now = await observe_keys(conn, [key], chunk=self.chunk, keep=False)
-            if not now[key].same_as(expected, self.tolerance_ms):
-                conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return None
-            built = commands() if callable(commands) else commands
-            if built is None:
-                conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return None
-            body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
-            replies = await conn.request(b"".join(body), len(body))
-            conn.check(replies[:1])
-            result = replies[-1]
-            if result is None:
-                return None
-            conn.check(result)
-            lane.writes += len(built)
-            pre_image = result[0] if isinstance(result[0], bytes) else None
-            return _Written(target, pre_image, int(result[1]), time.monotonic())
+        if lane.remote is not None:
+            if not isinstance(write, Write):
+                raise EndpointError(
+                    "typed writes (for a server that refuses the winner's DUMP) are not sent "
+                    "through agents",
+                    where=lane.name,
+                )
+            async with lane.turn(write=True):
+                done = await lane.remote.write(
+                    key, expected, write, _elapsed_ms(since), self.tolerance_ms
+                )
+        else:
+            commands: Callable[[], list[bytes] | None] = (
+                (lambda: write.commands(key, _elapsed_ms(since)))
+                if isinstance(write, Write)
+                else write
+            )
+            async with lane.connection(write=True) as conn:
+                done = await compare_and_write(
+                    conn, key, expected, commands, tolerance_ms=self.tolerance_ms, chunk=self.chunk
+                )
+        if done is None:
+            return None
+        pre_image, pre_pttl, count = done
+        lane.writes += count
+        return _Written(target, pre_image, pre_pttl, time.monotonic())
+
+
+def _elapsed_ms(since: float) -> int:
+    return int((time.monotonic() - since) * 1000)
 
 
 def _attempt(key: bytes, expected: KeyState, results: Sequence[_Written | None]) -> _Attempt:

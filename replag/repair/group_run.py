@@ -23,7 +23,7 @@ from replag.repair.apply import Applier, ReplicaLane
 from replag.repair.diff import Divergence, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.policy import Decision, Newest, Policy
-from replag.repair.remote import AgentClient, AgentPool
+from replag.repair.remote import AgentClient, AgentPool, AgentReplica
 from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.repair.tictac import DEFAULT_DEPTH
@@ -115,9 +115,7 @@ class GroupRun:
             exclude_prefix=s.prefix.encode(),
             ttl_bucket_ms=max(self.tolerance_ms, 1),
         )
-        self.lanes = [
-            ReplicaLane(m, params.max_inflight, params.rate, self.timeout_s) for m in group.members
-        ]
+
         # Members whose region runs an agent are compared through it: their trees and key
         # reads stay in the region. A --match/--type check needs a filtered scan: direct.
         filtered = params.match is not None or params.type_filter is not None
@@ -127,6 +125,17 @@ class GroupRun:
         ]
         self.stats = [
             rp.ReplicaStats(m.name, region=m.region, via="agent" if a is not None else "scan")
+            for m, a in zip(group.members, self.agents, strict=True)
+        ]
+        # A member reached through its agent is also read and written there.
+        self.lanes = [
+            ReplicaLane(
+                m,
+                params.max_inflight,
+                params.rate,
+                self.timeout_s,
+                remote=AgentReplica(a, m.name) if a is not None else None,
+            )
             for m, a in zip(group.members, self.agents, strict=True)
         ]
         self.records: dict[bytes, _KeyRecord] = {}
@@ -314,15 +323,30 @@ class GroupRun:
         """newest:FIELD decides on one hash field: read just that, not the whole hash."""
         return (self.policy.field.encode(),) if isinstance(self.policy, Newest) else ()
 
-    async def _observe(self, lane: ReplicaLane, keys: Sequence[bytes]) -> dict[bytes, KeyState]:
+    async def _observe(self, i: int, keys: Sequence[bytes]) -> dict[bytes, KeyState]:
+        """One read of `keys` on member `i`: here, or by its agent."""
+        client, lane = self.agents[i], self.lanes[i]
+        if client is not None:
+            return await client.observe_once(lane.name, keys, **self._agent_reads)
         async with lane.connection() as conn:
             return await observe_keys(
                 conn, keys, chunk=self.options.count, fields=self._stamp_fields
             )
 
+    @property
+    def _agent_reads(self) -> dict[str, Any]:
+        # What an agent sends back besides type, digest and expiry: a newest:FIELD policy
+        # needs string values (JSON timestamps) and the field of hashes; nothing else does.
+        newest = isinstance(self.policy, Newest)
+        return {"keep": newest, "fields": self._stamp_fields}
+
     async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
-        """One read of `keys` on every member, from here."""
-        return list(await asyncio.gather(*(self._observe(lane, keys) for lane in self.lanes)))
+        """One read of `keys` on every member."""
+        try:
+            reads = await asyncio.gather(*(self._observe(i, keys) for i in range(len(self.lanes))))
+        except AgentError as exc:
+            raise self._not_compared(exc) from exc
+        return list(reads)
 
     async def _observe_twice(
         self, keys: Sequence[bytes]
@@ -333,10 +357,12 @@ class GroupRun:
         async def one(i: int) -> tuple[dict[bytes, KeyState], dict[bytes, KeyState]]:
             client, lane = self.agents[i], self.lanes[i]
             if client is not None:
-                return await client.observe_twice(lane.name, keys, self.settle_s)
-            first = await self._observe(lane, keys)
+                return await client.observe_twice(
+                    lane.name, keys, self.settle_s, **self._agent_reads
+                )
+            first = await self._observe(i, keys)
             await asyncio.sleep(self.settle_s)
-            return first, await self._observe(lane, keys)
+            return first, await self._observe(i, keys)
 
         try:
             pairs = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))

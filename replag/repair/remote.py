@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 
 from replag.config import Config
 from replag.errors import AgentError
+from replag.repair.apply import Write
 from replag.repair.observe import ABSENT, KeyState
 from replag.repair.scan import ScanIndex
 from replag.topology import Endpoint
@@ -64,24 +65,43 @@ def keys_from_wire(items: Sequence[str]) -> list[bytes]:
 
 
 def state_to_wire(state: KeyState) -> list[Any] | None:
+    """`[type, digest, expiry]`, plus `{data, fields}` when the state carries a string's
+    value or hash fields (base64), which only a newest:FIELD policy asks for."""
     if not state.exists:
         return None
     digest = f"{state.digest:016x}" if state.digest is not None else None
-    return [state.type, digest, state.expiry_ms]
+    out: list[Any] = [state.type, digest, state.expiry_ms]
+    extra: dict[str, Any] = {}
+    if isinstance(state.data, bytes):
+        extra["data"] = base64.b64encode(state.data).decode("ascii")
+    if state.fields:
+        extra["fields"] = {
+            base64.b64encode(k).decode("ascii"): base64.b64encode(v).decode("ascii")
+            for k, v in state.fields.items()
+        }
+    if extra:
+        out.append(extra)
+    return out
 
 
 def state_from_wire(item: Any, *, where: str) -> KeyState:
     if item is None:
         return ABSENT
     try:
-        type_name, digest, expiry = item
+        type_name, digest, expiry, *rest = item
+        extra: dict[str, Any] = rest[0] if rest else {}
+        fields = extra.get("fields")
         return KeyState(
             True,
             str(type_name),
             int(digest, 16) if digest is not None else None,
             int(expiry) if expiry is not None else None,
+            base64.b64decode(extra["data"]) if "data" in extra else None,
+            {base64.b64decode(k): base64.b64decode(v) for k, v in fields.items()}
+            if fields
+            else None,
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, AttributeError) as exc:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None
 
 
@@ -213,10 +233,46 @@ class AgentClient:
         except (ValueError, IndexError, struct.error) as exc:
             raise AgentError(f"bad leaf contents: {exc}", where=self.url) from None
 
+    async def observe_once(
+        self,
+        replica: str,
+        keys: Sequence[bytes],
+        *,
+        keep: bool = False,
+        fields: Sequence[bytes] = (),
+    ) -> dict[bytes, KeyState]:
+        body = {"keys": keys_to_wire(keys), "once": True, **_reads(keep, fields)}
+        data, _ = await self.request(
+            "POST", f"/replicas/{replica}/keys/observe", body, replica=replica
+        )
+        try:
+            states = json.loads(data)["first"]
+            if len(states) != len(keys):
+                raise ValueError("one state per key expected")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AgentError(f"bad key states: {exc}", where=self.url) from None
+        return {k: state_from_wire(s, where=self.url) for k, s in zip(keys, states, strict=True)}
+
+    async def _json(self, replica: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        data, _ = await self.request("POST", f"/replicas/{replica}{path}", body, replica=replica)
+        try:
+            answer = json.loads(data)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+            return answer
+        except ValueError as exc:
+            raise AgentError(f"bad answer to {path}: {exc}", where=self.url) from None
+
     async def observe_twice(
-        self, replica: str, keys: Sequence[bytes], settle_s: float
+        self,
+        replica: str,
+        keys: Sequence[bytes],
+        settle_s: float,
+        *,
+        keep: bool = False,
+        fields: Sequence[bytes] = (),
     ) -> tuple[dict[bytes, KeyState], dict[bytes, KeyState]]:
-        body = {"keys": keys_to_wire(keys), "settle_s": settle_s}
+        body = {"keys": keys_to_wire(keys), "settle_s": settle_s, **_reads(keep, fields)}
         data, _ = await self.request(
             "POST", f"/replicas/{replica}/keys/observe", body, wait_s=settle_s, replica=replica
         )
@@ -231,6 +287,69 @@ class AgentClient:
             {k: state_from_wire(s, where=self.url) for k, s in zip(keys, first, strict=True)},
             {k: state_from_wire(s, where=self.url) for k, s in zip(keys, second, strict=True)},
         )
+
+
+def _reads(keep: bool, fields: Sequence[bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if keep:
+        out["keep"] = True
+    if fields:
+        out["fields"] = keys_to_wire(fields)
+    return out
+
+
+class AgentReplica:
+    """One replica as a repair lane sees it through its region's agent (`RemoteReplica`):
+    the safe-apply steps run by the agent next to the replica, with the same code."""
+
+    def __init__(self, client: AgentClient, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def _key(self, key: bytes, expected: KeyState, tolerance_ms: int) -> dict[str, Any]:
+        return {
+            "key": base64.b64encode(key).decode("ascii"),
+            "expected": state_to_wire(expected),
+            "tolerance_ms": tolerance_ms,
+        }
+
+    async def read_for_copy(
+        self, key: bytes, expected: KeyState, tolerance_ms: int
+    ) -> tuple[bytes, int] | None:
+        answer = await self.client._json(
+            self.name, "/keys/read-for-copy", self._key(key, expected, tolerance_ms)
+        )
+        if answer.get("changed"):
+            return None
+        try:
+            return base64.b64decode(answer["payload"]), int(answer["pttl"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AgentError(f"bad DUMP answer: {exc}", where=self.client.url) from None
+
+    async def write(
+        self, key: bytes, expected: KeyState, write: Write, age_ms: int, tolerance_ms: int
+    ) -> tuple[bytes | None, int, int] | None:
+        payload = base64.b64encode(write.payload).decode("ascii") if write.payload else None
+        body = {
+            **self._key(key, expected, tolerance_ms),
+            "write": {"op": write.op, "payload": payload, "pttl": write.pttl},
+            "age_ms": age_ms,
+        }
+        answer = await self.client._json(self.name, "/keys/write", body)
+        if not answer.get("written"):
+            return None
+        try:
+            pre = answer["pre_image"]
+            return (
+                base64.b64decode(pre) if pre is not None else None,
+                int(answer["pre_pttl"]),
+                int(answer["count"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AgentError(f"bad write answer: {exc}", where=self.client.url) from None
+
+    async def observe(self, keys: Sequence[bytes]) -> dict[bytes, KeyState]:
+        return await self.client.observe_once(self.name, keys)
 
 
 class AgentPool:
