@@ -162,6 +162,7 @@ class LiveTree:
             "events": self.stats.events,
             "keys_applied": self.stats.keys_applied,
             "builds": self.stats.builds,
+            "last_build_s": round(self.stats.last_build_s, 3),
             "restores": self.stats.restores,
             "rebuilds": dict(self.stats.rebuilds),
             "tracks_flushes": self.feed.tracks_flushes if self.feed else None,

@@ -47,6 +47,10 @@ class Link:
     truth_path: Path | None = None  # probe keys going downstream
     truth_up_path: Path | None = None  # probe keys going upstream (e.g. writes to a primary)
     truth_prefix: bytes = b"replag:probe:"
+    # Bytes forwarded each way (upstream → client, client → upstream): what crossed the
+    # link, measured, for benchmarks that count WAN traffic.
+    bytes_down: int = 0
+    bytes_up: int = 0
     _pipes: list[_Pipe] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _truth: dict[Path, TextIO] = field(default_factory=dict, repr=False)
@@ -66,6 +70,8 @@ class Link:
             "jitter_ms": self.jitter_ms,
             "partitioned": self.partitioned,
             "connections": len(self._pipes) // 2,
+            "bytes_down": self.bytes_down,
+            "bytes_up": self.bytes_up,
         }
 
     def record(self, keys: list[bytes], t_in: int, t_out: int, *, downstream: bool = True) -> None:
@@ -131,6 +137,11 @@ class _Pipe:
             except OSError:
                 break
             t_out = time.monotonic_ns()
+            with self.link._lock:  # a link's connections forward from threads of their own
+                if self.downstream:
+                    self.link.bytes_down += len(data)
+                else:
+                    self.link.bytes_up += len(data)
             path = self.link.truth_path if self.downstream else self.link.truth_up_path
             if path is not None:
                 self._note_keys(data, t_in, t_out)
