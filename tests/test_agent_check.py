@@ -175,3 +175,17 @@ def test_an_agent_dying_mid_check_is_reported_with_the_replicas_not_compared(
     assert cli.returncode == 2
     assert "could not compare c-1" in cli.stderr and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_newest_field_reads_timestamps_through_the_agents(agents_lab: AgentsLab) -> None:
+    a, b, c = (agents_lab.servers[r].client() for r in "abc")
+    a.set(b"doc", b'{"ts": 1, "v": "old"}')
+    b.set(b"doc", b'{"ts": 1, "v": "old"}')
+    c.set(b"doc", b'{"ts": 7, "v": "new"}')  # newest, behind an agent
+    for client, ts in ((a, b"3"), (b, b"9"), (c, b"5")):
+        client.hset(b"row", mapping={b"ts": ts, b"v": b"from " + ts})  # b (agent) newest
+    ran = _replag("repair", "run", "-c", str(agents_lab.config), "--policy", "newest:ts", "--json")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert json.loads(ran.stdout)["repaired"] == 2
+    assert a.get(b"doc") == b.get(b"doc") == b'{"ts": 7, "v": "new"}'
+    assert a.hgetall(b"row") == c.hgetall(b"row") == {b"ts": b"9", b"v": b"from 9"}

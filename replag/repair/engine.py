@@ -106,7 +106,12 @@ async def _run(
         await members_reachable(
             groups,
             timeout_s=config.settings.connect_timeout,
-            through_agent=lambda m: config.topology.agent_of(m) is not None,
+            # (a --match/--type run scans every member here: see GroupRun)
+            through_agent=lambda m: (
+                config.topology.agent_of(m) is not None
+                and params.match is None
+                and params.type_filter is None
+            ),
         )
         for g, policy in zip(groups, policies, strict=True):
             run = GroupRun(
