@@ -16,17 +16,23 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import httpx
+import tomli_w
 from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import load_config
 from replag.lab.relay import read_truth
+from replag.lab.server import free_port
 from replag.probes import run_probe
 from tests.helpers.lab import LabFactory
+from tests.helpers.waiting import wait_until
 
 
 def _truth_ms(lab_dir: Path, replica: str, key: str) -> float:
@@ -147,3 +153,41 @@ async def test_a_dead_agent_is_noted_and_its_region_observed_directly(
         "agent of far could not watch" in n and "observed directly" in n for n in report.notes
     )
     assert [a["region"] for a in report.agents] == ["home"]
+
+
+def test_serve_probes_through_the_agents(lab_factory: LabFactory, tmp_path: Path) -> None:
+    state = lab_factory(regions=("home", "far"), delays_ms={"far": 5}, wan=True, agents=True)
+    data = tomllib.loads((Path(state["dir"]) / "topology.toml").read_text())
+    data["settings"].update(
+        count=10, rate=0, timeout="5s", probe_interval="300ms", store=str(tmp_path / "s.sqlite")
+    )
+    config_path = tmp_path / "replag.toml"
+    config_path.write_text(tomli_w.dumps(data))
+    token = data["settings"]["api_token"]
+    agent_port = next(p["port"] for p in state["processes"] if p["name"] == "agent-far")
+    port = free_port()
+    serve = ["serve", "--config", str(config_path), "--port", str(port)]
+    proc = subprocess.Popen([sys.executable, "-m", "replag", *serve], stderr=subprocess.DEVNULL)
+    try:
+
+        def far_measured() -> bool:
+            assert proc.poll() is None, "serve exited"
+            try:
+                pairs = httpx.get(f"http://127.0.0.1:{port}/api/v1/lag?since=5m").json()["pairs"]
+            except (httpx.TransportError, ValueError):
+                return False
+            return any(p["target"] == "far" and p["seen"] for p in pairs)
+
+        wait_until(far_measured, "serve measured lag to far")
+        metrics = httpx.get(
+            f"http://127.0.0.1:{agent_port}/metrics", headers={"Authorization": f"Bearer {token}"}
+        ).text
+        opened = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("replag_agent_lag_watches_opened_total ")
+        )
+        assert opened >= 1  # the service's runs were watched by far's agent
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
