@@ -9,8 +9,8 @@ $REDIS_FULL_CHECK. First RedisFullCheck's own settings are searched (compare
 mode, batch size, goroutines; one compare round, no rate limit) for its
 fastest run among those that find the most; then replag and that setting run
 interleaved, `--rounds` times each, the order alternating. Every run is one
-process tree measured from outside: wall time, CPU, peak RSS (sum over the
-tree), bytes written to disk, and found/missed/false positives against the
+process tree measured from outside: wall time, CPU, peak memory (PSS summed
+over the tree), bytes written to disk, and found/missed/false positives against the
 ground truth. The physical ceiling (both servers read completely at once by
 a bare pipelined SCAN + MGET, one process each) is measured in the same run.
 
@@ -73,7 +73,7 @@ class Outcome:
         m = self.measured
         return (
             f"{self.tool:<13} {m.seconds:7.2f} s  CPU {m.cpu_s:6.1f} s  "
-            f"RSS {m.tree_rss_mb:5.0f} MB  disk {m.disk_write_mb:6.1f} MB  "
+            f"mem {m.tree_rss_mb:5.0f} MB  disk {m.disk_write_mb:6.1f} MB  "
             f"found {self.found}/{self.expected}  missed {self.expected - self.found}  "
             f"false+ {self.false_positives}"
         )
@@ -241,7 +241,7 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
         print(
             f"  {tool:<16} {median([o.measured.seconds for o in outcomes]):7.2f} s  "
             f"CPU {median([o.measured.cpu_s for o in outcomes]):6.1f} s  "
-            f"peak RSS {max(o.measured.tree_rss_mb for o in outcomes):5.0f} MB  "
+            f"peak mem {max(o.measured.tree_rss_mb for o in outcomes):5.0f} MB  "
             f"disk {median([o.measured.disk_write_mb for o in outcomes]):6.1f} MB  "
             f"found {min(o.found for o in outcomes)}/{len(truth)}  "
             f"false+ {max(o.false_positives for o in outcomes)}"

@@ -1,8 +1,10 @@
 """Run a command and measure it from outside: wall, CPU, peak RSS, bytes written to disk.
 
 CPU and the largest single-process RSS come from `wait4` (they include the
-command's own reaped children); the peak RSS of the whole process tree is the
-largest sum of its processes' resident sets, sampled every 20 ms; disk writes
+command's own reaped children); the peak memory of the whole process tree is
+the largest sum of its processes' proportional set sizes (PSS: a page shared
+by a forked worker and its parent counts half to each, so nothing is counted
+twice), sampled every 20 ms; disk writes
 are the growth of this process's `write_bytes` in /proc/self/io, into which
 the kernel folds every reaped child's (bytes dirtied for storage: sockets and
 pipes are not counted).
@@ -54,6 +56,13 @@ def _tree(pid: int) -> list[int]:
 
 
 def _rss_bytes(pid: int) -> int:
+    """PSS where the kernel has smaps_rollup, else RSS."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):

@@ -97,6 +97,22 @@ def _channel(message: list[Any]) -> Any:
     return message[2] if message[0] == b"pmessage" else message[1]
 
 
+def pack_over_keys(keys: Sequence[bytes], *heads: tuple[Arg, ...]) -> bytes:
+    """For each head, the command `*head key1 … keyN` (MGET, EVALSHA sha N, …).
+
+    The keys are encoded as bulk strings once and joined in C for every command:
+    packing 1000 keys through hiredis per command costs a scan ~0.2 µs per key.
+    """
+    bulks = b"".join(map(b"$%d\r\n%s\r\n".__mod__, zip(map(len, keys), keys, strict=True)))
+    out = []
+    for head in heads:
+        packed_head = pack(*head)
+        # pack() wrote "*<len(head)>\r\n"; the command has len(head) + len(keys) parts.
+        star = packed_head.index(b"\r\n")
+        out.append(b"*%d" % (len(head) + len(keys)) + packed_head[star:] + bulks)
+    return b"".join(out)
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, clock: Clock, on_push: PushHandler | None = None) -> None:
         self.clock = clock

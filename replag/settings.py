@@ -301,10 +301,19 @@ class Settings:
         "takes to reach every replica (the p99 lag `replag probe` measures).",
     )
     scan_parallel: int = setting(
-        1,
+        0,
         _int,
-        "Replicas of a group scanned at the same time (0 = all); scanning is "
-        "CPU-bound on this side, so more only helps with more cores.",
+        "Replicas of a group scanned at the same time (0 = all), each in a process of "
+        "its own: the client side of a scan is CPU-bound, so all at once uses the cores.",
+    )
+    scan_rate: float = setting(
+        0.0, _float, "Keys per second read from each replica by a scan (0 = unthrottled)."
+    )
+    scan_checkpoint: float = setting(
+        "30s",
+        _duration,
+        "How often a scan saves where it is (its cursor and tree: 512 KB per replica), "
+        "so a killed check or repair resumes from there.",
     )
     # Dynomite's port conventions (Netflix's defaults): /cluster_describe names peers by
     # their peer port only, so discovery maps each node to its other ports with these.

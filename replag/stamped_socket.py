@@ -10,8 +10,11 @@ connection's own clock (the probe's is CLOCK_MONOTONIC) by the offset
 between the two clocks read right after `recvmsg` returns, sandwiched
 (clock, realtime, clock) and midpointed: the stamp and that offset are
 microseconds to milliseconds apart, so NTP slewing in between (≤ 0.5 ms/s)
-costs nanoseconds; a step of the realtime clock in that window is caught by
-never letting a stamp be later than the moment the read returned.
+costs nanoseconds. A stamp is believed only inside the window the bytes can
+have arrived in (after the previous read that emptied the socket began,
+before this one returned); outside it (the realtime clock stepped between
+packet and read, or a stamp of another clock base got through) the read's
+own moment is used.
 
 TCP merges packets that queue up unread, and a merged packet keeps the last
 one's stamp, so of several messages read in one chunk only the one ending
@@ -39,7 +42,7 @@ SO_TIMESTAMPNS = 35
 _GENERIC_SOCKET_NUMBERS = ("x86_64", "i686", "i386", "aarch64", "armv7l", "riscv64", "s390x")
 _TIMESPEC = struct.Struct("@ll")  # struct timespec (time_t and long are native longs)
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
-READ_SIZE = 256 * 1024  # as asyncio's own transports
+READ_SIZE = 1024 * 1024
 
 Clock = Callable[[], int]
 
@@ -85,13 +88,36 @@ def on_clock(realtime_ns: int, clock: Clock) -> int:
     return realtime_ns + (first + second) // 2 - wall
 
 
-def recv_stamped(sock: socket.socket, size: int, clock: Clock) -> tuple[bytes, int]:
-    """Blocking `recv` of up to `size` bytes, with their arrival on `clock` (kernel stamp
-    where the socket has them on, else the moment the read returned)."""
-    data, ancillary, _, _ = sock.recvmsg(size, _ANCILLARY)
-    now = clock()
+def arrival(ancillary: list[tuple[int, int, bytes]], clock: Clock, since: int, read_at: int) -> int:
+    """When a read's last byte arrived, on `clock`: the kernel's stamp when it is
+    plausible (after `since`, the moment before which the bytes cannot have arrived,
+    and not after `read_at`, when the read returned), else `read_at`. A stamp outside
+    is not believed: a step of the realtime clock between packet and read, or a
+    timestamp on another clock base leaking through a network path."""
     stamp = kernel_stamp(ancillary)
-    return data, now if stamp is None else min(now, on_clock(stamp, clock))
+    if stamp is None:
+        return read_at
+    moment = on_clock(stamp, clock)
+    return moment if since <= moment <= read_at else read_at
+
+
+class StampedReader:
+    """Blocking reads of a connected socket, each with its arrival on `clock`."""
+
+    def __init__(self, sock: socket.socket, clock: Clock) -> None:
+        self.sock = sock
+        self.clock = clock
+        self.kernel_stamps = enable_kernel_stamps(sock)
+        self._since = clock()
+
+    def recv(self, size: int) -> tuple[bytes, int]:
+        reading = self.clock()
+        data, ancillary, _, _ = self.sock.recvmsg(size, _ANCILLARY)
+        read_at = self.clock()
+        arrived = arrival(ancillary, self.clock, self._since, read_at)
+        if len(data) < size:  # took everything there was: what follows arrived later
+            self._since = reading
+        return data, arrived
 
 
 class StampedSocket:
@@ -129,9 +155,8 @@ class StampedSocket:
         if not data:
             self._shut(None)
             return
-        stamp = kernel_stamp(ancillary) if self.kernel_stamps else None
-        arrived = read_at if stamp is None else min(read_at, on_clock(stamp, self._clock))
         since = self._since
+        arrived = arrival(ancillary, self._clock, since, read_at)
         # This read took everything there was, so what comes next arrived after it
         # began; one that filled the buffer may have left bytes that arrived earlier.
         if len(data) < READ_SIZE:
@@ -140,7 +165,9 @@ class StampedSocket:
 
     def write(self, data: bytes) -> None:
         if self._closing:
-            raise ConnectionResetError("connection is closing")
+            # As asyncio's transports do: the receiver's connection_lost (scheduled, or
+            # run) fails whatever waits for a reply.
+            return
         view = memoryview(data)
         if not self._pending:
             try:

@@ -107,19 +107,19 @@ async def test_keys_expiring_or_deleted_during_the_scan_are_not_reported(
             c.set(f"doomed:{i}", "v")
     fired = []
 
-    def expire_when_second_replica_starts(event: RepairProgress) -> None:
-        # The first replica has been scanned with these keys; now they go away everywhere.
-        if event.phase == "scan" and event.replica == "n1" and not fired:
+    def expire_when_first_replica_is_done(event: RepairProgress) -> None:
+        # The first replica has been scanned with these keys; now they go away everywhere,
+        # before the second replica's scan starts (one at a time).
+        done = event.total is not None and event.done >= event.total
+        if event.phase == "scan" and event.replica == "n0" and done and not fired:
             fired.append(True)
             for c in clients:
                 for i in range(300):
                     c.pexpire(f"volatile:{i}", 1)
                     c.delete(f"doomed:{i}")
 
-    # The callback blocks the loop while it deletes (sync client): give the scan's
-    # requests room on a loaded machine.
-    config = group_config(tmp_path, servers, scan_count=100, connect_timeout="30s")
-    report = await check(config, progress=expire_when_second_replica_starts)
+    config = group_config(tmp_path, servers, scan_count=100, scan_parallel=1)
+    report = await check(config, progress=expire_when_first_replica_is_done)
     for c in clients:
         c.close()
     assert fired
@@ -134,12 +134,14 @@ async def test_a_replica_dying_mid_scan_fails_clearly_and_the_run_resumes(
     for s in servers:
         with s.client() as c:
             fill(c, 20_000)
-    config = group_config(tmp_path, servers, scan_count=200)
+    # One replica at a time, and slowly enough that the kill lands mid-scan of n1 (its
+    # progress reaches us from its scan process while it goes on).
+    config = group_config(tmp_path, servers, scan_count=200, scan_parallel=1, scan_rate=10_000)
     store = Store(tmp_path / "replag.sqlite")
     victim = servers[1]
 
     def kill_mid_scan(event: RepairProgress) -> None:
-        if event.replica == "n1" and event.done > 2000 and victim.pid is not None:
+        if event.replica == "n1" and event.done > 0 and victim.pid is not None:
             victim.kill()
 
     with pytest.raises(RepairError) as caught:
@@ -158,7 +160,10 @@ async def test_a_replica_dying_mid_scan_fails_clearly_and_the_run_resumes(
             fill(c, 20_000)
         rescanned: set[str] = set()
         report = await check(
-            config, store=store, resume=run_id, progress=lambda e: rescanned.add(e.replica)
+            group_config(tmp_path, servers, scan_count=200),
+            store=store,
+            resume=run_id,
+            progress=lambda e: rescanned.add(e.replica),
         )
     finally:
         replacement.stop()

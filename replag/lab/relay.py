@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from replag.stamped_socket import enable_kernel_stamps, recv_stamped
+from replag.stamped_socket import StampedReader
 
 _CHUNK = 65536
 
@@ -110,11 +110,11 @@ class _Pipe:
     def _read(self) -> None:
         # Bytes are "in" when the kernel received them, not when this thread got to run:
         # on a busy host the difference is real lag the truth would otherwise leave out.
-        enable_kernel_stamps(self.src)
+        reader = StampedReader(self.src, time.monotonic_ns)
         last_due = 0
         while True:
             try:
-                data, t_in = recv_stamped(self.src, _CHUNK, time.monotonic_ns)
+                data, t_in = reader.recv(_CHUNK)
             except OSError:
                 data, t_in = b"", 0
             if not data:

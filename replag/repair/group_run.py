@@ -1,8 +1,9 @@
 """One replica group within one check or repair run.
 
-Scan each member into a `ScanIndex` (checkpointed), or reach its tree through
-its region's agent, walk the Tictac trees from the root (`walk`), collect the
-keys of the differing leaves that differ, verify them with two reads
+Scan each member in a process of its own (`scan_process`: checkpointed, its
+keys kept there), or reach its tree through its region's agent, walk the
+Tictac trees from the root (`walk`), collect the keys of the differing leaves
+that differ, verify them with two reads
 `repair_settle` apart, record the divergent keys, then (repair only) decide
 and write each key under WATCH, rechecking keys that were being written
 instead of clobbering them. `engine` runs the groups and owns the run.
@@ -25,9 +26,10 @@ from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.policy import Decision, Newest, Policy
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
 from replag.repair.runs import RunLog
-from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
-from replag.repair.tictac import DEFAULT_DEPTH
-from replag.repair.walk import AgentTree, MemberTree, ScannedTree, differing_leaves
+from replag.repair.scan import ScanOptions, ScanProgress
+from replag.repair.scan_process import WorkerTree
+from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
+from replag.repair.walk import AgentTree, MemberTree, differing_leaves
 from replag.topology import ReplicaGroup
 
 VERIFY_BATCH = 256
@@ -114,6 +116,8 @@ class GroupRun:
             type_filter=params.type_filter,
             exclude_prefix=s.prefix.encode(),
             ttl_bucket_ms=max(self.tolerance_ms, 1),
+            rate=s.scan_rate or None,
+            checkpoint_every_s=s.scan_checkpoint,
         )
 
         # Members whose region runs an agent are compared through it: their trees and key
@@ -240,15 +244,25 @@ class GroupRun:
                     wait_s=self.agent_wait_s,
                 )
             async with slots:
-                index = (await self._scan_member(i)).deduplicated()
-            return ScannedTree(member.name, index, DEFAULT_DEPTH)
+                return await self._scan_member(i)
 
-        trees = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(self.lanes))]
         try:
+            trees = await asyncio.gather(*tasks)
             leaves = await differing_leaves(trees, DEFAULT_DEPTH)
             parts = await asyncio.gather(*(t.leaf_keys(leaves) for t in trees))
         except AgentError as exc:
             raise self._not_compared(exc) from exc
+        finally:
+            # One member failing stops the others' scans; every scan process ends here.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is None:
+                    worker = task.result()
+                    if isinstance(worker, WorkerTree):
+                        worker.close()
         for tree, stats in zip(trees, self.stats, strict=True):
             if isinstance(tree, AgentTree):
                 stats.keys_scanned = tree.keys
@@ -287,27 +301,30 @@ class GroupRun:
             f"{exc.message}; could not compare {names} (group {self.group.name})", where=exc.where
         )
 
-    async def _scan_member(self, i: int) -> ScanIndex:
+    async def _scan_member(self, i: int) -> WorkerTree:
         member = self.group.members[i]
-        state, parts = ScanProgress(member.name), list[ScanIndex]()
-        if self.log is not None:
-            state, parts = self.log.load_scan(self.group.name, member.name)
-        if not state.finished:
-            log = self.log
-            checkpoint = None
+        state, saved = ScanProgress(member.name), None
+        log = self.log
+        if log is not None:
+            state, saved = log.load_scan(self.group.name, member.name)
+
+        def checkpoint(progress: ScanProgress, tree: TictacTree) -> None:
             if log is not None:
+                log.save_scan(self.group.name, progress, tree)
 
-                def checkpoint(progress: ScanProgress, chunk: ScanIndex) -> None:
-                    log.save_scan_chunk(self.group.name, progress, chunk)
-
-            scanner = ReplicaScanner(
-                member, self.options, checkpoint=checkpoint, progress=self._scan_progress
+        with self.lanes[i].clock.busy():
+            worker = await WorkerTree.scan(
+                member,
+                self.options,
+                state,
+                saved,
+                depth=DEFAULT_DEPTH,
+                progress=self._scan_progress,
+                checkpoint=checkpoint,
             )
-            with self.lanes[i].clock.busy():
-                parts.append(await scanner.run(state))
-            self.stats[i].bytes_fetched += scanner.bytes_received
+        self.stats[i].bytes_fetched += worker.bytes_received
         self.stats[i].keys_scanned, self.stats[i].scan_s = state.keys, state.seconds
-        return ScanIndex.concat(parts)
+        return worker
 
     def _scan_progress(self, state: ScanProgress) -> None:
         if self.progress is not None:

@@ -1,9 +1,9 @@
 """Repair runs in the store: what a run was asked to do, how far it got, what it found.
 
 A run survives Ctrl-C and crashes: each replica's scan is checkpointed (SCAN
-cursor plus the keys indexed so far), the verified divergent keys are written
-before any repair, and every key's outcome is recorded as it happens, so
-`--resume RUN_ID` redoes neither a finished scan nor a finished key.
+cursor plus the Tictac tree of the keys before it), the verified divergent
+keys are written before any repair, and every key's outcome is recorded as it
+happens, so `--resume RUN_ID` redoes neither a finished scan nor a finished key.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from replag.repair.scan import ScanIndex, ScanProgress
+from replag.repair.scan import ScanProgress
+from replag.repair.tictac import TictacTree
 from replag.store import Store
 
 SCHEMA = (
@@ -28,18 +29,22 @@ SCHEMA = (
         report_json TEXT,
         error TEXT
     )""",
-    """CREATE TABLE IF NOT EXISTS repair_scan_chunks (
+    # One row per replica being scanned, rewritten at each checkpoint: the cursor and
+    # the Tictac tree of the keys before it (512 KB at depth 16, whatever the keyspace).
+    """CREATE TABLE IF NOT EXISTS repair_scan_state (
         run_id TEXT NOT NULL,
         group_name TEXT NOT NULL,
         replica TEXT NOT NULL,
-        seq INTEGER NOT NULL,
         cursor BLOB NOT NULL,
         keys INTEGER NOT NULL,
         seconds REAL NOT NULL,
         finished INTEGER NOT NULL,
-        data BLOB NOT NULL,
-        PRIMARY KEY (run_id, group_name, replica, seq)
+        total INTEGER,
+        tree BLOB NOT NULL,
+        PRIMARY KEY (run_id, group_name, replica)
     )""",
+    # Checkpoints used to hold every key scanned (tens of MB a run): gone.
+    "DROP TABLE IF EXISTS repair_scan_chunks",
     """CREATE TABLE IF NOT EXISTS repair_groups (
         run_id TEXT NOT NULL,
         group_name TEXT NOT NULL,
@@ -123,45 +128,43 @@ class RunLog:
 
     # --- scan checkpoints ---------------------------------------------------
 
-    def save_scan_chunk(self, group: str, state: ScanProgress, chunk: ScanIndex) -> None:
-        rows = self.store.execute(
-            "SELECT COALESCE(MAX(seq), -1) FROM repair_scan_chunks "
-            "WHERE run_id = ? AND group_name = ? AND replica = ?",
-            (self.run_id, group, state.replica),
-        )
+    def save_scan(self, group: str, state: ScanProgress, tree: TictacTree) -> None:
+        """Where `state.replica`'s scan stands and the tree of the keys before it."""
         self.store.execute(
-            "INSERT INTO repair_scan_chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO repair_scan_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 self.run_id,
                 group,
                 state.replica,
-                int(rows[0][0]) + 1,
                 state.cursor,
                 state.keys,
                 state.seconds,
                 int(state.finished),
-                chunk.to_bytes(),
+                state.total,
+                tree.to_bytes(),
             ),
         )
 
-    def load_scan(self, group: str, replica: str) -> tuple[ScanProgress, list[ScanIndex]]:
+    def load_scan(self, group: str, replica: str) -> tuple[ScanProgress, TictacTree | None]:
+        """The last checkpoint of `replica`'s scan (a fresh start and None if there is none)."""
         rows = self.store.execute(
-            "SELECT cursor, keys, seconds, finished, data FROM repair_scan_chunks "
-            "WHERE run_id = ? AND group_name = ? AND replica = ? ORDER BY seq",
+            "SELECT cursor, keys, seconds, finished, total, tree FROM repair_scan_state "
+            "WHERE run_id = ? AND group_name = ? AND replica = ?",
             (self.run_id, group, replica),
         )
-        state = ScanProgress(replica)
-        parts = []
-        for cursor, keys, seconds, finished, data in rows:
-            state = ScanProgress(replica, bytes(cursor), int(keys), float(seconds), bool(finished))
-            parts.append(ScanIndex.from_bytes(bytes(data)))
-        return state, parts
+        if not rows:
+            return ScanProgress(replica), None
+        cursor, keys, seconds, finished, total, tree = rows[0]
+        state = ScanProgress(replica, bytes(cursor), int(keys), float(seconds), bool(finished))
+        state.total = None if total is None else int(total)
+        return state, TictacTree.from_bytes(bytes(tree))
 
     def drop_scans(self, group: str) -> None:
         self.store.execute(
-            "DELETE FROM repair_scan_chunks WHERE run_id = ? AND group_name = ?",
+            "DELETE FROM repair_scan_state WHERE run_id = ? AND group_name = ?",
             (self.run_id, group),
         )
+        self.store.reclaim()
 
     # --- groups and keys ----------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Comparing N members' Tictac trees from the root down, wherever each tree lives.
 
-A member's tree is either built here from a scan (`ScannedTree`) or kept by
-its region's agent (`AgentTree`, reached over HTTP). The walk asks every tree
+A member's tree is either built by a scan in a process of this machine
+(`scan_process.WorkerTree`) or kept by its region's agent (`AgentTree`,
+reached over HTTP). The walk asks every tree
 for the nodes below the ones that still differ, a few levels at a time
 (`STRIDE` levels per step: a depth-16 tree takes two steps, root → level 12 →
 leaves), so a check costs two round trips to each agent for the trees and
@@ -20,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.errors import AgentError
-from replag.repair.diff import in_leaves
 from replag.repair.remote import BUCKET_HEADER, DEPTH_HEADER, KEYS_HEADER, AgentClient
 from replag.repair.scan import ScanIndex
 
@@ -39,28 +39,13 @@ class MemberTree(Protocol):
     async def leaf_keys(self, leaves: I64) -> ScanIndex: ...
 
 
-def _below(levels: list[U64], level: int, nodes: I64, down: int) -> U64:
+def nodes_below(levels: list[U64], level: int, nodes: I64, down: int) -> U64:
+    """For each node of `level`, its 2**down descendants `down` levels below (a tree's
+    `levels()`)."""
     width = 1 << down
     index = (nodes[:, None] * width + np.arange(width, dtype=np.int64)[None, :]).ravel()
     values: U64 = levels[level + down][index]
     return values
-
-
-class ScannedTree:
-    """A member scanned by this process: its tree and keys are all here."""
-
-    def __init__(self, name: str, index: ScanIndex, depth: int) -> None:
-        self.name = name
-        self.index = index
-        self.depth = depth
-        self.tree = index.tree(depth)
-        self._levels = self.tree.levels()
-
-    async def descendants(self, level: int, nodes: I64, down: int, *, first: bool) -> U64:
-        return _below(self._levels, level, nodes, down)
-
-    async def leaf_keys(self, leaves: I64) -> ScanIndex:
-        return in_leaves(self.index, leaves, self.depth)
 
 
 class AgentTree:

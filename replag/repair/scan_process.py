@@ -1,0 +1,356 @@
+"""A member's scan in a process of its own: the client side of a full check is CPU-bound.
+
+`WorkerTree.scan` forks a worker that runs `ReplicaScanner` on one member and
+keeps the parts of the `ScanIndex` it builds (its keys never cross into this
+process). Back come a progress event per batch, a checkpoint every
+`checkpoint_every_s` (the cursor and the Tictac tree of the keys so far: 512
+KB, whatever the keyspace), and, when the scan ends, the member's tree. The
+walk then asks the worker for the keys of the differing leaves only
+(`leaf_keys`), which is what makes it a `MemberTree`.
+
+A scan resumed from a checkpoint starts from its cursor with the tree saved
+there; the keys read before the checkpoint are not kept anywhere, so the keys
+of differing leaves are then found by a second pass that reads only keys in
+those leaves (SCAN of the names, values of the few that fall in them).
+
+The worker is forked after the parent's imports, so it shares their pages.
+It exits when the parent says so, and on its own when the parent's end of
+the pipe goes away (a killed check leaves no scan running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from replag.errors import RepairError, ReplagError
+from replag.repair.scan import LeafFilter, ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.tictac import TictacTree, leaf_of
+from replag.repair.walk import nodes_below
+from replag.topology import Endpoint
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+Checkpointed = Callable[[ScanProgress, TictacTree], None]
+Progressed = Callable[[ScanProgress], None]
+_PROGRESS_EVERY_S = 0.05
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class WorkerTree:
+    """One member scanned in a worker process (a `MemberTree` for the walk)."""
+
+    def __init__(
+        self, name: str, process: Any, conn: Connection, tree: TictacTree, bytes_received: int
+    ) -> None:
+        self.name = name
+        self._process = process
+        self._conn = conn
+        self.tree = tree
+        self.bytes_received = bytes_received
+        self._levels = tree.levels()
+
+    @classmethod
+    async def scan(
+        cls,
+        endpoint: Endpoint,
+        options: ScanOptions,
+        state: ScanProgress,
+        saved: TictacTree | None,
+        *,
+        depth: int,
+        progress: Progressed | None = None,
+        checkpoint: Checkpointed | None = None,
+    ) -> WorkerTree:
+        """Scan `endpoint` from `state` (with `saved`, the tree of what a checkpoint
+        covered) in a new process; returns once its tree is complete. `state` follows
+        the worker's progress."""
+        context = multiprocessing.get_context("fork")
+        parent_end, child_end = context.Pipe()
+        process = context.Process(
+            target=_worker,
+            args=(child_end, parent_end, os.getpid(), endpoint, options, state, depth, saved),
+            name=f"replag-scan {endpoint.name}",
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        inbox = _Inbox(parent_end, endpoint)
+        scanning = not state.finished
+        try:
+            while True:
+                kind, *body = await inbox.get()
+                if kind == "progress" or kind == "checkpoint":
+                    _update(state, body[0])
+                    if kind == "checkpoint" and checkpoint is not None:
+                        checkpoint(state, TictacTree.from_bytes(body[1]))
+                    if progress is not None:
+                        progress(state)
+                elif kind == "done":
+                    _update(state, body[0])
+                    if progress is not None and scanning:
+                        progress(state)  # the last word: every key read
+                    inbox.close()
+                    tree = TictacTree.from_bytes(body[1])
+                    if checkpoint is not None and saved is None:
+                        checkpoint(state, tree)  # a crash from here on rescans nothing
+                    return cls(endpoint.name, process, parent_end, tree, body[2])
+                else:
+                    raise body[0]
+        except BaseException:
+            inbox.close()
+            _stop(process, parent_end)
+            raise
+
+    async def descendants(self, level: int, nodes: I64, down: int, *, first: bool) -> U64:
+        return nodes_below(self._levels, level, nodes, down)
+
+    async def leaf_keys(self, leaves: I64) -> ScanIndex:
+        self._conn.send(("leaf_keys", leaves.astype(np.int64).tobytes()))
+        inbox = _Inbox(self._conn, None, name=self.name)
+        try:
+            kind, body = await inbox.get()
+        finally:
+            inbox.close()
+        if kind == "error":
+            raise body
+        return ScanIndex.from_bytes(body)
+
+    def close(self) -> None:
+        _stop(self._process, self._conn)
+
+
+def _update(state: ScanProgress, fields: tuple[bytes, int, float, bool, int | None]) -> None:
+    state.cursor, state.keys, state.seconds, state.finished, state.total = fields
+
+
+def _fields(state: ScanProgress) -> tuple[bytes, int, float, bool, int | None]:
+    return state.cursor, state.keys, state.seconds, state.finished, state.total
+
+
+def _stop(process: Any, conn: Connection) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(("exit",))
+    conn.close()
+    process.join(timeout=5)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+class _Inbox:
+    """Messages from a worker, read when its pipe is readable (the loop never blocks on it)."""
+
+    def __init__(self, conn: Connection, endpoint: Endpoint | None, *, name: str = "") -> None:
+        self._conn = conn
+        self._name = endpoint.name if endpoint is not None else name
+        self._queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(conn.fileno(), self._readable)
+        self._open = True
+
+    def _readable(self) -> None:
+        try:
+            while self._conn.poll():
+                self._queue.put_nowait(self._conn.recv())
+        except (EOFError, OSError):
+            self.close()
+            error = RepairError("its scan process exited unexpectedly", where=self._name)
+            self._queue.put_nowait(("error", error))
+
+    async def get(self) -> tuple[Any, ...]:
+        return await self._queue.get()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._loop.remove_reader(self._conn.fileno())
+
+
+# --- in the worker ------------------------------------------------------------------
+
+
+def _worker(
+    conn: Connection,
+    parents_end: Connection,
+    parent: int,
+    endpoint: Endpoint,
+    options: ScanOptions,
+    state: ScanProgress,
+    depth: int,
+    saved: TictacTree | None,
+) -> None:
+    """The forked process: scan, send the tree, answer `leaf_keys` until told to exit."""
+    # Ctrl-C reaches the whole process group: the parent decides, and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parents_end.close()  # else our own copy would keep the pipe open after the parent died
+    _die_with(parent)
+    try:
+        kept = asyncio.run(_scan(conn, endpoint, options, state, depth, saved))
+        while True:
+            message = conn.recv()
+            if message[0] != "leaf_keys":
+                break
+            leaves = np.frombuffer(message[1], dtype=np.int64)
+            if saved is not None:
+                # Keys read before the checkpoint are not here: read those leaves again.
+                found = asyncio.run(_rescan(endpoint, options, leaves, depth))
+            else:
+                found = kept.in_leaves(leaves)
+            conn.send(("keys", found.to_bytes()))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone: nothing to report to
+    except ReplagError as exc:
+        _send(conn, ("error", exc))
+    except BaseException as exc:  # a bug: reported, not a silent hang in the parent
+        _send(conn, ("error", RepairError(f"scan failed: {exc!r}", where=endpoint.name)))
+    finally:
+        conn.close()
+        # Forked: leave without the parent's exit handlers (its store, its temp files).
+        os._exit(0)
+
+
+def _die_with(parent: int) -> None:
+    """Be killed when the parent dies (a killed check must not leave scans running): the
+    pipe alone does not tell, as other workers forked later hold copies of its end."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the pipe still ends us once no process holds its other end
+    if os.getppid() != parent:  # died before that took effect
+        os._exit(0)
+
+
+def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(message)
+
+
+class _KeptKeys:
+    """A worker's keys, compactly: per key its entry hash, leaf, name length and name
+    (25 bytes for a 13-byte name, against 33 in a `ScanIndex`): key hashes are
+    recomputed from the names for the few keys a walk asks for."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.tree = TictacTree(depth)
+        self._leaf_type = np.uint16 if depth <= 16 else np.uint32
+        self._entries: list[U64] = []
+        self._leaves: list[npt.NDArray[np.unsignedinteger[Any]]] = []
+        self._lengths: list[npt.NDArray[np.unsignedinteger[Any]]] = []
+        self._blobs: list[bytes] = []
+
+    def add(self, part: ScanIndex, *, keep: bool = True) -> None:
+        leaves = leaf_of(part.key_hashes, self.depth)
+        np.bitwise_xor.at(self.tree.leaves, leaves, part.entries)
+        if not keep:
+            return
+        self._entries.append(part.entries)
+        self._leaves.append(leaves.astype(self._leaf_type))
+        short = len(part) == 0 or int(part.lengths.max()) < 1 << 16
+        self._lengths.append(part.lengths.astype(np.uint16) if short else part.lengths)
+        self._blobs.append(part.blob)
+
+    def count_duplicates_once(self) -> None:
+        """A key SCAN returned twice (while the server resized its table) was XORed in
+        twice, which cancels it: put it back. Same key, same state, same entry hash."""
+        if not self._entries:
+            return
+        entries = np.concatenate(self._entries)
+        entries.sort()
+        repeated = entries[1:][entries[1:] == entries[:-1]]
+        del entries
+        if not len(repeated):
+            return
+        values, counts = np.unique(repeated, return_counts=True)  # counts = sightings - 1
+        for value in values[counts % 2 == 1]:  # an even number of sightings cancelled out
+            for entries, leaves in zip(self._entries, self._leaves, strict=True):
+                at = np.flatnonzero(entries == value)
+                if len(at):
+                    self.tree.leaves[int(leaves[at[0]])] ^= value
+                    break
+
+    def in_leaves(self, wanted: I64) -> ScanIndex:
+        found: list[ScanIndex] = []
+        for entries, leaves, lengths, blob in zip(
+            self._entries, self._leaves, self._lengths, self._blobs, strict=True
+        ):
+            picked = np.flatnonzero(np.isin(leaves.astype(np.int64), wanted))
+            if not len(picked):
+                continue
+            offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+            names = [blob[offsets[i] : offsets[i + 1]] for i in picked]
+            hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, names), np.uint64, len(names))
+            found.append(
+                ScanIndex(
+                    hashes,
+                    entries[picked],
+                    np.fromiter(map(len, names), np.uint32, len(names)),
+                    b"".join(names),
+                )
+            )
+        return ScanIndex.concat(found)
+
+
+async def _scan(
+    conn: Connection,
+    endpoint: Endpoint,
+    options: ScanOptions,
+    state: ScanProgress,
+    depth: int,
+    saved: TictacTree | None,
+) -> _KeptKeys:
+    kept = _KeptKeys(depth)
+    if saved is not None:
+        kept.tree.leaves[:] = saved.leaves
+    last_progress = 0.0
+
+    def progress(now: ScanProgress) -> None:
+        nonlocal last_progress
+        moment = time.monotonic()
+        if moment - last_progress >= _PROGRESS_EVERY_S:
+            last_progress = moment
+            conn.send(("progress", _fields(now)))
+
+    def checkpoint(now: ScanProgress) -> None:
+        # The tree so far, duplicates and all: only a resumed scan uses it, and a key
+        # SCAN returned twice costs it a candidate that the verification clears.
+        if not now.finished:
+            conn.send(("checkpoint", _fields(now), kept.tree.to_bytes()))
+
+    received = 0
+    if not state.finished:
+        # A resumed scan keeps no keys: its walk reads the differing leaves again.
+        def sink(part: ScanIndex) -> None:
+            kept.add(part, keep=saved is None)
+
+        scanner = ReplicaScanner(
+            endpoint, options, sink=sink, checkpoint=checkpoint, progress=progress
+        )
+        await scanner.run_parts(state)
+        received = scanner.bytes_received
+    if saved is None:
+        kept.count_duplicates_once()
+    conn.send(("done", _fields(state), kept.tree.to_bytes(), received))
+    return kept
+
+
+async def _rescan(endpoint: Endpoint, options: ScanOptions, leaves: I64, depth: int) -> ScanIndex:
+    from dataclasses import replace
+
+    only = replace(options, leaves=LeafFilter.of(leaves, depth), rate=None)
+    index = await ReplicaScanner(endpoint, only).run(ScanProgress(endpoint.name))
+    return index.deduplicated()

@@ -1,0 +1,165 @@
+"""Scans in their own processes: TTLs read the cheapest way, and a killed run resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replag.config import load_config
+from replag.lab.server import RedisServer
+from replag.repair import check
+from replag.repair.runs import RunLog
+from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
+from replag.store import Store
+from replag.topology import Endpoint
+from tests.helpers.keyspace import fill
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.waiting import until
+
+
+async def scan(url: str, **options: object) -> tuple[str, list[tuple[bytes, int]]]:
+    scanner = ReplicaScanner(Endpoint.from_url(url, name="n"), ScanOptions(**options))  # type: ignore[arg-type]
+    index = await scanner.run(ScanProgress("n"))
+    return scanner.ttl_source, sorted(
+        (index.key(i), int(index.entries[i])) for i in range(len(index))
+    )
+
+
+async def test_ttls_are_read_the_cheapest_way_the_replica_allows(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("ttl")
+    with server.client() as client:
+        fill(client, 3000)
+        source, plain = await scan(server.url)
+        assert source == "none"  # INFO: no key with an expiry, so no TTL is asked for
+        assert (await scan(server.url, ttls="pttl"))[1] == plain
+        for i in range(0, 3000, 7):
+            client.pexpire(f"k:{i:07d}", 600_000)
+        client.set("gone-soon", "x", px=600_000)
+        # A user who may not run scripts, as some managed services configure them.
+        client.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"],
+                           commands=["+@all", "-@scripting"])  # fmt: skip
+    by_script, with_ttls = await scan(server.url)
+    assert by_script == "script"
+    refused, per_key = await scan(f"redis://noscript:pw@127.0.0.1:{server.port}")
+    assert refused == "pttl"
+    # The same entries whichever way the TTLs came (they differ from the TTL-less scan).
+    assert with_ttls == per_key and with_ttls != plain
+
+
+def write_config(path: Path, servers: list[RedisServer], **settings: str | int) -> Path:
+    lines = ["[settings]", f'store = "{path.parent / "replag.sqlite"}"', 'repair_settle = "10ms"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    for i, s in enumerate(servers):
+        lines += [
+            "[[regions]]",
+            f'name = "r{i}"',
+            f'replicas = [{{ name = "n{i}", url = "{s.url}" }}]',
+        ]
+    names = ", ".join(f'"n{i}"' for i in range(len(servers)))
+    lines += ["[[groups]]", 'name = "g"', f"members = [{names}]"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def replag(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replag", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+async def test_a_killed_check_or_repair_resumes_from_its_checkpoints(
+    tmp_path: Path, redis_factory: RedisFactory, command: str
+) -> None:
+    servers = [redis_factory("kill"), redis_factory("kill")]
+    for s in servers:
+        with s.client() as c:
+            fill(c, 40_000)
+    with servers[0].client() as a, servers[1].client() as b:
+        diverged = set()
+        for i in range(0, 40_000, 1000):  # 40 keys rewritten on n1
+            b.set(f"k:{i:07d}", "changed")
+            diverged.add(f"k:{i:07d}")
+        for i in range(500, 40_000, 2000):  # 20 deleted on n0
+            a.delete(f"k:{i:07d}")
+            diverged.add(f"k:{i:07d}")
+    # Slow enough to be killed mid-scan, checkpointing often.
+    config = write_config(
+        tmp_path / "replag.toml", servers, scan_rate=20_000, scan_checkpoint="100ms"
+    )
+    store = tmp_path / "replag.sqlite"
+    # n1 holds the truth: its rewritten values and the keys n0 lost get copied to n0.
+    policy = ["--policy", "source:n1"] if command == "run" else []
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "replag", "repair", command, "--config", str(config), *policy],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def checkpointed() -> bool:
+        try:
+            with sqlite3.connect(store) as db:
+                rows = db.execute(
+                    "SELECT COUNT(*) FROM repair_scan_state WHERE finished = 0 AND keys > 0"
+                ).fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(rows[0] == 2)
+
+    try:
+        await until(checkpointed, "both replicas' scans checkpointed mid-way")
+        workers = children(proc.pid)
+        assert len(workers) == 2  # one scan process per replica
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    # The scan processes notice their parent is gone and stop.
+    await until(lambda: not any(running(w) for w in workers), "the scan processes gone")
+    with sqlite3.connect(store) as db:
+        ((run_id, status),) = db.execute("SELECT run_id, status FROM repair_runs").fetchall()
+    assert status == "running"  # killed: nothing could mark it
+
+    if command == "check":
+        # (The library: `repair check` has no --resume flag yet.)
+        resumed = await check(load_config(config), store=Store(store), resume=run_id)
+        assert resumed.run_id == run_id and resumed.status == "done"
+        keys = {k for k, _, _, _ in RunLog(Store(store), run_id).keys("g")}
+        assert keys == {k.encode() for k in diverged}
+    else:
+        done = replag("repair", command, "--config", str(config), "--resume", run_id, "--json")
+        assert done.stdout, done.stderr
+        report = json.loads(done.stdout)
+        assert report["run_id"] == run_id and report["status"] == "done", done.stderr
+        assert report["repaired"] == len(diverged)
+        again = replag("repair", "check", "--config", str(config), "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["divergent"] == 0
+    with sqlite3.connect(store) as db:
+        # The finished run's checkpoints are gone.
+        assert db.execute("SELECT COUNT(*) FROM repair_scan_state").fetchone() == (0,)
