@@ -9,7 +9,7 @@ delete, with lost writes, and left divergent though the run did not report
 them; anomalies on keys with a write whose fan-out took longer than
 `repair_settle` are counted apart (the bound repair's safety rests on).
 
-    python benchmarks/repair_safety.py [--runs 21] [--keys 8000] [--rate 100]
+    python benchmarks/repair_safety.py [--runs 21] [--keys 8000] [--rate 60]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ async def main() -> None:
     parser.add_argument("--faults", type=int, default=2000)
     parser.add_argument("--writes", type=int, default=20_000, help="flag runs with fewer writes")
     parser.add_argument("--writers", type=int, default=12)
-    parser.add_argument("--rate", type=float, default=100.0, help="repair writes/s per replica")
+    parser.add_argument("--rate", type=float, default=60.0, help="repair writes/s per replica")
     parser.add_argument("--settle", default="50ms", help="repair_settle")
     parser.add_argument("--policy", action="append", help="only these policies")
     args = parser.parse_args()

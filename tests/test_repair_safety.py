@@ -17,11 +17,22 @@ from tests.helpers.configs import group_config
 from tests.helpers.redis_servers import RedisFactory
 
 
-@pytest.mark.parametrize(("policy", "seed"), [("quorum", 1), ("source:n1", 2), ("newest:ts", 3)])
+@pytest.mark.parametrize(
+    ("policy", "seed", "deletes"),
+    [("quorum", 1, False), ("source:n1", 2, False), ("newest:ts", 3, False), ("quorum", 4, True)],
+)
 async def test_no_write_is_clobbered_resurrected_or_lost_under_concurrent_writers(
-    tmp_path: Path, policy: str, seed: int
+    tmp_path: Path, policy: str, seed: int, deletes: bool
 ) -> None:
-    spec = SafetySpec(policy=policy, seed=seed, keys=600, faults=200, writers=6, drop_s=0.5)
+    spec = SafetySpec(
+        policy=policy,
+        seed=seed,
+        keys=600,
+        faults=200,
+        writers=6,
+        drop_s=0.5,
+        allow_deletes=deletes,
+    )
     run = await run_once(spec, tmp_path)
     print("\n" + run.line(), *run.verdict.examples, sep="\n  ")
     result = run.to_dict()
@@ -77,6 +88,53 @@ async def test_a_delete_that_reached_the_target_first_undoes_the_copy(
     assert result["divergent_keys"][0]["status"] == "agreed"
     for client in (a, b, c):
         await client.aclose()
+
+
+async def test_a_client_write_on_the_copy_before_its_undo_is_kept_and_the_copy_removed(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # As above, but the client's next write (an HSET on every replica) lands on c's
+    # copy before the repair can undo it: the undo must keep that write and drop the
+    # fields the copy brought back, not leave a hash resurrected around it.
+    servers = [redis_factory("merge") for _ in range(3)]
+    a, b, c = (aioredis.Redis(port=s.port) for s in servers)
+    await a.hset("h", mapping={"old1": "1", "old2": "1"})
+    await b.hset("h", mapping={"old1": "1", "old2": "1"})
+    restored = await _keyspace_events(c, "h")
+
+    async def delete_then_write() -> None:
+        await restored.wait()
+        for client in (a, b):
+            await client.delete("h")
+        for client in (c, a, b):
+            await client.hset("h", "new", "2")
+
+    writer = asyncio.create_task(delete_then_write())
+    report = await repair(group_config(tmp_path, servers, repair_settle="300ms"))
+    await asyncio.wait_for(writer, 30)
+    assert [await x.hgetall("h") for x in (a, b, c)] == [{b"new": b"2"}] * 3
+    assert report.to_dict()["undone"] == 1 and report.to_dict()["undo_failed"] == 0
+    for client in (a, b, c):
+        await client.aclose()
+
+
+def test_element_changes_replay_what_clients_did_to_the_copy() -> None:
+    from replag.repair.undo import element_changes
+    from replag.resp import pack
+
+    ours = {b"f1": b"1", b"f2": b"1"}
+    now = {b"f1": b"1", b"f3": b"9"}  # f2 deleted, f3 added after the copy
+    assert element_changes(b"k", "hash", ours, now) == [
+        pack(b"HSET", b"k", b"f3", b"9"),
+        pack(b"HDEL", b"k", b"f2"),
+    ]
+    assert element_changes(b"k", "set", {b"a", b"b"}, {b"b", b"c"}) == [
+        pack(b"SADD", b"k", b"c"),
+        pack(b"SREM", b"k", b"a"),
+    ]
+    assert element_changes(b"k", "zset", {b"m": 1.0}, {b"m": 2.5}) == [
+        pack(b"ZADD", b"k", b"2.5", b"m")
+    ]
 
 
 async def test_an_undo_puts_back_the_old_value_and_its_ttl(

@@ -11,13 +11,15 @@ delete, "absent") and targets T1..Tn, on each replica's own Redis:
    touched the key since the WATCH, so the write replaces exactly the compared
    state, and the DUMP in the same transaction is T's state just before it
    (the pre-image).
-3. **Re-verify, else undo.** Once the batch is written, wait `repair_settle`
-   and read the key on every replica. The repair stands only if every replica
-   now holds W's state. Otherwise each target is put back: under WATCH, if it
-   still holds what we wrote, RESTORE the pre-image (DEL if it had no key); if
-   it holds something else, a client wrote it after us and it stays. The key
-   is rechecked in a later round; one still moving after the last round is
-   reported `busy`, never guessed.
+3. **Re-verify, else undo.** `repair_settle` after this key's own writes,
+   read the key on every replica. The repair stands only if every replica
+   now holds W's state. Otherwise each target is put back (`undo`): under
+   WATCH, if it still holds what we wrote, RESTORE the pre-image (DEL if it
+   had no key); if a client deleted or overwrote it since, that write stays;
+   if a client changed it in place (HSET, SADD, ZADD, EXPIRE on the copy of a
+   hash, set or sorted set), the pre-image with exactly those element and
+   expiry changes replayed on it. The key is rechecked in a later round; one
+   still moving after the last round is reported `busy`, never guessed.
 
 Why (3) is needed and why it is enough. (2) guards against every client write
 that changes T's state, before ours (the compare) or after it (the undo's
@@ -36,6 +38,16 @@ reach every replica of the group (the p99 replication lag `replag probe`
 measures, with margin). A value that comes back to W after changing (A→B→A)
 is W's current value again, so copying it is still justified.
 
+The undo itself must not lose what clients wrote meanwhile. Between the copy
+and the undo the copy is visible, and a client's next write may land on it: a
+full overwrite or a delete simply stays; an in-place change to a collection is
+replayed onto the pre-image, element by element, which is what the key would
+hold had that write met the pre-image. That is exact for element writes (HSET,
+HDEL, SADD, SREM, ZADD, ZREM) and expiry writes; the window is kept to
+`repair_settle` by timing each key's check from its own writes. What cannot be
+separated (a string or list changed in place, a collection over `MERGE_LIMIT`
+elements) is reported as `undo_failed` and the key as busy, never guessed.
+
 DUMP/RESTORE carries the value and the remaining TTL (computed at the moment
 of writing); a target that refuses the winner's DUMP format (an older server)
 gets type-specific writes in the same transaction. Each replica has its own
@@ -46,13 +58,16 @@ Where a replica's region runs an agent, the lane's `remote` makes steps 1 and 2
 (`read_for_copy`, `compare_and_write`): the write travels as data (`Write`) and
 its TTL is computed by the agent when it writes, from the time since the
 winner was read (which leaves out the one-way trip of the request: a copy may
-live that much longer). Typed writes are made only here.
+live that much longer). Typed writes, and undos that replay a client's element
+changes, are made only here; through an agent an undo restores the pre-image only
+while the target still holds the copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -61,13 +76,15 @@ from typing import Any, Literal, Protocol, TypeVar
 from replag.errors import EndpointError
 from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.policy import Decision
-from replag.repair.values import StreamEntry, read_values
+from replag.repair.undo import PreImage, collection_data, undo
+from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 
 Outcome = Literal["repaired", "changed", "dry_run"]
 _CHUNK = 1000
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
 WriteOp = Literal["delete", "restore", "expire", "undo"]
 
 
@@ -104,19 +121,38 @@ async def read_for_copy(
     conn: RespConnection, key: bytes, expected: KeyState, *, tolerance_ms: int, chunk: int
 ) -> tuple[bytes, int] | None:
     """Step 1 on the winner: (DUMP, PTTL) if the key still holds `expected`, else None."""
+    read, _ = await read_for_copy_with_data(
+        conn, key, expected, tolerance_ms=tolerance_ms, chunk=chunk, collect=False
+    )
+    return read
+
+
+async def read_for_copy_with_data(
+    conn: RespConnection,
+    key: bytes,
+    expected: KeyState,
+    *,
+    tolerance_ms: int,
+    chunk: int,
+    collect: bool = True,
+) -> tuple[tuple[bytes, int] | None, Data | None]:
+    """`read_for_copy`, and (`collect`) the elements of a hash, set or sorted set of at
+    most `undo.MERGE_LIMIT` elements, read under the same WATCH: of the same moment as
+    the DUMP."""
     conn.check(await conn.request(pack(b"WATCH", key), 1))
     now = await observe_keys(conn, [key], chunk=chunk, keep=False)
     if not now[key].same_as(expected, tolerance_ms):
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
-        return None
+        return None, None
+    data = await collection_data(conn, key, expected, chunk) if collect else None
     replies = await conn.request(
         pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"), 4
     )
     conn.check(replies[:1])
     result = replies[3]
     if result is None or not isinstance(result[0], bytes):
-        return None  # the winner changed after we read it
-    return result[0], int(result[1])
+        return None, None  # the winner changed after we read it
+    return (result[0], int(result[1])), data
 
 
 async def compare_and_write(
@@ -303,9 +339,7 @@ class _Written:
     """One transaction that wrote a target: what to put back if the repair does not stand."""
 
     target: int
-    pre_image: bytes | None  # the target's DUMP just before our write; None: no key
-    pre_pttl: int
-    at: float  # monotonic time of the write
+    before: PreImage
 
 
 @dataclass
@@ -317,6 +351,7 @@ class _Attempt:
     written: list[_Written]
     complete: bool  # every target was written (none had changed)
     stood: bool = False  # re-verified: every replica held `expected`
+    expected_data: Data | None = None  # the copied collection's elements, to merge an undo
 
 
 class Applier:
@@ -337,6 +372,7 @@ class Applier:
         self.dry_run = dry_run
         self.chunk = chunk
         self.undone = 0  # target writes put back because the repair did not stand
+        self.undo_failed: list[bytes] = []  # keys a client changed in place before the undo
 
     async def apply_batch(
         self, items: Sequence[tuple[bytes, Decision, Sequence[KeyState]]]
@@ -346,13 +382,21 @@ class Applier:
         ("changed")."""
         if self.dry_run:
             return ["dry_run"] * len(items)
-        attempts = await _all_or_none(self._attempt(*item) for item in items)
-        written = [a for a in attempts if a is not None and a.written]
-        if written:
+        return await _all_or_none(self._repair_key(*item) for item in items)
+
+    async def _repair_key(
+        self, key: bytes, decision: Decision, states: Sequence[KeyState]
+    ) -> Outcome:
+        """Steps 1 to 3 for one key. The re-verification is timed from this key's own
+        writes, not the batch's: a client's partial write (HSET, SADD, EXPIRE) landing
+        on a copy before its undo would be merged into it, so the window is kept short."""
+        attempt = await self._attempt(key, decision, states)
+        if attempt is None:
+            return "changed"
+        if attempt.written:
             await asyncio.sleep(self.settle_s)
-            now = await self._observe([a.key for a in written])
-            await _all_or_none(self._settle(a, now) for a in written)
-        return ["repaired" if a is not None and a.stood else "changed" for a in attempts]
+            await self._settle(attempt, await self._observe([key]))
+        return "repaired" if attempt.stood else "changed"
 
     async def _attempt(
         self, key: bytes, decision: Decision, states: Sequence[KeyState]
@@ -369,14 +413,16 @@ class Applier:
         source = await self._read_winner(decision.winner, key, winner_state)
         if source is None:
             return None
-        payload, pttl, read_at = source
+        payload, pttl, read_at, data = source
         results = await asyncio.gather(
             *(
                 self._copy(t, key, states[t], decision.winner, winner_state, payload, pttl, read_at)
                 for t in decision.targets
             )
         )
-        return _attempt(key, winner_state, results)
+        attempt = _attempt(key, winner_state, results)
+        attempt.expected_data = data
+        return attempt
 
     async def _observe(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
         async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
@@ -395,30 +441,66 @@ class Applier:
         ):
             attempt.stood = True
             return
-        await asyncio.gather(
-            *(self._undo(attempt.key, attempt.expected, w) for w in attempt.written)
-        )
+        await asyncio.gather(*(self._undo(attempt, w) for w in attempt.written))
 
-    async def _undo(self, key: bytes, wrote: KeyState, written: _Written) -> None:
-        # Back to the pre-image, with the TTL it had left minus the time since (DEL if it
-        # would have expired, or if there was no key).
-        undo = Write("undo", written.pre_image, written.pre_pttl)
-        if await self._write(written.target, key, wrote, undo, written.at) is not None:
-            self.undone += 1
+    async def _undo(self, attempt: _Attempt, written: _Written) -> None:
+        """Put one target back (`undo.undo`); a key that keeps moving is retried a few
+        times, then counted as not undone and named in the log."""
+        lane = self.lanes[written.target]
+        if lane.remote is not None:
+            # Through an agent: the compare-and-set restore of the pre-image only (what
+            # a client changed in the copy meanwhile stays, as a full overwrite would).
+            before = written.before
+            put_back = Write("undo", before.dump, before.pttl)
+            if await self._write(
+                written.target, attempt.key, attempt.expected, put_back, before.at
+            ):
+                self.undone += 1
+            return
+        for attempt_no in range(3):
+            if attempt_no:
+                await asyncio.sleep(self.settle_s / 2)
+            async with lane.connection(write=True) as conn:
+                outcome = await undo(
+                    conn,
+                    attempt.key,
+                    wrote=attempt.expected,
+                    wrote_data=attempt.expected_data,
+                    before=written.before,
+                    tolerance_ms=self.tolerance_ms,
+                    chunk=self.chunk,
+                )
+            if outcome in ("restored", "merged"):
+                lane.writes += 1
+                self.undone += 1
+                return
+            if outcome == "client_wrote":
+                return
+        self.undo_failed.append(attempt.key)
+        logger.warning(
+            "%s: %r: the repair's copy could not be undone (changed in place by a client "
+            "before it was verified); check this key",
+            lane.name,
+            attempt.key,
+        )
 
     async def _read_winner(
         self, index: int, key: bytes, expected: KeyState
-    ) -> tuple[bytes, int, float] | None:
+    ) -> tuple[bytes, int, float, Data | None] | None:
+        """Step 1: the winner's DUMP and PTTL if it still holds `expected`, and (read here,
+        not through an agent) a small collection's elements to merge an undo with, all
+        of one moment."""
         lane = self.lanes[index]
+        data: Data | None = None
         if lane.remote is not None:
             async with lane.turn():
                 read = await lane.remote.read_for_copy(key, expected, self.tolerance_ms)
         else:
             async with lane.connection() as conn:
-                read = await read_for_copy(
+                read, data = await read_for_copy_with_data(
                     conn, key, expected, tolerance_ms=self.tolerance_ms, chunk=self.chunk
                 )
-        return None if read is None else (read[0], read[1], time.monotonic())
+        return None if read is None else (read[0], read[1], time.monotonic(), data)
 
     async def _copy(
         self,
@@ -508,7 +590,9 @@ class Applier:
             return None
         pre_image, pre_pttl, count = done
         lane.writes += count
-        return _Written(target, pre_image, pre_pttl, time.monotonic())
+        # WATCH made the pre-image the compared state, so its type is `expected`'s.
+        pre_type = expected.type if pre_image is not None else None
+        return _Written(target, PreImage(pre_type, pre_image, pre_pttl, time.monotonic()))
 
 
 def _elapsed_ms(since: float) -> int:

@@ -189,6 +189,7 @@ class GroupRun:
         self.report.candidates = saved.get("candidates", 0)
         self.report.changing = saved.get("changing_during_check", 0)
         self.report.undone = saved.get("undone", 0)
+        self.report.undo_failed = saved.get("undo_failed", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
         self.report.repair_s = saved.get("repair_s", 0.0)
         self.report.reverified = saved.get("reverified", 0)
@@ -497,8 +498,20 @@ class GroupRun:
                 deferred += await self._resolve(batch, applier)
             todo = sorted(deferred)
         self.report.undone += applier.undone
+        self.report.undo_failed += len(set(applier.undo_failed))
         self._set(
             {k: _KeyRecord(self.records[k].kind, rp.BUSY, self.records[k].detail) for k in todo}
+        )
+        # A copy a client changed in place before it could be undone: whatever later
+        # rounds saw, the key needs a look.
+        reason = "a client changed the repair's copy in place before it could be undone"
+        self._set(
+            {
+                k: _KeyRecord(
+                    self.records[k].kind, rp.BUSY, {**self.records[k].detail, "reason": reason}
+                )
+                for k in set(applier.undo_failed)
+            }
         )
 
     async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:

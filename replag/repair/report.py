@@ -66,6 +66,7 @@ class GroupReport:
     candidates: int = 0
     changing: int = 0
     undone: int = 0  # target writes put back because the winner moved before they stood
+    undo_failed: int = 0  # keys whose copy a client changed in place before the undo
     reverified: int = 0  # keys a resumed run read again because it had repaired them
     differed_again: int = 0  # ... and found differing again (repaired again or reported)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -86,6 +87,7 @@ class GroupReport:
             "candidates": self.candidates,
             "changing_during_check": self.changing,
             "undone": self.undone,
+            "undo_failed": self.undo_failed,
             "reverified": self.reverified,
             "differed_again": self.differed_again,
             **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
@@ -141,6 +143,7 @@ class RepairReport:
             "conflicts": self._total(CONFLICT),
             "busy": self._total(BUSY),
             "undone": sum(g.undone for g in self.groups),
+            "undo_failed": sum(g.undo_failed for g in self.groups),
             "reverified": sum(g.reverified for g in self.groups),
             "differed_again": sum(g.differed_again for g in self.groups),
             "kept": self._total(KEPT),
@@ -174,7 +177,7 @@ class RepairReport:
             )
         extras = [
             f"{name.replace('_', ' ')} {d[name]}"
-            for name in ("would_repair", "kept", "agreed", "pending", "undone")
+            for name in ("would_repair", "kept", "agreed", "pending", "undone", "undo_failed")
             if d[name]
         ]
         changing = sum(g.changing for g in self.groups)

@@ -30,7 +30,7 @@ from replag.lab.safety.model import ABSENT, Held, Keyspace, write_command
 from replag.lab.safety.workload import DELETE, EXPIRE, WRITE, Op
 
 # Outcomes after which replicas may still differ: the run said so.
-REPORTED_LEFT = frozenset({"conflict", "busy", "skipped_changed", "kept", "would_repair"})
+REPORTED_LEFT = frozenset({"conflict", "busy", "kept", "would_repair"})
 CATEGORIES = ("clobbered", "resurrected", "lost", "falsely_fixed")
 
 

@@ -88,8 +88,8 @@ class SafetyRun:
             "slow_ops": self.slow_ops,
             "divergent": r["divergent"],
             "repaired": r["repaired"],
-            "busy": r.get("busy", r.get("skipped_changed", 0)),
-            "undone": r.get("undone", 0),
+            "busy": r["busy"],
+            "undone": r["undone"],
             "conflicts": r["conflicts"],
             "kept": r["kept"],
             "status": r["status"],
@@ -97,10 +97,14 @@ class SafetyRun:
             "examples": self.verdict.examples,
         }
 
+    @property
+    def label(self) -> str:
+        return self.spec.policy + (" +deletes" if self.spec.allow_deletes else "")
+
     def line(self) -> str:
         d = self.to_dict()
         return (
-            f"{self.spec.policy:<12} seed {self.spec.seed:>3}: writes {d['writes']:>6} "
+            f"{self.label:<12} seed {self.spec.seed:>3}: writes {d['writes']:>6} "
             f"(ops {d['ops']}, max fan-out {d['max_spread_ms']:.1f} ms, slower than settle "
             f"{d['slow_ops']}); divergent {d['divergent']}, repaired {d['repaired']}, "
             f"busy {d['busy']}, conflicts {d['conflicts']}, kept {d['kept']}, "
