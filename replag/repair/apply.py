@@ -45,8 +45,10 @@ replayed onto the pre-image, element by element, which is what the key would
 hold had that write met the pre-image. That is exact for element writes (HSET,
 HDEL, SADD, SREM, ZADD, ZREM) and expiry writes; the window is kept to
 `repair_settle` by timing each key's check from its own writes. What cannot be
-separated (a string or list changed in place, a collection over `MERGE_LIMIT`
-elements) is reported as `undo_failed` and the key as busy, never guessed.
+separated (a list or stream changed in place, a collection over `MERGE_LIMIT`
+elements) is reported as `undo_failed` and the key as busy, never guessed; a
+string with a new value is taken as overwritten (APPEND or INCR on the copy
+cannot be told from a SET).
 
 DUMP/RESTORE carries the value and the remaining TTL (computed at the moment
 of writing); a target that refuses the winner's DUMP format (an older server)
@@ -478,7 +480,7 @@ class Applier:
                 return
         self.undo_failed.append(attempt.key)
         logger.warning(
-            "%s: %r: the repair's copy could not be undone (changed in place by a client "
+            "%s: %r: the repair's copy could not be undone (a client changed it in place "
             "before it was verified); check this key",
             lane.name,
             attempt.key,

@@ -5,8 +5,8 @@ repair wrote X; it now holds N. In one WATCH/MULTI/EXEC on the target, N
 compared by digest:
 
 - N is X: RESTORE P, or DEL when it had no key. Exact.
-- N is gone, or of another type: a client deleted or overwrote the key after
-  the repair: N stays.
+- N is gone, of another type, or a string with another value: a client
+  deleted or overwrote the key after the repair: N stays.
 - N has X's value with another expiry: a client set it (EXPIRE, PERSIST):
   P, then that expiry.
 - a hash, set or sorted set whose elements differ from X, with X's elements
@@ -14,7 +14,7 @@ compared by digest:
   (HSET, HDEL, SADD, ZADD…) before it could be undone. P, then exactly those
   changes, then N's expiry if it moved: what the key would hold had those
   writes met P instead of the copy.
-- anything else (a string or list changed in place, a collection too large to
+- anything else (a list or stream changed in place, a collection too large to
   have kept X's elements) cannot be separated: reported, never guessed.
 """
 
@@ -99,7 +99,14 @@ async def undo(
     outcome: Undo = "merged"
     if now.same_as(wrote, tolerance_ms):
         commands, outcome = before.restore(key), "restored"
-    elif not now.exists or now.type != wrote.type:
+    elif (
+        not now.exists
+        or now.type != wrote.type
+        or (now.type == "string" and not now.same_value(wrote))
+    ):
+        # Deleted, or overwritten (a string's new value is taken as a SET: APPEND,
+        # SETRANGE and INCR on the copy cannot be told from one, and are rare on keys
+        # whose replicas differ).
         outcome = "client_wrote"
     elif now.readable:
         expiry = [] if now.same_expiry(wrote, tolerance_ms) else _expiry_commands(key, now)

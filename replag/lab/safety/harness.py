@@ -104,7 +104,8 @@ class SafetyRun:
     def line(self) -> str:
         d = self.to_dict()
         return (
-            f"{self.label:<12} seed {self.spec.seed:>3}: writes {d['writes']:>6} "
+            f"{self.label:<12} seed {self.spec.seed:>3}, repair {self.spec.repair_rate:g}/s: "
+            f"writes {d['writes']:>6} "
             f"(ops {d['ops']}, max fan-out {d['max_spread_ms']:.1f} ms, slower than settle "
             f"{d['slow_ops']}); divergent {d['divergent']}, repaired {d['repaired']}, "
             f"busy {d['busy']}, conflicts {d['conflicts']}, kept {d['kept']}, "
