@@ -23,6 +23,7 @@ from replag.store import Store
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import write_every_type
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.server_kinds import kind_binary, using_server_kind
 from tests.helpers.waiting import until
 
 
@@ -101,6 +102,43 @@ async def test_type_specific_writes_rebuild_the_same_value(
     assert all(rebuilt[k].same_value(states[k]) for k in keys)
     await src.close()
     await dst.close()
+
+
+@pytest.mark.parametrize(("newer", "older"), [("valkey-9", "redis-6.2"), ("redis-7", "redis-6.2")])
+async def test_a_target_refusing_the_winners_dump_format_gets_type_specific_writes(
+    tmp_path: Path, redis_factory: RedisFactory, newer: str, older: str
+) -> None:
+    # Two replicas of a newer server agree; the third, an older server, misses every key
+    # and holds a stale string: RESTORE there refuses the newer RDB version, so repair
+    # falls back to rebuilding each value with type-specific writes.
+    binaries = {kind: kind_binary(kind) for kind in (newer, older)}
+    for kind, (binary, missing) in binaries.items():
+        if binary is None:
+            pytest.skip(f"server kind {kind}: {missing}")
+    with using_server_kind(str(binaries[newer][0])):
+        new = [redis_factory("new"), redis_factory("new")]
+    with using_server_kind(str(binaries[older][0])):
+        old = redis_factory("old")
+    for server in new:
+        with server.client() as client:
+            write_every_type(client)
+            client.pexpire(b"t:hash", 600_000)
+    with old.client() as client:
+        client.set(b"t:string", b"stale")
+    with (
+        new[0].client() as src,
+        old.client() as dst,
+        pytest.raises(redis.ResponseError, match="payload"),
+    ):
+        dst.restore(b"probe", 0, src.dump(b"t:zset"))
+    config = group_config(tmp_path, [*new, old])
+    report = (await repair(config)).to_dict()
+    assert report["repaired"] == 7 and report["conflicts"] == 0 and report["busy"] == 0
+    assert (await check(config)).divergent == 0  # the same digests across server kinds
+    with new[0].client() as src, old.client() as dst:
+        assert dst.get(b"t:string") == src.get(b"t:string")
+        assert dst.xrange(b"t:stream") == src.xrange(b"t:stream")
+        assert 590_000 < dst.pttl(b"t:hash") <= 600_000  # the TTL carried too
 
 
 def _endpoint(server: RedisServer) -> object:

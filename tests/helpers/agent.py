@@ -113,7 +113,13 @@ def start_agent(config_path: Path, region: str, port: int, log: Path) -> subproc
         except httpx.HTTPError:
             return False
 
-    wait_until(healthy, f"agent of {region} answering on {port}")
+    try:
+        # Generous: a starved machine takes long to import and start an agent.
+        wait_until(healthy, f"agent of {region} answering on {port}", timeout_s=120)
+    except BaseException:
+        proc.kill()  # never leave an agent behind a failed start
+        proc.wait(10)
+        raise
     return proc
 
 
