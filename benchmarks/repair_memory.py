@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from runstats import Measured, run_measured
 
 from replag.lab.server import RedisServer, free_port
 
@@ -44,16 +43,6 @@ print(int(h(np.sort(names ^ values).tobytes())), len(fields))
 """
 
 
-def peak_rss_mb(args: list[str], out: Path) -> tuple[float, float, int]:
-    """(peak RSS in MB, seconds, exit code) of one child process, from wait4()."""
-    started = time.perf_counter()
-    with out.open("wb") as fh:
-        process = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_maxrss / 1024, time.perf_counter() - started, process.returncode
-
-
 def load(servers: list[RedisServer], fields: int) -> None:
     for i, server in enumerate(servers):
         with server.client() as client:
@@ -74,13 +63,20 @@ def load(servers: list[RedisServer], fields: int) -> None:
             pipe.execute()
 
 
-def check(config: Path, workdir: Path, name: str) -> tuple[float, float, int]:
-    out = workdir / f"{name}.json"
-    rss, seconds, code = peak_rss_mb(
-        [sys.executable, "-m", "replag", "repair", "check", "-c", str(config), "--json"], out
+def check(config: Path) -> tuple[Measured, int | str]:
+    measured = run_measured(
+        [sys.executable, "-m", "replag", "repair", "check", "-c", str(config), "--json"]
     )
-    divergent = json.loads(out.read_text())["divergent"] if code in (0, 1) else out.read_text()
-    return rss, seconds, divergent
+    code = measured.returncode
+    divergent = json.loads(measured.stdout)["divergent"] if code in (0, 1) else measured.stderr
+    return measured, divergent
+
+
+def _line(measured: Measured) -> str:
+    return (
+        f"peak {measured.tree_rss_mb:.0f} MB (process tree PSS; largest process "
+        f"{measured.max_rss_mb:.0f} MB RSS), {measured.seconds:.1f} s"
+    )
 
 
 def main() -> None:
@@ -101,30 +97,22 @@ def main() -> None:
                 '[[groups]]\nname = "g"\nmembers = ["n0", "n1", "n2"]\n'
             )
             load(servers, 0)
-            small = check(config, workdir, "small")
-            print(
-                f"small check ({STRINGS:,} strings): peak RSS {small[0]:.0f} MB, "
-                f"{small[1]:.1f} s, {small[2]} divergent"
-            )
+            small, found = check(config)
+            print(f"small check ({STRINGS:,} strings): {_line(small)}, {found} divergent")
             load(servers, args.fields)
-            big = check(config, workdir, "big")
-            print(
-                f"check with one {args.fields:,}-field hash: peak RSS {big[0]:.0f} MB, "
-                f"{big[1]:.1f} s, {big[2]} divergent"
-            )
+            big, found = check(config)
+            print(f"check with one {args.fields:,}-field hash: {_line(big)}, {found} divergent")
             script = workdir / "baseline.py"
             script.write_text(BASELINE)
-            base = peak_rss_mb(
-                [sys.executable, str(script), str(servers[0].port), BIG], workdir / "base.out"
+            base = run_measured([sys.executable, str(script), str(servers[0].port), BIG])
+            print(
+                "before: baseline digest (every field in a dict, hashes sorted; one replica, "
+                f"one read): {_line(base)}"
             )
             print(
-                f"baseline (every field in a dict, hashes sorted; one replica, one read): "
-                f"peak RSS {base[0]:.0f} MB, {base[1]:.1f} s"
-            )
-            print(
-                f"ratio: the big check uses {big[0] / small[0]:.2f}x the small check's memory "
-                f"and {big[0] / base[0]:.2f}x the baseline's; target <= 150 MB: "
-                f"{'met' if big[0] <= 150 else 'NOT met'}"
+                f"ratio: the big check uses {big.tree_rss_mb / small.tree_rss_mb:.2f}x the small "
+                f"check's memory and {big.tree_rss_mb / base.tree_rss_mb:.2f}x the baseline's; "
+                f"target <= 150 MB: {'met' if big.tree_rss_mb <= 150 else 'NOT met'}"
             )
         finally:
             for server in servers:
