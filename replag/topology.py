@@ -136,6 +136,15 @@ class SentinelRef:
         return {"master": self.master, "sentinels": [s.url() for s in self.sentinels]}
 
 
+def sentinel_endpoint(text: str) -> Endpoint:
+    """A Sentinel given as `host[:port]` or a redis:// URL (port 26379 when none is given)."""
+    url = text if "://" in text else f"redis://{text}"
+    ep = Endpoint.from_url(url)
+    if urlsplit(url).port is None:
+        ep = replace(ep, port=26379)
+    return replace(ep, name=f"sentinel {ep.host}:{ep.port}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Region:
     """A region (or a Redis Cluster shard): where probes write, and the replicas observed.

@@ -200,3 +200,125 @@ def test_cli_options_take_help_and_choices_from_the_settings_table() -> None:
     for name in ("count", "rate", "mode", "timeout", "max_p99", "max_loss"):
         assert SETTINGS_BY_NAME[name].help in out and f"[settings.{name}, default" in out
     assert "[auto|push|poll]" in out
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "message"),
+    [
+        ({"regions": [{"name": 5, "write": "redis://h"}]}, "regions[0].name", "expected a string"),
+        ({"regions": [{"write": "redis://h"}]}, "regions[0].name", "missing region name"),
+        ({"regions": [{"name": "a", "write": {"name": "w"}}]}, "regions[0].write.url",
+         "missing endpoint url"),
+        ({"regions": [{"name": "a", "write": 7}]}, "regions[0].write",
+         "expected a string or a table, got an integer"),
+        ({"regions": [{"name": "a", "write": "redis://h", "write_kind": 3}]},
+         "regions[0].write_kind", "expected one of redis, dynomite, got an integer"),
+        ({"regions": [{"name": "a", "write": {"url": "redis://h", "kind": "proxy"}}]},
+         "regions[0].write.kind", "expected one of redis, dynomite, got 'proxy'"),
+        ({"regions": [{"name": "a", "write": {"url": "redis://h", "port": 1}}]},
+         "regions[0].write", "unknown key 'port' (expected kind, local, name, password_env, "
+         "rack, url)"),
+        ({"regions": [{"name": "a", "write": "redis://h", "slots": [[9, 1]]}]},
+         "regions[0].slots[0]", "bad slot range [9, 1]"),
+        ({"regions": [{"name": "a", "write": "redis://h", "slots": [[0, 16384]]}]},
+         "regions[0].slots[0]", "within 0–16383"),
+        ({"regions": [{"name": "a", "write": "redis://h", "replicas": ["redis://h:1",
+          {"name": "a-write", "url": "redis://h:2"}]}]}, "regions[0].replicas[1]",
+         "duplicate endpoint name 'a-write'"),
+        ({"regions": [{"name": "a", "replicas": ["redis://h"]}, {"name": "a", "replicas":
+          ["redis://i"]}]}, "regions[1].name", "duplicate region 'a'"),
+        ({"regions": [{"name": "a", "write": "redis://h", "write_kind": "dynomite"}],
+          "groups": [{"name": "g", "members": ["a-write", "redis://x"]}]}, "groups[0]",
+         "group members must be Redis servers"),
+        ({"groups": [{"name": "g", "members": ["redis://x"]}]}, "groups[0].members",
+         "a group needs at least 2 members"),
+        ({"groups": [{"name": "g", "members": ["redis://x", "redis://y:1/z"]}]},
+         "groups[0].members[1]", "database must be a number"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "groups": [{"name": "g", "members":
+          ["a-write", {"url": "redis://x", "rack": 3}]}]}, "groups[0].members[1].rack",
+         "expected a string, got an integer"),
+        ({"regions": [{"name": "a", "write": {"url": "redis://h", "password_env": "PW"}}]},
+         "regions[0].write.password_env", "environment variable PW is not set"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": {"sinks": [
+          {"name": "s", "kind": "webhook", "url": "http://h", "retries": True}]}},
+         "alerts.sinks[0].retries", "expected an integer, got true or false"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": {"sinks": [
+          {"name": "s", "kind": "webhook", "url": "http://h", "retries": 21}]}},
+         "alerts.sinks[0].retries", "expected an integer <= 20"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": {"sinks": [
+          {"name": "s", "kind": "webhook", "url": "http://h", "secret": ["hunter2"]}]}},
+         "alerts.sinks[0].secret", "expected a string, got an array"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": {"sinks": [
+          {"name": "s", "kind": "webhook", "url": "http://h", "secret": "hunter2",
+           "secret_env": "S"}]}}, "alerts.sinks[0].secret_env", "S is not set"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": {"rules": [
+          {"name": "r", "kind": "lag_p99", "over": "0s"}]}}, "alerts.rules[0].over",
+         "must be longer than 0s"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": 5}, "alerts",
+         "expected a table, got an integer"),
+        ({"regions": [{"name": "a", "write": "redis://h"}], "sinks": []}, "",
+         "unknown key 'sinks' (expected alerts, groups, regions, settings)"),
+        ({}, "", "no [[regions]] and no [[groups]]"),
+    ],
+)  # fmt: skip
+def test_shape_errors_name_the_key_and_never_echo_a_value(
+    data: dict[str, object], where: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, where="replag.toml", environ={})
+    assert info.value.where == ("replag.toml: " + where if where else "replag.toml")
+    assert message in info.value.message and "hunter2" not in str(info.value)
+
+
+def test_render_writes_what_the_tables_read_back(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD), environ={})
+    text = render_config(config.topology, redact=True, endpoint_comments={"use-b": "rack b"})
+    assert "pa55word" not in text and "# rack b" in text
+    assert 'local = "redis://10.1.0.3:6379"' in text
+    assert 'members = ["use-b", "eu-west-1"]' in text  # declared endpoints by name
+    assert 'url = "redis://probe:***@10.0.0.1:6379/2"' in text
+
+
+def test_render_round_trips_sentinels_agents_slots_and_dynomite(tmp_path: Path) -> None:
+    data = {
+        "regions": [
+            {
+                "name": "a",
+                "agent": "http://127.0.0.1:9000/",
+                "write": {"url": "redis://:s3cret@10.0.0.1:6379", "rack": "r1"},
+                "replicas": ["redis://10.0.0.2"],
+                "slots": [[0, 8191]],
+                "sentinel": {"master": "m", "sentinels": ["10.0.0.9", "redis://:sp@10.0.0.8:1"]},
+            },
+            {"name": "d", "write": "redis://10.0.1.1:8102", "write_kind": "dynomite"},
+        ],
+        "groups": [
+            {"name": "g", "members": ["a-1", "redis://10.0.2.1:7000"], "slots": [[8192, 16383]]}
+        ],
+    }
+    config = config_from_dict(data, where="t", environ={})
+    assert config.topology.region("a").agent == "http://127.0.0.1:9000"
+    text = render_config(config.topology, header="discovered\n\nby a test")
+    assert text.startswith("# discovered\n#\n# by a test\n")
+    again = load_config(write(tmp_path, text), environ={})
+    assert again.topology == config.topology
+    sentinel = again.topology.region("a").sentinel
+    assert sentinel is not None and [s.password for s in sentinel.sentinels] == [None, "sp"]
+
+
+def test_password_env_fills_endpoint_and_sentinel_passwords() -> None:
+    data = {
+        "regions": [
+            {
+                "name": "a",
+                "write": {"url": "redis://10.0.0.1", "password_env": "PW"},
+                "sentinel": {"master": "m", "sentinels": ["10.0.0.9"], "password_env": "SPW"},
+            }
+        ],
+    }
+    region = config_from_dict(data, where="t", environ={"PW": "x1", "SPW": "y2"}).topology.regions[
+        0
+    ]
+    assert region.write is not None and region.write.password == "x1"
+    assert region.sentinel is not None and region.sentinel.sentinels[0].password == "y2"
+    assert region.sentinel.sentinels[0].address == "10.0.0.9:26379"

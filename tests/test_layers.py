@@ -1,7 +1,8 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound
-    configuration  settings, topology, config (+ alerts.config, the [alerts] shape), `replag`
+    configuration  settings, topology, validation, config_tables, config (+ alerts.config
+                   and alerts.tables: the [alerts] values and tables), `replag`
     io             connections, stamped_socket, resp, store, discovery.http, background
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent
@@ -34,7 +35,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "configuration",
-        ("replag", "replag.settings", "replag.topology", "replag.alerts.config", "replag.config"),
+        (
+            "replag",
+            "replag.settings",
+            "replag.topology",
+            "replag.validation",
+            "replag.alerts.config",
+            "replag.alerts.tables",
+            "replag.config_tables",
+            "replag.config",
+        ),
     ),
     (
         "io",

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from replag.config import sentinel_endpoint
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
 from replag.replication import sentinel as ask
-from replag.topology import Endpoint, Region, ReplicaGroup, SentinelRef, Topology
+from replag.topology import (
+    Endpoint,
+    Region,
+    ReplicaGroup,
+    SentinelRef,
+    Topology,
+    sentinel_endpoint,
+)
 
 
 async def discover_sentinel(
