@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from replag.alerts.config import AlertsConfig
-from replag.config_tables import ConfigFile, GroupTable, RegionTable
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
 from replag.topology import Topology
-from replag.validation import FileTable, as_written, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +66,10 @@ def config_from_dict(
     environ: Mapping[str, str] | None = None,
 ) -> Config:
     """A Config from a file's parsed tables (`where` names the file in errors)."""
+    # The tables (and msgspec) load when a file is read, not with replag: `--help` stays light.
+    from replag.config_tables import ConfigFile
+    from replag.validation import validate
+
     environ = os.environ if environ is None else environ
     # [settings] first, as ever: a bad setting is reported before what it may explain.
     table = data.get("settings", {})
@@ -117,6 +119,9 @@ def render_config(
     Passwords are written as given unless `redact`; files holding them should
     be mode 0600.
     """
+    from replag.config_tables import GroupTable, RegionTable
+    from replag.validation import FileTable, as_written
+
     comments = comments or {}
     lines = _comment(header)
     if settings:
