@@ -75,7 +75,10 @@ def serve_dashboard(tmp_path: Path, settings: str = "") -> Iterator[str]:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
     try:
-        wait_until(lambda: _healthy(url, proc, log), f"replag serve answering on {url}")
+        # A starved 2-core machine can take long to start the app: the deadline only bounds a hang.
+        wait_until(
+            lambda: _healthy(url, proc, log), f"replag serve answering on {url}", timeout_s=120
+        )
         yield url
     finally:
         proc.terminate()
