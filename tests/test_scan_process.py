@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,9 +43,14 @@ async def test_ttls_are_read_the_cheapest_way_the_replica_allows(
         source, plain = await scan(server.url)
         assert source == "none"  # INFO: no key with an expiry, so no TTL is asked for
         assert (await scan(server.url, ttls="pttl"))[1] == plain
+        # Expiries mid-bucket (an entry holds its expiry's bucket): the scans read them at
+        # different moments, and a starved machine's delay must not cross a bucket's edge.
+        bucket_ms = ScanOptions().ttl_bucket_ms
+        at_ms = (int(time.time() * 1000) // bucket_ms + 600_000 // bucket_ms) * bucket_ms
+        at_ms += bucket_ms // 2
         for i in range(0, 3000, 7):
-            client.pexpire(f"k:{i:07d}", 600_000)
-        client.set("gone-soon", "x", px=600_000)
+            client.pexpireat(f"k:{i:07d}", at_ms)
+        client.set("gone-soon", "x", pxat=at_ms)
         # A user who may not run scripts, as some managed services configure them.
         client.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"],
                            commands=["+@all", "-@scripting"])  # fmt: skip
