@@ -34,6 +34,8 @@ SCHEMA = (
         error TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS replication_primaries_time ON replication_primaries (sampled_ns)",
+    """CREATE INDEX IF NOT EXISTS replication_primaries_primary
+        ON replication_primaries (source, primary_name, sampled_ns)""",
     """CREATE TABLE IF NOT EXISTS replication_replicas (
         id INTEGER PRIMARY KEY,
         sampled_ns INTEGER NOT NULL,
@@ -69,6 +71,13 @@ SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS failover_events_time ON failover_events (detected_ns)",
     "CREATE TABLE IF NOT EXISTS replication_meta (key TEXT PRIMARY KEY, value INTEGER)",
+    # The newest sample of each primary, so reading "now" never scans the history.
+    """CREATE TABLE IF NOT EXISTS replication_latest (
+        source TEXT NOT NULL,
+        primary_name TEXT NOT NULL,
+        sampled_ns INTEGER NOT NULL,
+        PRIMARY KEY (source, primary_name)
+    )""",
 )
 
 _PRIMARY_COLUMNS = (
@@ -111,6 +120,14 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
                 ),
             )
         )
+        statements.append(
+            (
+                """INSERT INTO replication_latest (source, primary_name, sampled_ns)
+                   VALUES (?, ?, ?) ON CONFLICT (source, primary_name) DO UPDATE
+                   SET sampled_ns = MAX(sampled_ns, excluded.sampled_ns)""",
+                (p.source, p.primary, p.sampled_ns),
+            )
+        )
         for r in p.replicas:
             statements.append(
                 (
@@ -139,13 +156,23 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
 def latest_primaries(store: Store, *, since_ns: int | None = None) -> list[PrimaryState]:
     """The latest sample of every (source, primary), with its replicas' rows."""
     ensure_schema(store)
-    rows = store.execute(
-        f"""SELECT {_PRIMARY_COLUMNS} FROM replication_primaries p
-            WHERE sampled_ns = (SELECT MAX(sampled_ns) FROM replication_primaries q
-                                WHERE q.source = p.source AND q.primary_name = p.primary_name)
-            AND sampled_ns >= ? ORDER BY source, primary_name""",
+    newest = store.execute(
+        """SELECT source, primary_name, sampled_ns FROM replication_latest
+           WHERE sampled_ns >= ? ORDER BY source, primary_name""",
         (since_ns or 0,),
     )
+    rows = [
+        found[0]
+        for source, primary, sampled_ns in newest
+        if (
+            found := store.execute(
+                f"""SELECT {_PRIMARY_COLUMNS} FROM replication_primaries
+                    WHERE source = ? AND primary_name = ? AND sampled_ns = ?
+                    ORDER BY id DESC LIMIT 1""",
+                (source, primary, sampled_ns),
+            )
+        )
+    ]
     out = []
     for row in rows:
         replicas = store.execute(
