@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import config_from_dict, load_config
-from replag.errors import ConfigError
+from replag.errors import ConfigError, EndpointError
 from replag.lab.cluster import lab_failover, lab_fault, lab_status
+from replag.lab.sentinel import master_port as sentinel_master_port
 from replag.lab.server import pid_alive
 from replag.probes.runner import run_probe
 from replag.replication import history
 from replag.store import Store
 from tests.helpers.lab import LabFactory
+from tests.helpers.waiting import until
 
 
 def sentinel_lab(lab_factory: LabFactory, **spec: Any) -> dict[str, Any]:
@@ -104,6 +109,45 @@ async def test_the_probe_follows_a_real_failover_and_reports_it(
         assert again.failovers == []  # the store remembers where the primary is now
         assert any("resolved through Sentinel" in n for n in again.notes)
         assert [e["new_primary"] for e in history.failover_events(store)] == [event.new_primary]
+    finally:
+        store.close()
+
+
+async def test_a_killed_primary_fails_over_by_itself_and_the_probe_follows(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    state = sentinel_lab(lab_factory)
+    lab_dir = Path(state["dir"])
+    config = load_config(lab_dir / "topology.toml", environ={})
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        await run_probe(config, count=20, store=store)
+        primary = next(p for p in state["processes"] if p["role"] == "primary")
+        os.kill(primary["pid"], signal.SIGKILL)
+        first = sentinel_ports(state)[0]
+
+        def moved() -> bool:
+            try:
+                return sentinel_master_port(first) != primary["port"]
+            except redis.RedisError:
+                return False
+
+        # Sentinel sees it down after 1 s, votes, and promotes a replica on its own.
+        await until(moved, "Sentinel promotes a replica", timeout_s=60)
+
+        async def probed() -> bool:
+            try:
+                report = await run_probe(config, count=20, store=store)
+            except EndpointError:
+                return False  # the promoted replica not yet answering as a primary
+            return bool(report.failovers)
+
+        await until(probed, "the probe writes to the new primary", timeout_s=60)
+        (event,) = history.failover_events(store)
+        assert event["old_primary"] == f"127.0.0.1:{primary['port']}"
+        assert event["new_primary"] == f"127.0.0.1:{sentinel_master_port(first)}"
+        # The old primary is gone: bytes lost are measured from its last sampled offset.
+        assert event["old_last_offset"] is not None and event["bytes_lost"] is not None
     finally:
         store.close()
 
