@@ -94,7 +94,8 @@ class ReplicationCollector(Collector):
     Every (source, primary, replica) the topology names has its series from the start
     (NaN until first read, and while unknown, e.g. an unreachable replica's bytes), so
     a replica that stops answering keeps its series and `link_up` reads 0. Resync
-    counters are the primary's own `sync_*` counts (counters, as exporters do).
+    counters are the primary's own `sync_*` counts (counters, as exporters do), kept
+    while the primary cannot be read (a drop to 0 would read as a counter reset).
     """
 
     REPLICA = ("source", "primary", "region", "replica")
@@ -104,6 +105,7 @@ class ReplicationCollector(Collector):
         self._expected: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
         self._latest: dict[tuple[str, str], PrimaryState] = {}
         self._rpo: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._resyncs: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._failovers: dict[str, int] = {}
 
     def expect(self, plan: Iterable[tuple[str, str, Sequence[tuple[str, str]]]]) -> None:
@@ -119,13 +121,23 @@ class ReplicationCollector(Collector):
         for old in [k for k in self._expected if k[0] == primary.source and k != key]:
             self._expected.pop(old)
             self._latest.pop(old, None)
+            self._resyncs.pop(old, None)
             self._rpo = {k: v for k, v in self._rpo.items() if k[:2] != old}
         self._latest[key] = primary
+        if primary.sync_full is not None:
+            # An unread sample keeps the last counts: a drop to 0 would read as a reset.
+            self._resyncs[key] = (
+                primary.sync_full,
+                primary.sync_partial_ok or 0,
+                primary.sync_partial_err or 0,
+            )
         listed = list(self._expected.get(key, ()))
         for r in primary.replicas:
             if (r.region, r.replica) not in listed:
                 listed.append((r.region, r.replica))
         self._expected[key] = tuple(listed)
+        # Unknown until this sample says otherwise (an unread primary has no candidates).
+        self._rpo = {k: v for k, v in self._rpo.items() if k[:2] != key}
         for replica, rpo_bytes, rpo_s in rpo:
             self._rpo[(primary.source, primary.primary, replica)] = (rpo_bytes, rpo_s)
 
@@ -222,12 +234,9 @@ class ReplicationCollector(Collector):
             rate.add_metric(primary_labels, value(state.write_rate_bps if ok and state else None))
             skew.add_metric(primary_labels, state.read_skew_ns / 1e9 if ok and state else nan)
             backlog.add_metric(primary_labels, value(state.backlog_size if state else None))
-            for kind, count in (
-                ("full", state.sync_full if state else None),
-                ("partial_ok", state.sync_partial_ok if state else None),
-                ("partial_err", state.sync_partial_err if state else None),
-            ):
-                resyncs.add_metric([*primary_labels, kind], float(count or 0))
+            counts = self._resyncs.get((source, primary), (0, 0, 0))
+            for kind, count in zip(("full", "partial_ok", "partial_err"), counts, strict=True):
+                resyncs.add_metric([*primary_labels, kind], float(count))
         for source, count in sorted(self._failovers.items()):
             failovers.add_metric([source], float(count))
         yield from (behind, uncertainty, link, headroom, ratio, rpo_bytes, rpo_seconds)

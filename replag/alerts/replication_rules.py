@@ -25,6 +25,7 @@ from replag.alerts.config import AlertRule
 from replag.replication import history
 from replag.replication.check import recent_lag_p99_ms
 from replag.replication.rpo import assess_failover
+from replag.replication.sampler import replication_targets
 from replag.replication.state import PrimaryState, ReplicaState, human_bytes
 
 
@@ -41,31 +42,53 @@ def _primaries(rule: AlertRule, ctx: RuleContext) -> list[tuple[PrimaryState, bo
 
 
 def _stale(rule: AlertRule, p: PrimaryState, labels: dict[str, str], what: str) -> Condition:
+    """No data: the primary's latest sample is too old, or it could not be read."""
+    why = (
+        f"{p.primary} could not be read ({p.error})"
+        if p.error
+        else f"no replication sample of {p.primary} in the last {rule.over_s:g} s"
+    )
     return Condition(
-        rule=rule,
-        labels=labels,
-        value=None,
-        active=False,
-        no_data=True,
-        summary=f"{what}: no replication sample of {p.primary} in the last {rule.over_s:g} s",
+        rule=rule, labels=labels, value=None, active=False, no_data=True, summary=f"{what}: {why}"
     )
 
 
 Judge = Callable[[AlertRule, ReplicaState, dict[str, str], str], Condition]
 
 
+def _configured_replicas(ctx: RuleContext, primary: PrimaryState) -> list[tuple[str, str]]:
+    """(replica, region) expected to replicate from `primary`, from the configuration: the
+    subjects of a primary that could not be read (its sample lists no replicas)."""
+    sources = [r for r in ctx.config.topology.regions if r.name == primary.source]
+    targets, _ = replication_targets(ctx.config.topology, sources=sources)
+    return [
+        (ep.name, region)
+        for t in targets
+        for region, ep in t.replicas
+        if ep.name != primary.primary  # a Sentinel region's promoted replica
+    ]
+
+
 def _replica_conditions(rule: AlertRule, ctx: RuleContext, judge: Judge) -> list[Condition]:
     out = []
     for primary, fresh in _primaries(rule, ctx):
-        for r in primary.replicas:
-            if rule.target not in (None, r.region):
+        if not fresh or primary.error:
+            # Every replica's alert goes to no data; none resolves for want of a subject.
+            subjects = _configured_replicas(ctx, primary)
+            judged: list[tuple[str, str, ReplicaState | None]] = [
+                (name, region, None) for name, region in subjects
+            ]
+        else:
+            judged = [(r.replica, r.region, r) for r in primary.replicas]
+        for name, region, r in judged:
+            if rule.target not in (None, region):
                 continue
-            labels = {"source": primary.source, "region": r.region, "replica": r.replica}
-            where = f"{r.replica} ({r.region}) of {primary.primary}"
-            if not fresh or primary.error:
+            labels = {"source": primary.source, "region": region, "replica": name}
+            where = f"{name} ({region}) of {primary.primary}"
+            if r is None:
                 out.append(_stale(rule, primary, labels, where))
-                continue
-            out.append(judge(rule, r, labels, where))
+            else:
+                out.append(judge(rule, r, labels, where))
     return out
 
 
@@ -106,7 +129,7 @@ def _headroom(rule: AlertRule, r: ReplicaState, labels: dict[str, str], where: s
             "backlog: its reconnect will be a full resync"
             if gone
             else f"backlog headroom {human_bytes(r.backlog_headroom)} "
-            f"({r.headroom_fraction:.0%} of the backlog, limit {rule.threshold:.0%}): "
+            f"({r.headroom_fraction:.1%} of the backlog, limit {rule.threshold * 100:g}%): "
             "a longer disconnect means a full resync"
         ),
     )
@@ -117,7 +140,7 @@ def _link_down(rule: AlertRule, r: ReplicaState, labels: dict[str, str], where: 
         return _no_data(rule, labels, f"{where}: cannot be read ({r.error})")
     down = r.status != "ok"
     seconds = float(r.link_down_s or 0) if down else 0.0
-    detail = r.error or f"link {r.link_status}"
+    detail = r.error or f"link {r.link_status or 'down'}"
     if r.link_down_s is not None:
         detail += f" for {r.link_down_s} s"
     return Condition(
@@ -147,7 +170,7 @@ def full_resync_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]
     since = ctx.since_ns(rule)
     for primary, fresh in _primaries(rule, ctx):
         labels = {"source": primary.source, "primary": primary.primary}
-        if not fresh:
+        if not fresh or primary.error:  # an unread primary's counter is unknown, not 0
             out.append(_stale(rule, primary, labels, f"primary {primary.primary}"))
             continue
         rows = ctx.store.execute(

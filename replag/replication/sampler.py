@@ -34,6 +34,8 @@ from replag.topology import Endpoint, Region, Topology
 
 _INFO_REPLICATION = pack(b"INFO", b"replication")
 _INFO_STATS = pack(b"INFO", b"stats")
+# The primary's write rate is averaged over this long (or since the previous sample).
+RATE_WINDOW_S = 60.0
 DYNOMITE_NOTE = (
     "writes through Dynomite: its backends have no replication offsets; "
     "the probe is the only measure"
@@ -86,7 +88,8 @@ class ReplicationSampler:
     def __init__(self, *, timeout_s: float) -> None:
         self._timeout_s = timeout_s
         self._conns: dict[tuple[str, int, int], RespConnection] = {}
-        self._previous: dict[str, tuple[int, int, str]] = {}  # address → (mono ns, offset, replid)
+        # address → [(mono ns, offset, replid)] of the last RATE_WINDOW_S
+        self._previous: dict[str, list[tuple[int, int, str]]] = {}
         self._unreachable: dict[str, str] = {}  # endpoint name → why the last connect failed
 
     async def __aenter__(self) -> ReplicationSampler:
@@ -211,11 +214,20 @@ class ReplicationSampler:
         return None
 
     def _rate(self, address: str, now_ns: int, offset: int, replid: str) -> float | None:
-        previous = self._previous.get(address)
-        self._previous[address] = (now_ns, offset, replid)
-        if previous is None or previous[2] != replid or now_ns <= previous[0]:
+        """Bytes/s over the samples of the last RATE_WINDOW_S (at least the previous one):
+        a pause in writes between two close samples is not a rate of 0 for the minute."""
+        kept = [
+            p
+            for p in self._previous.get(address, [])
+            if p[2] == replid and now_ns - p[0] <= RATE_WINDOW_S * 1e9
+        ]
+        older = self._previous.get(address, [])
+        if not kept and older and older[-1][2] == replid:
+            kept = [older[-1]]
+        self._previous[address] = [*kept, (now_ns, offset, replid)]
+        if not kept or now_ns <= kept[0][0]:
             return None
-        return (offset - previous[1]) * 1e9 / (now_ns - previous[0])
+        return (offset - kept[0][1]) * 1e9 / (now_ns - kept[0][0])
 
 
 def _listed(listed: tuple[ListedReplica, ...], endpoint: Endpoint) -> ListedReplica | None:
