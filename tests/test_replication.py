@@ -50,14 +50,21 @@ async def sample(config: Config) -> ReplicationSnapshot:
 
 
 async def sample_until(
-    config: Config, done: Callable[[PrimaryState], bool], *, timeout_s: float = 30
+    config: Config, done: Callable[[PrimaryState], bool], *, timeout_s: float = 120
 ) -> PrimaryState:
-    """Sample until `done(primary)`: waits on the servers' state, never on a sleep."""
+    """Sample until `done(primary)`: waits on the servers' state, never on a sleep. The
+    deadline only bounds a hang (a starved machine is slow, not wrong); passing it fails
+    with the last sample rather than handing a state that was never reached to the test.
+
+    The resync counters come from the primary's second read, after every replica's, so a
+    replica seen caught up after a reconnect is always counted in them."""
     deadline = time.monotonic() + timeout_s
     while True:
         primary = (await sample(config)).primaries[0]
-        if done(primary) or time.monotonic() > deadline:
+        if done(primary):
             return primary
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout_s:g}s; last sample {primary}")
         await asyncio.sleep(0.05)
 
 
@@ -83,7 +90,15 @@ async def test_bytes_behind_grows_while_partitioned_and_returns_to_zero(
     config = lab_config(state)
     lab_fault(Path(state["dir"]), "b", "partition")
     written = write(port_of(state, "primary"), 200)
-    primary = await sample_until(config, lambda p: replica(p, "a-1").bytes_behind == 0)
+    # a-1 has every byte, and both ends of b-1's link have seen it go.
+    primary = await sample_until(
+        config,
+        lambda p: (
+            replica(p, "a-1").bytes_behind == 0
+            and replica(p, "b-1").status == "link-down"
+            and replica(p, "b-1").ack_offset is None
+        ),
+    )
     cut = replica(primary, "b-1")
     assert cut.status == "link-down" and not cut.link_up
     # Every byte written since the cut (plus at most the SELECT and a replication PING).
@@ -122,7 +137,10 @@ async def test_backlog_headroom_falls_until_a_full_resync_and_the_counter_moves(
     headroom = replica(cut, "b-1").backlog_headroom
     assert headroom is not None and 0 < headroom <= 16384 - written
     lab_fault(lab_dir, "b", "heal")
-    partial = await sample_until(config, lambda p: replica(p, "b-1").bytes_behind == 0)
+    partial = await sample_until(
+        config,
+        lambda p: replica(p, "b-1").status == "ok" and replica(p, "b-1").bytes_behind == 0,
+    )
     assert replica(partial, "b-1").status == "ok"
     assert partial.sync_partial_ok == (before.sync_partial_ok or 0) + 1
     assert partial.sync_full == before.sync_full
