@@ -177,12 +177,16 @@ def test_replication_beside_the_lag_tiles_and_in_its_panel(
     dom = chromium(tmp_path, "--dump-dom", replication_dashboard_url)
     assert 'data-loaded="true"' in dom and 'id="replication-card" hidden' not in dom
     # The lag tile us-east → us-west says how far behind its replica is now.
-    assert re.search(r'class="repl repl-down" data-bytes-behind="2048"[^>]*>2\.0 KiB behind', dom)
+    tile = r'class="repl repl-down" data-bytes-behind="2048"[^>]*><div>2\.0 KiB behind</div>'
+    assert re.search(tile + r"<div>headroom 88% · link down</div>", dom)
     rows = dict(re.findall(r'<tr data-replica="([^"]+)" data-status="([^"]+)"', dom))
     assert rows == {"us-west-1": "link-down", "eu-west-1": "ok"}
     assert "safest failover: eu-west-1 (loses 0 B)" in dom
     sparks = re.findall(r'<svg class="spark"[^>]*data-points="(\d+)"', dom)
     assert sorted(sparks) == ["2", "2"]
+    assert "peak 2.0 KiB" in dom and "peak 0 B" in dom  # the sparkline's scale, in words
+    # Headroom bars: 88 % and 100 % left are healthy (green), not a warning colour.
+    assert re.findall(r'class="fill (fill-\w+)"', dom) == ["fill-ok", "fill-ok"]
     shot = tmp_path / "replication.png"
     chromium(tmp_path, f"--screenshot={shot}", replication_dashboard_url)
     if os.environ.get("REPLAG_SCREENSHOT"):

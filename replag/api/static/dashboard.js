@@ -154,7 +154,8 @@ function replicationLine(source, target) {
     class: `repl${r.links_down ? " repl-down" : ""}${low ? " repl-low" : ""}`, "data-bytes-behind": r.bytes_behind ?? "",
     title: `${target}'s replicas of ${source}'s primary (latest sample): most behind ${fmtBytes(r.bytes_behind)}, ` +
       `least backlog headroom ${headroom}, ${r.links_down}/${r.replicas} link(s) down`,
-  }, `${fmtBytes(r.bytes_behind)} behind · headroom ${headroom}`, ...(r.links_down ? [` · ${r.links_down} link down`] : []))];
+  }, el("div", {}, `${fmtBytes(r.bytes_behind)} behind`),
+  el("div", {}, `headroom ${headroom}${!r.links_down ? "" : r.links_down === r.replicas ? " · link down" : ` · ${r.links_down}/${r.replicas} links down`}`))];
 }
 
 function focusPair(source, target) {
@@ -466,11 +467,17 @@ function drawDynomite(data) {
 
 // --- replication ----------------------------------------------------------------
 
-// Bytes behind over the range as a small area chart (max per step), 0 at the bottom.
-function sparkline(points, width = 180, height = 28) {
+// Bytes behind over the range (max per step), 0 at the bottom, drawn against the backlog's
+// size: a few bytes behind stay a flat line, and a dashed line marks where a reconnect
+// would mean a full resync once the peak goes past it.
+function sparkline(points, backlog, width = 180, height = 28) {
   const root = svg("svg", { class: "spark", width, height, viewBox: `0 0 ${width} ${height}`, "data-points": points.length });
   const values = points.map((p) => p.bytes_behind_max ?? 0);
-  const max = Math.max(1, ...values);
+  const max = Math.max(1, backlog || 0, ...values);
+  if (backlog && max > backlog) {
+    const level = (height - 2 - (backlog / max) * (height - 4)).toFixed(1);
+    root.append(svg("line", { class: "spark-limit", x1: 0, x2: width, y1: level, y2: level }));
+  }
   if (points.length) {
     const t0 = points[0].t_ns, t1 = points[points.length - 1].t_ns || t0 + 1;
     const x = (t) => (t1 === t0 ? width : ((t - t0) / (t1 - t0)) * (width - 2) + 1);
@@ -481,15 +488,26 @@ function sparkline(points, width = 180, height = 28) {
       if (p.link_up_ratio < 1) root.append(svg("rect", { class: "spark-down", x: x(p.t_ns) - 1, y: 0, width: 2, height }));
     });
   }
-  root.append(svg("title", {}, `most behind per step over the range: peak ${fmtBytes(Math.max(0, ...values))}`));
+  root.append(svg("title", {}, `most behind per step over the range: peak ${fmtBytes(Math.max(0, ...values))}` +
+    (backlog ? `; scale: the ${fmtBytes(backlog)} backlog or the peak, whichever is larger` : "")));
   return root;
+}
+
+// Healthy green; amber under half the backlog left; red under a quarter (a resync is near).
+function headroomClass(fraction) {
+  return fraction < 0.25 ? "fill-low" : fraction < 0.5 ? "fill-warn" : "fill-ok";
+}
+
+function behindOverRange(points, backlog) {
+  const peak = Math.max(0, ...points.map((p) => p.bytes_behind_max ?? 0));
+  return [sparkline(points, backlog), el("div", { class: "node" }, points.length ? `peak ${fmtBytes(peak)}` : "no samples yet")];
 }
 
 function headroomBar(fraction) {
   const root = svg("svg", { class: "bar", width: 120, height: 10 });
   root.append(svg("rect", { class: "track", x: 0, y: 0, width: 120, height: 10, rx: 3 }));
   if (fraction !== null && fraction !== undefined) {
-    root.append(svg("rect", { class: `fill${fraction < 0.25 ? " fill-low" : ""}`, x: 0, y: 0, width: Math.max(2, 120 * fraction), height: 10, rx: 3 }));
+    root.append(svg("rect", { class: `fill ${headroomClass(fraction)}`, x: 0, y: 0, width: Math.max(2, 120 * fraction), height: 10, rx: 3 }));
   }
   return root;
 }
@@ -510,7 +528,7 @@ async function drawReplication(data) {
     const head = p.error
       ? el("div", { class: "message" }, `${p.source} (${p.primary}): ${p.error}`)
       : el("div", { class: "primary-line" }, el("strong", {}, `${p.source}`), ` primary ${p.primary} · writes ${p.write_rate_bps === null ? "–" : `${fmtBytes(p.write_rate_bps)}/s`}` +
-        ` · backlog ${fmtBytes(p.backlog.size)} · full resyncs ${p.resyncs.full ?? "–"} · read skew ${fmtMs(p.read_skew_ms)} · `,
+        ` · backlog ${fmtBytes(p.backlog.size)} · full resyncs since its start ${p.resyncs.full ?? "–"} · read skew ${fmtMs(p.read_skew_ms)} · `,
         el("span", { class: `badge badge-${p.failover.safe ? "ok" : "critical"}`, title: p.failover.verdict },
           p.failover.safest ? `safest failover: ${p.failover.safest} (loses ${fmtBytes(p.failover.rpo_bytes)})` : "no replica can be promoted"));
     const rows = p.replicas.map((r) => {
@@ -527,7 +545,7 @@ async function drawReplication(data) {
           r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction)),
         el("td", { class: "num" }, c.rpo_bytes === null || c.rpo_bytes === undefined ? "–" : fmtBytes(c.rpo_bytes),
           el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000))),
-        el("td", {}, sparkline(series.get(`${p.source}/${r.replica}`) || [])));
+        el("td", {}, ...behindOverRange(series.get(`${p.source}/${r.replica}`) || [], (p.backlog || {}).size)));
     });
     return el("div", { class: "repl-primary" }, head, el("table", { class: "list replication", id: `replication-${p.source}` },
       el("thead", {}, el("tr", {}, el("th", {}, "replica"), el("th", {}, "link"), el("th", { class: "num" }, "behind"),
