@@ -85,8 +85,22 @@ async def test_headroom_rule_fires_before_the_full_resync_then_the_resync_rule(
     primary_port = next(p["port"] for p in lab["processes"] if p["role"] == "primary")
     # Every configured replica has its series before anything was read.
     before_any = svc.metrics.render().decode()
-    assert replica_series("replag_replication_link_up", "b-1", "b") + "0.0" in before_any
-    assert replica_series("replag_replication_offset_lag_bytes", "b-1", "b") + "NaN" in before_any
+    for region in ("a", "b"):
+        replica = f"{region}-1"
+        assert replica_series("replag_replication_link_up", replica, region) + "0.0" in before_any
+        for unknown in (
+            "offset_lag_bytes",
+            "offset_lag_uncertainty_bytes",
+            "backlog_headroom_bytes",
+            "backlog_headroom_ratio",
+            "rpo_bytes",
+            "rpo_seconds",
+        ):
+            series = replica_series(f"replag_replication_{unknown}", replica, region)
+            assert series + "NaN" in before_any
+    for kind in ("full", "partial_ok", "partial_err"):
+        labels = f'kind="{kind}",primary="a-primary",source="a"'
+        assert f"replag_replication_resyncs_total{{{labels}}} 0.0" in before_any
 
     state, first = await b1(svc)
     assert state.status == "ok" and states(svc) == {}
