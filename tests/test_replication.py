@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+from click.testing import CliRunner
 
+from replag.cli import main
 from replag.config import Config, load_config
 from replag.lab.cluster import lab_fault
 from replag.replication import (
@@ -280,3 +283,30 @@ def test_headroom_arithmetic() -> None:
         )
         is None
     )
+
+
+def test_probe_reports_replication_per_pair_in_json_and_in_its_table(
+    lab_factory: LabFactory,
+) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    lab_dir = Path(state["dir"])
+    lab_fault(lab_dir, "b", "partition")
+    write(port_of(state, "primary"), 20)
+    args = ["probe", "--config", str(lab_dir / "topology.toml"), "--count", "10", "--rate", "0"]
+    args += ["--timeout", "300ms"]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 1, result.output  # b lost every probe
+    out = json.loads(result.output)
+    pairs = {p["target"]: p["replication"] for p in out["pairs"]}
+    assert pairs["a"]["status"] == "ok" and pairs["a"]["bytes_behind"] == 0
+    assert pairs["b"]["status"] == "link-down" and not pairs["b"]["link_up"]
+    assert pairs["b"]["bytes_behind"] >= 20 * 100 and pairs["b"]["link_down_s"] is not None
+    (primary,) = out["replication"]["primaries"]
+    assert primary["primary"] == "a-primary" and primary["resyncs"]["full"] >= 2
+    assert [r["replica"] for r in primary["replicas"]] == ["a-1", "b-1"]
+    assert out["replication"]["commands"] >= 2 * (3 + 2)  # sampled before and after
+
+    table = CliRunner().invoke(main, args).output
+    assert "replication of a (a-primary, offset " in table
+    line = next(x for x in table.splitlines() if x.startswith("  b-1 "))
+    assert "link-down" in line and "KiB" in line and "%" in line

@@ -160,20 +160,20 @@ class ReplicationSnapshot:
             rate = "-" if p.write_rate_bps is None else human_bytes(p.write_rate_bps) + "/s"
             lines.append(
                 f"replication of {p.source} ({p.primary}, offset {p.offset}): "
-                f"writes {rate}, backlog {human_bytes(p.backlog_size)}, resyncs full "
-                f"{_dash(p.sync_full)} partial {_dash(p.sync_partial_ok)}"
-                f"/{_dash(p.sync_partial_err)} failed, read skew {p.read_skew_ns / 1e6:.3f} ms"
+                f"writes {rate}, backlog {human_bytes(p.backlog_size)}, resyncs since its "
+                f"start: full {_dash(p.sync_full)}, partial {_dash(p.sync_partial_ok)} "
+                f"({_dash(p.sync_partial_err)} refused), read skew {p.read_skew_ns / 1e6:.3f} ms"
             )
-            lines.append(
-                f"  {'replica':<18} {'link':<10} {'behind':>12} {'±':>8} "
-                f"{'headroom':>10} {'last io':>8}"
-            )
+            lines.append(f"  {'replica':<18} {'link':<16} {'behind':>12} {'±':>8} {'headroom':>10}")
             for r in p.replicas:
-                status = r.status if r.status != "ok" else "up"
+                status: str = r.status if r.status != "ok" else "up"
+                if r.link_down_s is not None:
+                    status += f" {r.link_down_s} s"
+                elif r.last_io_s is not None:
+                    status += f" (io {r.last_io_s} s)"
                 lines.append(
-                    f"  {r.replica:<18} {status:<10} {human_bytes(r.bytes_behind):>12} "
-                    f"{human_bytes(r.bytes_uncertainty):>8} "
-                    f"{_headroom(r):>10} {_dash(r.last_io_s) + ' s':>8}"
+                    f"  {r.replica:<18} {status:<16} {human_bytes(r.bytes_behind):>12} "
+                    f"{human_bytes(r.bytes_uncertainty):>8} {_headroom(r):>10}"
                     + (f"  {r.error}" if r.error else "")
                 )
         lines += [f"note: {n}" for n in self.notes]
@@ -185,7 +185,7 @@ def _headroom(r: ReplicaState) -> str:
         return "-"
     if r.backlog_headroom < 0:
         return "FULL SYNC"
-    return f"{(r.headroom_fraction or 0) * 100:.0f}%"
+    return f"{(r.headroom_fraction or 0) * 100:.1f}%"  # 99.9 %, not a rounded 100 %
 
 
 def human_bytes(value: float | None) -> str:
