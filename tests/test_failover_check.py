@@ -58,16 +58,23 @@ def test_safe_before_a_partition_and_unsafe_after(
 def test_max_bytes_decides_while_a_replica_is_behind(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
     lab_fault(Path(state["dir"]), "a", "partition")
+    # b-1 stays up but gets the write only 30 s later; a-1 is cut off: not a candidate.
+    lab_fault(Path(state["dir"]), "b", "delay", delay_ms=30_000)
     primary_port = next(p["port"] for p in state["processes"] if p["role"] == "primary")
     with redis.Redis(port=primary_port) as client:
         client.set("k", "x" * 1000)
-    # b-1 is up and catches up within its 2 ms; a-1 is cut off and not a candidate.
-    result = check(state, "--max-bytes", "0")
-    found = answer(result)
-    (primary,) = found["primaries"]
+    strict = check(state, "--max-bytes", "0")
+    assert strict.exit_code == 1, strict.output
+    (primary,) = answer(strict)["primaries"]
     assert [c["replica"] for c in primary["candidates"]] == ["b-1", "a-1"]
     assert primary["candidates"][1]["eligible"] is False
-    assert (result.exit_code == 0) == (primary["rpo_bytes"] == 0)
+    assert primary["safest"] == "b-1" and 1000 < primary["rpo_bytes"] < 1200
+    lenient = check(state, "--max-bytes", "1kb")
+    assert lenient.exit_code == 1, lenient.output  # 1000 bytes of value + the command > 1 KiB
+    allowed = check(state, "--max-bytes", "64kb")
+    assert allowed.exit_code == 0, allowed.output
+    (primary,) = answer(allowed)["primaries"]
+    assert primary["safe"] is True and primary["safest"] == "b-1" and primary["rpo_bytes"] > 1000
 
 
 def test_unreachable_primary_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -90,6 +97,7 @@ def test_bad_max_bytes_is_exit_2(tmp_path: Path) -> None:
         main, ["failover-check", "--config", str(path), "--max-bytes", "lots"]
     )
     assert result.exit_code == 2 and "--max-bytes" in result.stderr
+    assert "not a size: 'lots'" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_dynomite_only_topology_has_nothing_to_check(tmp_path: Path) -> None:

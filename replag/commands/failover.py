@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from replag.commands.options import config_option, load
-from replag.durations import parse_duration_s
+from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import UsageError
 from replag.replication import failover_check
 from replag.store import Store
@@ -23,7 +23,7 @@ from replag.store import Store
     "--max-bytes",
     default="0",
     show_default=True,
-    help="Safe only if the best replica is at most this many bytes behind.",
+    help="Safe only if the best replica is at most this far behind: bytes, or 16kb, 1mb.",
 )
 @click.option("--max-lag", help="Also safe only if it lags at most this (e.g. 100ms).")
 def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str | None) -> None:
@@ -34,11 +34,9 @@ def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str 
     an unreachable primary.
     """
     try:
-        limit = int(max_bytes)
-        if limit < 0:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--max-bytes: expected a whole number ≥ 0, got {max_bytes!r}") from None
+        limit = parse_bytes(max_bytes)
+    except ValueError as exc:
+        raise UsageError(f"--max-bytes: {exc}") from None
     try:
         lag_s = parse_duration_s(max_lag) if max_lag is not None else None
     except ValueError as exc:
