@@ -38,6 +38,16 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
+_OPPOSITE = {"tighter": "looser", "faster": "slower", "smaller": "larger"}
+
+
+def times(baseline: float, ours: float, better: str) -> str:
+    """'1.7× tighter', or '1.3× looser' when the baseline did better in this run."""
+    if ours <= baseline:
+        return f"{baseline / ours:.1f}× {better}"
+    return f"{ours / baseline:.1f}× {_OPPOSITE[better]}"
+
+
 async def replag_case(
     config_path: Path, samples: int, *, keep: bool
 ) -> tuple[list[float], list[float], list[int], int]:
@@ -146,8 +156,8 @@ def main() -> None:
             kept = rows["kept connections"]
             print(
                 f"ratio: replag read skew p50 {pct(kept[1], 50):.3f} ms vs baseline window "
-                f"{pct(base, 50):.3f} ms = {pct(base, 50) / pct(kept[1], 50):.1f}× tighter; "
-                f"sample time {pct(base, 50) / pct(kept[0], 50):.1f}× faster"
+                f"{pct(base, 50):.3f} ms = {times(pct(base, 50), pct(kept[1], 50), 'tighter')}; "
+                f"sample time {times(pct(base, 50), pct(kept[0], 50), 'faster')}"
             )
 
             writer = Writer(primary_port)
@@ -175,8 +185,8 @@ def main() -> None:
                 f"bytes written inside it p50 {pct(base_moved, 50):,.0f} "
                 f"p99 {pct(base_moved, 99):,.0f} (not reported: an unknown error)"
             )
-            ratio = pct(base_moved, 50) / max(pct(moved, 50), 1)
-            print(f"ratio: bytes-behind error p50 {ratio:.1f}× smaller than the baseline's")
+            error = times(pct(base_moved, 50), max(pct(moved, 50), 1), "smaller")
+            print(f"ratio: bytes-behind error p50 {error} than the baseline's")
         finally:
             lab_down(lab_dir)
 

@@ -8,8 +8,9 @@ recent as every replica's state). Each step starts only after the previous one's
 answer arrived, so every replica's offset was read between the primary's two
 reads: bytes behind lies between (first primary offset − replica offset) and
 (second − replica), the bracket reported as estimate ± half-width, and the
-read skew (the whole bracket's duration) is reported beside it. Cost per
-primary: 3 + N commands in 3 round trips (N replicas). Unreachable servers are
+read skew (the whole bracket's duration) is reported beside it. Answers are
+parsed after the bracket, so it holds round trips only. Cost per primary:
+3 + N commands in 3 round trips (N replicas). Unreachable servers are
 reported in the sample, never raised.
 """
 
@@ -79,6 +80,7 @@ class _Read:
     sent_ns: int
     arrived_ns: int
     error: str | None = None
+    replies: list[Any] | None = None  # raw, until parsed after the bracket
 
 
 class ReplicationSampler:
@@ -125,7 +127,8 @@ class ReplicationSampler:
         return conn
 
     async def _read(self, endpoint: Endpoint, *, stats: bool) -> _Read:
-        """One INFO round trip; a failure drops the connection (reopened next sample)."""
+        """One INFO round trip, unparsed (`_parse` after the bracket); a failure drops the
+        connection (reopened next sample)."""
         sent = time.monotonic_ns()
         conn = self._conns.get((endpoint.host, endpoint.port, endpoint.db))
         if conn is None:
@@ -136,16 +139,26 @@ class ReplicationSampler:
             sent = time.monotonic_ns()
             payload = _INFO_REPLICATION + (_INFO_STATS if stats else b"")
             replies, arrived = await conn.wait(conn.send(payload, 2 if stats else 1))
-            for reply in replies:
-                if (text := error_text(reply)) is not None:
-                    raise ReplagError(f"INFO refused: {text}", where=endpoint.name)
-            info = ReplicationInfo.parse(
-                replies[0], replies[1] if stats else None, where=endpoint.name
-            )
         except ReplagError as exc:
             await self._drop(endpoint)
             return _Read(None, sent, time.monotonic_ns(), error=exc.message)
-        return _Read(info, sent, arrived)
+        return _Read(None, sent, arrived, replies=list(replies))
+
+    async def _parse(self, endpoint: Endpoint, read: _Read) -> _Read:
+        """`read` with its INFO parsed, or with the error that made it unusable."""
+        if read.replies is None:
+            return read
+        replies, read.replies = read.replies, None
+        try:
+            for reply in replies:
+                if (text := error_text(reply)) is not None:
+                    raise ReplagError(f"INFO refused: {text}", where=endpoint.name)
+            stats = replies[1] if len(replies) > 1 else None
+            read.info = ReplicationInfo.parse(replies[0], stats, where=endpoint.name)
+        except ReplagError as exc:
+            await self._drop(endpoint)
+            read.error = exc.message
+        return read
 
     async def _drop(self, endpoint: Endpoint) -> None:
         conn = self._conns.pop((endpoint.host, endpoint.port, endpoint.db), None)
@@ -167,17 +180,26 @@ class ReplicationSampler:
             "address": primary.address,
             "sampled_ns": time.time_ns(),
         }
-        if first.info is None:
+        if first.error is not None:
             return PrimaryState(**base, error=first.error), 1
+        reads = await asyncio.gather(*(self._read(ep, stats=False) for _, ep in target.replicas))
+        second = await self._read(primary, stats=True)
+        commands = 3 + len(target.replicas)
+        # Parsed only now: the bracket holds the round trips, not this process's parsing.
+        first = await self._parse(primary, first)
+        second = await self._parse(primary, second)
+        reads = [
+            await self._parse(ep, read)
+            for (_, ep), read in zip(target.replicas, reads, strict=True)
+        ]
+        if first.info is None:
+            return PrimaryState(**base, error=first.error), commands
         if not first.info.is_primary:
             return PrimaryState(
                 **base,
                 error=f"role {first.info.role}, not a primary (replicating from "
                 f"{first.info.master_address}): a failover?",
-            ), 1
-        reads = await asyncio.gather(*(self._read(ep, stats=False) for _, ep in target.replicas))
-        second = await self._read(primary, stats=True)
-        commands = 3 + len(target.replicas)
+            ), commands
         if second.info is None or not second.info.is_primary:
             return PrimaryState(**base, error=second.error or "stopped being a primary"), commands
         before, after = first.info, second.info
