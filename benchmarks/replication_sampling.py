@@ -41,7 +41,7 @@ def pct(values: list[float], q: float) -> float:
 _OPPOSITE = {"tighter": "looser", "faster": "slower", "smaller": "larger"}
 
 
-def times(baseline: float, ours: float, better: str) -> str:
+def compared(baseline: float, ours: float, better: str) -> str:
     """'1.7× tighter', or '1.3× looser' when the baseline did better in this run."""
     if ours <= baseline:
         return f"{baseline / ours:.1f}× {better}"
@@ -156,8 +156,8 @@ def main() -> None:
             kept = rows["kept connections"]
             print(
                 f"ratio: replag read skew p50 {pct(kept[1], 50):.3f} ms vs baseline window "
-                f"{pct(base, 50):.3f} ms = {times(pct(base, 50), pct(kept[1], 50), 'tighter')}; "
-                f"sample time {times(pct(base, 50), pct(kept[0], 50), 'faster')}"
+                f"{pct(base, 50):.3f} ms = {compared(pct(base, 50), pct(kept[1], 50), 'tighter')}; "
+                f"sample time {compared(pct(base, 50), pct(kept[0], 50), 'faster')}"
             )
 
             writer = Writer(primary_port)
@@ -185,7 +185,7 @@ def main() -> None:
                 f"bytes written inside it p50 {pct(base_moved, 50):,.0f} "
                 f"p99 {pct(base_moved, 99):,.0f} (not reported: an unknown error)"
             )
-            error = times(pct(base_moved, 50), max(pct(moved, 50), 1), "smaller")
+            error = compared(pct(base_moved, 50), max(pct(moved, 50), 1), "smaller")
             print(f"ratio: bytes-behind error p50 {error} than the baseline's")
         finally:
             lab_down(lab_dir)
