@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from replag.errors import LabError
+from replag.lab.processes import LabProcess, record
 
 AGENT_START_S = 60.0
 
@@ -78,17 +79,10 @@ def start_agents(lab_dir: Path, state: dict[str, Any], started: list[dict[str, A
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
             )
         name = f"agent-{region}"
-        started.append(
-            {
-                "name": name,
-                "pid": proc.pid,
-                "port": agent["port"],
-                "region": region,
-                "role": "agent",
-                "kind": "agent",
-            }
+        process = LabProcess(
+            name=name, pid=proc.pid, port=agent["port"], region=region, role="agent", kind="agent"
         )
-        (lab_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+        record(lab_dir, started, process)
         procs.append((region, agent["port"], proc, log))
     deadline = time.monotonic() + AGENT_START_S
     for region, port, proc, log in procs:

@@ -16,7 +16,7 @@ import contextlib
 import json
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +25,8 @@ import redis
 from replag.config import render_config, write_config_atomic
 from replag.errors import LabError, UsageError
 from replag.lab.agents import agent_urls, plan_agents, start_agents
-from replag.lab.relay import relay_command, spawn_relay
+from replag.lab.processes import LabProcess, record
+from replag.lab.relay import fill_listen_ports, relay_command, spawn_relay
 from replag.lab.sentinel import MASTER_NAME as SENTINEL_MASTER
 from replag.lab.sentinel import lab_failover as _failover
 from replag.lab.sentinel import master_port as sentinel_master_port
@@ -114,10 +115,6 @@ def read_state(lab_dir: Path) -> dict[str, Any]:
         raise LabError(f"cannot read {path}: {exc}") from None
 
 
-def _pidfile(lab_dir: Path, name: str, pid: int) -> None:
-    (lab_dir / f"{name}.pid").write_text(f"{pid}\n")
-
-
 def lab_up(lab_dir: Path, spec: LabSpec) -> dict[str, Any]:
     """Start the lab described by `spec` in `lab_dir`; return its state. Cleans up on failure."""
     lab_dir = lab_dir.resolve()
@@ -138,8 +135,70 @@ def lab_up(lab_dir: Path, spec: LabSpec) -> dict[str, Any]:
     return state
 
 
-def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[str, Any]:
-    state: dict[str, Any] = {
+@dataclass(frozen=True, kw_only=True)
+class ReplicationLink:
+    """The delay relay's link from the primary to one replica, as the relay reads it."""
+
+    name: str
+    region: str
+    upstream_port: int
+    delay_ms: float  # downstream is primary → replica: the path out
+    up_delay_ms: float
+    jitter_ms: float
+    truth_path: str
+    truth_prefix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        # listen_port: 0 asks the relay for a free port (`fill_listen_ports` reads it back).
+        return {"kind": "replication", "listen_port": 0, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Launcher:
+    """Starts the lab's processes, each recorded (`replag.lab.processes`) as soon as it runs."""
+
+    lab_dir: Path
+    spec: LabSpec
+    started: list[dict[str, Any]]
+
+    def server(self, name: str, region: str, role: str, extra: tuple[str, ...] = ()) -> int:
+        """Start a redis-server; return its port."""
+        srv = RedisServer(name=name, port=free_port(), workdir=self.lab_dir, extra_args=extra)
+        srv.start()
+        assert srv.pid is not None
+        process = LabProcess(
+            name=name, pid=srv.pid, port=srv.port, region=region, role=role, kind="redis-server"
+        )
+        record(self.lab_dir, self.started, process)
+        return srv.port
+
+    def relay(self, links: list[dict[str, Any]]) -> int:
+        """Start the delay relay; fill in each link's listen port; return its control port."""
+        pid, control = spawn_relay(self.lab_dir, "relay", links)
+        process = LabProcess(
+            name="relay", pid=pid, port=None, region=None, role="relay", kind="relay"
+        )
+        record(self.lab_dir, self.started, process)
+        fill_listen_ports(control, links)
+        return control
+
+    def views(self, state: dict[str, Any]) -> None:
+        """With `wan`, the view relay in front of every server: the prober's paths."""
+        spec = self.spec
+        if spec.wan:
+            start_views(
+                self.lab_dir,
+                state,
+                self.started,
+                spec.paths(),
+                jitter_ms=spec.jitter_ms,
+                prefix=spec.prefix,
+            )
+
+
+def _initial_state(spec: LabSpec, started: list[dict[str, Any]]) -> dict[str, Any]:
+    """What lab.json holds before anything runs (`started` fills in as processes start)."""
+    return {
         "engine": spec.engine,
         "regions": list(spec.regions),
         "processes": started,
@@ -152,112 +211,75 @@ def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[
         "wan": spec.wan,
     }
 
+
+def _start(lab_dir: Path, spec: LabSpec, started: list[dict[str, Any]]) -> dict[str, Any]:
+    state = _initial_state(spec, started)
     if spec.agents:
         plan_agents(state, spec.agent_clock_offsets_ms)
         state["api_token"] = secrets.token_urlsafe(24)
-
-    def views() -> None:
-        if spec.wan:
-            entry = start_views(
-                lab_dir, state, spec.paths(), jitter_ms=spec.jitter_ms, prefix=spec.prefix
-            )
-            started.append(entry)
-            _pidfile(lab_dir, entry["name"], entry["pid"])
-
-    def server(name: str, region: str, role: str, extra: tuple[str, ...] = ()) -> RedisServer:
-        srv = RedisServer(name=name, port=free_port(), workdir=lab_dir, extra_args=extra).start()
-        assert srv.pid is not None
-        started.append(
-            {
-                "name": name,
-                "pid": srv.pid,
-                "port": srv.port,
-                "region": region,
-                "role": role,
-                "kind": "redis-server",
-            }
-        )
-        _pidfile(lab_dir, name, srv.pid)
-        return srv
-
+    launch = _Launcher(lab_dir=lab_dir, spec=spec, started=started)
     if spec.engine == "independent":
         for region in spec.regions:
             for i in range(spec.replicas):
-                server(f"{region}-{i + 1}", region, "independent")
-        views()
-        _write_outputs(lab_dir, spec, state)
-        start_agents(lab_dir, state, started)
-        _write_outputs(lab_dir, spec, state)
-        return state
-
-    first = spec.regions[0]
-    backlog = ("--repl-backlog-size", str(spec.backlog_bytes)) if spec.backlog_bytes else ()
-    primary = server(f"{first}-primary", first, "primary", backlog)
-    links = []
-    paths = spec.paths()
-    for region in spec.regions:
-        for i in range(spec.replicas):
-            name = f"{region}-{i + 1}"
-            links.append(
-                {
-                    "name": name,
-                    "region": region,
-                    "kind": "replication",
-                    "listen_port": 0,
-                    "upstream_port": primary.port,
-                    # Downstream is primary → replica: the path out.
-                    "delay_ms": paths[region][0],
-                    "up_delay_ms": paths[region][1],
-                    "jitter_ms": spec.jitter_ms,
-                    "truth_path": str(lab_dir / f"truth-{name}.log"),
-                    "truth_prefix": spec.prefix,
-                }
-            )
-    relay_pid, control = spawn_relay(lab_dir, "relay", links)
-    started.append(
-        {
-            "name": "relay",
-            "pid": relay_pid,
-            "port": None,
-            "region": None,
-            "role": "relay",
-            "kind": "relay",
-        }
-    )
-    _pidfile(lab_dir, "relay", relay_pid)
-    state["relay_control_port"] = control
-    status = relay_command(control, {"op": "status"})
-    ports = {link["name"]: link["listen_port"] for link in status["links"]}
-    for link in links:
-        link["listen_port"] = ports[link["name"]]
-        server(
-            str(link["name"]),
-            str(link["region"]),
-            "replica",
-            (
-                "--replicaof",
-                "127.0.0.1",
-                str(link["listen_port"]),
-                "--notify-keyspace-events",
-                NOTIFY_EVENTS,
-                "--repl-diskless-sync",
-                "yes",
-                "--repl-diskless-sync-delay",
-                "0",
-            ),
-        )
-    state["links"] = links
-    slowest = max((sum(path) for path in paths.values()), default=0.0)
-    wait_replication(started, timeout_s=30 + 0.1 * slowest)
-    views()
-    if spec.sentinel:
-        sentinel_ports = start_sentinels(lab_dir, primary.port, len(links), started)
-        state["sentinel"] = {"master": SENTINEL_MASTER, "ports": sentinel_ports}
+                launch.server(f"{region}-{i + 1}", region, "independent")
+        launch.views(state)
+    else:
+        primary_port = _start_replicated(launch, state)
+        launch.views(state)
+        if spec.sentinel:
+            sentinel_ports = start_sentinels(lab_dir, primary_port, len(state["links"]), started)
+            state["sentinel"] = {"master": SENTINEL_MASTER, "ports": sentinel_ports}
     _write_outputs(lab_dir, spec, state)
     # Agents read topology.toml; lab.json is written again to list them.
     start_agents(lab_dir, state, started)
     _write_outputs(lab_dir, spec, state)
     return state
+
+
+def _start_replicated(launch: _Launcher, state: dict[str, Any]) -> int:
+    """A primary in the first region and replicas everywhere, each replicating through
+    its region's delay link; return once every link is up, with the primary's port."""
+    spec = launch.spec
+    first = spec.regions[0]
+    backlog = ("--repl-backlog-size", str(spec.backlog_bytes)) if spec.backlog_bytes else ()
+    primary_port = launch.server(f"{first}-primary", first, "primary", backlog)
+    paths = spec.paths()
+    links = [
+        ReplicationLink(
+            name=f"{region}-{i + 1}",
+            region=region,
+            upstream_port=primary_port,
+            delay_ms=paths[region][0],
+            up_delay_ms=paths[region][1],
+            jitter_ms=spec.jitter_ms,
+            truth_path=str(launch.lab_dir / f"truth-{region}-{i + 1}.log"),
+            truth_prefix=spec.prefix,
+        ).to_dict()
+        for region in spec.regions
+        for i in range(spec.replicas)
+    ]
+    state["relay_control_port"] = launch.relay(links)
+    for link in links:
+        launch.server(link["name"], link["region"], "replica", _replica_args(link["listen_port"]))
+    state["links"] = links
+    slowest = max((sum(path) for path in paths.values()), default=0.0)
+    wait_replication(launch.started, timeout_s=30 + 0.1 * slowest)
+    return primary_port
+
+
+def _replica_args(listen_port: int) -> tuple[str, ...]:
+    """A replica of the primary as its delay link (listening on `listen_port`) relays it."""
+    return (
+        "--replicaof",
+        "127.0.0.1",
+        str(listen_port),
+        "--notify-keyspace-events",
+        NOTIFY_EVENTS,
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
+    )
 
 
 def wait_replication(processes: list[dict[str, Any]], *, timeout_s: float) -> None:

@@ -290,6 +290,14 @@ def spawn_relay(lab_dir: Path, name: str, links: list[dict[str, Any]]) -> tuple[
     return relay.pid, int(json.loads(ready.read_text())["control_port"])
 
 
+def fill_listen_ports(control_port: int, links: list[dict[str, Any]]) -> None:
+    """Set each of `links`' `listen_port` to the port the relay bound for it."""
+    status = relay_command(control_port, {"op": "status"})
+    ports = {link["name"]: link["listen_port"] for link in status["links"]}
+    for link in links:
+        link["listen_port"] = ports[link["name"]]
+
+
 def relay_command(control_port: int, request: dict[str, Any], *, timeout_s: float = 5.0) -> Any:
     """Send one control request to a running relay and return its answer."""
     with socket.create_connection(("127.0.0.1", control_port), timeout=timeout_s) as sock:

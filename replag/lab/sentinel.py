@@ -24,6 +24,7 @@ import redis
 
 from replag.errors import LabError
 from replag.lab.binary import redis_server_binary
+from replag.lab.processes import LabProcess, record
 from replag.lab.relay import relay_command
 from replag.lab.server import free_port
 
@@ -82,17 +83,10 @@ def start_sentinels(
     for index in range(1, SENTINELS + 1):
         process, port = _sentinel(lab_dir, index, primary_port)
         name = f"sentinel-{index}"
-        started.append(
-            {
-                "name": name,
-                "pid": process.pid,
-                "port": port,
-                "region": None,
-                "role": "sentinel",
-                "kind": "sentinel",
-            }
+        entry = LabProcess(
+            name=name, pid=process.pid, port=port, region=None, role="sentinel", kind="sentinel"
         )
-        (lab_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+        record(lab_dir, started, entry)
         ports.append(port)
 
     def ready(port: int) -> Callable[[], bool]:

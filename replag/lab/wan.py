@@ -26,7 +26,8 @@ from typing import Any
 
 from replag.durations import parse_duration_ns
 from replag.errors import UsageError
-from replag.lab.relay import relay_command, spawn_relay
+from replag.lab.processes import LabProcess, record
+from replag.lab.relay import fill_listen_ports, spawn_relay
 
 VIEW_RELAY = "view-relay"
 
@@ -64,12 +65,13 @@ def parse_ms(text: str, *, option: str) -> float:
 def start_views(
     lab_dir: Path,
     state: dict[str, Any],
+    started: list[dict[str, Any]],
     paths: dict[str, tuple[float, float]],
     *,
     jitter_ms: float,
     prefix: str,
-) -> dict[str, Any]:
-    """Start the view relay in front of every server of `state`; return its process entry.
+) -> None:
+    """Start the view relay in front of every server of `state` (recorded in `started`).
 
     `paths` maps a region to its (out, back) delays in ms. Records the links in
     `state["views"]` and the relay's control port in `state["view_relay_control_port"]`.
@@ -118,23 +120,16 @@ def start_views(
             }
         )
     pid, control = spawn_relay(lab_dir, VIEW_RELAY, links)
-    entry = {
-        "name": VIEW_RELAY,
-        "pid": pid,
-        "port": None,
-        "region": None,
-        "role": "view-relay",
-        "kind": "relay",
-    }
-    ports = {
-        link["name"]: link["listen_port"]
-        for link in relay_command(control, {"op": "status"})["links"]
-    }
-    for link in links:
-        link["listen_port"] = ports[link["name"]]
+    record(
+        lab_dir,
+        started,
+        LabProcess(
+            name=VIEW_RELAY, pid=pid, port=None, region=None, role="view-relay", kind="relay"
+        ),
+    )
+    fill_listen_ports(control, links)
     state["views"] = links
     state["view_relay_control_port"] = control
-    return entry
 
 
 def view_ports(state: dict[str, Any]) -> dict[str, int]:
