@@ -205,46 +205,7 @@ class ProbeReport:
     def render(self) -> str:
         """The human table: one row per pair, with source and consistency columns when
         the report covers several sources or consistency levels."""
-        sent = max((p.sent for p in self.pairs), default=0)
-        sources = list(dict.fromkeys(p.source for p in self.pairs)) or [self.source]
-        levels = list(dict.fromkeys(p.consistency for p in self.pairs if p.consistency))
-        by_source, by_level = len(sources) > 1, len(levels) > 1
-        via = max([4, *(len(p.observed_by) for p in self.pairs)])
-        lines = [
-            f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
-            f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
-            + (f", write consistency {self.consistency}" if self.consistency else "")
-            + (
-                f" (cluster runs read {self.cluster_consistency['read']}, "
-                f"write {self.cluster_consistency['write']})"
-                if self.cluster_consistency
-                else ""
-            ),
-            "",
-            (f"{'source':<12} " if by_source else "")
-            + (f"{'consistency':<14} " if by_level else "")
-            + f"{'target':<12} {'replica':<18} {'via':<{via}} {'sent':>5} {'seen':>5} {'lost':>5} "
-            f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",
-        ]
-        for pair in self.pairs:
-            s = pair.summary
-            lag = s.lag_ms
-            head = (f"{s.source:<12} " if by_source else "") + (
-                f"{pair.consistency or '-':<14} " if by_level else ""
-            )
-            if pair.error:
-                lines.append(
-                    f"{head}{s.target:<12} {s.replica:<18} {'-':<{via}} UNREACHABLE: {pair.error}"
-                )
-                continue
-            lines.append(
-                f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<{via}} {s.sent:>5} "
-                f"{s.seen:>5} {s.lost:>5} "
-                + " ".join(
-                    f"{format_ms(lag[k]):>8}" for k in ("mean", "p50", "p90", "p99", "p999", "max")
-                )
-                + f" {format_ms(s.uncertainty_ms['p50']):>7}"
-            )
+        lines = [self._title(), "", *self._pair_table()]
         lines.append("(lag in ms; ±p50 = median half-width of each sample's uncertainty bracket)")
         if self.write_by_consistency:
             for level, w in self.write_by_consistency.items():
@@ -259,30 +220,8 @@ class ProbeReport:
                     for c in self.clock
                 )
             )
-        for agent in self.agents:
-            clock = agent["clock"] or {}
-            bound = "clock not compared"
-            if clock.get("bound_ms") is not None:
-                bound = (
-                    f"clock {clock['offset_ms']:+.3f} ms ± {clock['bound_ms']:.3f} ms "
-                    f"({clock['source']})"
-                )
-            lines.append(
-                f"agent of {agent['region']} ({agent['agent']}): observed "
-                f"{', '.join(agent['replicas'])}; {bound}"
-                + (f"; ERROR {agent['error']}" if agent["error"] else "")
-                + (f"; {clock['note']}" if clock.get("note") else "")
-            )
-        if self.seed_method:
-            lines.append("dynomite-seed method (write 1000, poll 20 random keys, average):")
-            seed_sources = {row.get("source") for row in self.seed_method}
-            for row in self.seed_method:
-                lines.append(
-                    "  "
-                    + (f"{row['source']}→" if len(seed_sources) > 1 else "")
-                    + f"{row['target']:<12} {row['replica']:<18} "
-                    f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
-                )
+        lines += [_agent_line(agent) for agent in self.agents]
+        lines += self._seed_method_lines()
         if self.replication is not None and (self.replication.primaries or self.replication.notes):
             lines += self.replication.render()
         lines += [f"note: {n}" for n in self.notes + self._negative_notes()]
@@ -292,6 +231,67 @@ class ProbeReport:
             f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}" for u in self.unreachable
         ]
         return "\n".join(lines)
+
+    def _title(self) -> str:
+        sent = max((p.sent for p in self.pairs), default=0)
+        return (
+            f"probe run {self.run_id} from {self.source} ({self.write_endpoint}), "
+            f"{sent} probes, {(self.finished_ns - self.started_ns) / 1e9:.1f} s"
+            + (f", write consistency {self.consistency}" if self.consistency else "")
+            + (
+                f" (cluster runs read {self.cluster_consistency['read']}, "
+                f"write {self.cluster_consistency['write']})"
+                if self.cluster_consistency
+                else ""
+            )
+        )
+
+    def _pair_table(self) -> list[str]:
+        """The column header and one row per pair."""
+        sources = list(dict.fromkeys(p.source for p in self.pairs)) or [self.source]
+        levels = list(dict.fromkeys(p.consistency for p in self.pairs if p.consistency))
+        by_source, by_level = len(sources) > 1, len(levels) > 1
+        via = max([4, *(len(p.observed_by) for p in self.pairs)])
+        lines = [
+            (f"{'source':<12} " if by_source else "")
+            + (f"{'consistency':<14} " if by_level else "")
+            + f"{'target':<12} {'replica':<18} {'via':<{via}} {'sent':>5} {'seen':>5} {'lost':>5} "
+            f"{'mean':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'±p50':>7}",
+        ]
+        for pair in self.pairs:
+            s = pair.summary
+            head = (f"{s.source:<12} " if by_source else "") + (
+                f"{pair.consistency or '-':<14} " if by_level else ""
+            )
+            if pair.error:
+                lines.append(
+                    f"{head}{s.target:<12} {s.replica:<18} {'-':<{via}} UNREACHABLE: {pair.error}"
+                )
+                continue
+            lines.append(
+                f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<{via}} {s.sent:>5} "
+                f"{s.seen:>5} {s.lost:>5} "
+                + " ".join(
+                    f"{format_ms(s.lag_ms[k]):>8}"
+                    for k in ("mean", "p50", "p90", "p99", "p999", "max")
+                )
+                + f" {format_ms(s.uncertainty_ms['p50']):>7}"
+            )
+        return lines
+
+    def _seed_method_lines(self) -> list[str]:
+        if not self.seed_method:
+            return []
+        lines = ["dynomite-seed method (write 1000, poll 20 random keys, average):"]
+        seed_sources = {row.get("source") for row in self.seed_method}
+        for row in self.seed_method:
+            lines.append(
+                "  "
+                + (f"{row['source']}→" if len(seed_sources) > 1 else "")
+                + f"{row['target']:<12} {row['replica']:<18} "
+                f"avg {format_ms(row['avg_ms'])} ms over {row['keys']} keys"
+            )
+        return lines
 
     def _negative_notes(self) -> list[str]:
         """Pairs with lag samples below zero: counted (recorded as 0), never hidden."""
@@ -310,6 +310,22 @@ class ProbeReport:
                     + ")"
                 )
         return out
+
+
+def _agent_line(agent: dict[str, Any]) -> str:
+    """What one region's agent observed, and how its clock compared."""
+    clock = agent["clock"] or {}
+    bound = "clock not compared"
+    if clock.get("bound_ms") is not None:
+        bound = (
+            f"clock {clock['offset_ms']:+.3f} ms ± {clock['bound_ms']:.3f} ms ({clock['source']})"
+        )
+    return (
+        f"agent of {agent['region']} ({agent['agent']}): observed "
+        f"{', '.join(agent['replicas'])}; {bound}"
+        + (f"; ERROR {agent['error']}" if agent["error"] else "")
+        + (f"; {clock['note']}" if clock.get("note") else "")
+    )
 
 
 def _write_line(w: dict[str, Any], errors: int) -> str:
