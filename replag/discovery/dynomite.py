@@ -272,17 +272,10 @@ def dynomite_topology(
     nodes: list[DynomiteNode], *, seed_url: str, consistency: Consistency | None
 ) -> Discovery:
     """Regions (one per DC) and replica groups (one per token) of `nodes`."""
-    per_rack: dict[tuple[str, str], int] = {}
-    for node in nodes:
-        per_rack[(node.dc, node.rack)] = per_rack.get((node.dc, node.rack), 0) + 1
-
-    def base_name(node: DynomiteNode) -> str:
-        several = per_rack[(node.dc, node.rack)] > 1
-        return f"{node.dc}-{node.rack}" + (f"-{node.token}" if several else "")
-
+    names = _NodeNames(nodes)
     backends = {
         node: Endpoint(
-            name=base_name(node),
+            name=names.base(node),
             host=node.redis.host,
             port=node.redis.port,
             region=node.dc,
@@ -299,20 +292,31 @@ def dynomite_topology(
     for dc in dict.fromkeys(n.dc for n in nodes):
         members = [n for n in nodes if n.dc == dc]
         writer = seed if seed is not None and seed.dc == dc else members[0]
-        write = Endpoint(
-            name=f"{base_name(writer)}-dynomite",
-            host=writer.client.host,
-            port=writer.client.port,
-            kind="dynomite",
-            region=dc,
-            rack=writer.rack,
-        )
+        write = _client_endpoint(writer, names.base(writer))
         endpoint_comments[write.name] = (
             f"client port of node {writer.host}:{writer.peer_port} ({writer.label})"
         )
         regions.append(Region(name=dc, write=write, replicas=tuple(backends[n] for n in members)))
         racks = ", ".join(dict.fromkeys(n.rack for n in members))
         comments[dc] = f"DC {dc} (racks {racks}), from /cluster_describe of {seed_url}"
+    groups = _token_groups(nodes, backends, comments)
+    header = _header(nodes, seed_url=seed_url, consistency=consistency, shared=names.shared)
+    return Discovery(
+        topology=Topology(regions=tuple(regions), groups=tuple(groups)),
+        header=header,
+        comments=comments,
+        endpoint_comments=endpoint_comments,
+        settings={"dynomite_stats_urls": [f"http://{n.stats}" for n in nodes]},
+        facts={
+            "consistency": consistency and {"read": consistency.read, "write": consistency.write}
+        },
+    )
+
+
+def _token_groups(
+    nodes: list[DynomiteNode], backends: dict[DynomiteNode, Endpoint], comments: dict[str, str]
+) -> list[ReplicaGroup]:
+    """One replica group per token held more than once (its comment added to `comments`)."""
     groups = []
     for token in dict.fromkeys(n.token for n in nodes):
         holders = [n for n in nodes if n.token == token]
@@ -321,13 +325,46 @@ def dynomite_topology(
         name = f"token-{token}"
         groups.append(ReplicaGroup(name=name, members=tuple(backends[n] for n in holders)))
         comments[name] = f"token {token}: held by " + ", ".join(n.label for n in holders)
+    return groups
+
+
+class _NodeNames:
+    """Endpoint names: DC and rack, plus the token where a rack holds several."""
+
+    def __init__(self, nodes: list[DynomiteNode]) -> None:
+        self.per_rack: dict[tuple[str, str], int] = {}
+        for node in nodes:
+            self.per_rack[(node.dc, node.rack)] = self.per_rack.get((node.dc, node.rack), 0) + 1
+        self.shared = any(count > 1 for count in self.per_rack.values())
+
+    def base(self, node: DynomiteNode) -> str:
+        several = self.per_rack[(node.dc, node.rack)] > 1
+        return f"{node.dc}-{node.rack}" + (f"-{node.token}" if several else "")
+
+
+def _client_endpoint(node: DynomiteNode, base_name: str) -> Endpoint:
+    """The node's client port: where its region's probes are written."""
+    return Endpoint(
+        name=f"{base_name}-dynomite",
+        host=node.client.host,
+        port=node.client.port,
+        kind="dynomite",
+        region=node.dc,
+        rack=node.rack,
+    )
+
+
+def _header(
+    nodes: list[DynomiteNode], *, seed_url: str, consistency: Consistency | None, shared: bool
+) -> str:
+    """The written topology's header: where it came from and what to know about it."""
     header = [f"Discovered from Dynomite {seed_url} (/cluster_describe, /get_consistency)."]
     if consistency is not None:
         header.append(
             f"Cluster consistency: read {consistency.read}, write {consistency.write}. "
             "Per-connection: settings.dynomite_consistency."
         )
-    if any(count > 1 for count in per_rack.values()):
+    if shared:
         header.append(
             "Racks hold several tokens: a probe key lands on one node per rack, so only the "
             "backends owning its token see it."
@@ -336,13 +373,4 @@ def dynomite_topology(
     lonely = [t for t in dict.fromkeys(tokens) if tokens.count(t) < 2]
     if lonely:
         header.append(f"Tokens held once (no replica to compare): {', '.join(lonely)}.")
-    return Discovery(
-        topology=Topology(regions=tuple(regions), groups=tuple(groups)),
-        header="\n".join(header),
-        comments=comments,
-        endpoint_comments=endpoint_comments,
-        settings={"dynomite_stats_urls": [f"http://{n.stats}" for n in nodes]},
-        facts={
-            "consistency": consistency and {"read": consistency.read, "write": consistency.write}
-        },
-    )
+    return "\n".join(header)
