@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from replag.histogram import LagHistogram, SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
-from replag.replication.state import PrimaryState
+from replag.replication.state import PrimaryState, ReplicaState
 
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the
@@ -145,102 +145,128 @@ class ReplicationCollector(Collector):
         self._failovers[source] = self._failovers.get(source, 0) + 1
 
     def collect(self) -> Iterator[Metric]:
-        def gauge(name: str, text: str, labels: Sequence[str]) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, text, labels=labels)
-
-        nan = float("nan")
-
-        def value(x: float | None) -> float:
-            return nan if x is None else float(x)
-
-        behind = gauge(
-            "replag_replication_offset_lag_bytes",
-            "Primary's replication offset minus the replica's applied offset (midpoint).",
-            self.REPLICA,
-        )
-        uncertainty = gauge(
-            "replag_replication_offset_lag_uncertainty_bytes",
-            "Half the bytes the primary wrote while the offsets were read (± on lag bytes).",
-            self.REPLICA,
-        )
-        link = gauge(
-            "replag_replication_link_up",
-            "1 when the replica's link to its primary is up and it is not resyncing.",
-            self.REPLICA,
-        )
-        headroom = gauge(
-            "replag_replication_backlog_headroom_bytes",
-            "Bytes the primary may still write before a reconnect of this replica means a "
-            "full resync (negative: already gone from the backlog).",
-            self.REPLICA,
-        )
-        ratio = gauge(
-            "replag_replication_backlog_headroom_ratio",
-            "Backlog headroom over repl-backlog-size (1 caught up, 0 full resync due).",
-            self.REPLICA,
-        )
-        rpo_bytes = gauge(
-            "replag_replication_rpo_bytes",
-            "Bytes a failover to this replica would lose now.",
-            self.REPLICA,
-        )
-        rpo_seconds = gauge(
-            "replag_replication_rpo_seconds",
-            "Writes (in time) a failover to this replica would lose now.",
-            self.REPLICA,
-        )
-        rate = gauge(
-            "replag_replication_write_rate_bytes_per_second",
-            "Growth of the primary's replication offset between samples.",
-            self.PRIMARY,
-        )
-        skew = gauge(
-            "replag_replication_read_skew_seconds",
-            "How long reading the primary, its replicas and the primary again took.",
-            self.PRIMARY,
-        )
-        backlog = gauge(
-            "replag_replication_backlog_size_bytes",
-            "The primary's repl-backlog-size.",
-            self.PRIMARY,
-        )
-        resyncs = CounterMetricFamily(
-            "replag_replication_resyncs",
-            "Resyncs the primary served: full, partial_ok, partial_err (INFO stats sync_*).",
-            labels=(*self.PRIMARY, "kind"),
-        )
-        failovers = CounterMetricFamily(
-            "replag_replication_failovers",
-            "Sentinel failovers the probe followed, per source region.",
-            labels=("source",),
-        )
+        families = _ReplicationFamilies(self.REPLICA, self.PRIMARY)
         for (source, primary), replicas in sorted(self._expected.items()):
             state = self._latest.get((source, primary))
             states = {r.replica: r for r in state.replicas} if state else {}
             for region, replica in replicas:
-                r = states.get(replica)
-                labels = [source, primary, region, replica]
-
-                behind.add_metric(labels, value(r.bytes_behind if r else None))
-                uncertainty.add_metric(labels, value(r.bytes_uncertainty if r else None))
-                link.add_metric(labels, 1.0 if r is not None and r.link_up else 0.0)
-                headroom.add_metric(labels, value(r.backlog_headroom if r else None))
-                ratio.add_metric(labels, value(r.headroom_fraction if r else None))
-                loss = self._rpo.get((source, primary, replica), (nan, nan))
-                rpo_bytes.add_metric(labels, loss[0])
-                rpo_seconds.add_metric(labels, loss[1])
-            primary_labels = [source, primary]
-            ok = state is not None and state.error is None
-            rate.add_metric(primary_labels, value(state.write_rate_bps if ok and state else None))
-            skew.add_metric(primary_labels, state.read_skew_ns / 1e9 if ok and state else nan)
-            backlog.add_metric(primary_labels, value(state.backlog_size if state else None))
-            counts = self._resyncs.get((source, primary), (0, 0, 0))
-            for kind, count in zip(("full", "partial_ok", "partial_err"), counts, strict=True):
-                resyncs.add_metric([*primary_labels, kind], float(count))
+                loss = self._rpo.get((source, primary, replica), (_NAN, _NAN))
+                families.add_replica([source, primary, region, replica], states.get(replica), loss)
+            resyncs = self._resyncs.get((source, primary), (0, 0, 0))
+            families.add_primary([source, primary], state, resyncs)
         for source, count in sorted(self._failovers.items()):
-            failovers.add_metric([source], float(count))
-        yield from (behind, uncertainty, link, headroom, ratio, rpo_bytes, rpo_seconds)
-        yield from (rate, skew, backlog, resyncs, failovers)
+            families.failovers.add_metric([source], float(count))
+        yield from families.all()
+
+
+_NAN = float("nan")
+
+
+def _value(x: float | None) -> float:
+    """A gauge's value: NaN while unknown."""
+    return _NAN if x is None else float(x)
+
+
+class _ReplicationFamilies:
+    """The replication metric families of one scrape (per replica, per primary, counters)."""
+
+    def __init__(self, replica: Sequence[str], primary: Sequence[str]) -> None:
+        def gauge(name: str, text: str, labels: Sequence[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=labels)
+
+        self.behind = gauge(
+            "replag_replication_offset_lag_bytes",
+            "Primary's replication offset minus the replica's applied offset (midpoint).",
+            replica,
+        )
+        self.uncertainty = gauge(
+            "replag_replication_offset_lag_uncertainty_bytes",
+            "Half the bytes the primary wrote while the offsets were read (± on lag bytes).",
+            replica,
+        )
+        self.link = gauge(
+            "replag_replication_link_up",
+            "1 when the replica's link to its primary is up and it is not resyncing.",
+            replica,
+        )
+        self.headroom = gauge(
+            "replag_replication_backlog_headroom_bytes",
+            "Bytes the primary may still write before a reconnect of this replica means a "
+            "full resync (negative: already gone from the backlog).",
+            replica,
+        )
+        self.ratio = gauge(
+            "replag_replication_backlog_headroom_ratio",
+            "Backlog headroom over repl-backlog-size (1 caught up, 0 full resync due).",
+            replica,
+        )
+        self.rpo_bytes = gauge(
+            "replag_replication_rpo_bytes",
+            "Bytes a failover to this replica would lose now.",
+            replica,
+        )
+        self.rpo_seconds = gauge(
+            "replag_replication_rpo_seconds",
+            "Writes (in time) a failover to this replica would lose now.",
+            replica,
+        )
+        self.rate = gauge(
+            "replag_replication_write_rate_bytes_per_second",
+            "Growth of the primary's replication offset between samples.",
+            primary,
+        )
+        self.skew = gauge(
+            "replag_replication_read_skew_seconds",
+            "How long reading the primary, its replicas and the primary again took.",
+            primary,
+        )
+        self.backlog = gauge(
+            "replag_replication_backlog_size_bytes",
+            "The primary's repl-backlog-size.",
+            primary,
+        )
+        self.resyncs = CounterMetricFamily(
+            "replag_replication_resyncs",
+            "Resyncs the primary served: full, partial_ok, partial_err (INFO stats sync_*).",
+            labels=(*primary, "kind"),
+        )
+        self.failovers = CounterMetricFamily(
+            "replag_replication_failovers",
+            "Sentinel failovers the probe followed, per source region.",
+            labels=("source",),
+        )
+
+    def add_replica(
+        self, labels: list[str], r: ReplicaState | None, loss: tuple[float, float]
+    ) -> None:
+        """One replica's sample (None: not read, its gauges NaN and its link 0)."""
+        self.behind.add_metric(labels, _value(r.bytes_behind if r else None))
+        self.uncertainty.add_metric(labels, _value(r.bytes_uncertainty if r else None))
+        self.link.add_metric(labels, 1.0 if r is not None and r.link_up else 0.0)
+        self.headroom.add_metric(labels, _value(r.backlog_headroom if r else None))
+        self.ratio.add_metric(labels, _value(r.headroom_fraction if r else None))
+        self.rpo_bytes.add_metric(labels, loss[0])
+        self.rpo_seconds.add_metric(labels, loss[1])
+
+    def add_primary(
+        self, labels: list[str], state: PrimaryState | None, resyncs: tuple[int, int, int]
+    ) -> None:
+        """One primary's sample (rate and skew NaN while it is unknown or in error) and its
+        last known resync counts."""
+        ok = state is not None and state.error is None
+        self.rate.add_metric(labels, _value(state.write_rate_bps if ok and state else None))
+        self.skew.add_metric(labels, state.read_skew_ns / 1e9 if ok and state else _NAN)
+        self.backlog.add_metric(labels, _value(state.backlog_size if state else None))
+        for kind, count in zip(("full", "partial_ok", "partial_err"), resyncs, strict=True):
+            self.resyncs.add_metric([*labels, kind], float(count))
+
+    def all(self) -> tuple[Metric, ...]:
+        """In the order they are exported."""
+        return (
+            *(self.behind, self.uncertainty, self.link, self.headroom, self.ratio),
+            *(self.rpo_bytes, self.rpo_seconds, self.rate, self.skew, self.backlog),
+            *(self.resyncs, self.failovers),
+        )
 
 
 class ServiceMetrics:
