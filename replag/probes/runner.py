@@ -510,26 +510,7 @@ def _collect(
         report.pairs.append(pair)
         if not observers:
             continue
-        by_seq: dict[int, Arrival] = {}
-        for obs in observers:
-            for seq, seen in _arrivals_by_seq(obs).items():
-                if seq not in by_seq or seen.estimate_ns < by_seq[seq].estimate_ns:
-                    by_seq[seq] = seen
-        for seq, (t_a, t_b) in writes.items():
-            arrival = by_seq.get(seq)
-            if arrival is None:
-                pair.lost += 1
-                report.samples.append(ProbeSample(first.region, pair.replica, seq, None, 0))
-                continue
-            lag = arrival.estimate_ns - (t_a + t_b) // 2
-            unc = arrival.half_width_ns + (t_b - t_a) // 2
-            # A lag close to 0 can read below it; the histogram counts it as negative
-            # (recorded as 0), and one below even its uncertainty is counted apart.
-            pair.lag.record_ns(lag)
-            if lag + unc < 0:
-                pair.negative_beyond_uncertainty += 1
-            pair.uncertainty.record_ns(unc)
-            report.samples.append(ProbeSample(first.region, pair.replica, seq, lag, unc))
+        _record_lags(report, pair, first.region, writes, _first_arrivals(observers))
         for t in unit:
             if t.observer is not None and t.observer.error and pair.lost:
                 pair.error = t.observer.error
@@ -540,6 +521,41 @@ def _collect(
                         "error": f"{t.replica.name} ({t.replica.url()}): {t.observer.error}",
                     }
                 )
+
+
+def _first_arrivals(observers: list[Observer]) -> dict[int, Arrival]:
+    """Probe seq → its earliest arrival seen by any of a unit's observers."""
+    by_seq: dict[int, Arrival] = {}
+    for obs in observers:
+        for seq, seen in _arrivals_by_seq(obs).items():
+            if seq not in by_seq or seen.estimate_ns < by_seq[seq].estimate_ns:
+                by_seq[seq] = seen
+    return by_seq
+
+
+def _record_lags(
+    report: ProbeReport,
+    pair: PairResult,
+    region: str,
+    writes: dict[int, tuple[int, int]],
+    by_seq: dict[int, Arrival],
+) -> None:
+    """Each write's lag (or its loss) into `pair`'s histograms and the report's samples."""
+    for seq, (t_a, t_b) in writes.items():
+        arrival = by_seq.get(seq)
+        if arrival is None:
+            pair.lost += 1
+            report.samples.append(ProbeSample(region, pair.replica, seq, None, 0))
+            continue
+        lag = arrival.estimate_ns - (t_a + t_b) // 2
+        unc = arrival.half_width_ns + (t_b - t_a) // 2
+        # A lag close to 0 can read below it; the histogram counts it as negative
+        # (recorded as 0), and one below even its uncertainty is counted apart.
+        pair.lag.record_ns(lag)
+        if lag + unc < 0:
+            pair.negative_beyond_uncertainty += 1
+        pair.uncertainty.record_ns(unc)
+        report.samples.append(ProbeSample(region, pair.replica, seq, lag, unc))
 
 
 def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
