@@ -9,8 +9,9 @@ endpoint failed; the message names the command) or interrupted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from replag.config import Config
 from replag.errors import EndpointError, RepairError, ReplagError, UsageError
@@ -36,6 +37,7 @@ from replag.repair.runs import (
     resume_command,
 )
 from replag.store import Store
+from replag.topology import ReplicaGroup
 
 
 def _config_name(config: Config) -> str | None:
@@ -53,29 +55,11 @@ async def _run(
     key_sink: KeySink | None = None,
 ) -> rp.RepairReport:
     """Run `params` (or resume run `resume`): every member must answer first."""
-    topology = config.topology
-    groups = [topology.group(params.group)] if params.group else list(topology.groups)
-    if not groups:
-        raise UsageError("the topology has no replica groups to compare ([[groups]])")
-    for g in groups:
-        if len(g.members) < 2:
-            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
+    groups = _groups(config, params.group)
     log: RunLog | None = None
     if resume is not None:
-        if store is None:
-            raise UsageError("--resume needs the results store (settings.store)")
-        log = RunLog(store, resume)
-        row = log.row()
-        if row is None:
-            raise UsageError(f"--resume: no run {resume!r} in {store.path}")
-        kind, status, saved = row
-        if kind != params.kind:
-            again = resume_command(kind, resume, _config_name(config))
-            raise UsageError(f"--resume: {resume} is a {kind} run; resume it with `{again}`")
-        if status == DONE:
-            raise UsageError(f"--resume: run {resume} has already finished")
-        params = RunParams(**saved)
-        groups = [topology.group(params.group)] if params.group else list(topology.groups)
+        log, params = _resumed(config, params.kind, store, resume)
+        groups = _groups(config, params.group, check=False)
     policies = [parse_policy(params.policy, g.members) for g in groups]
     if log is not None:
         log.set_status(RUNNING)
@@ -86,44 +70,88 @@ async def _run(
         on_run(run_id)
     started = time.perf_counter()
     reports: list[rp.GroupReport] = []
-
-    def result(status: str) -> rp.RepairReport:
-        return rp.RepairReport(
-            run_id=run_id,
-            kind=params.kind,
-            group=params.group,
-            policy=params.policy if params.kind == "repair" else None,
-            dry_run=params.dry_run,
-            allow_deletes=params.allow_deletes,
-            status=status,
-            groups=reports,
-            seconds=time.perf_counter() - started,
-        )
-
     agents = AgentPool(config)
     try:
-        # Every member answers first, or nothing is scanned (the run is recorded as failed).
-        await members_reachable(
-            groups,
-            timeout_s=config.settings.connect_timeout,
-            # (a --match/--type run scans every member here: see GroupRun)
-            through_agent=lambda m: (
-                config.topology.agent_of(m) is not None
-                and params.match is None
-                and params.type_filter is None
-            ),
-        )
-        for g, policy in zip(groups, policies, strict=True):
-            run = GroupRun(
-                config, g, params, policy, log, progress, agents=agents, key_sink=key_sink
+        with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
+            # Every member answers first, or nothing is scanned (the run is recorded as failed).
+            await members_reachable(
+                groups,
+                timeout_s=config.settings.connect_timeout,
+                # (a --match/--type run scans every member here: see GroupRun)
+                through_agent=lambda m: (
+                    config.topology.agent_of(m) is not None
+                    and params.match is None
+                    and params.type_filter is None
+                ),
             )
-            reports.append(await run.run())
+            for g, policy in zip(groups, policies, strict=True):
+                run = GroupRun(
+                    config, g, params, policy, log, progress, agents=agents, key_sink=key_sink
+                )
+                reports.append(await run.run())
+    finally:
+        await agents.close()
+    report = rp.RepairReport(
+        run_id=run_id,
+        kind=params.kind,
+        group=params.group,
+        policy=params.policy if params.kind == "repair" else None,
+        dry_run=params.dry_run,
+        allow_deletes=params.allow_deletes,
+        status=DONE,
+        groups=reports,
+        seconds=time.perf_counter() - started,
+    )
+    if log is not None:
+        log.set_status(DONE, report=report.to_dict())
+    return report
+
+
+def _groups(config: Config, name: str | None, *, check: bool = True) -> list[ReplicaGroup]:
+    """The replica group named (or every one); with `check`, each must have 2+ members."""
+    topology = config.topology
+    groups = [topology.group(name)] if name else list(topology.groups)
+    if not check:
+        return groups
+    if not groups:
+        raise UsageError("the topology has no replica groups to compare ([[groups]])")
+    for g in groups:
+        if len(g.members) < 2:
+            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
+    return groups
+
+
+def _resumed(
+    config: Config, kind: str, store: Store | None, resume: str
+) -> tuple[RunLog, RunParams]:
+    """The run `resume` to continue, and the parameters it was started with."""
+    if store is None:
+        raise UsageError("--resume needs the results store (settings.store)")
+    log = RunLog(store, resume)
+    row = log.row()
+    if row is None:
+        raise UsageError(f"--resume: no run {resume!r} in {store.path}")
+    saved_kind, status, saved = row
+    if saved_kind != kind:
+        again = resume_command(saved_kind, resume, _config_name(config))
+        raise UsageError(f"--resume: {resume} is a {saved_kind} run; resume it with `{again}`")
+    if status == DONE:
+        raise UsageError(f"--resume: run {resume} has already finished")
+    return log, RunParams(**saved)
+
+
+@contextlib.contextmanager
+def _outcome_recorded(
+    log: RunLog | None, kind: str, run_id: str, config_name: str | None
+) -> Iterator[None]:
+    """A run that stops early is recorded as failed (resumable: the error names the
+    command) or interrupted, never left "running" in the store."""
+    try:
+        yield
     except EndpointError as exc:
         message = exc.message
         if log is not None:
-            message += (
-                f"; resume with `{resume_command(params.kind, run_id, _config_name(config))}`"
-            )
+            message += f"; resume with `{resume_command(kind, run_id, config_name)}`"
             log.set_status(FAILED, error=str(exc))
         raise RepairError(message, where=exc.where) from exc
     except ReplagError as exc:
@@ -139,12 +167,6 @@ async def _run(
         if log is not None:
             log.set_status(FAILED, error=f"internal error: {exc!r}")
         raise
-    finally:
-        await agents.close()
-    report = result(DONE)
-    if log is not None:
-        log.set_status(DONE, report=report.to_dict())
-    return report
 
 
 async def check(
