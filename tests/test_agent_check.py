@@ -58,7 +58,7 @@ def _replica(region: str, server: RedisServer) -> dict[str, str]:
 def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLab]:
     servers = {r: redis_factory(r) for r in "abc"}
     for server in servers.values():
-        fill(server.client(), 5_000)
+        fill(server.client(), 20_000)
         write_every_type(server.client())
     ports = {r: free_port() for r in "bc"}
     data = {

@@ -47,20 +47,22 @@ def in_leaves(index: ScanIndex, leaves: npt.NDArray[np.int64], depth: int) -> Sc
 def differing_keys(indexes: Sequence[ScanIndex]) -> list[bytes]:
     """Keys (each index one replica's keys of the same leaves) whose entry hash is missing
     or different somewhere, sorted."""
-    per_replica: list[dict[int, int]] = []
-    names: dict[int, bytes] = {}
-    for index in indexes:
-        hashes = index.key_hashes.tolist()
-        per_replica.append(dict(zip(hashes, index.entries.tolist(), strict=True)))
-        for i, h in enumerate(hashes):
-            if h not in names:
-                names[h] = index.key(i)
-    out = []
-    for h, key in names.items():
-        entries = [seen.get(h) for seen in per_replica]
-        if any(e is None or e != entries[0] for e in entries):
-            out.append(key)
-    return sorted(out)
+    indexes = list(indexes)
+    if not indexes or not sum(len(index) for index in indexes):
+        return []
+    hashes = np.concatenate([index.key_hashes for index in indexes])
+    owner = np.concatenate([np.full(len(index), i, np.int64) for i, index in enumerate(indexes)])
+    row = np.concatenate([np.arange(len(index), dtype=np.int64) for index in indexes])
+    unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    # Per distinct key: on how many replicas it is, and whether their entries all agree.
+    entries = np.concatenate([index.entries for index in indexes])
+    present = np.bincount(inverse, minlength=len(unique))
+    smallest = np.full(len(unique), np.iinfo(np.uint64).max, np.uint64)
+    largest = np.zeros(len(unique), np.uint64)
+    np.minimum.at(smallest, inverse, entries)
+    np.maximum.at(largest, inverse, entries)
+    differ = np.flatnonzero((present < len(indexes)) | (smallest != largest))
+    return sorted(indexes[int(owner[first[d]])].key(int(row[first[d]])) for d in differ)
 
 
 def brute_force_candidates(indexes: Sequence[ScanIndex]) -> list[bytes]:

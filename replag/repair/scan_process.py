@@ -52,9 +52,16 @@ class WorkerTree:
     """One member scanned in a worker process (a `MemberTree` for the walk)."""
 
     def __init__(
-        self, name: str, process: Any, conn: Connection, tree: TictacTree, bytes_received: int
+        self,
+        name: str,
+        process: Any,
+        conn: Connection,
+        tree: TictacTree,
+        bytes_received: int,
+        keys: int,
     ) -> None:
         self.name = name
+        self.keys = keys  # keys the scan read
         self._process = process
         self._conn = conn
         self.tree = tree
@@ -105,7 +112,7 @@ class WorkerTree:
                     tree = TictacTree.from_bytes(body[1])
                     if checkpoint is not None and saved is None:
                         checkpoint(state, tree)  # a crash from here on rescans nothing
-                    return cls(endpoint.name, process, parent_end, tree, body[2])
+                    return cls(endpoint.name, process, parent_end, tree, body[2], state.keys)
                 else:
                     raise body[0]
         except BaseException:
