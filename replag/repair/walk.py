@@ -3,14 +3,15 @@
 A member's tree is either built by a scan in a process of this machine
 (`scan_process.WorkerTree`) or kept by its region's agent (`AgentTree`,
 reached over HTTP), where every question is a WAN round trip. The walk asks
-every tree for the nodes of a level below the root (`depth - 2`: 16,384 nodes, 128 kB, for a depth-16 tree), keeps the
-nodes where the trees differ, and then either fetches the keys of the
-subtrees under them (hash, entry hash, name: ~40 bytes a key) or, when that
-would move more than `CONTENTS_BUDGET` bytes, asks for node values
-`STRIDE` levels further down first. A round trip across a WAN costs more than a
-few megabytes of keys: with 1M keys and 1,000 divergent ones a check walks in
-one step and fetches ~60,000 keys' hashes per member, then reads only the
-candidate keys (those whose entries are not the same everywhere).
+every tree for the nodes of a level below the root (`depth - 2`: 16,384
+nodes, 128 kB, for a depth-16 tree), keeps the nodes where the trees differ,
+and then either fetches the keys of the subtrees under them (hash, entry
+hash, name: ~40 bytes a key) or, when that would move more than
+`CONTENTS_BUDGET` bytes, asks for node values `STRIDE` levels further down
+first. A round trip across a WAN costs more than a few megabytes of keys:
+with 1M keys and 1,000 divergent ones a check walks in one step and fetches
+~60,000 keys' hashes per member, then reads only the candidate keys (those
+whose entries are not the same everywhere).
 """
 
 from __future__ import annotations
