@@ -17,6 +17,7 @@ from replag.config import Config, config_from_dict, render_config
 from replag.errors import ConfigError
 from replag.repair import remote
 from replag.repair.scan import ScanIndex
+from tests.helpers.agent import AGENT_TIMEOUT_S
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
@@ -53,7 +54,11 @@ async def client(redis_factory: RedisFactory, tmp_path: Path) -> AsyncIterator[h
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://agent"
         ) as http:
-            await until(lambda: agent.trees["r"].state == "current", "tree current")
+            await until(
+                lambda: agent.trees["r"].state == "current",
+                "tree current",
+                timeout_s=AGENT_TIMEOUT_S,
+            )
             yield http
     finally:
         await agent.stop()
@@ -140,7 +145,11 @@ async def test_metrics_show_trees_events_and_bytes(client: httpx.AsyncClient) ->
     import redis
 
     redis.Redis(host=server_url.host, port=server_url.port).set(b"k:0000002", b"new")
-    await until(lambda: agent.trees["r"].stats.keys_applied >= 1, "the write applied")
+    await until(
+        lambda: agent.trees["r"].stats.keys_applied >= 1,
+        "the write applied",
+        timeout_s=AGENT_TIMEOUT_S,
+    )
     await client.post("/agent/v1/replicas/r/leaves", json={"leaves": [7]}, headers=AUTH)
     text = (await client.get("/metrics", headers=AUTH)).text
     assert 'replag_agent_tree_state{replica="r",state="current"} 1.0' in text

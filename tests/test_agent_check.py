@@ -67,6 +67,9 @@ def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLa
             "store": str(tmp_path / "replag.sqlite"),
             "repair_settle": "20ms",
             "agent_state_dir": str(tmp_path / "agents"),
+            # Generous: the agents build their trees while the check starts (a starved
+            # machine can take minutes); the wait ends as soon as the trees are current.
+            "agent_wait": "300s",
         },
         "regions": [
             {
@@ -113,7 +116,7 @@ def _replag(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "replag", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
 

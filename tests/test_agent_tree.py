@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from replag.agent.keyspace import notifications_cover
 from replag.lab.server import RedisServer
 from replag.topology import Endpoint
-from tests.helpers.agent import running_tree
+from tests.helpers.agent import AGENT_TIMEOUT_S, running_tree
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
 from tests.helpers.waiting import wait_until
@@ -160,8 +160,14 @@ def test_writes_racing_with_the_first_scan_are_applied(redis_factory: RedisFacto
     thread.start()
     try:
         with running_tree(_endpoint(server)) as running:
-            wait_until(lambda: running.tree.state == "current", "tree built")
-            wait_until(lambda: running.tree.stats.keys_applied > 500, "events applied")
+            wait_until(
+                lambda: running.tree.state == "current", "tree built", timeout_s=AGENT_TIMEOUT_S
+            )
+            wait_until(
+                lambda: running.tree.stats.keys_applied > 500,
+                "events applied",
+                timeout_s=AGENT_TIMEOUT_S,
+            )
             stop.set()
             thread.join()
             assert running.fresh() == running.scanned()
@@ -190,7 +196,11 @@ def test_a_change_that_could_go_unseen_rebuilds_the_tree(
         act(client)
         client.set(b"after", b"1")  # written while the tree is (about to be) stale
         fill(client, 100, prefix="more:")
-        wait_until(lambda: running.tree.stats.rebuilds.get(cause) == 1, f"a {cause} rebuild")
+        wait_until(
+            lambda: running.tree.stats.rebuilds.get(cause) == 1,
+            f"a {cause} rebuild",
+            timeout_s=AGENT_TIMEOUT_S,
+        )
         assert running.fresh() == running.scanned()
         assert running.tree.stats.builds == 2
     if cause == "notifications":  # turned back on by the rebuild
@@ -203,15 +213,21 @@ def test_a_full_resync_of_a_replica_rebuilds_the_tree(redis_factory: RedisFactor
     replica = replica_of(redis_factory, primary, "replica")
     wait_listed(primary, [replica])
     fill(primary.client(), 1_000)
-    wait_until(lambda: replica.client().dbsize() == 1_000, "replica synced")
+    wait_until(
+        lambda: replica.client().dbsize() == 1_000, "replica synced", timeout_s=AGENT_TIMEOUT_S
+    )
     with running_tree(_endpoint(replica)) as running:
         running.fresh()
         rc = replica.client()
         rc.replicaof("no", "one")
         primary.client().set(b"while-detached", b"1")
         rc.replicaof("127.0.0.1", primary.port)  # new history: a full resync, no key events
-        wait_until(lambda: rc.get(b"while-detached") == b"1", "resynced")
-        wait_until(lambda: running.tree.stats.rebuilds.get("flush") == 1, "a resync rebuild")
+        wait_until(lambda: rc.get(b"while-detached") == b"1", "resynced", timeout_s=AGENT_TIMEOUT_S)
+        wait_until(
+            lambda: running.tree.stats.rebuilds.get("flush") == 1,
+            "a resync rebuild",
+            timeout_s=AGENT_TIMEOUT_S,
+        )
         assert running.fresh() == running.scanned()
 
 

@@ -24,6 +24,9 @@ from tests.helpers.waiting import wait_until
 _T = TypeVar("_T")
 # Entries hashed with these options in every agent test (the probe prefix is excluded).
 OPTIONS = ScanOptions(count=100, exclude_prefix=b"replag:probe:", ttl_bucket_ms=2000)
+# An agent starts a Python process and builds trees by full scans: on a shared, starved
+# machine (tests run under `nice`) that can take minutes; the deadline only ends a hang.
+AGENT_TIMEOUT_S = 300.0
 
 
 class LoopThread:
@@ -75,7 +78,9 @@ class RunningTree:
         return self.loop.run(scanned_tree(self.endpoint))
 
     def wait(self, what: str, check: object) -> None:
-        wait_until(lambda: bool(check() if callable(check) else check), what)
+        wait_until(
+            lambda: bool(check() if callable(check) else check), what, timeout_s=AGENT_TIMEOUT_S
+        )
 
     def stop(self) -> None:
         async def go() -> None:
@@ -114,8 +119,7 @@ def start_agent(config_path: Path, region: str, port: int, log: Path) -> subproc
             return False
 
     try:
-        # Generous: a starved machine takes long to import and start an agent.
-        wait_until(healthy, f"agent of {region} answering on {port}", timeout_s=120)
+        wait_until(healthy, f"agent of {region} answering on {port}", timeout_s=AGENT_TIMEOUT_S)
     except BaseException:
         proc.kill()  # never leave an agent behind a failed start
         proc.wait(10)
