@@ -93,6 +93,14 @@ async def test_nodes_leaves_and_key_states_describe_the_tree(client: httpx.Async
     assert answer.headers[remote.DEPTH_HEADER] == "16"
     assert answer.headers[remote.KEYS_HEADER] == str(3_000 + 7)
     assert np.array_equal(np.frombuffer(answer.content, "<u8"), levels[12])
+    # The walk's first question: the agent goes as deep as its 3,007 keys call for.
+    auto = await client.post(
+        "/agent/v1/replicas/r/nodes",
+        json={"level": 0, "nodes": [0], "down": 16, "auto": True},
+        headers=AUTH,
+    )
+    assert auto.headers[remote.DOWN_HEADER] == "8"
+    assert np.array_equal(np.frombuffer(auto.content, "<u8"), levels[8])
     below = await client.post(
         "/agent/v1/replicas/r/nodes", json={"level": 12, "nodes": [5, 9], "down": 4}, headers=AUTH
     )

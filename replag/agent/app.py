@@ -7,8 +7,10 @@ tree half-way through a batch of updates.
 
 * `GET /agent/v1/health`: region, version, each tree's state;
 * `GET /agent/v1/replicas`: each tree's state, keys, root, bytes per key, events, rebuilds;
-* `POST /agent/v1/replicas/{name}/nodes` {level, nodes, down, fresh, wait_s}: per
-  node of `level`, its 2**down descendants (uint64 little-endian);
+* `POST /agent/v1/replicas/{name}/nodes` {level, nodes, down, auto, fresh, wait_s}:
+  per node of `level`, its 2**down descendants (uint64 little-endian); with
+  `auto`, `down` is the most and the agent goes as deep as its tree's key count
+  calls for (`walk.first_down`), saying how deep in `X-Replag-Nodes-Down`;
 * `POST /agent/v1/replicas/{name}/leaves` {leaves}: the keys of those leaves
   (hash, entry hash, name: `ScanIndex` bytes);
 * `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s, once}:
@@ -49,6 +51,7 @@ from replag.errors import AgentError, EndpointError, ReplagError
 from replag.repair import remote as wire
 from replag.repair.apply import Write, compare_and_write, read_for_copy
 from replag.repair.observe import KeyState
+from replag.repair.walk import first_down
 
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token")
 OCTETS = "application/octet-stream"
@@ -60,6 +63,7 @@ class NodesRequest(BaseModel):
     level: int = Field(ge=0, le=24)
     nodes: list[int] = Field(max_length=MAX_NODES)
     down: int = Field(ge=0, le=24)
+    auto: bool = False  # `down` is the most: go as deep as the tree's key count calls for
     fresh: bool = False
     wait_s: float = Field(default=0.0, ge=0, le=3600)
 
@@ -159,8 +163,13 @@ async def nodes(agent: Agent, name: str, body: NodesRequest) -> Response:
     tree = _tree(agent, name)
     if body.fresh:
         await tree.fresh(body.wait_s)
-    values = tree.descendants(body.level, body.nodes, body.down)
-    return Response(wire.u64_bytes(values), media_type=OCTETS, headers=_tree_headers(tree))
+    down = body.down
+    if body.auto:
+        keys = len(tree.table) if tree.table is not None else 0
+        down = min(down, first_down(keys, tree.depth))
+    values = tree.descendants(body.level, body.nodes, down)
+    headers = {**_tree_headers(tree), wire.DOWN_HEADER: str(down)}
+    return Response(wire.u64_bytes(values), media_type=OCTETS, headers=headers)
 
 
 @router.post("/replicas/{name}/leaves")

@@ -44,6 +44,8 @@ PREFIX = "/agent/v1"
 DEPTH_HEADER = "X-Replag-Tree-Depth"
 BUCKET_HEADER = "X-Replag-Ttl-Bucket-Ms"
 KEYS_HEADER = "X-Replag-Tree-Keys"
+# How many levels below the asked nodes an `auto` nodes answer went (`walk.first_down`).
+DOWN_HEADER = "X-Replag-Nodes-Down"
 
 
 def u64_bytes(values: U64) -> bytes:
@@ -207,23 +209,33 @@ class AgentClient:
         return items
 
     async def descendants(
-        self,
-        replica: str,
-        level: int,
-        nodes: Sequence[int],
-        down: int,
-        *,
-        fresh: bool = False,
-        wait_s: float = 0.0,
+        self, replica: str, level: int, nodes: Sequence[int], down: int
     ) -> tuple[U64, Mapping[str, str]]:
-        body = {"level": level, "nodes": list(nodes), "down": down, "fresh": fresh}
-        if fresh:
-            body["wait_s"] = wait_s
+        body = {"level": level, "nodes": list(nodes), "down": down}
         data, headers = await self.request(
-            "POST", f"/replicas/{replica}/nodes", body, wait_s=wait_s, replica=replica
+            "POST", f"/replicas/{replica}/nodes", body, replica=replica
         )
         values = u64_from(data, len(nodes) << down, where=self.url)
         return values, headers
+
+    async def first_nodes(
+        self, replica: str, depth: int, *, wait_s: float
+    ) -> tuple[int, U64, Mapping[str, str]]:
+        """The walk's first question: the root's descendants at the level the agent's key
+        count calls for (at most `depth`), after the tree caught up with the replica's
+        writes (`fresh`, waiting up to `wait_s` for a tree being built)."""
+        body = {"level": 0, "nodes": [0], "down": depth, "auto": True, "fresh": True}
+        body["wait_s"] = wait_s
+        data, headers = await self.request(
+            "POST", f"/replicas/{replica}/nodes", body, wait_s=wait_s, replica=replica
+        )
+        try:
+            down = int(headers[DOWN_HEADER])
+            if not 0 <= down <= depth:
+                raise ValueError(f"{down} levels down, asked at most {depth}")
+        except (KeyError, ValueError) as exc:
+            raise AgentError(f"bad first nodes answer: {exc}", where=self.url) from None
+        return down, u64_from(data, 1 << down, where=self.url), headers
 
     async def leaf_keys(self, replica: str, leaves: Sequence[int]) -> ScanIndex:
         body = {"leaves": list(leaves)}

@@ -37,7 +37,7 @@ import xxhash
 from replag.errors import RepairError, ReplagError
 from replag.repair.scan import LeafFilter, ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.repair.tictac import TictacTree, leaf_of
-from replag.repair.walk import nodes_below
+from replag.repair.walk import first_down, nodes_below
 from replag.topology import Endpoint
 
 I64 = npt.NDArray[np.int64]
@@ -120,7 +120,11 @@ class WorkerTree:
             _stop(process, parent_end)
             raise
 
-    async def descendants(self, level: int, nodes: I64, down: int, *, first: bool) -> U64:
+    async def first_nodes(self, depth: int) -> tuple[int, U64]:
+        down = first_down(self.keys, depth)
+        return down, nodes_below(self._levels, 0, np.zeros(1, np.int64), down)
+
+    async def descendants(self, level: int, nodes: I64, down: int) -> U64:
         return nodes_below(self._levels, level, nodes, down)
 
     async def leaf_keys(self, leaves: I64) -> ScanIndex:

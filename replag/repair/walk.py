@@ -2,21 +2,30 @@
 
 A member's tree is either built by a scan in a process of this machine
 (`scan_process.WorkerTree`) or kept by its region's agent (`AgentTree`,
-reached over HTTP), where every question is a WAN round trip. The walk asks
-every tree for the nodes of a level below the root (`depth - 2`: 16,384
-nodes, 128 kB, for a depth-16 tree), keeps the nodes where the trees differ,
-and then either fetches the keys of the subtrees under them (hash, entry
-hash, name: ~40 bytes a key) or, when that would move more than
-`CONTENTS_BUDGET` bytes, asks for node values `STRIDE` levels further down
-first. A round trip across a WAN costs more than a few megabytes of keys:
-with 1M keys and 1,000 divergent ones a check walks in one step and fetches
-~60,000 keys' hashes per member, then reads only the candidate keys (those
-whose entries are not the same everywhere).
+reached over HTTP), where every question is a WAN round trip.
+
+What a check moves is the node values it asks for (8 bytes a node) plus the
+keys (hash, entry hash, name: ~40 bytes a key) under the nodes that differ.
+Asking a level of 2**L nodes costs 8 * 2**L bytes and leaves K / 2**L keys
+under each differing node, so for D differences the cheapest level has
+2**L ≈ sqrt(5 D K) nodes. D is not known before the walk; the first question
+assumes about 0.1% of the keys differ, i.e. nodes covering about
+`KEYS_PER_NODE` keys: each tree answers it at the level its own key count
+calls for (`first_down`: the 65,536 leaves of a depth-16 tree from 1M keys
+up, level 11 for 20,000 keys), and the answers are folded (XOR of siblings)
+to the shallowest level any member gave. The walk then asks only below the
+nodes that differ, `STRIDE` levels at a time, until the keys under them fit
+in `CONTENTS_BUDGET`, fetches the keys of those leaves only, and reads only
+the candidate keys (those whose entries are not the same everywhere). With
+1M keys and 1,000 divergent ones a check asks each agent three questions:
+the leaves (512 kB), the keys of the ~1,000 differing leaves (~15,000 keys,
+600 kB), the candidates' states.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -29,6 +38,8 @@ from replag.repair.scan import ScanIndex
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
+KEYS_PER_NODE = 16  # the first question's level: nodes covering about this many keys
+FIRST_MAX_DOWN = 16  # ... and at most 65,536 nodes (512 kB)
 STRIDE = 2
 CONTENTS_BUDGET = 4 << 20  # bytes per member: below this, fetch keys rather than descend
 KEY_BYTES = 40  # a key in leaf contents: hash, entry hash, length, a name of ~20 bytes
@@ -38,11 +49,32 @@ class MemberTree(Protocol):
     name: str
     keys: int  # keys in the tree (known after the first question, for an agent's)
 
-    async def descendants(self, level: int, nodes: I64, down: int, *, first: bool) -> U64:
+    async def first_nodes(self, depth: int) -> tuple[int, U64]:
+        """The walk's first question: (L, the root's descendants at level L), L as deep
+        as the tree's key count calls for (`first_down`)."""
+        ...
+
+    async def descendants(self, level: int, nodes: I64, down: int) -> U64:
         """For each node of `level`, its 2**down descendants `down` levels below."""
         ...
 
     async def leaf_keys(self, leaves: I64) -> ScanIndex: ...
+
+
+def first_down(keys: int, depth: int) -> int:
+    """The level of the walk's first question for a tree of `keys` keys: nodes covering
+    about `KEYS_PER_NODE` keys, at least level 1, at most `FIRST_MAX_DOWN` or the leaves."""
+    want = math.ceil(math.log2(keys / KEYS_PER_NODE)) if keys > 2 * KEYS_PER_NODE else 1
+    return max(1, min(want, depth, FIRST_MAX_DOWN))
+
+
+def fold(values: U64, up: int) -> U64:
+    """Node values of a level `up` levels above those given (an inner node is the XOR of
+    its two children)."""
+    if up == 0:
+        return values
+    folded: U64 = np.bitwise_xor.reduce(values.reshape(-1, 1 << up), axis=1)
+    return folded
 
 
 def nodes_below(levels: list[U64], level: int, nodes: I64, down: int) -> U64:
@@ -73,14 +105,16 @@ class AgentTree:
         self.wait_s = wait_s
         self.keys = 0
 
-    async def descendants(self, level: int, nodes: I64, down: int, *, first: bool) -> U64:
+    async def first_nodes(self, depth: int) -> tuple[int, U64]:
         # The first request makes the agent catch up with every write its replica applied
-        # before it (waiting up to wait_s for a tree being built); later ones read that tree.
-        values, headers = await self.client.descendants(
-            self.name, level, nodes.tolist(), down, fresh=first, wait_s=self.wait_s
-        )
-        if first:
-            self._check_shape(headers)
+        # before it (waiting up to wait_s for a tree being built); later ones read that
+        # tree. The agent picks the level (`first_down` of its key count).
+        down, values, headers = await self.client.first_nodes(self.name, depth, wait_s=self.wait_s)
+        self._check_shape(headers)
+        return down, values
+
+    async def descendants(self, level: int, nodes: I64, down: int) -> U64:
+        values, _ = await self.client.descendants(self.name, level, nodes.tolist(), down)
         return values
 
     def _check_shape(self, headers: Mapping[str, str]) -> None:
@@ -100,23 +134,23 @@ class AgentTree:
 
 
 async def differing_leaves(trees: Sequence[MemberTree], depth: int) -> I64:
-    """The leaves whose keys to compare: all the leaves under the nodes where the trees
-    differ, found by asking only below differing nodes."""
-    level, nodes = 0, np.zeros(1, np.int64)
-    first = True
-    while level < depth:
-        down = max(depth - 2, 1) if first else min(STRIDE, depth - level)
-        values = await asyncio.gather(
-            *(t.descendants(level, nodes, down, first=first) for t in trees)
-        )
-        first = False
+    """The leaves whose keys to compare: the differing leaves, or all the leaves under
+    the differing nodes once their keys fit in `CONTENTS_BUDGET`, found by asking only
+    below differing nodes."""
+    answers = await asyncio.gather(*(t.first_nodes(depth) for t in trees))
+    level = min(down for down, _ in answers)
+    values = [fold(v, down - level) for down, v in answers]
+    nodes = np.arange(1 << level, dtype=np.int64)
+    while True:
         stacked = np.stack(values)
-        differ = np.any(stacked != stacked[0], axis=0)
-        width = 1 << down
-        children = (nodes[:, None] * width + np.arange(width, dtype=np.int64)[None, :]).ravel()
-        nodes, level = children[differ], level + down
+        nodes = nodes[np.any(stacked != stacked[0], axis=0)]
         keys_below = len(nodes) * max(t.keys for t in trees) / (1 << level)
-        if not len(nodes) or keys_below * KEY_BYTES <= CONTENTS_BUDGET:
+        if level == depth or not len(nodes) or keys_below * KEY_BYTES <= CONTENTS_BUDGET:
             break
+        down = min(STRIDE, depth - level)
+        values = list(await asyncio.gather(*(t.descendants(level, nodes, down) for t in trees)))
+        width = 1 << down
+        nodes = (nodes[:, None] * width + np.arange(width, dtype=np.int64)[None, :]).ravel()
+        level += down
     span = depth - level
     return (nodes[:, None] * (1 << span) + np.arange(1 << span, dtype=np.int64)[None, :]).ravel()
