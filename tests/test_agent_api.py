@@ -166,6 +166,9 @@ async def test_metrics_show_trees_events_and_bytes(client: httpx.AsyncClient) ->
     assert 'replag_agent_builds_total{replica="r"} 1.0' in text
     assert "replag_agent_tree_bytes_per_key" in text
     assert "replag_agent_replica_cpu_seconds_total" in text
+    resident = [line for line in text.splitlines() if line.startswith("replag_agent_resident_")]
+    rss, per_key = (float(line.split()[1]) for line in resident)
+    assert rss > 10 << 20 and per_key == pytest.approx(rss / 3007, rel=0.05)
     assert 'replag_agent_response_bytes_total{route="leaves"}' in text
     assert TOKEN not in text
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import time
 from collections.abc import Sequence
@@ -52,6 +51,7 @@ from replag.agent.keyspace import (
     notifications_with_ours,
 )
 from replag.agent.keytable import KeyTable
+from replag.agent.memory import release_freed_memory
 from replag.errors import AgentError, EndpointError, ReplagError, UsageError
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
@@ -86,13 +86,6 @@ class LiveTreeStats:
     build_replica_cpu_s: float = 0.0  # the replica's used_cpu during the last full scan
     replica_cpu_s: float | None = None  # the replica's used_cpu_user + sys, last poll
     snapshots_saved: int = 0
-
-
-def _release_freed_memory() -> None:
-    """Hand the scan's freed heap back to the OS: glibc keeps freed small blocks (the
-    scan's names and replies) mapped, which would stay in the agent's RSS for good."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _cpu(info: dict[str, str]) -> float | None:
@@ -425,7 +418,7 @@ class LiveTree:
         index = await ReplicaScanner(self.endpoint, self.options).run(progress)
         table = KeyTable.from_index(index.deduplicated(), merge_every=self.merge_every)
         del index
-        _release_freed_memory()
+        release_freed_memory()
         self.stats.builds += 1
         self.stats.last_build_s = time.perf_counter() - started
         self.stats.last_build_keys = len(table)

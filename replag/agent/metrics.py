@@ -11,12 +11,16 @@ notifications, restart, resync), `_build_seconds` and
 `_build_replica_cpu_seconds` (the replica's INFO used_cpu during the last full
 scan), `_replica_cpu_seconds_total` (the replica's used_cpu, to rate()); and
 `replag_agent_response_bytes_total{route}`: what the agent sent, i.e. what
-crosses the WAN.
+crosses the WAN; `replag_agent_resident_bytes` (the process's RSS) and
+`replag_agent_resident_bytes_per_key` (RSS over the keys of all its trees):
+what an agent really costs its host per key, beside the key table's share.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,6 +33,15 @@ if TYPE_CHECKING:
     from replag.agent.region import RegionAgent
 
 ROUTES = ("nodes", "leaves", "observe", "replicas", "health", "metrics")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set (Linux /proc), None where unknown."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 class _TreeCollector(Collector):
@@ -121,6 +134,18 @@ class _TreeCollector(Collector):
         yield from counters.values()
         yield rebuilds
         yield sent
+        rss = resident_bytes()
+        if rss is not None:
+            yield GaugeMetricFamily(
+                "replag_agent_resident_bytes", "The agent process's resident memory.", value=rss
+            )
+            keys = sum(len(t.table) for t in trees.values() if t.table is not None)
+            if keys:
+                yield GaugeMetricFamily(
+                    "replag_agent_resident_bytes_per_key",
+                    "The agent's resident memory over the keys of all its trees.",
+                    value=rss / keys,
+                )
         for part in self.agent.parts:
             yield from part.collect()
 

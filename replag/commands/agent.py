@@ -85,9 +85,11 @@ def command(
     """
     from replag.agent.app import create_agent_app
     from replag.agent.lag import LagPart
+    from replag.agent.memory import fix_mmap_threshold
     from replag.agent.region import RegionAgent
     from replag.clockbound import WallClock
 
+    fix_mmap_threshold()  # before any large block: see replag.agent.memory
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
     settings = config.settings
