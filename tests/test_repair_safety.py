@@ -19,7 +19,14 @@ from tests.helpers.redis_servers import RedisFactory
 
 @pytest.mark.parametrize(
     ("policy", "seed", "deletes"),
-    [("quorum", 1, False), ("source:n1", 2, False), ("newest:ts", 3, False), ("quorum", 4, True)],
+    [
+        ("quorum", 1, False),
+        ("source:n1", 2, False),
+        ("newest:ts", 3, False),
+        ("quorum", 4, True),
+        ("source:n1", 5, True),
+        ("newest:ts", 6, False),
+    ],
 )
 async def test_no_write_is_clobbered_resurrected_or_lost_under_concurrent_writers(
     tmp_path: Path, policy: str, seed: int, deletes: bool
