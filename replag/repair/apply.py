@@ -62,7 +62,8 @@ its TTL is computed by the agent when it writes, from the time since the
 winner was read (which leaves out the one-way trip of the request: a copy may
 live that much longer). Typed writes, and undos that replay a client's element
 changes, are made only here; through an agent an undo restores the pre-image only
-while the target still holds the copy.
+while the target still holds the copy, and a copy a client changed in place there is
+reported (`undo_failed`, the key busy).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from replag.errors import EndpointError
 from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.policy import Decision
-from replag.repair.undo import PreImage, collection_data, undo
+from replag.repair.undo import PreImage, collection_data, overwritten, undo
 from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
@@ -450,14 +451,20 @@ class Applier:
         times, then counted as not undone and named in the log."""
         lane = self.lanes[written.target]
         if lane.remote is not None:
-            # Through an agent: the compare-and-set restore of the pre-image only (what
-            # a client changed in the copy meanwhile stays, as a full overwrite would).
+            # Through an agent: the compare-and-set restore of the pre-image only. A copy
+            # a client deleted or overwrote since is left to that write; one changed in
+            # place cannot be merged there, so it is reported, never guessed.
             before = written.before
             put_back = Write("undo", before.dump, before.pttl)
             if await self._write(
                 written.target, attempt.key, attempt.expected, put_back, before.at
             ):
                 self.undone += 1
+                return
+            async with lane.turn():
+                now = (await lane.remote.observe([attempt.key]))[attempt.key]
+            if not overwritten(now, attempt.expected):
+                self._not_undone(lane, attempt.key)
             return
         for attempt_no in range(3):
             if attempt_no:
@@ -478,12 +485,15 @@ class Applier:
                 return
             if outcome == "client_wrote":
                 return
-        self.undo_failed.append(attempt.key)
+        self._not_undone(lane, attempt.key)
+
+    def _not_undone(self, lane: ReplicaLane, key: bytes) -> None:
+        self.undo_failed.append(key)
         logger.warning(
             "%s: %r: the repair's copy could not be undone (a client changed it in place "
             "before it was verified); check this key",
             lane.name,
-            attempt.key,
+            key,
         )
 
     async def _read_winner(

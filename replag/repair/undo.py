@@ -82,6 +82,18 @@ def _expiry_commands(key: bytes, now: KeyState) -> list[bytes]:
     return [pack(b"PEXPIRE", key, max(left, 1))]
 
 
+def overwritten(now: KeyState, wrote: KeyState) -> bool:
+    """Whether a client deleted or overwrote the repair's copy: the key is gone, of
+    another type, or a string with another value (taken as a SET: APPEND, SETRANGE and
+    INCR on the copy cannot be told from one, and are rare on keys whose replicas
+    differ). Such a write stays; nothing of the copy is left in it."""
+    return (
+        not now.exists
+        or now.type != wrote.type
+        or (now.type == "string" and not now.same_value(wrote))
+    )
+
+
 async def undo(
     conn: RespConnection,
     key: bytes,
@@ -99,14 +111,7 @@ async def undo(
     outcome: Undo = "merged"
     if now.same_as(wrote, tolerance_ms):
         commands, outcome = before.restore(key), "restored"
-    elif (
-        not now.exists
-        or now.type != wrote.type
-        or (now.type == "string" and not now.same_value(wrote))
-    ):
-        # Deleted, or overwritten (a string's new value is taken as a SET: APPEND,
-        # SETRANGE and INCR on the copy cannot be told from one, and are rare on keys
-        # whose replicas differ).
+    elif overwritten(now, wrote):
         outcome = "client_wrote"
     elif now.readable:
         expiry = [] if now.same_expiry(wrote, tolerance_ms) else _expiry_commands(key, now)
@@ -163,4 +168,12 @@ async def collection_data(
     return read.data if read is not None and read.digest == state.digest else None
 
 
-__all__ = ["MERGE_LIMIT", "PreImage", "Undo", "collection_data", "element_changes", "undo"]
+__all__ = [
+    "MERGE_LIMIT",
+    "PreImage",
+    "Undo",
+    "collection_data",
+    "element_changes",
+    "overwritten",
+    "undo",
+]
