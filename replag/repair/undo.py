@@ -28,7 +28,9 @@ from replag.repair.observe import KeyState, observe_keys
 from replag.repair.values import Data, read_values
 from replag.resp import RespConnection, pack
 
-MERGE_LIMIT = 100_000  # elements of a copied collection kept to merge an undo with
+# Elements of a copied collection kept (until the copy stands or is undone) to merge an
+# undo with: repairs in flight hold at most this many each (max_inflight per replica).
+MERGE_LIMIT = 10_000
 MERGEABLE = ("hash", "set", "zset")
 _CHUNK = 1000
 
