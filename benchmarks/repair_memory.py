@@ -7,15 +7,19 @@ divergent and verified (read twice on every replica). Each `replag repair
 check` runs as a process of its own; its peak RSS comes from wait4(). The
 baseline, in the same run, is a process that digests the same hash the way
 replag did before streaming digests: every field into a dict, then per-field
-hashes sorted. Target: the big check within 150 MB.
+hashes sorted. With `--before REV` the same two checks are also run with
+replag as it was at commit REV (extracted with `git archive`), e.g. the commit
+before streaming digests. Target: the big check within 150 MB.
 
-    python benchmarks/repair_memory.py [--fields 1000000]
+    python benchmarks/repair_memory.py [--fields 1000000] [--before REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -63,13 +67,28 @@ def load(servers: list[RedisServer], fields: int) -> None:
             pipe.execute()
 
 
-def check(config: Path) -> tuple[Measured, int | str]:
+def check(config: Path, code_dir: Path | None = None) -> tuple[Measured, int | str]:
+    """`replag repair check` of this tree, or of the replag extracted in `code_dir`."""
+    env = None if code_dir is None else {**os.environ, "PYTHONPATH": str(code_dir)}
     measured = run_measured(
-        [sys.executable, "-m", "replag", "repair", "check", "-c", str(config), "--json"]
+        [sys.executable, "-m", "replag", "repair", "check", "-c", str(config), "--json"],
+        env=env,
+        cwd=code_dir,
     )
     code = measured.returncode
     divergent = json.loads(measured.stdout)["divergent"] if code in (0, 1) else measured.stderr
     return measured, divergent
+
+
+def extract(rev: str, into: Path) -> Path:
+    """replag as it was at commit `rev`, extracted under `into`."""
+    into.mkdir()
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "replag"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def _line(measured: Measured) -> str:
@@ -82,6 +101,7 @@ def _line(measured: Measured) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fields", type=int, default=1_000_000)
+    parser.add_argument("--before", metavar="REV", help="also run replag as of this commit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="replag-memory-") as tmp:
         workdir = Path(tmp)
@@ -96,12 +116,23 @@ def main() -> None:
                 f'[settings]\nstore = "{workdir / "s.sqlite"}"\n\n{regions}'
                 '[[groups]]\nname = "g"\nmembers = ["n0", "n1", "n2"]\n'
             )
+            old = extract(args.before, workdir / "before") if args.before else None
             load(servers, 0)
             small, found = check(config)
             print(f"small check ({STRINGS:,} strings): {_line(small)}, {found} divergent")
+            if old is not None:
+                measured, found = check(config, old)
+                print(f"before ({args.before}): small check: {_line(measured)}, {found} divergent")
             load(servers, args.fields)
             big, found = check(config)
             print(f"check with one {args.fields:,}-field hash: {_line(big)}, {found} divergent")
+            before_big: Measured | None = None
+            if old is not None:
+                before_big, found = check(config, old)
+                print(
+                    f"before ({args.before}): check with one {args.fields:,}-field hash: "
+                    f"{_line(before_big)}, {found} divergent"
+                )
             script = workdir / "baseline.py"
             script.write_text(BASELINE)
             base = run_measured([sys.executable, str(script), str(servers[0].port), BIG])
@@ -111,7 +142,13 @@ def main() -> None:
             )
             print(
                 f"ratio: the big check uses {big.tree_rss_mb / small.tree_rss_mb:.2f}x the small "
-                f"check's memory and {big.tree_rss_mb / base.tree_rss_mb:.2f}x the baseline's; "
+                f"check's memory and {big.tree_rss_mb / base.tree_rss_mb:.2f}x the baseline's"
+                + (
+                    f", {big.tree_rss_mb / before_big.tree_rss_mb:.2f}x the check before's"
+                    if before_big is not None
+                    else ""
+                )
+                + "; "
                 f"target <= 150 MB: {'met' if big.tree_rss_mb <= 150 else 'NOT met'}"
             )
         finally:
