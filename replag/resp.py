@@ -259,16 +259,7 @@ class RespConnection:
         except (OSError, TimeoutError) as exc:
             raise translate(exc, endpoint) from exc
         conn = cls(endpoint, protocol, timeout_s)
-        setup: list[bytes] = []
-        if endpoint.password is not None:
-            auth = (
-                (endpoint.username, endpoint.password)
-                if endpoint.username
-                else (endpoint.password,)
-            )
-            setup.append(pack(b"AUTH", *auth))
-        if endpoint.db:
-            setup.append(pack(b"SELECT", endpoint.db))
+        setup = setup_commands(endpoint)
         if setup:
             try:
                 replies = await conn.request(b"".join(setup), len(setup))
@@ -346,9 +337,7 @@ class RespConnection:
 
     def check(self, replies: Sequence[Any]) -> None:
         """Raise the first error reply as an EndpointError naming the endpoint."""
-        for reply in replies:
-            if isinstance(reply, hiredis.ReplyError):
-                raise translate(_as_redis_error(reply), self.endpoint)
+        check_replies(replies, self.endpoint)
 
     async def wait_closed(self) -> BaseException | None:
         """Until the connection is lost: the exception it was lost with (None: closed cleanly)."""
@@ -363,6 +352,24 @@ class RespConnection:
         if transport is not None and not transport.is_closing():
             transport.close()
         await asyncio.sleep(0)
+
+
+def setup_commands(endpoint: Endpoint) -> list[bytes]:
+    """What a new connection sends first: AUTH and SELECT as the endpoint says."""
+    setup: list[bytes] = []
+    if endpoint.password is not None:
+        auth = (endpoint.username, endpoint.password) if endpoint.username else (endpoint.password,)
+        setup.append(pack(b"AUTH", *auth))
+    if endpoint.db:
+        setup.append(pack(b"SELECT", endpoint.db))
+    return setup
+
+
+def check_replies(replies: Sequence[Any], endpoint: Endpoint) -> None:
+    """Raise the first error reply as an EndpointError naming `endpoint`."""
+    for reply in replies:
+        if isinstance(reply, hiredis.ReplyError):
+            raise translate(_as_redis_error(reply), endpoint)
 
 
 def _as_redis_error(reply: Exception) -> Exception:

@@ -23,7 +23,8 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from itertools import repeat
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +36,7 @@ from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.values import read_values
 from replag.resp import (
     RespConnection,
+    check_replies,
     error_text,
     pack,
     pack_multi_and_per_key,
@@ -125,7 +127,7 @@ class ScanIndex:
 
 # Per batch: the 1-based position and PTTL of every key that has an expiry (or is
 # gone: -2), as a flat list. A key without one costs the server no reply.
-_TTL_SCRIPT = b"""local out = {}
+TTL_SCRIPT = b"""local out = {}
 for i, key in ipairs(KEYS) do
   local ttl = redis.call('PTTL', key)
   if ttl ~= -1 then
@@ -135,6 +137,10 @@ for i, key in ipairs(KEYS) do
 end
 return out"""
 TtlSource = Literal["none", "script", "pttl"]
+# Asked of a replica before its scan: whether it holds expiring keys, whether it is
+# a Redis Cluster node.
+TTL_PROBE = pack(b"INFO", b"keyspace") + pack(b"INFO", b"cluster")
+LOAD_TTL_SCRIPT = pack(b"SCRIPT", b"LOAD", TTL_SCRIPT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,22 +308,13 @@ class ReplicaScanner:
             tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ],
     ) -> None:
-        opts = self.options
-        extra: list[bytes | int] = [b"COUNT", opts.count]
-        if opts.match is not None:
-            extra += [b"MATCH", opts.match]
-        if opts.type_filter is not None:
-            extra += [b"TYPE", opts.type_filter.encode()]
+        extra = scan_arguments(self.options)
         try:
             while True:
                 replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
                 scan_conn.check(replies)
                 cursor, keys = replies[0]
-                if keys and opts.exclude_prefix:
-                    skip = opts.exclude_prefix
-                    keys = [k for k in keys if not k.startswith(skip)]
-                if keys and opts.leaves is not None:
-                    keys = opts.leaves.keep(keys)
+                keys = batch_keys(keys, self.options)
                 if keys:
                     future = self._fetch(fetch_conn, keys, self.ttl_source)
                     await queue.put((cursor, keys, future))
@@ -336,9 +333,7 @@ class ReplicaScanner:
     async def index_keys(self, conn: RespConnection, keys: list[bytes]) -> ScanIndex:
         """`keys` as they are now, read the way a scan reads them (keys gone are left out);
         a region agent re-reads the keys a notification named with this."""
-        if self.options.exclude_prefix:
-            skip = self.options.exclude_prefix
-            keys = [k for k in keys if not k.startswith(skip)]
+        keys = without_prefix(keys, self.options.exclude_prefix)
         if not keys:
             return ScanIndex.empty()
         # Not "none": that a replica held no expiring key when a scan began says
@@ -348,44 +343,36 @@ class ReplicaScanner:
         return await self._index_batch(conn, keys, replies, arrived_ns, source)
 
     async def _ttl_source(self, conn: RespConnection) -> TtlSource:
-        if self.options.ttls != "auto":
-            return self.options.ttls
-        keyspace, cluster = await conn.request(
-            pack(b"INFO", b"keyspace") + pack(b"INFO", b"cluster"), 2
-        )
-        if _expiring_keys(keyspace, self.endpoint.db) == 0:
-            return "none"
-        if isinstance(cluster, bytes) and b"cluster_enabled:1" in cluster:
-            return "pttl"  # a script's keys must share one slot there
-        loaded = await conn.request(pack(b"SCRIPT", b"LOAD", _TTL_SCRIPT), 1)
-        if error_text(loaded[0]) is not None:
+        source = self.options.ttls
+        if source == "auto":
+            keyspace, cluster = await conn.request(TTL_PROBE, 2)
+            source = ttl_source_from_info(keyspace, cluster, self.endpoint.db) or "script"
+        if source != "script":
+            return source
+        loaded = await conn.request(LOAD_TTL_SCRIPT, 1)
+        return self.script_loaded(loaded[0])
+
+    def script_loaded(self, reply: Any) -> TtlSource:
+        """The TTL source once SCRIPT LOAD answered `reply`."""
+        if error_text(reply) is not None:
             return "pttl"  # scripting refused (ACL, disabled): the per-key way
-        self._script_sha = bytes(loaded[0])
+        self._script_sha = bytes(reply)
         return "script"
+
+    def fetch_request(self, keys: list[bytes], source: TtlSource) -> tuple[bytes, int]:
+        """One pipelined write (and how many replies it gets): MGET of the batch and its
+        TTLs as `source` says."""
+        if source == "pttl":
+            return pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys)
+        if source == "none":
+            return pack_over_keys(keys, (b"MGET",)), 1
+        heads = ((b"MGET",), (b"EVALSHA", self._script_sha, len(keys)))
+        return pack_over_keys(keys, *heads), 2
 
     def _fetch(
         self, conn: RespConnection, keys: list[bytes], source: TtlSource
     ) -> asyncio.Future[tuple[list[object], int]]:
-        """One pipelined write: MGET of the batch and its TTLs as `source` says."""
-        if source == "pttl":
-            return conn.send(pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys))
-        if source == "none":
-            return conn.send(pack_over_keys(keys, (b"MGET",)), 1)
-        heads = ((b"MGET",), (b"EVALSHA", self._script_sha, len(keys)))
-        return conn.send(pack_over_keys(keys, *heads), 2)
-
-    def _ttls(
-        self, conn: RespConnection, replies: list[object], n: int, source: TtlSource
-    ) -> npt.NDArray[np.int64]:
-        """PTTL per key (-1: no expiry, -2: gone) from the replies after the MGET."""
-        if source == "pttl":
-            return np.array(replies[1:], dtype=np.int64)
-        ttls = np.full(n, -1, dtype=np.int64)
-        if source == "script":
-            conn.check(replies[1:2])  # NOSCRIPT after a SCRIPT FLUSH: fail, resumable
-            flat = np.array(replies[1], dtype=np.int64)
-            ttls[flat[0::2] - 1] = flat[1::2]
-        return ttls
+        return conn.send(*self.fetch_request(keys, source))
 
     async def _index_batch(
         self,
@@ -396,32 +383,33 @@ class ReplicaScanner:
         source: TtlSource | None = None,
     ) -> ScanIndex:
         conn.check(replies[:1])
-        values = list(replies[0])  # type: ignore[call-overload]
+        source = self.ttl_source if source is None else source
+        ttls = batch_ttls(replies, len(keys), source, self.endpoint)
+        values: list[bytes | None] = replies[0]  # type: ignore[assignment]
+        return await self.index_values(conn, keys, values, ttls, arrived_ns // 1_000_000)
+
+    async def index_values(
+        self,
+        conn: RespConnection,
+        keys: list[bytes],
+        values: list[bytes | None],
+        ttls: npt.NDArray[np.int64],
+        now_ms: int,
+    ) -> ScanIndex:
+        """A batch's index from its MGET reply and TTLs (read at `now_ms`); keys MGET
+        could not read (other types) are read on `conn`."""
+        bucket_ms = self.options.ttl_bucket_ms
+        if None not in values:  # the common case: strings only, no per-key loop here
+            return index_batch(keys, values, ttls, now_ms, bucket_ms)  # type: ignore[arg-type]
         n = len(keys)
-        ttls = self._ttls(conn, replies, n, self.ttl_source if source is None else source)
         types = np.full(n, TYPE_CODES["string"], dtype=np.uint8)
         keep = ttls != -2
-        digests_extra: dict[int, int] = {}
-        if None in values:  # rare on string-heavy data: keep the per-key loops out of it
-            unread = [i for i, v in enumerate(values) if v is None and ttls[i] != -2]
-            if unread:
-                digests_extra = await self._read_other_types(conn, keys, unread, types, keep)
-            values = [b"" if v is None else v for v in values]
-        digests = np.fromiter(map(xxhash.xxh3_64_intdigest, values), dtype=np.uint64, count=n)
-        for i, digest in digests_extra.items():
-            digests[i] = digest
-        key_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
-        now_ms = arrived_ns // 1_000_000
-        expiry = np.where(ttls >= 0, ttls + now_ms, -1)
-        entries = entry_hashes(
-            key_hashes, types, digests, expiry_buckets(expiry, self.options.ttl_bucket_ms)
-        )
-        if not keep.all():
-            idx = np.flatnonzero(keep)
-            keys = [keys[i] for i in idx]
-            key_hashes, entries = key_hashes[idx], entries[idx]
-        lengths = np.fromiter(map(len, keys), dtype=np.uint32, count=len(keys))
-        return ScanIndex(key_hashes, entries, lengths, b"".join(keys))
+        digests: dict[int, int] = {}
+        unread = [i for i, v in enumerate(values) if v is None and ttls[i] != -2]
+        if unread:
+            digests = await self._read_other_types(conn, keys, unread, types, keep)
+        read = [b"" if v is None else v for v in values]
+        return index_batch(keys, read, ttls, now_ms, bucket_ms, types, keep, digests)
 
     async def _read_other_types(
         self,
@@ -448,6 +436,92 @@ class ReplicaScanner:
             value = read[keys[i]]
             digests[i] = value.digest if value is not None else self._changed_digest
         return digests
+
+
+def scan_arguments(options: ScanOptions) -> list[bytes | int]:
+    """What follows the cursor in every SCAN of a scan with `options`."""
+    extra: list[bytes | int] = [b"COUNT", options.count]
+    if options.match is not None:
+        extra += [b"MATCH", options.match]
+    if options.type_filter is not None:
+        extra += [b"TYPE", options.type_filter.encode()]
+    return extra
+
+
+def without_prefix(keys: list[bytes], prefix: bytes | None) -> list[bytes]:
+    """`keys` but those starting with `prefix` (replag's probe keys)."""
+    if not prefix or not keys:
+        return keys
+    # One pass in C for the common batch that holds none of them.
+    if not any(map(bytes.startswith, keys, repeat(prefix))):
+        return keys
+    return [k for k in keys if not k.startswith(prefix)]
+
+
+def batch_keys(keys: list[bytes], options: ScanOptions) -> list[bytes]:
+    """The keys of a SCAN reply that the scan reads."""
+    keys = without_prefix(keys, options.exclude_prefix)
+    if keys and options.leaves is not None:
+        keys = options.leaves.keep(keys)
+    return keys
+
+
+def batch_ttls(
+    replies: list[object], n: int, source: TtlSource, endpoint: Endpoint
+) -> npt.NDArray[np.int64]:
+    """PTTL per key (-1: no expiry, -2: gone) from a batch's replies after its MGET."""
+    if source == "pttl":
+        return np.array(replies[1:], dtype=np.int64)
+    ttls = np.full(n, -1, dtype=np.int64)
+    if source == "script":
+        check_replies(replies[1:2], endpoint)  # NOSCRIPT after a SCRIPT FLUSH: fail, resumable
+        flat = np.array(replies[1], dtype=np.int64)
+        ttls[flat[0::2] - 1] = flat[1::2]
+    return ttls
+
+
+def ttl_source_from_info(keyspace: object, cluster: object, db: int) -> TtlSource | None:
+    """How TTLs are read, from the replies to `TTL_PROBE`: None if by script, should
+    the replica accept one (SCRIPT LOAD says)."""
+    if _expiring_keys(keyspace, db) == 0:
+        return "none"
+    if isinstance(cluster, bytes) and b"cluster_enabled:1" in cluster:
+        return "pttl"  # a script's keys must share one slot there
+    return None
+
+
+def index_batch(
+    keys: list[bytes],
+    values: list[bytes],
+    ttls: npt.NDArray[np.int64],
+    now_ms: int,
+    bucket_ms: int,
+    types: npt.NDArray[np.uint8] | None = None,
+    keep: npt.NDArray[np.bool_] | None = None,
+    digests_of: dict[int, int] | None = None,
+) -> ScanIndex:
+    """The index of a batch: per key its hash, its entry hash (type, value digest and
+    expiry bucket, TTLs read at `now_ms`) and its name. `types` default to strings;
+    `keep` (default: keys whose TTL is not -2, gone) picks the keys indexed;
+    `digests_of` replaces the digest of `values[i]` for keys of other types."""
+    n = len(keys)
+    digests = np.fromiter(map(xxhash.xxh3_64_intdigest, values), dtype=np.uint64, count=n)
+    if digests_of:
+        for i, digest in digests_of.items():
+            digests[i] = digest
+    key_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
+    if types is None:
+        types = np.full(n, TYPE_CODES["string"], dtype=np.uint8)
+    expiry = np.where(ttls >= 0, ttls + now_ms, -1)
+    entries = entry_hashes(key_hashes, types, digests, expiry_buckets(expiry, bucket_ms))
+    if keep is None:
+        keep = ttls != -2
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        keys = [keys[i] for i in idx]
+        key_hashes, entries = key_hashes[idx], entries[idx]
+    lengths = np.fromiter(map(len, keys), dtype=np.uint32, count=len(keys))
+    return ScanIndex(key_hashes, entries, lengths, b"".join(keys))
 
 
 def _expiring_keys(info: object, db: int) -> int | None:

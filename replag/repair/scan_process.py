@@ -1,6 +1,6 @@
 """A member's scan in a process of its own: the client side of a full check is CPU-bound.
 
-`WorkerTree.scan` forks a worker that runs `ReplicaScanner` on one member and
+`WorkerTree.scan` forks a worker that runs `BlockingScan` on one member and
 keeps the parts of the `ScanIndex` it builds (its keys never cross into this
 process). Back come a progress event per batch, a checkpoint every
 `checkpoint_every_s` (the cursor and the Tictac tree of the keys so far: 512
@@ -35,7 +35,8 @@ import numpy.typing as npt
 import xxhash
 
 from replag.errors import RepairError, ReplagError
-from replag.repair.scan import LeafFilter, ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan import LeafFilter, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan_blocking import BlockingScan
 from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.walk import first_down, nodes_below
 from replag.topology import Endpoint
@@ -208,7 +209,7 @@ def _worker(
     parents_end.close()  # else our own copy would keep the pipe open after the parent died
     _die_with(parent)
     try:
-        kept = asyncio.run(_scan(conn, endpoint, options, state, depth, saved))
+        kept = _scan(conn, endpoint, options, state, depth, saved)
         while True:
             message = conn.recv()
             if message[0] != "leaf_keys":
@@ -216,7 +217,7 @@ def _worker(
             leaves = np.frombuffer(message[1], dtype=np.int64)
             if saved is not None:
                 # Keys read before the checkpoint are not here: read those leaves again.
-                found = asyncio.run(_rescan(endpoint, options, leaves, depth))
+                found = _rescan(endpoint, options, leaves, depth)
             else:
                 found = kept.in_leaves(leaves)
             conn.send(("keys", found.to_bytes()))
@@ -295,28 +296,29 @@ class _KeptKeys:
                     break
 
     def in_leaves(self, wanted: I64) -> ScanIndex:
+        # A mask over all leaves: one gather per part, no search.
+        mask = np.zeros(len(self.tree.leaves), dtype=np.bool_)
+        mask[wanted] = True
         found: list[ScanIndex] = []
         for entries, leaves, lengths, blob in zip(
             self._entries, self._leaves, self._lengths, self._blobs, strict=True
         ):
-            picked = np.flatnonzero(np.isin(leaves.astype(np.int64), wanted))
+            picked = np.flatnonzero(mask[leaves])
             if not len(picked):
                 continue
-            offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-            names = [blob[offsets[i] : offsets[i + 1]] for i in picked]
+            ends = np.cumsum(lengths, dtype=np.int64)[picked]
+            starts = ends - lengths[picked]
+            names = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
             hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, names), np.uint64, len(names))
             found.append(
                 ScanIndex(
-                    hashes,
-                    entries[picked],
-                    np.fromiter(map(len, names), np.uint32, len(names)),
-                    b"".join(names),
+                    hashes, entries[picked], lengths[picked].astype(np.uint32), b"".join(names)
                 )
             )
         return ScanIndex.concat(found)
 
 
-async def _scan(
+def _scan(
     conn: Connection,
     endpoint: Endpoint,
     options: ScanOptions,
@@ -348,10 +350,10 @@ async def _scan(
         def sink(part: ScanIndex) -> None:
             kept.add(part, keep=saved is None)
 
-        scanner = ReplicaScanner(
+        scanner = BlockingScan(
             endpoint, options, sink=sink, checkpoint=checkpoint, progress=progress
         )
-        await scanner.run_parts(state)
+        scanner.run_parts(state)
         received = scanner.bytes_received
     if saved is None:
         kept.count_duplicates_once()
@@ -359,9 +361,9 @@ async def _scan(
     return kept
 
 
-async def _rescan(endpoint: Endpoint, options: ScanOptions, leaves: I64, depth: int) -> ScanIndex:
+def _rescan(endpoint: Endpoint, options: ScanOptions, leaves: I64, depth: int) -> ScanIndex:
     from dataclasses import replace
 
     only = replace(options, leaves=LeafFilter.of(leaves, depth), rate=None)
-    index = await ReplicaScanner(endpoint, only).run(ScanProgress(endpoint.name))
+    index = BlockingScan(endpoint, only).run(ScanProgress(endpoint.name))
     return index.deduplicated()

@@ -1,0 +1,106 @@
+"""A blocking RESP connection: one socket, no event loop, for a process that only scans.
+
+A scan process does nothing but read one replica as fast as it answers, so
+asyncio's machinery (transports, futures, callbacks) and the kernel receive
+stamps of `RespConnection` are pure overhead there: this connection writes
+with `sendall` and reads replies one at a time through hiredis. It opens the
+way `RespConnection` does (TLS when the endpoint says so, then the same AUTH
+and SELECT: `setup_commands`), and fails the same way: every socket error,
+timeout (each read or write waits at most `timeout_s`), error reply or
+non-RESP answer is one `EndpointError` naming the endpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import hiredis
+
+from replag.connections import not_resp, translate
+from replag.errors import EndpointError
+from replag.resp import check_replies, setup_commands
+from replag.topology import Endpoint
+
+_READ_SIZE = 1 << 20
+
+
+class BlockingConnection:
+    """One TCP (or TLS) connection to `endpoint`, authenticated and on the right db."""
+
+    def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
+        self.endpoint = endpoint
+        self._sock = sock
+        self._reader = hiredis.Reader()
+        self._first_bytes = b""
+        self.bytes_received = 0
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, *, timeout_s: float) -> BlockingConnection:
+        try:
+            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
+        except OSError as exc:  # TimeoutError included
+            raise translate(exc, endpoint) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.tls:
+                context = ssl.create_default_context()
+                sock = context.wrap_socket(sock, server_hostname=endpoint.host)
+        except OSError as exc:  # ssl.SSLError included
+            sock.close()
+            raise translate(exc, endpoint) from exc
+        conn = cls(endpoint, sock)
+        try:
+            setup = setup_commands(endpoint)
+            if setup:
+                check_replies(conn.request(b"".join(setup), len(setup)), endpoint)
+        except BaseException:
+            conn.close()  # a refused AUTH must not leave the socket open
+            raise
+        return conn
+
+    def send(self, payload: bytes) -> None:
+        try:
+            self._sock.sendall(payload)
+        except OSError as exc:
+            raise translate(exc, self.endpoint) from exc
+
+    def reply(self) -> Any:
+        """The next reply (an error reply is returned, as hiredis makes it)."""
+        gets = self._reader.gets
+        try:
+            while (item := gets()) is False:
+                self._feed()
+        except hiredis.ProtocolError:
+            raise translate(not_resp(self._first_bytes), self.endpoint) from None
+        return item
+
+    def replies(self, count: int) -> list[Any]:
+        return [self.reply() for _ in range(count)]
+
+    def request(self, payload: bytes, count: int) -> list[Any]:
+        self.send(payload)
+        return self.replies(count)
+
+    def check(self, replies: list[Any]) -> None:
+        check_replies(replies, self.endpoint)
+
+    def _feed(self) -> None:
+        try:
+            data = self._sock.recv(_READ_SIZE)
+        except OSError as exc:
+            raise translate(exc, self.endpoint) from exc
+        if not data:
+            closed = ConnectionResetError("connection closed by the server")
+            raise translate(closed, self.endpoint)
+        if not self._first_bytes:
+            self._first_bytes = data[:48]
+        self.bytes_received += len(data)
+        self._reader.feed(data)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+__all__ = ["BlockingConnection", "EndpointError"]

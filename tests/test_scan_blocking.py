@@ -1,0 +1,132 @@
+"""The scan processes' blocking loop: the same index as `ReplicaScanner`, the same errors.
+
+Run outside an event loop, as in a scan process (it runs one of its own for keys
+of other types)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from replag.errors import AuthError, UnreachableError
+from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan_blocking import BlockingScan
+from replag.resp_blocking import BlockingConnection
+from replag.topology import Endpoint
+from tests.helpers.keyspace import fill, write_every_type
+from tests.helpers.redis_servers import RedisFactory
+
+
+def entries(index: ScanIndex) -> list[tuple[bytes, int, int]]:
+    return sorted(
+        (index.key(i), int(index.key_hashes[i]), int(index.entries[i])) for i in range(len(index))
+    )
+
+
+@pytest.mark.parametrize("ttls", ["auto", "pttl", "none"])
+def test_the_blocking_scan_indexes_exactly_what_the_async_scanner_does(
+    redis_factory: RedisFactory, ttls: str
+) -> None:
+    server = redis_factory("same")
+    with server.client() as client:
+        fill(client, 2500)
+        write_every_type(client)
+        # Mid-bucket expiries: the two scans' reading of them cannot straddle a bucket edge.
+        at = (int(time.time() * 1000) // 2000 + 1800) * 2000 + 1000
+        for i in range(0, 2500, 9):
+            client.pexpireat(f"k:{i:07d}", at)
+        client.set("replag:probe:x", "in flight")  # excluded, as probe keys are
+    endpoint = Endpoint.from_url(server.url, name="n")
+    options = ScanOptions(count=300, exclude_prefix=b"replag:probe:", ttls=ttls, ttl_bucket_ms=2000)  # type: ignore[arg-type]
+    state = ScanProgress("n")
+    blocking = BlockingScan(endpoint, options)
+    got = blocking.run(state)
+    expected = asyncio.run(ReplicaScanner(endpoint, options).run(ScanProgress("n")))
+    assert entries(got) == entries(expected)
+    assert len(got) == 2500 + 7  # every key but the probe key: strings and every type
+    assert state.finished and state.cursor == b"0" and state.keys == len(got)
+    assert blocking.ttl_source == ("script" if ttls == "auto" else ttls)
+    assert blocking.bytes_received > 2500 * 64
+
+
+def test_a_resumed_blocking_scan_adds_up_to_a_whole_one(redis_factory: RedisFactory) -> None:
+    server = redis_factory("resume")
+    with server.client() as client:
+        fill(client, 3000)
+    endpoint = Endpoint.from_url(server.url, name="n")
+    options = ScanOptions(count=200, checkpoint_every_s=0.0)
+    saved: list[ScanProgress] = []
+
+    def checkpoint(state: ScanProgress) -> None:
+        if not state.finished and state.keys and not saved:
+            saved.append(ScanProgress(**vars(state)))
+
+    whole = BlockingScan(endpoint, options, checkpoint=checkpoint).run(ScanProgress("n"))
+    assert saved and 0 < saved[0].keys < 3000
+    rest = BlockingScan(endpoint, options).run(saved[0])
+    # The checkpoint's keys, then the rest from its cursor: every key (SCAN may repeat one).
+    assert {k for k, _, _ in entries(rest)} | set(map(whole.key, range(saved[0].keys))) == {
+        k for k, _, _ in entries(whole)
+    }
+
+
+def test_a_refused_password_is_one_auth_error(redis_factory: RedisFactory) -> None:
+    server = redis_factory("auth", password="s3cret-pw")
+    endpoint = Endpoint.from_url(f"redis://:wrong-pw@127.0.0.1:{server.port}", name="n")
+    with pytest.raises(AuthError) as raised:
+        BlockingConnection.open(endpoint, timeout_s=5)
+    assert "127.0.0.1" in str(raised.value) and "wrong-pw" not in str(raised.value)
+    good = Endpoint.from_url(f"redis://:s3cret-pw@127.0.0.1:{server.port}/2", name="n")
+    conn = BlockingConnection.open(good, timeout_s=5)
+    assert conn.request(b"*1\r\n$4\r\nPING\r\n", 1) == [b"PONG"]
+    conn.close()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A listener that accepts and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for s in accepted:
+        s.close()
+    listener.close()
+
+
+def test_a_server_that_never_answers_times_out_naming_it(silent_port: int) -> None:
+    endpoint = Endpoint.from_url(f"redis://127.0.0.1:{silent_port}", name="mute")
+    options = ScanOptions(timeout_s=0.3)
+    with pytest.raises(UnreachableError) as raised:
+        BlockingScan(endpoint, options).run(ScanProgress("mute"))
+    assert "timed out" in str(raised.value) and f"127.0.0.1:{silent_port}" in str(raised.value)
+
+
+def test_a_closed_port_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = Endpoint.from_url(f"redis://127.0.0.1:{port}", name="gone")
+    with pytest.raises(UnreachableError) as raised:
+        BlockingScan(endpoint, ScanOptions(timeout_s=2)).run(ScanProgress("gone"))
+    assert f"127.0.0.1:{port}" in str(raised.value)
