@@ -3,7 +3,8 @@
     values         errors, durations, histogram, clock, clockbound
     configuration  settings, topology, validation, config_tables, config (+ alerts.config
                    and alerts.tables: the [alerts] values and tables), `replag`
-    io             connections, stamped_socket, resp, store, discovery.http, background
+    io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
+                   background
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent
     service → api → cli (commands)
@@ -52,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.connections",
             "replag.stamped_socket",
             "replag.resp",
+            "replag.resp_blocking",
             "replag.store",
             "replag.discovery.http",
             "replag.background",
