@@ -101,6 +101,8 @@ def trees(port: int) -> list[dict[str, Any]]:
 
 
 def wait_current(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Until every agent's tree is current and saved (a save serialises the key table: the
+    agent's memory is measured after it, not during)."""
     deadline = time.monotonic() + 1800
     while True:
         states = {}
@@ -108,7 +110,9 @@ def wait_current(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]
             if procs[region].poll() is not None:
                 raise SystemExit(f"agent of {region} exited {procs[region].returncode}")
             try:
-                states[region] = trees(port)[0]["state"]
+                (tree,) = trees(port)
+                saved = tree["snapshots_saved"] > 0 or not tree["builds"]
+                states[region] = tree["state"] + ("" if saved else " (saving)")
             except httpx.HTTPError:
                 states[region] = "starting"
         if all(s == "current" for s in states.values()):
@@ -333,6 +337,11 @@ def main() -> None:
             f"re-check after {len(written)} writes: {recheck_s:.2f} s, {recheck_found}, "
             f"{recheck_wan:,} bytes across the WAN"
         )
+
+        for region in REGIONS:
+            rss = rss_mb(procs[region].pid)
+            grown = (rss - empty_rss[region]) * 2**20 / args.keys
+            print(f"agent {region} after the checks: process RSS {rss:.0f} MB ({grown:.1f} B/key)")
 
         # 4. The replica's CPU under sustained writes, with and without the agent.
         with_agent, sent = cpu_at_rate(ports["b"], args.write_rate, args.cpu_seconds)

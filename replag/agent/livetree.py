@@ -165,6 +165,7 @@ class LiveTree:
             "builds": self.stats.builds,
             "last_build_s": round(self.stats.last_build_s, 3),
             "restores": self.stats.restores,
+            "snapshots_saved": self.stats.snapshots_saved,
             "rebuilds": dict(self.stats.rebuilds),
             "tracks_flushes": self.feed.tracks_flushes if self.feed else None,
         }
