@@ -159,6 +159,22 @@ async def test_a_partition_under_serve(lab_factory: LabFactory, tmp_path: Path, 
             assert hook.of("lag", "resolved") == []  # the partition never resolved it
             assert [a["startsAt"] for a in hook.of("lag", "firing")] == [fired["startsAt"]]
             if CHROMIUM is not None:
+
+                async def series_has_dark_bucket() -> bool:
+                    # The dashboard's 15 m chart asks for 10 s buckets: its band needs one
+                    # whose probes all went unseen (a starved machine takes longer to get one).
+                    body = await get(
+                        "/api/v1/lag/series?source=us-east&target=eu-west&since=15m&step=10s"
+                    )
+                    points = (body or {"points": []})["points"]
+                    return any(p["sent"] and p["seen"] == 0 for p in points)
+
+                await until(
+                    series_has_dark_bucket,
+                    "a 10 s bucket with every probe lost",
+                    timeout_s=60,
+                    every_s=0.5,
+                )
                 # In a thread: the webhook receiver shares this event loop.
                 dom = await asyncio.to_thread(
                     chromium, tmp_path, "--dump-dom", base + "/?range=15m"
