@@ -358,36 +358,48 @@ def combine_reports(reports: list[ProbeReport]) -> ProbeReport:
         consistency=first.consistency,
         cluster_consistency=first.cluster_consistency,
     )
-    levels = {r.consistency for r in reports}
-    if len(levels) > 1:
+    by_level = len({r.consistency for r in reports}) > 1
+    if by_level:
         out.consistency = ", ".join(str(r.consistency) for r in reports)
+    for r in reports:
+        label = {"source": r.source} if len(sources) > 1 else {}
+        if by_level:
+            label["consistency"] = str(r.consistency)
+        _merge_run(out, r, label, by_level=by_level)
+    out.clock = _tightest_clocks(reports)
+    return out
+
+
+def _merge_run(out: ProbeReport, r: ProbeReport, label: dict[str, str], *, by_level: bool) -> None:
+    """One run's pairs, samples, writes and findings into `out`, its rows labelled (source,
+    consistency) where the combined report spans several."""
+    out.pairs += r.pairs
+    out.samples += r.samples
+    out.write.merge(r.write)
+    out.write_errors += r.write_errors
+    out.unreachable += [{**u, **label} for u in r.unreachable]
+    out.breaches += r.breaches
+    prefix = " ".join(label.values())
+    out.notes += [f"{prefix}: {n}" if prefix else n for n in r.notes]
+    out.failovers += r.failovers
+    if r.replication is not None:
+        if out.replication is None:
+            out.replication = ReplicationSnapshot()
+        out.replication.merge(r.replication)
+    out.agents += [{**a, "source": r.source} for a in r.agents]
+    if by_level and r.consistency:
+        out.write_by_consistency[r.consistency] = {
+            "count": r.write.count,
+            "errors": r.write_errors,
+            **r.write.summary_ms(),
+        }
+
+
+def _tightest_clocks(reports: list[ProbeReport]) -> list[ClockOffset]:
+    """One clock offset per server: the same server read by several runs keeps the tightest."""
     clock: dict[str, ClockOffset] = {}
     for r in reports:
-        out.pairs += r.pairs
-        out.samples += r.samples
-        out.write.merge(r.write)
-        out.write_errors += r.write_errors
-        for c in r.clock:  # the same server read by several runs: keep the tightest
+        for c in r.clock:
             if c.endpoint not in clock or c.rtt_ns < clock[c.endpoint].rtt_ns:
                 clock[c.endpoint] = c
-        label = {"source": r.source} if len(sources) > 1 else {}
-        if len(levels) > 1:
-            label["consistency"] = str(r.consistency)
-        out.unreachable += [{**u, **label} for u in r.unreachable]
-        out.breaches += r.breaches
-        prefix = " ".join(label.values())
-        out.notes += [f"{prefix}: {n}" if prefix else n for n in r.notes]
-        out.failovers += r.failovers
-        if r.replication is not None:
-            if out.replication is None:
-                out.replication = ReplicationSnapshot()
-            out.replication.merge(r.replication)
-        out.agents += [{**a, "source": r.source} for a in r.agents]
-        if len(levels) > 1 and r.consistency:
-            out.write_by_consistency[r.consistency] = {
-                "count": r.write.count,
-                "errors": r.write_errors,
-                **r.write.summary_ms(),
-            }
-    out.clock = list(clock.values())
-    return out
+    return list(clock.values())
