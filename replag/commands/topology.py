@@ -133,12 +133,7 @@ def discover(
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     settings = resolve_settings({}, where="defaults")
-    try:
-        timeout_s = parse_duration_s(timeout) if timeout else settings.connect_timeout
-        if timeout_s <= 0:
-            raise ValueError("must be more than 0 (0 would wait forever)")
-    except ValueError as exc:
-        raise UsageError(f"--timeout: {exc}") from None
+    timeout_s = _timeout_s(timeout, settings)
     if dynomite_url:
         ports = port_map(
             settings,
@@ -161,7 +156,22 @@ def discover(
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
-    found = with_store(found, store_path or Path(settings.store))
+    _emit(with_store(found, store_path or Path(settings.store)), out)
+
+
+def _timeout_s(timeout: str | None, settings: Settings) -> float:
+    """--timeout in seconds (settings.connect_timeout when not given)."""
+    try:
+        timeout_s = parse_duration_s(timeout) if timeout else settings.connect_timeout
+        if timeout_s <= 0:
+            raise ValueError("must be more than 0 (0 would wait forever)")
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    return timeout_s
+
+
+def _emit(found: Discovery, out: Path | None) -> None:
+    """Print the file (passwords as ***) or write it to `out` (0600, atomically)."""
     store = found.settings["store"]
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
