@@ -257,12 +257,7 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
     urls = config.settings.dynomite_stats_urls
     if not urls:
         raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
-    try:
-        timeout_s = parse_duration_s(timeout) if timeout else config.settings.connect_timeout
-        if timeout_s <= 0:
-            raise ValueError("must be more than 0 (0 would wait forever)")
-    except ValueError as exc:
-        raise UsageError(f"--timeout: {exc}") from None
+    timeout_s = _timeout_s(timeout, config.settings)
     store = Store(config.settings.store)
     try:
         collected = asyncio.run(collect_dynomite_stats(urls, store=store, timeout_s=timeout_s))
