@@ -14,8 +14,15 @@ from collections.abc import Iterator
 import pytest
 
 from replag.errors import AuthError, UnreachableError
-from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan import (
+    ReplicaScanner,
+    ScanIndex,
+    ScanOptions,
+    ScanProgress,
+    without_prefix,
+)
 from replag.repair.scan_blocking import BlockingScan
+from replag.resp import pack, pack_over_keys
 from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
 from tests.helpers.keyspace import fill, write_every_type
@@ -130,3 +137,25 @@ def test_a_closed_port_is_unreachable() -> None:
     with pytest.raises(UnreachableError) as raised:
         BlockingScan(endpoint, ScanOptions(timeout_s=2)).run(ScanProgress("gone"))
     assert f"127.0.0.1:{port}" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [b"k:%07d" % i for i in range(50)],  # one length: the join path
+        [b"a", b"bb", b"", b"\r\n$3\r\n", b"\xff\x00" * 300],  # mixed, binary: through hiredis
+        [b"only"],
+    ],
+)
+def test_keys_are_packed_as_hiredis_packs_each_command(keys: list[bytes]) -> None:
+    heads = ((b"MGET",), (b"EVALSHA", b"f" * 40, len(keys)))
+    assert pack_over_keys(keys, *heads) == pack(b"MGET", *keys) + pack(*heads[1], *keys)
+
+
+def test_probe_keys_are_left_out_wherever_they_are_in_a_batch() -> None:
+    prefix = b"replag:probe:"
+    assert without_prefix([b"a", b"replag:probe:1", b"b"], prefix) == [b"a", b"b"]
+    assert without_prefix([b"replag:probe:1", b"b"], prefix) == [b"b"]
+    # A key holding the prefix after a newline is no probe key.
+    assert without_prefix([b"x\nreplag:probe:", b"y"], prefix) == [b"x\nreplag:probe:", b"y"]
+    assert without_prefix([b"a", b"b"], None) == [b"a", b"b"]

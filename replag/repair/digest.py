@@ -157,3 +157,13 @@ def entry_hashes(
     """hash(key, type, digest, expiry bucket) per key: what a tree leaf XORs."""
     inner = _mix(digests ^ (type_codes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     return _mix(key_hashes ^ inner ^ _mix(expiry_bucket + np.uint64(0x632BE59BD9B4E019)))
+
+
+_STRING_TYPE = np.uint64(TYPE_CODES["string"]) * np.uint64(0x9E3779B97F4A7C15)
+_NO_EXPIRY_MIXED = _mix(np.array([_NO_EXPIRY_BUCKET]) + np.uint64(0x632BE59BD9B4E019))[0]
+
+
+def string_entry_hashes(key_hashes: U64, digests: U64) -> U64:
+    """`entry_hashes` of strings without an expiry (most keys a scan reads), in fewer
+    array passes."""
+    return _mix(key_hashes ^ _mix(digests ^ _STRING_TYPE) ^ _NO_EXPIRY_MIXED)

@@ -23,12 +23,10 @@ import json
 import ssl
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
-from multidict import CIMultiDict
 
 from replag.config import Config
 from replag.errors import AgentError
@@ -36,6 +34,9 @@ from replag.repair.apply import Write
 from replag.repair.observe import ABSENT, KeyState
 from replag.repair.scan import ScanIndex
 from replag.topology import Endpoint
+
+if TYPE_CHECKING:
+    import aiohttp
 
 U64 = npt.NDArray[np.uint64]
 PREFIX = "/agent/v1"
@@ -132,6 +133,10 @@ class AgentClient:
         return f"AgentClient({self.url!r})"
 
     def _open(self) -> aiohttp.ClientSession:
+        # aiohttp loads when an agent is first asked (a check without agents never does:
+        # its import costs a check ~0.2 s of CPU).
+        import aiohttp
+
         if self._session is None:
             headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
             connector = None
@@ -160,6 +165,9 @@ class AgentClient:
         replica: str | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
         """(body, headers) of a 200 answer; AgentError otherwise."""
+        import aiohttp
+        from multidict import CIMultiDict
+
         session = self._open()
         url = f"{self.url}{PREFIX}{path}"
         payload = json.dumps(body).encode() if body is not None else None

@@ -23,7 +23,6 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy.typing as npt
 import xxhash
 
 from replag.errors import RepairError, ReplagError
-from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
+from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets, string_entry_hashes
 from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.values import read_values
 from replag.resp import (
@@ -452,8 +451,9 @@ def without_prefix(keys: list[bytes], prefix: bytes | None) -> list[bytes]:
     """`keys` but those starting with `prefix` (replag's probe keys)."""
     if not prefix or not keys:
         return keys
-    # One pass in C for the common batch that holds none of them.
-    if not any(map(bytes.startswith, keys, repeat(prefix))):
+    # One search in C for the common batch that holds none of them (a hit inside a
+    # key costs only the exact filter below).
+    if not keys[0].startswith(prefix) and b"\n" + prefix not in b"\n".join(keys):
         return keys
     return [k for k in keys if not k.startswith(prefix)]
 
@@ -510,6 +510,11 @@ def index_batch(
         for i, digest in digests_of.items():
             digests[i] = digest
     key_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
+    if types is None and keep is None and int(ttls.max(initial=-1)) == -1:
+        # Strings, none with an expiry or gone: the common batch.
+        entries = string_entry_hashes(key_hashes, digests)
+        lengths = np.fromiter(map(len, keys), dtype=np.uint32, count=n)
+        return ScanIndex(key_hashes, entries, lengths, b"".join(keys))
     if types is None:
         types = np.full(n, TYPE_CODES["string"], dtype=np.uint8)
     expiry = np.where(ttls >= 0, ttls + now_ms, -1)

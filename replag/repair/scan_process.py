@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -206,6 +207,9 @@ def _worker(
     """The forked process: scan, send the tree, answer `leaf_keys` until told to exit."""
     # Ctrl-C reaches the whole process group: the parent decides, and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent's objects are never freed here: out of the collector's sight, its
+    # passes stay short and leave the shared pages unwritten.
+    gc.freeze()
     parents_end.close()  # else our own copy would keep the pipe open after the parent died
     _die_with(parent)
     try:
