@@ -47,11 +47,22 @@ def timed(argv: list[str]) -> float:
 
 
 class Monitors:
-    """MONITOR on every lab server: when did the first command from anyone else arrive?"""
+    """MONITOR on every lab server: when did the first command from anyone else arrive?
+
+    A replica's MONITOR also shows what its primary sends it (the replicated
+    stream, the primary's PINGs): those come from the master link, whose address
+    `CLIENT LIST TYPE master` names, and are left out."""
 
     def __init__(self, ports: list[int]) -> None:
         self.socks = []
+        self.master_links: set[bytes] = set()
         for port in ports:
+            with socket.create_connection(("127.0.0.1", port)) as admin:
+                admin.sendall(b"CLIENT LIST TYPE master\r\n")
+                listing = admin.recv(1 << 16)
+            for field in listing.split():
+                if field.startswith(b"addr="):
+                    self.master_links.add(field[len(b"addr=") :])
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(b"MONITOR\r\n")
             if not sock.recv(64).startswith(b"+OK"):
@@ -64,15 +75,20 @@ class Monitors:
             for sock in select.select(self.socks, [], [], 0)[0]:
                 sock.recv(1 << 16)
 
-    def first_command_after(self, deadline_s: float) -> float:
-        """Wall-clock seconds of the first command seen (MONITOR lines start with them)."""
+    def first_command_after(self, spawned: float, deadline_s: float) -> float:
+        """Wall-clock seconds of the first command from a client (not a master link)
+        seen at or after `spawned` (MONITOR lines start with the moment)."""
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             for sock in select.select(self.socks, [], [], 0.1)[0]:
                 data = sock.recv(1 << 16)
                 for line in data.split(b"\r\n"):
-                    if line.startswith(b"+") and b"[" in line:
-                        return float(line[1:].split()[0])
+                    if not (line.startswith(b"+") and b"[" in line):
+                        continue
+                    moment, _, rest = line[1:].partition(b" ")
+                    client = rest[1:].split(b"]", 1)[0].split()[-1]
+                    if client not in self.master_links and float(moment) >= spawned:
+                        return float(moment)
         raise RuntimeError("the probe sent no command to any lab server")
 
     def close(self) -> None:
@@ -85,7 +101,7 @@ def probe_start(argv: list[str], monitors: Monitors) -> float:
     spawned = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        first = monitors.first_command_after(30.0)
+        first = monitors.first_command_after(spawned, 30.0)
     finally:
         proc.wait()
     return first - spawned
