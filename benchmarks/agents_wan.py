@@ -338,6 +338,7 @@ def main() -> None:
             f"{recheck_wan:,} bytes across the WAN"
         )
 
+        time.sleep(2.0)  # steady state: the agents' next poll hands freed heap back
         for region in REGIONS:
             rss = rss_mb(procs[region].pid)
             grown = (rss - empty_rss[region]) * 2**20 / args.keys

@@ -51,7 +51,7 @@ from replag.agent.keyspace import (
     notifications_with_ours,
 )
 from replag.agent.keytable import KeyTable
-from replag.agent.memory import release_freed_memory
+from replag.agent.memory import release_freed_memory, release_now_and_then
 from replag.errors import AgentError, EndpointError, ReplagError, UsageError
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.scan import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
@@ -494,6 +494,7 @@ class LiveTree:
                 next_save = now + self.save_every_s
 
     async def _poll(self, conn: RespConnection, feed: KeyspaceFeed, first: dict[str, str]) -> None:
+        release_now_and_then()
         info = await self._info(conn)
         if info.get("run_id") != first.get("run_id"):
             raise _Invalidated("restart", "the replica restarted (run_id changed)")
