@@ -12,13 +12,28 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from click.utils import make_default_short_help
 
 from replag.errors import ReplagError
 
 # Each command's module is imported only when it runs (or its own --help is
 # asked for): importing them all cost most of a second. `replag --help` lists
 # them with the help here, which a test checks against each command's docstring.
+
+
+def short_help(text: str, limit: int) -> str:
+    """The first sentence of `text`, cut at a word to fit `limit` ("..." marks a cut).
+    Click's own helper for this is deprecated in Click 8.5 (and gone in 9)."""
+    sentence = text.strip().split("\n\n", 1)[0].replace("\n", " ")
+    words = sentence.split()
+    out: list[str] = []
+    for word in words:
+        candidate = " ".join([*out, word])
+        if len(candidate) > limit:
+            return " ".join(out) + "..."
+        out.append(word)
+        if word.endswith("."):
+            return candidate[:-1] if len(out) < len(words) else candidate
+    return " ".join(out)
 
 
 def _agent() -> click.Command:
@@ -129,9 +144,7 @@ class ReplagGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))
-        rows = [
-            (name, make_default_short_help(help, limit)) for name, (_, help) in COMMANDS.items()
-        ]
+        rows = [(name, short_help(help, limit)) for name, (_, help) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(sorted(rows))
 

@@ -12,9 +12,8 @@ import sys
 
 import click
 import pytest
-from click.utils import make_default_short_help
 
-from replag.cli import COMMANDS, main
+from replag.cli import COMMANDS, main, short_help
 
 HEAVY = ("redis", "numpy", "fastapi", "starlette", "pydantic", "uvicorn", "aiohttp", "xxhash")
 
@@ -51,7 +50,7 @@ def test_command_table_matches_each_command(name: str) -> None:
     """The help `replag --help` shows without importing is the command's own."""
     command = main.get_command(click.Context(main), name)
     assert command is not None and command.name == name
-    assert make_default_short_help(command.help or "", 1000) == COMMANDS[name][1]
+    assert short_help(command.help or "", 1000) == COMMANDS[name][1]
 
 
 def test_help_output_lists_the_table() -> None:
