@@ -50,6 +50,7 @@ from replag.replication.state import PrimaryState, ReplicationSnapshot
 from replag.store import Store
 
 log = logging.getLogger(__name__)
+REPLICATION_CELLS_MAX_AGE_S = 0.5
 
 ProbeFunction = Callable[..., Awaitable[ProbeReport]]
 JobAction = Literal["check", "repair"]
@@ -131,6 +132,8 @@ class ReplagService:
         # runs and the service's own rounds (every `replication_interval`).
         self.replication_sampler = ReplicationSampler(timeout_s=config.settings.connect_timeout)
         self.replication_latest: dict[tuple[str, str], PrimaryState] = {}
+        # The matrix's replication cells, with the monotonic moment they were built.
+        self._replication_cells: tuple[float, list[dict[str, Any]]] | None = None
         self.metrics.replication.expect(
             (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
             for t in self.replication_targets()
@@ -423,8 +426,22 @@ class ReplagService:
             ),
         }
 
+    def recent_replication_cells(self) -> list[dict[str, Any]] | None:
+        """`replication_cells` as built within the last `REPLICATION_CELLS_MAX_AGE_S`,
+        else None: samples come every `replication_interval`, so a matrix request need
+        not rebuild the cells (or read the store) every time."""
+        built = self._replication_cells
+        if built is None or time.monotonic() - built[0] > REPLICATION_CELLS_MAX_AGE_S:
+            return None
+        return built[1]
+
     def replication_cells(self) -> list[dict[str, Any]]:
         """Per (source, target region): the worst replica's bytes behind and headroom."""
+        cells = self._build_replication_cells()
+        self._replication_cells = (time.monotonic(), cells)
+        return cells
+
+    def _build_replication_cells(self) -> list[dict[str, Any]]:
         cells: dict[tuple[str, str], dict[str, Any]] = {}
         for p in self.latest_replication():
             for r in p.replicas:
