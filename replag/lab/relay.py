@@ -33,6 +33,7 @@ from typing import Any, TextIO
 from replag.stamped_socket import StampedReader
 
 _CHUNK = 65536
+RELAY_START_S = 60.0
 
 
 @dataclass
@@ -279,13 +280,18 @@ def spawn_relay(lab_dir: Path, name: str, links: list[dict[str, Any]]) -> tuple[
             stderr=log,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 10
+    # Generous: a Python process importing replag on a starved machine (the lab under
+    # tests, nice'd) took over 10 s; the wait ends as soon as the relay listens.
+    deadline = time.monotonic() + RELAY_START_S
     while not ready.exists():
         if relay.poll() is not None or time.monotonic() > deadline:
             if relay.poll() is None:
                 relay.kill()
                 relay.wait()
-            raise LabError(f"the delay relay did not start; see {lab_dir / f'{name}.log'}")
+            raise LabError(
+                f"the delay relay did not start within {RELAY_START_S:g} s; see "
+                f"{lab_dir / f'{name}.log'}"
+            )
         time.sleep(0.02)
     return relay.pid, int(json.loads(ready.read_text())["control_port"])
 
