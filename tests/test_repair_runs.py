@@ -176,6 +176,9 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
     )
     store = Store(tmp_path / "replag.sqlite")
     wait_until(lambda: bool(list_runs(store)), "the run is recorded")
+    # Interrupted while it writes (at 20 keys/s, 300 keys take 15 s): the scan is over.
+    with servers[2].client() as last:
+        wait_until(lambda: int(last.dbsize()) > 50, "the repair writes", timeout_s=120)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     run_id = list_runs(store)[0]["run_id"]
