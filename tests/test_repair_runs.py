@@ -173,10 +173,13 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        # A suite started in the background of a script (`cmd &`) ignores SIGINT, and
+        # children inherit that: this one must take Ctrl-C as a terminal's user would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     store = Store(tmp_path / "replag.sqlite")
     wait_until(lambda: bool(list_runs(store)), "the run is recorded")
-    # Interrupted while it writes (at 20 keys/s, 300 keys take 15 s): the scan is over.
+    # Interrupted while it writes (at 20 keys/s, 300 keys take 15 s).
     with servers[2].client() as last:
         wait_until(lambda: int(last.dbsize()) > 50, "the repair writes", timeout_s=120)
     process.send_signal(signal.SIGINT)
