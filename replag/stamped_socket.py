@@ -8,7 +8,8 @@ each chunk comes with the moment the kernel received the last packet in it.
 Kernel stamps are on CLOCK_REALTIME. A chunk's stamp is moved onto the
 connection's own clock (the probe's is CLOCK_MONOTONIC) by the offset
 between the two clocks read right after `recvmsg` returns, sandwiched
-(clock, realtime, clock) and midpointed: the stamp and that offset are
+(clock, realtime, clock) and midpointed, the narrowest of a few sandwiches
+when preemption widens one: the stamp and that offset are
 microseconds to milliseconds apart, so NTP slewing in between (≤ 0.5 ms/s)
 costs nanoseconds. A stamp is believed only inside the window the bytes can
 have arrived in (after the previous read that emptied the socket began,
@@ -78,14 +79,38 @@ def kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
+# A sandwich (clock, realtime, clock) this narrow is taken as is; a wider one (the
+# process was preempted inside it, and on a saturated host that is a whole time
+# slice) is read again, up to _SANDWICHES times, keeping the narrowest.
+_TIGHT_NS = 20_000
+_SANDWICHES = 4
+
+
+def clock_offset(clock: Clock) -> int:
+    """`clock` minus CLOCK_REALTIME now, from the narrowest of a few sandwiches.
+
+    A sandwich's midpoint is wrong by up to half its width: one taken across a
+    preemption would move a stamp by half a scheduler slice (milliseconds on a
+    busy host), which is why a wide one is not used when a narrower one can be had.
+    """
+    best_width = best_offset = 0
+    for attempt in range(_SANDWICHES):
+        first = clock()
+        wall = time.time_ns()
+        second = clock()
+        width = second - first
+        if attempt == 0 or width < best_width:
+            best_width, best_offset = width, (first + second) // 2 - wall
+        if width <= _TIGHT_NS:
+            break
+    return best_offset
+
+
 def on_clock(realtime_ns: int, clock: Clock) -> int:
     """A CLOCK_REALTIME moment of the last few milliseconds, on `clock` (see the module)."""
     if clock is time.time_ns:
         return realtime_ns
-    first = clock()
-    wall = time.time_ns()
-    second = clock()
-    return realtime_ns + (first + second) // 2 - wall
+    return realtime_ns + clock_offset(clock)
 
 
 def arrival(ancillary: list[tuple[int, int, bytes]], clock: Clock, since: int, read_at: int) -> int:

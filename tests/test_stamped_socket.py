@@ -10,7 +10,12 @@ import pytest
 
 from replag.probes.observers import PushObserver
 from replag.resp import RespConnection, _Protocol, pack
-from replag.stamped_socket import StampedSocket, connect_stamped, kernel_stamps_possible
+from replag.stamped_socket import (
+    StampedSocket,
+    clock_offset,
+    connect_stamped,
+    kernel_stamps_possible,
+)
 from replag.topology import Endpoint
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
@@ -39,6 +44,31 @@ def block_until_readable(sock: StampedSocket) -> None:
 
 def hold_the_loop(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def test_a_preempted_clock_sandwich_is_read_again() -> None:
+    # The second reading of the clock is held 20 ms, as a preemption inside the first
+    # sandwich would: its midpoint would move every stamp by 10 ms. The next sandwich
+    # is narrow and is the one used.
+    calls = 0
+
+    def preempted_once() -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            time.sleep(0.02)
+        return time.monotonic_ns()
+
+    def sandwich() -> tuple[int, int]:
+        first = time.monotonic_ns()
+        wall = time.time_ns()
+        second = time.monotonic_ns()
+        return second - first, (first + second) // 2 - wall
+
+    offset = clock_offset(preempted_once)
+    _, truth = min(sandwich() for _ in range(50))  # the narrowest of many
+    assert abs(offset - truth) < 2_000_000  # within 2 ms, not 10
+    assert calls > 2
 
 
 @needs_stamps
