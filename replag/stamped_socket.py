@@ -250,6 +250,65 @@ class StampedSocket:
         self._loop.call_soon(self._receiver.connection_lost, exc)
 
 
+# Linux stamps received packets only while some socket has asked for stamps, and the
+# switch that turns stamping on for the whole host (a static key) is flipped by a
+# deferred work item: TCP segments that arrive in between carry no stamp (a datagram
+# would be stamped when read, so only TCP shows whether the switch is on), and on a
+# busy host "in between" is milliseconds. A loopback TCP pair kept open for the
+# process's life holds the switch on; it is checked once, by a byte sent across it.
+_keeper: tuple[socket.socket, socket.socket] | None = None
+_SWITCH_WAIT_S = 0.5
+
+
+def _loopback_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        reader = socket.create_connection(listener.getsockname(), timeout=1)
+        writer, _ = listener.accept()
+    reader.setblocking(False)
+    writer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return reader, writer
+
+
+async def hold_kernel_stamping() -> bool:
+    """Turn the host's packet stamping on, and keep it on while this process lives.
+
+    Returns once a byte sent over loopback TCP comes back stamped (True), or after
+    half a second without one (False: reads then fall back to the moment of reading).
+    """
+    global _keeper
+    if _keeper is not None:
+        return True
+    try:
+        pair: tuple[socket.socket, socket.socket] | None = _loopback_pair()
+    except OSError:
+        return False
+    assert pair is not None
+    reader, writer = pair
+    try:
+        if not enable_kernel_stamps(reader):
+            return False
+        deadline = time.monotonic() + _SWITCH_WAIT_S
+        while True:
+            writer.send(b".")
+            await asyncio.sleep(0.001)
+            try:
+                _, ancillary, _, _ = reader.recvmsg(64, _ANCILLARY)
+            except BlockingIOError:
+                ancillary = []
+            if kernel_stamp(ancillary) is not None:
+                if _keeper is None:  # connections racing here each tried: keep one
+                    _keeper, pair = pair, None
+                return True
+            if time.monotonic() > deadline:
+                return False
+    finally:
+        if pair is not None:
+            reader.close()
+            writer.close()
+
+
 async def connect_stamped(
     host: str, port: int, receiver: StampedReceiver, clock: Clock
 ) -> StampedSocket:
@@ -272,5 +331,7 @@ async def connect_stamped(
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stamped = enable_kernel_stamps(sock)
+        if stamped:
+            await hold_kernel_stamping()
         return StampedSocket(sock, receiver, clock, stamped=stamped)
     raise last or OSError(f"cannot resolve {host}:{port}")
