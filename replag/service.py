@@ -134,6 +134,7 @@ class ReplagService:
         self.replication_latest: dict[tuple[str, str], PrimaryState] = {}
         # The matrix's replication cells, with the monotonic moment they were built.
         self._replication_cells: tuple[float, list[dict[str, Any]]] | None = None
+        self._replication_cells_rebuilding = False
         self.metrics.replication.expect(
             (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
             for t in self.replication_targets()
@@ -427,13 +428,32 @@ class ReplagService:
         }
 
     def recent_replication_cells(self) -> list[dict[str, Any]] | None:
-        """`replication_cells` as built within the last `REPLICATION_CELLS_MAX_AGE_S`,
-        else None: samples come every `replication_interval`, so a matrix request need
-        not rebuild the cells (or read the store) every time."""
+        """`replication_cells` as last built, None before the first build; cells older
+        than `REPLICATION_CELLS_MAX_AGE_S` are answered once more while a thread rebuilds
+        them. Samples come every `replication_interval`, so a matrix request need not
+        rebuild the cells (or read the store, or wait for it) itself."""
         built = self._replication_cells
-        if built is None or time.monotonic() - built[0] > REPLICATION_CELLS_MAX_AGE_S:
+        if built is None:
             return None
+        if time.monotonic() - built[0] > REPLICATION_CELLS_MAX_AGE_S:
+            self._rebuild_replication_cells_soon()
         return built[1]
+
+    def _rebuild_replication_cells_soon(self) -> None:
+        """Rebuild the cells in a thread, once however many requests find them old: the
+        requests meanwhile get the previous cells, at most one rebuild late."""
+        with self._job_lock:
+            if self._replication_cells_rebuilding:
+                return
+            self._replication_cells_rebuilding = True
+
+        def rebuild() -> None:
+            try:
+                self.replication_cells()
+            finally:
+                self._replication_cells_rebuilding = False
+
+        threading.Thread(target=rebuild, name="replag-replication-cells", daemon=True).start()
 
     def replication_cells(self) -> list[dict[str, Any]]:
         """Per (source, target region): the worst replica's bytes behind and headroom."""
@@ -472,6 +492,9 @@ class ReplagService:
         return list(cells.values())
 
     async def evaluate_alerts(self) -> None:
+        # Queries skip picking up new windows while the store is busy; rules must see the
+        # round that just ended, so wait for it here (in a thread: the store may be busy).
+        await asyncio.to_thread(self.index.refresh)
         outcome = await evaluate_and_notify(
             self.config, self.store, index=self.index, sender=self.sender
         )

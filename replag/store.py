@@ -128,6 +128,16 @@ class Store:
         with self._lock:
             return list(self._conn.execute(sql, params).fetchall())
 
+    def try_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]] | None:
+        """`execute`, or None at once when another thread holds the store (a write, a
+        long read): for callers on an event loop, which must not wait on a lock."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return list(self._conn.execute(sql, params).fetchall())
+        finally:
+            self._lock.release()
+
     def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
         """Run `statements` atomically."""
         with self._lock:

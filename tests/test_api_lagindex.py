@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from pathlib import Path
 
+from replag.api.lag import FRESH_WAIT_S, _cached
 from replag.lagindex import LagIndex
 from replag.store import LagWindow, Store, summarize
 
@@ -13,7 +16,7 @@ def test_index_summaries_equal_store_summaries(tmp_path: Path) -> None:
     rng = random.Random(11)
     store = Store(tmp_path / "s.sqlite")
     windows = []
-    for i in range(60):
+    for i in range(300):  # several of the index's 64-window chunks
         w = LagWindow(
             run_id="r",
             source="a",
@@ -25,17 +28,18 @@ def test_index_summaries_equal_store_summaries(tmp_path: Path) -> None:
             seen=97,
             lost=3,
         )
-        for _ in range(rng.randint(0, 300)):
+        for _ in range(rng.randint(0, 200)):
             w.lag.record_us(rng.lognormvariate(rng.uniform(1, 14), 1.5))
             w.uncertainty.record_us(rng.uniform(0, 500))
         if i == 7:
             w.lag.record_us(5e9)  # beyond the trackable range: counted, not dropped
         windows.append(w)
-    store.append_windows(windows[:40])
+    store.append_windows(windows[:140])
     index = LagIndex(store)
-    assert index.summary("a", "b").sent == 40 * 100
-    store.append_windows(windows[40:])  # picked up on the next query, not cached stale
-    for since, until in [(None, None), (100, 300), (0, 1), (55, 56), (250, None)]:
+    assert index.summary("a", "b").sent == 140 * 100
+    store.append_windows(windows[140:])  # picked up on the next query, not cached stale
+    ranges = [(None, None), (100, 300), (0, 1), (55, 56), (250, None), (640, 1290), (635, 2925)]
+    for since, until in ranges:
         stored = store.windows(source="a", target="b", since_ns=since, until_ns=until)
         expected = summarize(stored, source="a", target="b", replica=None)
         assert index.summary("a", "b", since_ns=since, until_ns=until) == expected
@@ -43,7 +47,36 @@ def test_index_summaries_equal_store_summaries(tmp_path: Path) -> None:
     assert index.summary("a", "b", replica="b1") == summarize(
         store.windows(source="a", target="b", replica="b1"), source="a", target="b", replica="b1"
     )
-    series = index.series("a", "b", since_ns=0, until_ns=600, step_ns=100)
-    assert [start for start, _ in series] == [0, 100, 200, 300, 400, 500]
-    assert sum(s.sent for _, s in series) == 60 * 100
+    series = index.series("a", "b", since_ns=0, until_ns=3000, step_ns=500)
+    assert [start for start, _ in series] == [0, 500, 1000, 1500, 2000, 2500]
+    assert sum(s.sent for _, s in series) == 300 * 100
     assert index.hits >= 5
+
+
+async def test_a_slow_recomputation_serves_the_recent_answer_marked_not_fresh(
+    tmp_path: Path,
+) -> None:
+    index = LagIndex(Store(tmp_path / "s.sqlite"))
+    family = ("matrix", "24h")
+
+    def slow() -> bytes:
+        time.sleep(FRESH_WAIT_S * 20)
+        return b"new"
+
+    # No previous answer: the request waits for the computation.
+    assert await _cached(index, (*family, 1), family, lambda: b"first") == (b"first", True)
+    # A window arrived (a new key): the previous answer, while the new one is computed...
+    assert await _cached(index, (*family, 2), family, slow) == (b"first", False)
+    # ...which is what the query answers once it is done.
+    for _ in range(100):
+        if index.recent(family, max_age_s=5) == b"new":
+            break
+        await asyncio.sleep(FRESH_WAIT_S)
+    assert await _cached(index, (*family, 2), family, slow) == (b"new", True)
+
+
+async def test_a_quick_recomputation_is_waited_for(tmp_path: Path) -> None:
+    index = LagIndex(Store(tmp_path / "s.sqlite"))
+    family = ("series", "a", "b")
+    assert await _cached(index, (*family, 1), family, lambda: b"one") == (b"one", True)
+    assert await _cached(index, (*family, 2), family, lambda: b"two") == (b"two", True)

@@ -3,14 +3,18 @@
 Answers are cached as JSON bytes keyed by the exact set of windows they cover
 (`LagIndex.signature`), so a dashboard polling "the last 24 h" costs a cache
 lookup until a window arrives or ages out. A cache hit is served on the event
-loop; a miss is computed in the thread pool so it never stalls probing.
+loop; a miss is computed in a thread so it never stalls probing, and while it
+takes over `FRESH_WAIT_S`, the same query's previous answer (current at most
+`RECENT_S` ago) is served, marked `"fresh": false`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -29,11 +33,38 @@ router = APIRouter(prefix="/api/v1")
 Region = Annotated[str | None, Query(max_length=200, description="a region name")]
 
 
-async def _cached(index: LagIndex, key: Hashable, build: Callable[[], bytes]) -> bytes:
+# A cache miss is waited for this long; after that, the same query's previous answer
+# is served if it was current at most RECENT_S ago (marked `"fresh": false`) while
+# the new one is computed. A probe round adds a window to every pair about once a
+# second, and on a busy host the recomputation can take tens of milliseconds.
+FRESH_WAIT_S = 0.01
+RECENT_S = 5.0
+
+
+async def _cached(
+    index: LagIndex, key: Hashable, family: Hashable, build: Callable[[], bytes]
+) -> tuple[bytes, bool]:
+    """(answer, fresh): the answer for `key` (the query and the exact windows it covers)
+    from the cache, else computed in the thread pool, off the event loop; if that takes
+    over FRESH_WAIT_S, the query's recent previous answer, with fresh False."""
     try:
-        return index.answer(key, build, may_compute=False)
+        body = index.answer(key, build, may_compute=False)
     except NotCached:
-        return await run_in_threadpool(index.answer, key, build)
+        computing = asyncio.ensure_future(run_in_threadpool(index.answer, key, build))
+        done, _ = await asyncio.wait({computing}, timeout=FRESH_WAIT_S)
+        recent = None if done else index.recent(family, max_age_s=RECENT_S)
+        if recent is not None:
+            computing.add_done_callback(partial(_remember, index, family))
+            previous: bytes = recent
+            return previous, False
+        body = await computing
+    index.remember(family, body)
+    return body, True
+
+
+def _remember(index: LagIndex, family: Hashable, computed: asyncio.Future[bytes]) -> None:
+    if not computed.cancelled() and computed.exception() is None:
+        index.remember(family, computed.result())
 
 
 def _json(head: dict[str, Any], body: bytes) -> Response:
@@ -84,8 +115,9 @@ async def lag(
         ]
         return _members({"pairs": pairs})
 
-    body = await _cached(svc.index, ("lag", source, target, signature), build)
-    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
+    family = ("lag", source, target, since, until)
+    body, fresh = await _cached(svc.index, (*family, signature), family, build)
+    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns, "fresh": fresh}, body)
 
 
 @router.get("/lag/matrix")
@@ -128,12 +160,17 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
             }
         )
 
-    body = await _cached(svc.index, ("matrix", signature), build)
-    # Replication state changes apart from the lag windows: at most half a second old.
+    body, fresh = await _cached(svc.index, ("matrix", since, signature), ("matrix", since), build)
+    # Replication state changes apart from the lag windows: about half a second old.
     replication = svc.recent_replication_cells()
     if replication is None:
         replication = await run_in_threadpool(svc.replication_cells)
-    head = {"since_ns": span.since_ns, "until_ns": span.until_ns, "replication": replication}
+    head = {
+        "since_ns": span.since_ns,
+        "until_ns": span.until_ns,
+        "fresh": fresh,
+        "replication": replication,
+    }
     return _json(head, body)
 
 
@@ -178,5 +215,6 @@ async def lag_series(
             {"source": source, "target": target, "step_s": step_ns / 1e9, "points": points}
         )
 
-    body = await _cached(svc.index, ("series", source, target, step_ns, tuple(signature)), build)
-    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns}, body)
+    family = ("series", source, target, since, until, step_ns)
+    body, fresh = await _cached(svc.index, (*family, tuple(signature)), family, build)
+    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns, "fresh": fresh}, body)
