@@ -75,7 +75,16 @@ class Link:
             "bytes_up": self.bytes_up,
         }
 
-    def record(self, keys: list[bytes], t_in: int, t_out: int, *, downstream: bool = True) -> None:
+    def record(
+        self,
+        keys: list[bytes],
+        t_in: int,
+        t_out: int,
+        *,
+        downstream: bool = True,
+        sent_after: int | None = None,
+    ) -> None:
+        """Log `keys` as in at `t_in`, out by `t_out` (and not before `sent_after`)."""
         path = self.truth_path if downstream else self.truth_up_path
         if path is None:
             return
@@ -83,8 +92,9 @@ class Link:
             if path not in self._truth:
                 self._truth[path] = open(path, "a", encoding="latin-1")  # noqa: SIM115
             out = self._truth[path]
+            after = t_out if sent_after is None else sent_after
             for key in keys:
-                out.write(f"{t_in} {t_out} {key.decode('latin-1')}\n")
+                out.write(f"{t_in} {t_out} {key.decode('latin-1')} {after}\n")
             out.flush()
 
     def cut(self) -> None:
@@ -133,6 +143,9 @@ class _Pipe:
             wait_ns = due - time.monotonic_ns()
             if wait_ns > 0:
                 time.sleep(wait_ns / 1e9)
+            # The bytes leave inside `sendall` (on loopback, the receiver has them when it
+            # returns): [before, after] brackets that moment, however late this thread runs.
+            before = time.monotonic_ns()
             try:
                 self.dst.sendall(data)
             except OSError:
@@ -145,15 +158,15 @@ class _Pipe:
                     self.link.bytes_up += len(data)
             path = self.link.truth_path if self.downstream else self.link.truth_up_path
             if path is not None:
-                self._note_keys(data, t_in, t_out)
+                self._note_keys(data, t_in, before, t_out)
         self.close()
 
-    def _note_keys(self, data: bytes, t_in: int, t_out: int) -> None:
+    def _note_keys(self, data: bytes, t_in: int, before: int, t_out: int) -> None:
         buf = self._carry + data
         keys = [m.group(0) for m in self._keys.finditer(buf) if m.end() > len(self._carry)]
         self._carry = buf[-256:]
         if keys:
-            self.link.record(keys, t_in, t_out, downstream=self.downstream)
+            self.link.record(keys, t_in, t_out, downstream=self.downstream, sent_after=before)
 
     def close(self) -> None:
         if self.closed:
@@ -314,13 +327,20 @@ def relay_command(control_port: int, request: dict[str, Any], *, timeout_s: floa
 
 def read_truth(path: Path) -> dict[str, tuple[int, int]]:
     """First (t_in_ns, t_out_ns) seen for each probe key on a link's truth log."""
-    truth: dict[str, tuple[int, int]] = {}
+    return {key: (t_in, t_out) for key, (t_in, _, t_out) in read_truth_brackets(path).items()}
+
+
+def read_truth_brackets(path: Path) -> dict[str, tuple[int, int, int]]:
+    """First (t_in_ns, earliest out, t_out_ns) for each probe key on a link's truth log:
+    the bytes left the relay between the last two (its clock reads around the send)."""
+    truth: dict[str, tuple[int, int, int]] = {}
     if not path.exists():
         return truth
     with open(path, encoding="latin-1") as fh:
         for line in fh:
-            t_in, t_out, key = line.rstrip("\n").split(" ", 2)
-            truth.setdefault(key, (int(t_in), int(t_out)))
+            t_in, t_out, rest = line.rstrip("\n").split(" ", 2)
+            key, _, after = rest.partition(" ")
+            truth.setdefault(key, (int(t_in), int(after or t_out), int(t_out)))
     return truth
 
 
