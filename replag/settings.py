@@ -309,6 +309,12 @@ class Settings:
     scan_rate: float = setting(
         0.0, _float, "Keys per second read from each replica by a scan (0 = unthrottled)."
     )
+    scan_nice: int = setting(
+        10,
+        _int,
+        "CPU priority increment (nice) of scan processes: on a busy host they yield to "
+        "the service's API and probes, and to servers on the same host (0 = as replag).",
+    )
     scan_checkpoint: float = setting(
         "30s",
         _duration,

@@ -1,4 +1,5 @@
-"""Scans in their own processes: TTLs read the cheapest way, and a killed run resumes."""
+"""Scans in their own processes: TTLs read the cheapest way, a killed run resumes, and
+they run at the configured nice."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
 from replag.store import Store
 from replag.topology import Endpoint
+from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
@@ -169,3 +171,38 @@ async def test_a_killed_check_or_repair_resumes_from_its_checkpoints(
     with sqlite3.connect(store) as db:
         # The finished run's checkpoints are gone.
         assert db.execute("SELECT COUNT(*) FROM repair_scan_state").fetchone() == (0,)
+
+
+def _children_nice() -> dict[int, int]:
+    """nice value of every process whose parent is this one, by pid (from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():  # ppid, then nice is the 19th field overall
+            found[int(entry.name)] = int(fields[16])
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_scan_processes_run_at_the_configured_nice(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("a"), redis_factory("b")]
+    for server in servers:
+        with server.client() as client:
+            fill(client, 3000)
+    config = group_config(tmp_path, servers, scan_nice=7, scan_rate=3000, scan_count=100)
+    base = os.nice(0)
+    running = asyncio.ensure_future(check(config, group="g"))
+    seen: dict[int, int] = {}
+    while not running.done():
+        seen |= _children_nice()
+        await asyncio.sleep(0.05)
+    assert (await running).divergent == 0
+    scans = {pid: nice for pid, nice in seen.items() if nice != base}
+    assert scans and set(scans.values()) == {base + 7}, seen

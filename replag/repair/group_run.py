@@ -118,6 +118,7 @@ class GroupRun:
             ttl_bucket_ms=max(self.tolerance_ms, 1),
             rate=s.scan_rate or None,
             checkpoint_every_s=s.scan_checkpoint,
+            nice=s.scan_nice,
         )
 
         # Members whose region runs an agent are compared through it: their trees and key

@@ -160,6 +160,8 @@ class ScanOptions:
     ttls: TtlSource | Literal["auto"] = "auto"
     # Keys per second read from the replica (None: as fast as it answers).
     rate: float | None = None
+    # Added to the scan process's nice value (a forked scan only).
+    nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
 

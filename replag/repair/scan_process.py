@@ -212,6 +212,8 @@ def _worker(
     gc.freeze()
     parents_end.close()  # else our own copy would keep the pipe open after the parent died
     _die_with(parent)
+    if options.nice > 0:
+        os.nice(options.nice)
     try:
         kept = _scan(conn, endpoint, options, state, depth, saved)
         while True:
