@@ -26,6 +26,9 @@ from replag.store import Store
 
 _T = TypeVar("_T")
 _LOAD_CHUNK = 500  # ids per SELECT … IN (…); SQLite allows 999 parameters by default
+# Under the service, queries look for new windows at most this often: each look is a
+# SELECT, and on a busy host getting the GIL back after one took milliseconds.
+_QUERY_REFRESH_S = 0.1
 _CHUNK = 64  # windows merged ahead into one cached part (about an hour of one-minute windows)
 
 
@@ -116,20 +119,28 @@ class LagIndex:
         self._lock = threading.RLock()
         self._refreshing = threading.Lock()
         self._recent: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        # Whether queries may be answered from `recent` while their answer is computed
+        # (the service turns it on when its schedules start adding windows).
+        self.serve_recent = False
+        self._refreshed = 0.0
         self.hits = self.misses = 0
 
     def refresh(self, *, wait: bool = True) -> None:
         """Pick up windows appended since the last call (by anyone: service, cron probes).
 
         With `wait=False` (what queries do: they run on the API's event loop) nothing
-        is picked up while another thread holds the store or is refreshing: the query
-        answers from what is indexed, and the service refreshes after each probe round.
+        is picked up while another thread holds the store or is refreshing, nor, under
+        the service (`serve_recent`), within `_QUERY_REFRESH_S` of the last look: the
+        query answers from what is indexed, and the service refreshes after each round.
         The store is read without holding the index, so a query never waits behind a
         refresh that waits for the store.
         """
+        if not wait and self.serve_recent and time.monotonic() - self._refreshed < _QUERY_REFRESH_S:
+            return
         if not self._refreshing.acquire(blocking=wait):
             return
         try:
+            self._refreshed = time.monotonic()
             query = "SELECT id, source, target, end_ns FROM lag_windows WHERE id > ? ORDER BY id"
             if wait:
                 rows = self.store.execute(query, (self._last_id,))

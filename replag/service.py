@@ -145,6 +145,7 @@ class ReplagService:
     async def start(self) -> None:
         """Start the schedules on loops of their own, away from the API's (see stop())."""
         self.started_ns = time.time_ns()
+        self.index.serve_recent = True
         self._jobs_loop = BackgroundLoop("replag-jobs").start()
         self._schedules = BackgroundLoop("replag-schedules").start()
         await self._schedules.call(self._start_schedules)

@@ -57,6 +57,7 @@ async def test_a_slow_recomputation_serves_the_recent_answer_marked_not_fresh(
     tmp_path: Path,
 ) -> None:
     index = LagIndex(Store(tmp_path / "s.sqlite"))
+    index.serve_recent = True  # as under `replag serve`
     family = ("matrix", "24h")
 
     def slow() -> bytes:
@@ -75,8 +76,14 @@ async def test_a_slow_recomputation_serves_the_recent_answer_marked_not_fresh(
     assert await _cached(index, (*family, 2), family, slow) == (b"new", True)
 
 
-async def test_a_quick_recomputation_is_waited_for(tmp_path: Path) -> None:
+async def test_without_the_schedules_a_recomputation_is_waited_for(tmp_path: Path) -> None:
     index = LagIndex(Store(tmp_path / "s.sqlite"))
     family = ("series", "a", "b")
     assert await _cached(index, (*family, 1), family, lambda: b"one") == (b"one", True)
     assert await _cached(index, (*family, 2), family, lambda: b"two") == (b"two", True)
+
+    def slow() -> bytes:
+        time.sleep(FRESH_WAIT_S * 20)
+        return b"three"
+
+    assert await _cached(index, (*family, 3), family, slow) == (b"three", True)

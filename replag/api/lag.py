@@ -3,8 +3,9 @@
 Answers are cached as JSON bytes keyed by the exact set of windows they cover
 (`LagIndex.signature`), so a dashboard polling "the last 24 h" costs a cache
 lookup until a window arrives or ages out. A cache hit is served on the event
-loop; a miss is computed in a thread so it never stalls probing, and while it
-takes over `FRESH_WAIT_S`, the same query's previous answer (current at most
+loop; a miss is computed in a thread so it never stalls probing, and under
+`replag serve` (probe rounds add windows every second or so), while it takes
+over `FRESH_WAIT_S`, the same query's previous answer (current at most
 `RECENT_S` ago) is served, marked `"fresh": false`.
 """
 
@@ -33,11 +34,12 @@ router = APIRouter(prefix="/api/v1")
 Region = Annotated[str | None, Query(max_length=200, description="a region name")]
 
 
-# A cache miss is waited for this long; after that, the same query's previous answer
-# is served if it was current at most RECENT_S ago (marked `"fresh": false`) while
-# the new one is computed. A probe round adds a window to every pair about once a
-# second, and on a busy host the recomputation can take tens of milliseconds.
-FRESH_WAIT_S = 0.01
+# Where the service's schedules run (`LagIndex.serve_recent`), a cache miss is waited
+# for this long; after that, the same query's previous answer is served if it was
+# current at most RECENT_S ago (marked `"fresh": false`) while the new one is computed.
+# A probe round adds a window to every pair about once a second, and on a busy host
+# the recomputation can take tens of milliseconds.
+FRESH_WAIT_S = 0.002
 RECENT_S = 5.0
 
 
@@ -46,13 +48,16 @@ async def _cached(
 ) -> tuple[bytes, bool]:
     """(answer, fresh): the answer for `key` (the query and the exact windows it covers)
     from the cache, else computed in the thread pool, off the event loop; if that takes
-    over FRESH_WAIT_S, the query's recent previous answer, with fresh False."""
+    over FRESH_WAIT_S and the index allows it, the query's recent previous answer, with
+    fresh False."""
     try:
         body = index.answer(key, build, may_compute=False)
     except NotCached:
         computing = asyncio.ensure_future(run_in_threadpool(index.answer, key, build))
-        done, _ = await asyncio.wait({computing}, timeout=FRESH_WAIT_S)
-        recent = None if done else index.recent(family, max_age_s=RECENT_S)
+        recent = None
+        if index.serve_recent:
+            done, _ = await asyncio.wait({computing}, timeout=FRESH_WAIT_S)
+            recent = None if done else index.recent(family, max_age_s=RECENT_S)
         if recent is not None:
             computing.add_done_callback(partial(_remember, index, family))
             previous: bytes = recent
