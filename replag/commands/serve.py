@@ -95,8 +95,8 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
                 log_level=log_level,
                 access_log=False,
                 lifespan="on",
-                # uvloop and httptools (dependencies): 2.3x the requests per core of
-                # asyncio's loop and h11 (benchmarks/api_load.py, idle closed loop).
+                # uvloop and httptools (dependencies): idle closed-loop capacity 3,377
+                # req/s against 682 with asyncio's loop and h11 (benchmarks/api_load.py).
                 loop="auto",
                 http="auto",
             )
