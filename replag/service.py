@@ -33,6 +33,7 @@ from replag.alerts.verdict import replication_health
 from replag.background import BackgroundLoop
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, ReplagError
+from replag.heap import freeze_long_lived
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
 from replag.monitoring.dynomite_figures import FIGURES
@@ -92,8 +93,12 @@ class ReplagService:
         store: Store | None = None,
         probe: ProbeFunction | None = None,
         external_url: str = "",
+        freeze_heap: bool = False,
     ) -> None:
+        """`freeze_heap`: once the index is warm, move the process's long-lived objects out
+        of the garbage collector's passes (see `replag.heap`); `replag serve` sets it."""
         self.config = config
+        self._freeze_heap = freeze_heap
         self.settings = config.settings
         self.store = store or Store(config.settings.store)
         self._own_store = store is None
@@ -155,7 +160,7 @@ class ReplagService:
         sources = [r.name for r in self.config.topology.regions if r.write is not None]
         # Decode the last day of windows off the event loop, before the dashboard asks.
         day_ago = time.time_ns() - 86_400 * 10**9
-        self._spawn("index-warmup", asyncio.to_thread(self.index.warm, since_ns=day_ago))
+        self._spawn("index-warmup", self._warm_index(since_ns=day_ago))
         if sources:
             self._spawn(
                 "probe-scheduler", self._every(self.settings.probe_interval, self.probe_round)
@@ -183,6 +188,11 @@ class ReplagService:
             self.settings.check_interval,
             len(self.settings.dynomite_stats_urls),
         )
+
+    async def _warm_index(self, *, since_ns: int) -> None:
+        await asyncio.to_thread(self.index.warm, since_ns=since_ns)
+        if self._freeze_heap:
+            freeze_long_lived("index warm-up")
 
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""

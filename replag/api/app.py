@@ -43,9 +43,12 @@ def create_app(
     run_schedulers: bool = True,
     service: ReplagService | None = None,
     external_url: str = "",
+    freeze_heap: bool = False,
 ) -> FastAPI:
     """The app; with `run_schedulers=False` it only serves what the store already holds."""
-    svc = service or ReplagService(config, store=store, external_url=external_url)
+    svc = service or ReplagService(
+        config, store=store, external_url=external_url, freeze_heap=freeze_heap
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

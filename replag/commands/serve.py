@@ -16,6 +16,7 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.errors import UsageError
+from replag.heap import freeze_long_lived
 
 log = logging.getLogger("replag.serve")
 uvicorn_log = logging.getLogger("uvicorn.error")
@@ -86,7 +87,12 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     # to the store) and only then find the port taken.
     sock = listen(host, port)
     with sock:
-        app = create_app(config, external_url=f"http://{host}:{sock.getsockname()[1]}")
+        app = create_app(
+            config, external_url=f"http://{host}:{sock.getsockname()[1]}", freeze_heap=True
+        )
+        # The modules and the app live as long as the process: out of the collector's
+        # passes from here on (the service freezes again once its index is warm).
+        freeze_long_lived("start-up")
         server = CleanExitServer(
             uvicorn.Config(
                 app,
