@@ -98,6 +98,14 @@ class ReplagService:
         """`freeze_heap`: once the index is warm, move the process's long-lived objects out
         of the garbage collector's passes (see `replag.heap`); `replag serve` sets it."""
         self.config = config
+        # The service's checks and repairs share the host (and the servers) with the API,
+        # the probes and the replicas' clients: they read at service_scan_rate.
+        self.job_config = dataclasses.replace(
+            config,
+            settings=dataclasses.replace(
+                config.settings, scan_rate=config.settings.service_scan_rate
+            ),
+        )
         self._freeze_heap = freeze_heap
         self.settings = config.settings
         self.store = store or Store(config.settings.store)
@@ -654,9 +662,9 @@ class ReplagService:
         group_label = job.group or "all"
         try:
             if job.action == "check":
-                report = await check(self.config, group=job.group, store=self.store)
+                report = await check(self.job_config, group=job.group, store=self.store)
             else:
-                report = await repair(self.config, group=job.group, store=self.store, **options)
+                report = await repair(self.job_config, group=job.group, store=self.store, **options)
             job.run_id, job.divergent = report.run_id, int(report.divergent)
             job.state = "done"
             self._observe_repair(job, report)

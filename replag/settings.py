@@ -307,7 +307,18 @@ class Settings:
         "its own: the client side of a scan is CPU-bound, so all at once uses the cores.",
     )
     scan_rate: float = setting(
-        0.0, _float, "Keys per second read from each replica by a scan (0 = unthrottled)."
+        0.0,
+        _float,
+        "Keys per second read from each replica by a scan (0 = unthrottled): the CLI's "
+        "checks and repairs; those `replag serve` runs use service_scan_rate.",
+    )
+    service_scan_rate: float = setting(
+        20000.0,
+        _float,
+        "Service: keys per second read from each replica by the checks and repairs the "
+        "service runs, scheduled or asked for through the API (0 = unthrottled). A scan at "
+        "full speed takes a core of each Redis server it reads (from their clients too) and "
+        "most of the host replag runs on, and the API's latency with it.",
     )
     scan_nice: int = setting(
         10,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -257,3 +258,28 @@ async def test_serve_takes_its_long_lived_objects_out_of_the_collectors_passes(
 
 def _task_done(service: ReplagService, name: str) -> bool:
     return any(t.get_name() == name and t.done() for t in service._tasks)
+
+
+async def test_the_services_checks_read_at_service_scan_rate(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """A check the service runs shares the host and the servers with the API, the probes
+    and the replicas' clients: it is throttled (the CLI's, with scan_rate 0, is not)."""
+    a, b = redis_factory("a"), redis_factory("b")
+    for server in (a, b):
+        server.client().mset({f"k{i}": "v" for i in range(600)})
+    config = _group_config(tmp_path, {"main": [a.url, b.url]})
+    config = dataclasses.replace(
+        config, settings=dataclasses.replace(config.settings, service_scan_rate=1000.0)
+    )
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        assert config.settings.scan_rate == 0 and service.job_config.settings.scan_rate == 1000
+        job = await service.wait_job(service.start_job("check", "main").id)
+        assert job.state == "done" and job.divergent == 0
+        # 600 keys per replica at 1,000 keys/s: a throttle only ever makes it longer.
+        assert (job.finished_ns or 0) - job.started_ns >= 0.5e9
+    finally:
+        await service.stop()
+        store.close()
