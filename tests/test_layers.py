@@ -4,7 +4,7 @@
     configuration  settings, topology, validation, config_tables, config (+ alerts.config
                    and alerts.tables: the [alerts] values and tables), `replag`
     io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
-                   background
+                   background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent
     service → api → cli (commands)
@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.store",
             "replag.discovery.http",
             "replag.background",
+            "replag.heap",
         ),
     ),
     (

@@ -112,6 +112,7 @@ async def rounds_until(
 
 
 async def test_every_replication_rule_fires_goes_to_no_data_and_resolves(
+    server_kind: str,
     lab_factory: LabFactory,
     tmp_path: Path,
     receiver: tuple[Receiver, str],
