@@ -55,6 +55,17 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _hwm_bytes(pid: int) -> int:
+    """The process's own peak RSS (VmHWM: its address space's, begun at its exec)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
 def _rss_bytes(pid: int) -> int:
     """PSS where the kernel has smaps_rollup, else RSS."""
     try:
@@ -83,13 +94,15 @@ def run_measured(
         stderr=subprocess.PIPE,
         text=True,
     )
-    peak = 0
+    peak = hwm = 0
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, hwm
         while not stop.wait(0.02):
-            peak = max(peak, sum(_rss_bytes(p) for p in _tree(proc.pid)))
+            pids = _tree(proc.pid)
+            peak = max(peak, sum(_rss_bytes(p) for p in pids))
+            hwm = max([hwm, *(_hwm_bytes(p) for p in pids)])
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -113,8 +126,12 @@ def run_measured(
     return Measured(
         seconds=seconds,
         cpu_s=usage.ru_utime + usage.ru_stime,
-        tree_rss_mb=max(peak / 2**20, usage.ru_maxrss / 1024),
-        max_rss_mb=usage.ru_maxrss / 1024,
+        # Not the rusage's ru_maxrss: Linux carries the forking process's high-water mark
+        # across exec into it, so every child "peaked" at this benchmark's own size (a
+        # `sleep` run from a 300 MB parent reads 315 MB). Only a run too short to be
+        # sampled falls back to it.
+        tree_rss_mb=(peak or usage.ru_maxrss * 1024) / 2**20,
+        max_rss_mb=(hwm or usage.ru_maxrss * 1024) / 2**20,
         disk_write_mb=(_written_bytes() - written) / 1e6,
         returncode=proc.returncode,
         stdout=outputs.get("stdout", ""),
