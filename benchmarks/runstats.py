@@ -55,25 +55,27 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _hwm_bytes(pid: int) -> int:
-    """The process's own peak RSS (VmHWM: its address space's, begun at its exec)."""
+def _kb_field(path: str, name: str) -> int | None:
+    """`name:` (a "… kB" line of a /proc file) in bytes; None if absent or unreadable."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, IndexError, ValueError):
         pass
-    return 0
+    return None
+
+
+def _hwm_bytes(pid: int) -> int:
+    """The process's own peak RSS (VmHWM: its address space's, begun at its exec)."""
+    return _kb_field(f"/proc/{pid}/status", "VmHWM") or 0
 
 
 def _rss_bytes(pid: int) -> int:
     """PSS where the kernel has smaps_rollup, else RSS."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        pass
+    pss = _kb_field(f"/proc/{pid}/smaps_rollup", "Pss")
+    if pss is not None:
+        return pss
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
