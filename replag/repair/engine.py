@@ -101,6 +101,7 @@ async def _run(
         status=DONE,
         groups=reports,
         seconds=time.perf_counter() - started,
+        scan_rate=config.settings.scan_rate or None,
     )
     if log is not None:
         log.set_status(DONE, report=report.to_dict())

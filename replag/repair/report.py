@@ -118,6 +118,8 @@ class RepairReport:
     status: str
     groups: list[GroupReport]
     seconds: float = 0.0
+    # Keys per second each replica's scan was held to (None: as fast as it goes).
+    scan_rate: float | None = None
 
     @property
     def divergent(self) -> int:
@@ -137,6 +139,7 @@ class RepairReport:
             "dry_run": self.dry_run,
             "allow_deletes": self.allow_deletes,
             "seconds": round(self.seconds, 3),
+            "scan_rate": self.scan_rate,
             "divergent": self.divergent,
             "counts": {k: sum(g.counts[k] for g in self.groups) for k in KINDS},
             "repaired": self._total(REPAIRED),
