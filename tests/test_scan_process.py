@@ -1,5 +1,5 @@
-"""Scans in their own processes: TTLs read the cheapest way, a killed run resumes, and
-they run at the configured nice."""
+"""Scans in their own processes: TTLs read the cheapest way, a killed run resumes, they
+run at the configured nice, and the service forks them from a fork server."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from replag.config import load_config
-from replag.lab.server import RedisServer
+from replag.lab.server import RedisServer, free_port
 from replag.repair import check
 from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
+from replag.repair.scan_process import WorkerTree, fork_scans_from_server
 from replag.store import Store
 from replag.topology import Endpoint
 from tests.helpers.configs import group_config
@@ -206,3 +208,113 @@ async def test_scan_processes_run_at_the_configured_nice(
     assert (await running).divergent == 0
     scans = {pid: nice for pid, nice in seen.items() if nice != base}
     assert scans and set(scans.values()) == {base + 7}, seen
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_scans_from_the_fork_server_find_what_forked_scans_find(
+    redis_factory: RedisFactory,
+) -> None:
+    servers = [redis_factory("a"), redis_factory("b")]
+    for server in servers:
+        with server.client() as client:
+            fill(client, 5000)
+    with servers[1].client() as b:
+        for i in range(0, 5000, 250):
+            b.set(f"k:{i:07d}", "changed")
+
+    async def members() -> list[WorkerTree]:
+        return [
+            await WorkerTree.scan(
+                Endpoint.from_url(s.url, name=f"n{i}"),
+                ScanOptions(),
+                ScanProgress(f"n{i}"),
+                None,
+                depth=12,
+            )
+            for i, s in enumerate(servers)
+        ]
+
+    forked = await members()
+    fork_scans_from_server()
+    try:
+        served = await members()
+    finally:
+        fork_scans_from_server(enabled=False)
+    try:
+        # Scanned away from this process: children of the fork server, not of this process.
+        for worker in served:
+            assert _parent(worker.pid) != os.getpid()
+            assert "forkserver" in _cmdline(_parent(worker.pid))
+        assert all(_parent(worker.pid) == os.getpid() for worker in forked)
+        for a, b in zip(forked, served, strict=True):
+            assert a.keys == b.keys == 5000
+            assert a.tree.leaves.tobytes() == b.tree.leaves.tobytes()
+        differing = np.flatnonzero(served[0].tree.leaves != served[1].tree.leaves)
+        keys = await served[1].leaf_keys(differing.astype(np.int64))
+        assert len(keys) >= 20  # every rewritten key's leaf, with the keys sharing them
+    finally:
+        for worker in [*forked, *served]:
+            worker.close()
+    assert not any(running(worker.pid) for worker in served)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_a_killed_serve_leaves_no_scan_of_its_check_running(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("kill"), redis_factory("kill")]
+    for s in servers:
+        with s.client() as c:
+            fill(c, 40_000)
+    config = write_config(
+        tmp_path / "replag.toml",
+        servers,
+        service_scan_rate=10_000,
+        scan_checkpoint="100ms",
+        check_interval="1h",
+    )
+    store = tmp_path / "replag.sqlite"
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def checkpointed() -> bool:
+        try:
+            with sqlite3.connect(store) as db:
+                rows = db.execute(
+                    "SELECT COUNT(*) FROM repair_scan_state WHERE finished = 0 AND keys > 0"
+                ).fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(rows[0] == 2)
+
+    try:
+        await until(checkpointed, "the service's check scanning both replicas")
+        # The scans are the fork server's children; the service forked none itself.
+        servers_of_scans = [c for c in children(proc.pid) if "forkserver" in _cmdline(c)]
+        assert len(servers_of_scans) == 1
+        workers = children(servers_of_scans[0])
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    await until(
+        lambda: not any(running(p) for p in [*workers, *servers_of_scans]),
+        "the fork server and its scans gone with the service",
+    )

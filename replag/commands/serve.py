@@ -78,6 +78,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     alert sender and the store are closed.
     """
     from replag.api.app import create_app
+    from replag.repair.scan_process import fork_scans_from_server
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
@@ -87,6 +88,9 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     # to the store) and only then find the port taken.
     sock = listen(host, port)
     with sock:
+        # Checks fork a scan process per replica: from a small server, not from this
+        # process (its heap and the API's thread; see replag.repair.scan_process).
+        fork_scans_from_server()
         app = create_app(
             config, external_url=f"http://{host}:{sock.getsockname()[1]}", freeze_heap=True
         )

@@ -16,6 +16,12 @@ those leaves (SCAN of the names, values of the few that fall in them).
 The worker is forked after the parent's imports, so it shares their pages.
 It exits when the parent says so, and on its own when the parent's end of
 the pipe goes away (a killed check leaves no scan running).
+
+A long-running process with a large heap and threads (`replag serve`) forks
+its scans from a small fork server instead (`fork_scans_from_server`): a fork
+of the service copied its page tables with the GIL held (4–17 ms per scan, four
+in a row at each check's start), then made every page it wrote afterwards a
+copy-on-write fault, and the API's requests waited through both.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import asyncio
 import contextlib
 import gc
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
 import os
 import signal
 import time
@@ -48,6 +56,27 @@ Checkpointed = Callable[[ScanProgress, TictacTree], None]
 Progressed = Callable[[ScanProgress], None]
 _PROGRESS_EVERY_S = 0.05
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How scan processes start: forked from this process, or from the fork server.
+_context: multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext = (
+    multiprocessing.get_context("fork")
+)
+
+
+def fork_scans_from_server(enabled: bool = True) -> None:
+    """Fork this process's scans from a fork server (started now, with this module
+    imported, so each scan still starts in milliseconds) rather than from this process.
+
+    For a process whose own fork is costly: a large heap, and threads that must not stall
+    (the service's API). The fork server ends when this process does, and its scans with
+    it. `enabled=False` returns to forking this process."""
+    global _context
+    if not enabled:
+        _context = multiprocessing.get_context("fork")
+        return
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    multiprocessing.forkserver.ensure_running()
+    _context = context
 
 
 class WorkerTree:
@@ -85,11 +114,15 @@ class WorkerTree:
         """Scan `endpoint` from `state` (with `saved`, the tree of what a checkpoint
         covered) in a new process; returns once its tree is complete. `state` follows
         the worker's progress."""
-        context = multiprocessing.get_context("fork")
+        context = _context
         parent_end, child_end = context.Pipe()
+        forked_here = context.get_start_method() == "fork"
+        # A worker forked here holds copies of this end and must close it; and its parent
+        # is this process. One from the fork server holds neither.
+        parents = (parent_end, os.getpid()) if forked_here else (None, None)
         process = context.Process(
             target=_worker,
-            args=(child_end, parent_end, os.getpid(), endpoint, options, state, depth, saved),
+            args=(child_end, *parents, endpoint, options, state, depth, saved),
             name=f"replag-scan {endpoint.name}",
             daemon=True,
         )
@@ -121,6 +154,11 @@ class WorkerTree:
             inbox.close()
             _stop(process, parent_end)
             raise
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return int(self._process.pid)
 
     async def first_nodes(self, depth: int) -> tuple[int, U64]:
         down = first_down(self.keys, depth)
@@ -196,8 +234,8 @@ class _Inbox:
 
 def _worker(
     conn: Connection,
-    parents_end: Connection,
-    parent: int,
+    parents_end: Connection | None,
+    parent: int | None,
     endpoint: Endpoint,
     options: ScanOptions,
     state: ScanProgress,
@@ -210,8 +248,11 @@ def _worker(
     # The parent's objects are never freed here: out of the collector's sight, its
     # passes stay short and leave the shared pages unwritten.
     gc.freeze()
-    parents_end.close()  # else our own copy would keep the pipe open after the parent died
-    _die_with(parent)
+    if parents_end is not None:  # else our copy would keep the pipe open after the parent died
+        parents_end.close()
+    # From the fork server: dying with it is dying with the process it serves (it ends
+    # when that one does).
+    _die_with(parent if parent is not None else os.getppid())
     if options.nice > 0:
         os.nice(options.nice)
     try:
