@@ -317,8 +317,8 @@ class Settings:
         _float,
         "Service: keys per second read from each replica by the checks and repairs the "
         "service runs, scheduled or asked for through the API (0 = unthrottled). A scan at "
-        "full speed takes a core of each Redis server it reads (from their clients too) and "
-        "most of the host replag runs on, and the API's latency with it.",
+        "full speed takes a core of each Redis server it reads, away from their other "
+        "clients.",
     )
     scan_nice: int = setting(
         10,
