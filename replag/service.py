@@ -29,6 +29,7 @@ from typing import Any, Literal
 from replag.alerts.evaluate import AlertBook, AlertSender, DeliveryResult, evaluate_and_notify
 from replag.alerts.health import probe_health, record_check, record_probe
 from replag.alerts.rules import dropped_writes_since
+from replag.alerts.thresholds import headroom_bands
 from replag.alerts.verdict import replication_health
 from replag.background import BackgroundLoop
 from replag.config import Config
@@ -437,6 +438,10 @@ class ReplagService:
             out["sampled_ns"] = p.sampled_ns
             out["age_s"] = round((now - p.sampled_ns) / 1e9, 3)
             out["failover"] = self.failover_assessment(p, now_ns=now).to_dict()
+            for replica, row in zip(p.replicas, out["replicas"], strict=True):
+                bands = headroom_bands(self.config, p.source, replica.region)
+                row["headroom_colour"] = bands.colour(replica.headroom_fraction)
+                row["headroom_bands"] = bands.to_dict()
             primaries.append(out)
         return {
             "interval_s": self.settings.replication_interval,
@@ -517,6 +522,9 @@ class ReplagService:
                         else min(fraction, r.headroom_fraction),
                         4,
                     )
+        for cell in cells.values():
+            bands = headroom_bands(self.config, cell["source"], cell["target"])
+            cell["headroom_colour"] = bands.colour(cell["headroom_fraction"])
         return list(cells.values())
 
     async def evaluate_alerts(self) -> None:

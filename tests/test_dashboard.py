@@ -54,7 +54,7 @@ def dynomite_dashboard_url(tmp_path: Path) -> Iterator[str]:
     yield from serve_dashboard(tmp_path, f"dynomite_stats_urls = {json.dumps(urls)}\n")
 
 
-def serve_dashboard(tmp_path: Path, settings: str = "") -> Iterator[str]:
+def serve_dashboard(tmp_path: Path, settings: str = "", rules: str = "") -> Iterator[str]:
     store = Store(tmp_path / "s.sqlite")
     add_windows(store, pairs=[("us-east", "us-west", 35.0), ("us-east", "eu-west", 160.0),
                               ("us-west", "eu-west", 520.0)], minutes=90)  # fmt: skip
@@ -62,7 +62,7 @@ def serve_dashboard(tmp_path: Path, settings: str = "") -> Iterator[str]:
     config = tmp_path / "replag.toml"
     config.write_text(
         f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n{settings}\n'
-        '[[alerts.rules]]\nname = "slow"\nkind = "lag_p99"\nthreshold = "100ms"\n'
+        '[[alerts.rules]]\nname = "slow"\nkind = "lag_p99"\nthreshold = "100ms"\n' + rules
         + "".join(f'[[regions]]\nname = "{r}"\nreplicas = ["redis://127.0.0.1:{i + 1}"]\n'
                   for i, r in enumerate(("us-east", "us-west", "eu-west")))
     )  # fmt: skip
@@ -148,8 +148,7 @@ def test_dynomite_panel_shows_each_node_and_the_one_dropping(
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-dynomite.png"))
 
 
-@pytest.fixture
-def replication_dashboard_url(tmp_path: Path) -> Iterator[str]:
+def record_replication(tmp_path: Path) -> None:
     """Two replication samples of us-east's primary: us-west-1 cut off and falling behind."""
     store = Store(tmp_path / "s.sqlite")
     now = time.time_ns()
@@ -168,6 +167,11 @@ def replication_dashboard_url(tmp_path: Path) -> Iterator[str]:
                                sync_full=1, replicas=replicas)  # fmt: skip
         history.record_snapshot(store, ReplicationSnapshot(primaries=[primary]))
     store.close()
+
+
+@pytest.fixture
+def replication_dashboard_url(tmp_path: Path) -> Iterator[str]:
+    record_replication(tmp_path)
     yield from serve_dashboard(tmp_path)
 
 
@@ -191,3 +195,20 @@ def test_replication_beside_the_lag_tiles_and_in_its_panel(
     chromium(tmp_path, f"--screenshot={shot}", replication_dashboard_url)
     if os.environ.get("REPLAG_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-replication.png"))
+
+
+def test_headroom_bars_take_the_colours_of_the_headroom_rules(tmp_path: Path) -> None:
+    """A critical rule at 90 % for us-west: its replica's 88 % left is red, in its bar and
+    in the lag tile; eu-west's replica (100 %, no rule of its own) stays green."""
+    record_replication(tmp_path)
+    rule = (
+        '[[alerts.rules]]\nname = "west-headroom"\nkind = "replication_headroom"\n'
+        'threshold = 0.9\ntarget = "us-west"\nseverity = "critical"\n'
+    )
+    for url in serve_dashboard(tmp_path, rules=rule):
+        dom = chromium(tmp_path, "--dump-dom", url)
+        assert 'data-loaded="true"' in dom
+        bars = dict(re.findall(r'<tr data-replica="([^"]+)".*?class="fill (fill-\w+)"', dom))
+        assert bars == {"us-west-1": "fill-low", "eu-west-1": "fill-ok"}
+        assert 'class="repl repl-down repl-low" data-bytes-behind="2048"' in dom
+        assert "red under 90%" in dom

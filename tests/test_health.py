@@ -14,6 +14,8 @@ from fastapi import FastAPI
 from replag.alerts.health import record_probe
 from replag.api.app import create_app
 from replag.config import Config, config_from_dict
+from replag.replication import history
+from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import LagWindow, Store
 from tests.helpers.lag_windows import add_windows
 
@@ -150,3 +152,38 @@ async def test_matrix_colours_follow_each_pairs_rules_and_loss(tmp_path: Path) -
     assert cells[("us-east", "us-east")]["colour"] == "critical"
     assert cells[("us-east", "us-east")]["p99_ms"] is None
     assert body["thresholds_ms"] == {"warning": 300.0, "critical": 300.0}
+
+
+async def test_headroom_colours_follow_the_headroom_rules_covering_each_replica(
+    tmp_path: Path,
+) -> None:
+    rules = [
+        {"name": "west", "kind": "replication_headroom", "threshold": 0.9, "target": "us-west"},
+        {"name": "all", "kind": "replication_headroom", "threshold": 0.3, "severity": "critical"},
+    ]
+    store = Store(tmp_path / "s.sqlite")
+    replicas = tuple(
+        ReplicaState(replica=f"{region}-1", region=region, address="", status="ok",
+                     bytes_behind=0, bytes_uncertainty=0, backlog_headroom=int(16384 * left),
+                     headroom_fraction=left)
+        for region, left in (("us-west", 0.8), ("eu-west", 0.8), ("us-east", 0.2))
+    )  # fmt: skip
+    primary = PrimaryState(source="us-east", primary="us-east-primary", address="",
+                           sampled_ns=time.time_ns(), offset=5000, backlog_size=16384,
+                           sync_full=0, replicas=replicas)  # fmt: skip
+    history.record_snapshot(store, ReplicationSnapshot(primaries=[primary]))
+    app = create_app(make_config(tmp_path, rules), store=store, run_schedulers=False)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://replag") as client:
+            status = (await client.get("/api/v1/replication")).json()
+            matrix = (await client.get("/api/v1/lag/matrix", params={"since": "10m"})).json()
+    rows = {r["replica"]: r for r in status["primaries"][0]["replicas"]}
+    # 80 % left: under us-west's 90 % rule (amber; red under the 30 % rule), fine elsewhere.
+    assert rows["us-west-1"]["headroom_colour"] == "warning"
+    assert rows["us-west-1"]["headroom_bands"] == {"warning": 0.9, "critical": 0.3}
+    assert rows["eu-west-1"]["headroom_colour"] == "ok"
+    assert rows["eu-west-1"]["headroom_bands"] == {"warning": 0.3, "critical": 0.3}
+    assert rows["us-east-1"]["headroom_colour"] == "critical"
+    cells = {c["target"]: c["headroom_colour"] for c in matrix["replication"]}
+    assert cells == {"us-west": "warning", "eu-west": "ok", "us-east": "critical"}

@@ -6,6 +6,11 @@ source/target filters match it, and by its loss ratio against the matching
 other the warning band; the lowest threshold wins. Without rules the settings
 (`max_p99`, `max_loss`) and then defaults apply. A pair that sent probes and
 saw none has no p99 at all: it is critical.
+
+A replica's backlog headroom is coloured the same way by the
+`replication_headroom` rules that cover its source and region, the other way
+up: under a rule's threshold is where the rule fires, and the highest
+threshold wins.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ Colour = Literal["ok", "warning", "critical", "none"]
 DEFAULT_LAG_WARNING_MS = 100.0
 DEFAULT_LOSS_WARNING = 0.01  # the probe_loss rule's default threshold
 DEFAULT_LOSS_CRITICAL = 0.5  # half the probes lost: the link is broken, not noisy
+# Without a replication_headroom rule: amber under half the backlog left, red under a
+# quarter (the rule's default threshold: a resync is near).
+DEFAULT_HEADROOM_WARNING = 0.5
+DEFAULT_HEADROOM_CRITICAL = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +41,24 @@ class Bands:
         if value >= self.critical:
             return "critical"
         return "warning" if value >= self.warning else "ok"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"warning": self.warning, "critical": self.critical}
+
+
+@dataclass(frozen=True, slots=True)
+class FloorBands:
+    """Values under `warning` are amber, under `critical` red (a floor, as headroom)."""
+
+    warning: float
+    critical: float
+
+    def colour(self, value: float | None) -> Colour:
+        if value is None:
+            return "none"
+        if value < self.critical:
+            return "critical"
+        return "warning" if value < self.warning else "ok"
 
     def to_dict(self) -> dict[str, float]:
         return {"warning": self.warning, "critical": self.critical}
@@ -73,6 +100,18 @@ def loss_bands(config: Config, source: str | None = None, target: str | None = N
     warn = min(warning or critical or [DEFAULT_LOSS_WARNING])
     crit = max(warn, min(critical or [max(warn, DEFAULT_LOSS_CRITICAL)]))
     return Bands(warning=_above(warn), critical=_above(crit))
+
+
+def headroom_bands(
+    config: Config, source: str | None = None, region: str | None = None
+) -> FloorBands:
+    """Backlog-headroom bands (fractions of the backlog) for the replicas in `region` of
+    `source`'s primary; a warning rule alone puts the red band at half its threshold."""
+    warning, critical = _thresholds(config, "replication_headroom", source, region)
+    if not warning and not critical:
+        return FloorBands(warning=DEFAULT_HEADROOM_WARNING, critical=DEFAULT_HEADROOM_CRITICAL)
+    warn = max(warning or critical)
+    return FloorBands(warning=warn, critical=min(warn, max(critical or [warn / 2])))
 
 
 def _above(ratio: float) -> float:

@@ -149,7 +149,7 @@ function replicationLine(source, target) {
   const r = state.replication.get(`${source}→${target}`);
   if (!r) return [];
   const headroom = r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction);
-  const low = r.headroom_fraction !== null && r.headroom_fraction < 0.25;
+  const low = r.headroom_colour === "critical";  // under the bands of the headroom rules
   return [el("div", {
     class: `repl${r.links_down ? " repl-down" : ""}${low ? " repl-low" : ""}`, "data-bytes-behind": r.bytes_behind ?? "",
     title: `${target}'s replicas of ${source}'s primary (latest sample): most behind ${fmtBytes(r.bytes_behind)}, ` +
@@ -493,21 +493,23 @@ function sparkline(points, backlog, width = 180, height = 28) {
   return root;
 }
 
-// Healthy green; amber under half the backlog left; red under a quarter (a resync is near).
-function headroomClass(fraction) {
-  return fraction < 0.25 ? "fill-low" : fraction < 0.5 ? "fill-warn" : "fill-ok";
-}
+// Coloured by the replication_headroom rules covering the replica (the server's bands;
+// without rules amber under half the backlog left, red under a quarter: a resync is near).
+const HEADROOM_CLASS = { ok: "fill-ok", warning: "fill-warn", critical: "fill-low" };
 
 function behindOverRange(points, backlog) {
   const peak = Math.max(0, ...points.map((p) => p.bytes_behind_max ?? 0));
   return [sparkline(points, backlog), el("div", { class: "node" }, points.length ? `peak ${fmtBytes(peak)}` : "no samples yet")];
 }
 
-function headroomBar(fraction) {
+function headroomBar(fraction, colour, bands) {
   const root = svg("svg", { class: "bar", width: 120, height: 10 });
   root.append(svg("rect", { class: "track", x: 0, y: 0, width: 120, height: 10, rx: 3 }));
   if (fraction !== null && fraction !== undefined) {
-    root.append(svg("rect", { class: `fill ${headroomClass(fraction)}`, x: 0, y: 0, width: Math.max(2, 120 * fraction), height: 10, rx: 3 }));
+    root.append(svg("rect", { class: `fill ${HEADROOM_CLASS[colour] ?? "fill-ok"}`, x: 0, y: 0, width: Math.max(2, 120 * fraction), height: 10, rx: 3 }));
+  }
+  if (bands) {
+    root.append(svg("title", {}, `amber under ${fmtPct(bands.warning)} of the backlog, red under ${fmtPct(bands.critical)} (the headroom rules covering this replica)`));
   }
   return root;
 }
@@ -542,7 +544,7 @@ async function drawReplication(data) {
         el("td", { class: `num${r.bytes_behind ? " bad" : ""}` }, fmtBytes(r.bytes_behind),
           el("div", { class: "node" }, `± ${fmtBytes(r.bytes_uncertainty)}`)),
         el("td", { class: "num" }, r.backlog_headroom !== null && r.backlog_headroom < 0 ? "full resync due" :
-          r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction)),
+          r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction, r.headroom_colour, r.headroom_bands)),
         el("td", { class: "num" }, c.rpo_bytes === null || c.rpo_bytes === undefined ? "–" : fmtBytes(c.rpo_bytes),
           el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000))),
         el("td", {}, ...behindOverRange(series.get(`${p.source}/${r.replica}`) || [], (p.backlog || {}).size)));
