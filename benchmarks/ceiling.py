@@ -8,7 +8,11 @@ the client. The workers connect first and start together; the wall time is
 from that start to the last one's end. Benchmarks call `measure_ceiling` in
 the same run as the thing they compare to it, on the same servers.
 
-    python benchmarks/ceiling.py PORT [PORT ...]      # prints the figures
+With `ttls`, each batch's TTLs are fetched too, by the script a check uses on
+replicas that hold expiring keys (`replag.repair.scan.TTL_SCRIPT`): the
+ceiling of reading everything a check's digest needs, not only the values.
+
+    python benchmarks/ceiling.py [--ttls] PORT [PORT ...]      # prints the figures
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ class Ceiling:
     keys: list[int]
     value_bytes: list[int]
     worker_rss_mb: list[float]
+    ttls: bool = False
 
     def line(self) -> str:
         rates = ", ".join(f"{k / self.seconds:,.0f}" for k in self.keys)
+        what = "SCAN + MGET + the TTL script" if self.ttls else "bare pipelined SCAN + MGET"
         return (
-            f"ceiling ({len(self.keys)} replicas read at once, bare pipelined SCAN + MGET, "
-            f"one process each): {self.seconds:.2f} s, {sum(self.keys):,} keys, "
+            f"{'ceiling with TTLs' if self.ttls else 'ceiling'} ({len(self.keys)} replicas "
+            f"read at once, {what}, one process each): {self.seconds:.2f} s, "
+            f"{sum(self.keys):,} keys, "
             f"{sum(self.value_bytes) / 1e6:,.0f} MB of values, {rates} keys/s per replica, "
             f"client CPU {self.cpu_s:.1f} s"
         )
@@ -48,8 +55,9 @@ def _pack(*args: bytes) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
-def read_all(port: int, count: int = 1000) -> tuple[int, int]:
-    """Read every key of the server on `port`: (keys, bytes of values)."""
+def read_all(port: int, count: int = 1000, *, ttls: bool = False) -> tuple[int, int]:
+    """Read every key of the server on `port` (and its TTL, with `ttls`): (keys, bytes of
+    values)."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
@@ -65,6 +73,12 @@ def read_all(port: int, count: int = 1000) -> tuple[int, int]:
         return item
 
     keys_seen = value_bytes = 0
+    sha = b""
+    if ttls:
+        from replag.repair.scan import TTL_SCRIPT
+
+        sock.sendall(_pack(b"SCRIPT", b"LOAD", TTL_SCRIPT))
+        sha = reply()  # type: ignore[assignment]
     sock.sendall(_pack(b"SCAN", b"0", b"COUNT", count_arg))
     mget_pending = False
     while True:
@@ -74,11 +88,15 @@ def read_all(port: int, count: int = 1000) -> tuple[int, int]:
             out += _pack(b"SCAN", cursor, b"COUNT", count_arg)
         if keys:
             out += _pack(b"MGET", *keys)
+            if ttls:
+                out += _pack(b"EVALSHA", sha, str(len(keys)).encode(), *keys)
         if out:
             sock.sendall(out)
         if mget_pending:
             values = reply()
             value_bytes += sum(map(len, filter(None, values)))  # type: ignore[arg-type]
+            if ttls:
+                reply()
         mget_pending = bool(keys)
         keys_seen += len(keys)
         if cursor == b"0":
@@ -86,16 +104,20 @@ def read_all(port: int, count: int = 1000) -> tuple[int, int]:
     if mget_pending:
         values = reply()
         value_bytes += sum(map(len, filter(None, values)))  # type: ignore[arg-type]
+        if ttls:
+            reply()
     sock.close()
     return keys_seen, value_bytes
 
 
-def _worker(port: int, count: int) -> None:
+def _worker(port: int, count: int, ttls: bool) -> None:
+    if ttls:
+        import replag.repair.scan  # noqa: F401  (its import is not part of the read)
     # Imported before "go", so every worker starts reading at the same moment.
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdin.readline()
-    keys, value_bytes = read_all(port, count)
+    keys, value_bytes = read_all(port, count, ttls=ttls)
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -111,11 +133,13 @@ def _worker(port: int, count: int) -> None:
     )
 
 
-def measure_ceiling(ports: list[int], count: int = 1000) -> Ceiling:
-    """Read every server in `ports` completely, all at once, one process each."""
+def measure_ceiling(ports: list[int], count: int = 1000, *, ttls: bool = False) -> Ceiling:
+    """Read every server in `ports` completely (with `ttls`, their TTLs too), all at once,
+    one process each."""
     workers = [
         subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", str(port), str(count)],
+            [sys.executable, os.path.abspath(__file__), "--worker", str(port), str(count)]
+            + (["--ttls"] if ttls else []),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -150,11 +174,14 @@ def measure_ceiling(ports: list[int], count: int = 1000) -> Ceiling:
         keys=[r["keys"] for r in results],
         value_bytes=[r["bytes"] for r in results],
         worker_rss_mb=[r["rss_mb"] for r in results],
+        ttls=ttls,
     )
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        _worker(int(sys.argv[2]), int(sys.argv[3]))
+        _worker(int(sys.argv[2]), int(sys.argv[3]), "--ttls" in sys.argv[4:])
     else:
-        print(measure_ceiling([int(p) for p in sys.argv[1:]]).line())
+        with_ttls = "--ttls" in sys.argv[1:]
+        ports = [int(p) for p in sys.argv[1:] if p != "--ttls"]
+        print(measure_ceiling(ports, ttls=with_ttls).line())

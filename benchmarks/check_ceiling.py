@@ -11,6 +11,13 @@ found/false positives against the ground truth, then the medians, the ratio
 to the ceiling, and the store's size and free pages. Targets: ≤ 1.25× the
 ceiling, peak memory ≤ 150 MB, ≤ 10 MB written to disk per check.
 
+The injected divergences include expiring keys, so the check reads TTLs (the
+script `replag.repair.scan.TTL_SCRIPT`, one PTTL per key inside the server).
+Each round therefore also measures the ceiling with TTLs (the same bare
+reader, plus that script per batch), and every run prints the servers' own
+CPU: what the TTL reads cost the servers, which share the cores here, and the
+ratio to the ceiling of reading everything the digest needs.
+
     python benchmarks/check_ceiling.py [--keys 1000000] [--rounds 3] [--replicas 2,3]
 """
 
@@ -55,6 +62,29 @@ def topology_of(lab_dir: Path, members: int) -> Path:
     return path
 
 
+def cpu_ticks(pids: list[int]) -> int:
+    """User + system clock ticks the processes `pids` have used so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+class ServerCpu:
+    """CPU seconds the servers used during a `with` block."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.seconds = pids, 0.0
+
+    def __enter__(self) -> ServerCpu:
+        self._start = cpu_ticks(self.pids)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.seconds = (cpu_ticks(self.pids) - self._start) / os.sysconf("SC_CLK_TCK")
+
+
 def run_check(config: Path, store_path: Path, truth: set[bytes]) -> tuple[Measured, int, int]:
     measured = run_measured(
         [sys.executable, "-m", "replag", "repair", "check", "--config", str(config), "--json"]
@@ -95,13 +125,13 @@ def main() -> int:
         )
         try:
             ports = [p["port"] for p in state["processes"]]
-            bench(args, lab_dir, ports)
+            bench(args, lab_dir, ports, [p["pid"] for p in state["processes"]])
         finally:
             lab_down(lab_dir)
     return 0
 
 
-def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int]) -> None:
+def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int], pids: list[int]) -> None:
     from replag.lab.binary import redis_server_binary, redis_server_version
 
     version = ".".join(map(str, redis_server_version()))
@@ -120,29 +150,38 @@ def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int]) -> None:
         truth = {key_from_json(d) for d in injected["divergent"] if d["replica"] in members}
         config = topology_of(lab_dir, n)
         checks: list[tuple[Measured, int, int]] = []
-        ceilings: list[Ceiling] = []
+        ceilings: dict[bool, list[Ceiling]] = {False: [], True: []}
+        server_cpu: dict[str, list[float]] = {"check": [], "ceiling": [], "ttls": []}
+        servers = pids[:n]
+        order = ("check", "ceiling", "ttls")
         for round_ in range(args.rounds):
-            # Alternate which goes first so neither always runs on a warmer machine.
-            for what in ("check", "ceiling") if round_ % 2 == 0 else ("ceiling", "check"):
+            # Rotate which goes first so none always runs on a warmer machine.
+            for what in order[round_ % 3 :] + order[: round_ % 3]:
                 load = os.getloadavg()[0]
-                if what == "ceiling":
-                    ceilings.append(measure_ceiling(ports[:n]))
-                    print(
-                        f"{n} replicas, round {round_ + 1}: {ceilings[-1].line()} (load {load:.2f})"
-                    )
+                with ServerCpu(servers) as cpu:
+                    if what != "check":
+                        ceiling = measure_ceiling(ports[:n], ttls=what == "ttls")
+                    else:
+                        m, found, false_pos = run_check(config, store_path, truth)
+                server_cpu[what].append(cpu.seconds)
+                prefix = f"{n} replicas, round {round_ + 1}:"
+                servers_used = f"servers' CPU {cpu.seconds:.1f} s"
+                if what != "check":
+                    ceilings[what == "ttls"].append(ceiling)
+                    print(f"{prefix} {ceiling.line()}, {servers_used} (load {load:.2f})")
                     continue
-                m, found, false_pos = run_check(config, store_path, truth)
                 checks.append((m, found, false_pos))
                 print(
-                    f"{n} replicas, round {round_ + 1}: check {m.seconds:.2f} s, "
-                    f"CPU {m.cpu_s:.1f} s, "
+                    f"{prefix} check {m.seconds:.2f} s, CPU {m.cpu_s:.1f} s, {servers_used}, "
                     f"peak memory {m.tree_rss_mb:.0f} MB "
                     f"(PSS over its processes; largest RSS {m.max_rss_mb:.0f} MB), "
                     f"disk {m.disk_write_mb:.1f} MB written; found {found}/{len(truth)}, "
                     f"false positives {false_pos} (load {load:.2f})"
                 )
         check_s = statistics.median(m.seconds for m, _, _ in checks)
-        ceiling_s = statistics.median(c.seconds for c in ceilings)
+        ceiling_s = statistics.median(c.seconds for c in ceilings[False])
+        ttls_s = statistics.median(c.seconds for c in ceilings[True])
+        median_cpu = {what: statistics.median(v) for what, v in server_cpu.items()}
         rss = max(m.tree_rss_mb for m, _, _ in checks)
         disk = max(m.disk_write_mb for m, _, _ in checks)
         ratio = check_s / ceiling_s
@@ -155,6 +194,13 @@ def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int]) -> None:
             f"{n} replicas: check median {check_s:.2f} s, ceiling median {ceiling_s:.2f} s, "
             f"ratio {ratio:.2f}; peak memory {rss:.0f} MB; disk written ≤ {disk:.1f} MB per check; "
             + "; ".join(verdict)
+        )
+        print(
+            f"{n} replicas: the TTL reads: ceiling with TTLs median {ttls_s:.2f} s "
+            f"({ttls_s / ceiling_s:.2f}× the bare ceiling); check / ceiling with TTLs = "
+            f"{check_s / ttls_s:.2f}; servers' CPU median: bare ceiling "
+            f"{median_cpu['ceiling']:.1f} s, with TTLs {median_cpu['ttls']:.1f} s, "
+            f"check {median_cpu['check']:.1f} s"
         )
     print(f"store after all checks: {store_pages(store_path)}")
 
