@@ -102,6 +102,18 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
+def scans_checkpointed(store: Path, scans: int) -> bool:
+    """Whether `scans` unfinished scans have saved a checkpoint with keys in `store`."""
+    try:
+        with sqlite3.connect(store) as db:
+            rows = db.execute(
+                "SELECT COUNT(*) FROM repair_scan_state WHERE finished = 0 AND keys > 0"
+            ).fetchone()
+    except sqlite3.Error:
+        return False
+    return bool(rows[0] == scans)
+
+
 @pytest.mark.parametrize("command", ["check", "run"])
 async def test_a_killed_check_or_repair_resumes_from_its_checkpoints(
     tmp_path: Path, redis_factory: RedisFactory, command: str
@@ -131,18 +143,8 @@ async def test_a_killed_check_or_repair_resumes_from_its_checkpoints(
         stderr=subprocess.DEVNULL,
     )
 
-    def checkpointed() -> bool:
-        try:
-            with sqlite3.connect(store) as db:
-                rows = db.execute(
-                    "SELECT COUNT(*) FROM repair_scan_state WHERE finished = 0 AND keys > 0"
-                ).fetchone()
-        except sqlite3.Error:
-            return False
-        return bool(rows[0] == 2)
-
     try:
-        await until(checkpointed, "both replicas' scans checkpointed mid-way")
+        await until(lambda: scans_checkpointed(store, 2), "both scans checkpointed mid-way")
         workers = children(proc.pid)
         assert len(workers) == 2  # one scan process per replica
         proc.send_signal(signal.SIGKILL)
@@ -292,18 +294,8 @@ async def test_a_killed_serve_leaves_no_scan_of_its_check_running(
         stderr=subprocess.DEVNULL,
     )
 
-    def checkpointed() -> bool:
-        try:
-            with sqlite3.connect(store) as db:
-                rows = db.execute(
-                    "SELECT COUNT(*) FROM repair_scan_state WHERE finished = 0 AND keys > 0"
-                ).fetchone()
-        except sqlite3.Error:
-            return False
-        return bool(rows[0] == 2)
-
     try:
-        await until(checkpointed, "the service's check scanning both replicas")
+        await until(lambda: scans_checkpointed(store, 2), "the service's check mid-scan")
         # The scans are the fork server's children; the service forked none itself.
         servers_of_scans = [c for c in children(proc.pid) if "forkserver" in _cmdline(c)]
         assert len(servers_of_scans) == 1
