@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing.forkserver
 import os
 import signal
 import sqlite3
@@ -18,7 +19,7 @@ import pytest
 
 from replag.config import load_config
 from replag.lab.server import RedisServer, free_port
-from replag.repair import check
+from replag.repair import check, scan_process
 from replag.repair.runs import RunLog
 from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
 from replag.repair.scan_process import WorkerTree, fork_scans_from_server
@@ -310,3 +311,15 @@ async def test_a_killed_serve_leaves_no_scan_of_its_check_running(
         lambda: not any(running(p) for p in [*workers, *servers_of_scans]),
         "the fork server and its scans gone with the service",
     )
+
+
+def test_without_a_fork_server_scans_fork_this_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused() -> None:
+        raise PermissionError("no temporary directory for the fork server's socket")
+
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", refused)
+    fork_scans_from_server()
+    assert scan_process._context.get_start_method() == "fork"
+    assert "no fork server for scans" in caplog.text and "checks fork this process" in caplog.text

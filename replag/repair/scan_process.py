@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
@@ -55,6 +56,7 @@ U64 = npt.NDArray[np.uint64]
 Checkpointed = Callable[[ScanProgress, TictacTree], None]
 Progressed = Callable[[ScanProgress], None]
 _PROGRESS_EVERY_S = 0.05
+log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How scan processes start: forked from this process, or from the fork server.
 _context: multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext = (
@@ -75,7 +77,12 @@ def fork_scans_from_server(enabled: bool = True) -> None:
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
-    multiprocessing.forkserver.ensure_running()
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError as exc:  # e.g. no writable temporary directory for its socket
+        log.warning("no fork server for scans (%s): checks fork this process", exc)
+        _context = multiprocessing.get_context("fork")
+        return
     _context = context
 
 
