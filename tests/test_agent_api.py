@@ -166,6 +166,16 @@ async def test_metrics_show_trees_events_and_bytes(client: httpx.AsyncClient) ->
     assert 'replag_agent_builds_total{replica="r"} 1.0' in text
     assert "replag_agent_tree_bytes_per_key" in text
     assert "replag_agent_replica_cpu_seconds_total" in text
+    for family in (
+        "tree_memory_bytes",
+        "pending_keys",
+        "build_seconds",
+        "build_replica_cpu_seconds",
+        "keys_applied_total",
+        "restores_total",
+    ):
+        assert f'replag_agent_{family}{{replica="r"}}' in text, family
+    assert 'replag_agent_restores_total{replica="r"} 0.0' in text  # built, not restored
     resident = [line for line in text.splitlines() if line.startswith("replag_agent_resident_")]
     rss, per_key = (float(line.split()[1]) for line in resident)
     assert rss > 10 << 20 and per_key == pytest.approx(rss / 3007, rel=0.05)

@@ -19,7 +19,7 @@ what an agent really costs its host per key, beside the key table's share.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,8 @@ from prometheus_client.registry import Collector
 from replag.agent.livetree import STATES
 
 if TYPE_CHECKING:
+    from replag.agent.keytable import KeyTable
+    from replag.agent.livetree import LiveTree
     from replag.agent.region import RegionAgent
 
 ROUTES = ("nodes", "leaves", "observe", "replicas", "health", "metrics")
@@ -44,6 +46,71 @@ def resident_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+# Per replica: (metric, help, its value for a tree; None: no sample for that replica).
+Reading = Callable[["LiveTree"], float | None]
+_GAUGES: tuple[tuple[str, str, Reading], ...] = (
+    ("replag_agent_tree_keys", "Keys tracked.", lambda t: _table(t, len)),
+    (
+        "replag_agent_tree_bytes_per_key",
+        "Memory of the key table per key tracked.",
+        lambda t: _table(t, lambda table: table.bytes_per_key()),
+    ),
+    (
+        "replag_agent_tree_memory_bytes",
+        "Memory of the key table.",
+        lambda t: _table(t, lambda table: table.nbytes),
+    ),
+    (
+        "replag_agent_pending_keys",
+        "Keys named by events and not yet re-read.",
+        lambda t: len(t._dirty),
+    ),
+    (
+        "replag_agent_build_seconds",
+        "Duration of the last full scan.",
+        lambda t: t.stats.last_build_s,
+    ),
+    (
+        "replag_agent_build_replica_cpu_seconds",
+        "The replica's CPU (INFO used_cpu) during the last full scan.",
+        lambda t: t.stats.build_replica_cpu_s,
+    ),
+)
+_COUNTERS: tuple[tuple[str, str, Reading], ...] = (
+    ("replag_agent_events", "Keyspace events about tracked keys.", lambda t: t.stats.events),
+    (
+        "replag_agent_keys_applied",
+        "Keys re-read and applied to the tree.",
+        lambda t: t.stats.keys_applied,
+    ),
+    ("replag_agent_builds", "Full scans.", lambda t: t.stats.builds),
+    ("replag_agent_restores", "Starts from a saved tree.", lambda t: t.stats.restores),
+    (
+        "replag_agent_replica_cpu_seconds",
+        "The replica's used_cpu_user + used_cpu_sys (INFO), as last polled.",
+        lambda t: t.stats.replica_cpu_s,
+    ),
+)
+
+
+def _table(tree: LiveTree, read: Callable[[KeyTable], float]) -> float | None:
+    return None if tree.table is None else read(tree.table)
+
+
+def _per_replica(
+    family: type[GaugeMetricFamily | CounterMetricFamily],
+    rows: tuple[tuple[str, str, Reading], ...],
+    trees: dict[str, LiveTree],
+) -> Iterator[Metric]:
+    for metric, doc, read in rows:
+        out = family(metric, doc, labels=["replica"])
+        for replica, tree in trees.items():
+            value = read(tree)
+            if value is not None:
+                out.add_metric([replica], value)
+        yield out
+
+
 class _TreeCollector(Collector):
     def __init__(self, agent: RegionAgent, sent: dict[str, int]) -> None:
         self.agent = agent
@@ -56,83 +123,23 @@ class _TreeCollector(Collector):
             "1 for the tree's current state.",
             labels=["replica", "state"],
         )
-        gauges = {
-            "keys": GaugeMetricFamily(
-                "replag_agent_tree_keys", "Keys tracked.", labels=["replica"]
-            ),
-            "bpk": GaugeMetricFamily(
-                "replag_agent_tree_bytes_per_key",
-                "Memory of the key table per key tracked.",
-                labels=["replica"],
-            ),
-            "mem": GaugeMetricFamily(
-                "replag_agent_tree_memory_bytes", "Memory of the key table.", labels=["replica"]
-            ),
-            "pending": GaugeMetricFamily(
-                "replag_agent_pending_keys",
-                "Keys named by events and not yet re-read.",
-                labels=["replica"],
-            ),
-            "build_s": GaugeMetricFamily(
-                "replag_agent_build_seconds", "Duration of the last full scan.", labels=["replica"]
-            ),
-            "build_cpu": GaugeMetricFamily(
-                "replag_agent_build_replica_cpu_seconds",
-                "The replica's CPU (INFO used_cpu) during the last full scan.",
-                labels=["replica"],
-            ),
-        }
-        counters = {
-            "events": CounterMetricFamily(
-                "replag_agent_events", "Keyspace events about tracked keys.", labels=["replica"]
-            ),
-            "applied": CounterMetricFamily(
-                "replag_agent_keys_applied",
-                "Keys re-read and applied to the tree.",
-                labels=["replica"],
-            ),
-            "builds": CounterMetricFamily("replag_agent_builds", "Full scans.", labels=["replica"]),
-            "restores": CounterMetricFamily(
-                "replag_agent_restores", "Starts from a saved tree.", labels=["replica"]
-            ),
-            "cpu": CounterMetricFamily(
-                "replag_agent_replica_cpu_seconds",
-                "The replica's used_cpu_user + used_cpu_sys (INFO), as last polled.",
-                labels=["replica"],
-            ),
-        }
         rebuilds = CounterMetricFamily(
             "replag_agent_rebuilds", "Stale trees rebuilt, by cause.", labels=["replica", "cause"]
         )
         for name, tree in trees.items():
             for s in STATES:
                 state.add_metric([name, s], 1.0 if tree.state == s else 0.0)
-            table = tree.table
-            st = tree.stats
-            if table is not None:
-                gauges["keys"].add_metric([name], len(table))
-                gauges["bpk"].add_metric([name], table.bytes_per_key())
-                gauges["mem"].add_metric([name], table.nbytes)
-            gauges["pending"].add_metric([name], len(tree._dirty))
-            gauges["build_s"].add_metric([name], st.last_build_s)
-            gauges["build_cpu"].add_metric([name], st.build_replica_cpu_s)
-            counters["events"].add_metric([name], st.events)
-            counters["applied"].add_metric([name], st.keys_applied)
-            counters["builds"].add_metric([name], st.builds)
-            counters["restores"].add_metric([name], st.restores)
-            if st.replica_cpu_s is not None:
-                counters["cpu"].add_metric([name], st.replica_cpu_s)
-            for cause, count in st.rebuilds.items():
+            for cause, count in tree.stats.rebuilds.items():
                 rebuilds.add_metric([name, cause], count)
+        yield state
+        yield from _per_replica(GaugeMetricFamily, _GAUGES, trees)
+        yield from _per_replica(CounterMetricFamily, _COUNTERS, trees)
+        yield rebuilds
         sent = CounterMetricFamily(
             "replag_agent_response_bytes", "Bytes of responses sent, by route.", labels=["route"]
         )
         for route, count in self.sent_bytes.items():
             sent.add_metric([route], count)
-        yield state
-        yield from gauges.values()
-        yield from counters.values()
-        yield rebuilds
         yield sent
         rss = resident_bytes()
         if rss is not None:
