@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replag.config import config_from_dict
+from replag.config import Config, config_from_dict
 from replag.lab.safety.checker import Verdict, check_history
 from replag.lab.safety.model import (
     LOADED,
@@ -38,6 +38,7 @@ from replag.lab.safety.model import (
 from replag.lab.safety.workload import Op, WorkloadSpec, read_history
 from replag.lab.server import RedisServer, free_port
 from replag.repair import repair
+from replag.repair.report import RepairReport
 from replag.repair.runs import RunLog
 from replag.resp import RespConnection, pack
 from replag.store import Store
@@ -238,57 +239,13 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
         ]
         faults = plan_faults(spec, keyspace)
         await _prepare(endpoints, keyspace, faults, base_ms)
-        rng = random.Random(spec.seed + 1)
-        faulted = {index for index, _, _ in faults}
-        others = [i for i in range(spec.keys) if i not in faulted]
-        hot = sorted(faulted | set(rng.sample(others, min(spec.hot_extra, len(others)))))
         history_path = workdir / "history.jsonl"
-        workload = WorkloadSpec(
-            ports=tuple(s.port for s in servers),
-            keys=spec.keys,
-            keyspace_seed=spec.seed,
-            hot=tuple(hot),
-            seed=spec.seed,
-            base_ms=base_ms,
-            history=str(history_path),
-            writers=spec.writers,
-            max_pause_ms=spec.max_pause_ms,
-            drop_share=spec.drop_share,
-            delete_share=spec.delete_share,
-            protected=_protected(spec.policy),
-        )
+        workload = _workload(spec, faults, servers, base_ms, history_path)
         spec_path = _write(workdir / "workload.json", workload.to_json())
-        config = config_from_dict(
-            {
-                "settings": {
-                    "store": str(workdir / "replag.sqlite"),
-                    "repair_settle": spec.repair_settle,
-                },
-                "regions": [
-                    {"name": f"r{i}", "replicas": [{"name": e.name, "url": e.url(redact=False)}]}
-                    for i, e in enumerate(endpoints)
-                ],
-                "groups": [{"name": "g", "members": [e.name for e in endpoints]}],
-            },
-            where="safety harness",
-        )
+        config = _harness_config(spec, endpoints, workdir)
         store = Store(config.settings.store)
         started = time.perf_counter()
-        writers = await _start_writers(spec_path)
-        try:
-            await asyncio.sleep(spec.drop_s)
-            assert writers.stdin is not None
-            writers.stdin.write(b"calm\n")
-            await writers.stdin.drain()
-            report = await repair(
-                config,
-                policy=spec.policy,
-                rate=spec.repair_rate,
-                allow_deletes=spec.allow_deletes,
-                store=store,
-            )
-        finally:
-            await _stop_writers(writers)
+        report = await _repair_under_writers(spec, config, store, spec_path)
         seconds = time.perf_counter() - started
         history: list[Op] = read_history(history_path)
         keys = [keyspace.name(i) for i in range(spec.keys)]
@@ -318,6 +275,74 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
     finally:
         for server in servers:
             server.stop()
+
+
+def _workload(
+    spec: SafetySpec,
+    faults: list[tuple[int, str, int]],
+    servers: list[RedisServer],
+    base_ms: int,
+    history_path: Path,
+) -> WorkloadSpec:
+    """The writers' brief: the faulted keys and `hot_extra` others are the ones written."""
+    rng = random.Random(spec.seed + 1)
+    faulted = {index for index, _, _ in faults}
+    others = [i for i in range(spec.keys) if i not in faulted]
+    hot = sorted(faulted | set(rng.sample(others, min(spec.hot_extra, len(others)))))
+    return WorkloadSpec(
+        ports=tuple(s.port for s in servers),
+        keys=spec.keys,
+        keyspace_seed=spec.seed,
+        hot=tuple(hot),
+        seed=spec.seed,
+        base_ms=base_ms,
+        history=str(history_path),
+        writers=spec.writers,
+        max_pause_ms=spec.max_pause_ms,
+        drop_share=spec.drop_share,
+        delete_share=spec.delete_share,
+        protected=_protected(spec.policy),
+    )
+
+
+def _harness_config(spec: SafetySpec, endpoints: list[Endpoint], workdir: Path) -> Config:
+    """One region per server, the three in one group."""
+    return config_from_dict(
+        {
+            "settings": {
+                "store": str(workdir / "replag.sqlite"),
+                "repair_settle": spec.repair_settle,
+            },
+            "regions": [
+                {"name": f"r{i}", "replicas": [{"name": e.name, "url": e.url(redact=False)}]}
+                for i, e in enumerate(endpoints)
+            ],
+            "groups": [{"name": "g", "members": [e.name for e in endpoints]}],
+        },
+        where="safety harness",
+    )
+
+
+async def _repair_under_writers(
+    spec: SafetySpec, config: Config, store: Store, spec_path: Path
+) -> RepairReport:
+    """Start the writers, let them drop writes for `drop_s`, then repair while they write
+    on (calm: nothing dropped any more); the writers are stopped however the repair ends."""
+    writers = await _start_writers(spec_path)
+    try:
+        await asyncio.sleep(spec.drop_s)
+        assert writers.stdin is not None
+        writers.stdin.write(b"calm\n")
+        await writers.stdin.drain()
+        return await repair(
+            config,
+            policy=spec.policy,
+            rate=spec.repair_rate,
+            allow_deletes=spec.allow_deletes,
+            store=store,
+        )
+    finally:
+        await _stop_writers(writers)
 
 
 def dump(runs: list[SafetyRun], path: Path) -> None:
