@@ -131,6 +131,12 @@ async def test_post_repairs_needs_the_token(client: httpx.AsyncClient) -> None:
     bad = await client.post("/api/v1/repairs", json={"action": "explode"},
                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert bad.status_code == 422
+    # A flag that is not a JSON boolean is refused, not coerced ("N" is not false).
+    for flags in ({"allow_deletes": "N"}, {"dry_run": "true"}, {"dry_run": 1}):
+        loose = await client.post("/api/v1/repairs", json={"action": "repair", **flags},
+                                  headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        assert loose.status_code == 422, flags
+        assert next(iter(flags)) in json.dumps(loose.json())
     unknown = await client.post("/api/v1/repairs", json={"action": "check", "group": "nope"},
                                 headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert unknown.status_code == 404 and "unknown replica group" in unknown.json()["detail"]

@@ -72,9 +72,16 @@ async def svc(lab_factory: LabFactory, tmp_path: Path) -> AsyncIterator[ReplagSe
 
 
 async def b1(svc: ReplagService) -> Any:
-    await svc.replication_round()
-    (primary,) = svc.latest_replication()
-    return next(r for r in primary.replicas if r.replica == "b-1"), primary
+    """b-1's state and its primary's, from a sample taken once a-1 (in the primary's own
+    region, no delay) has every write: a sample taken while the last writes are in flight
+    to it (a busy host) would fire a-1's alerts too."""
+    deadline = time.monotonic() + 30  # bounds a hang only
+    while True:
+        await svc.replication_round()
+        (primary,) = svc.latest_replication()
+        a1 = next(r for r in primary.replicas if r.replica == "a-1")
+        if a1.bytes_behind == 0 or time.monotonic() > deadline:
+            return next(r for r in primary.replicas if r.replica == "b-1"), primary
 
 
 async def test_headroom_rule_fires_before_the_full_resync_then_the_resync_rule(

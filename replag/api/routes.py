@@ -94,7 +94,9 @@ def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> di
 
 
 class RepairRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a data-changing request says exactly what it means ("allow_deletes": "N"
+    # is refused, not read as false).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     action: Literal["check", "repair"] = "check"
     group: str | None = Field(default=None, max_length=200, description="default: every group")
