@@ -26,7 +26,6 @@ import contextlib
 import gc
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import tomli_w
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.load import LoadSpec, lab_load
+from replag.lab.server import free_port
 from replag.store import LagWindow, Store
 from replag.store import summarize as merge_windows
 
@@ -86,12 +86,6 @@ def fill_store(store: Store, *, hours: int = 24, samples: int = 200, seed: int =
     for start in range(0, len(windows), 500):
         store.append_windows(windows[start : start + 500])
     return len(windows)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(directory: Path) -> Path:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from click.testing import CliRunner
 
@@ -13,7 +15,7 @@ from replag.cli import main
 from replag.config import load_config
 from replag.lab.cluster import lab_down, lab_fault, lab_status
 from replag.lab.relay import read_truth
-from replag.lab.server import pid_alive
+from replag.lab.server import free_port, pid_alive
 from tests.helpers.lab import LabFactory
 from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import wait_until
@@ -125,3 +127,17 @@ def test_load_shows_progress_on_a_terminal_only(lab_factory: LabFactory) -> None
     piped = subprocess.run([*load, "--keys", "2000"], capture_output=True, text=True, check=False)
     assert piped.returncode == 0, piped.stderr
     assert piped.stderr == ""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="reads Linux's range"
+)
+def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
+    """Outside the range outgoing connections take their local ports from, so no other
+    process's connection can take the port before its server binds it."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(10_000 <= p < first_ephemeral for p in ports), ports
+    assert len(set(ports)) > 40  # picked at random, not one after another from a fixed start
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[-1]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,11 +17,40 @@ import redis
 from replag.errors import LabError
 from replag.lab.binary import redis_server_binary
 
+# Ports below the kernel's ephemeral range, from here up, are where free_port looks first.
+_LOWEST_PORT = 10_000
+
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, picked outside the kernel's ephemeral range where
+    it can be. A port from that range (what binding port 0 gives) can be taken as the local
+    port of any process's next outgoing connection before the server meant for it binds
+    it: with the tests in two workers, an agent then could not listen."""
+    first_ephemeral = _ephemeral_range_start()
+    if first_ephemeral - _LOWEST_PORT >= 1000:
+        for _ in range(100):
+            port = random.randrange(_LOWEST_PORT, first_ephemeral)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # unknown (not Linux): port 0's pick
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
