@@ -112,6 +112,7 @@ def _choice(*choices: str) -> Callable[[Any], str]:
 
 
 PROBE_MODES = ("auto", "push", "poll")
+REPAIR_TTLS = ("compare", "ignore")
 DYNOMITE_CONSISTENCIES = ("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")
 
 
@@ -291,6 +292,16 @@ class Settings:
         _positive_duration,
         "Expiry times closer than this count as equal when comparing replicas (above 0: "
         "replicas' TTLs are read moments apart, so exact equality never holds).",
+    )
+    repair_ttls: str = setting(
+        "compare",
+        _choice(*REPAIR_TTLS),
+        "compare: a key whose expiry differs between replicas (beyond ttl_tolerance) is "
+        "divergent, so scans read every key's TTL where a replica holds expiring keys "
+        "(a third more work for the servers). ignore: only presence, type and value are "
+        "compared, as RedisFullCheck does, and scans read no TTL; a repaired key still "
+        "gets its winner's TTL.",
+        choices=REPAIR_TTLS,
     )
     repair_settle: float = setting(
         "50ms",

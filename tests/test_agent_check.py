@@ -140,6 +140,12 @@ def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
     fetched = report["groups"][0]["bytes_by_region"]
     # The direct scan pulled every key of a; the agents sent trees and a few keys.
     assert fetched["a"] > 10 * max(fetched["b"], fetched["c"]) > 0
+    # Expiries not compared: the agents' trees still hold them, the verification drops
+    # the difference in TTL alone.
+    values_only = _replag("repair", "check", "-c", str(agents_lab.config), "--ttls", "ignore")
+    assert values_only.returncode == 1, values_only.stderr
+    assert "TTLs not compared" in values_only.stdout
+    assert f"{len(injected) - 1} divergent key(s)" in values_only.stdout
 
     repaired = _replag("repair", "run", "-c", str(agents_lab.config), "--json")
     assert repaired.returncode == 0, repaired.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from replag.errors import RepairError
+from replag.errors import RepairError, UsageError
 from replag.lab.server import RedisServer
 from replag.repair import RepairProgress, check, get_run
 from replag.store import Store
@@ -199,3 +199,70 @@ async def test_probe_keys_in_flight_are_not_divergence(
     report = await check(group_config(tmp_path, servers))
     keys = [k["key"] for k in report.to_dict()["divergent_keys"]]
     assert keys == ["k:only-here"]
+
+
+async def test_ignoring_ttls_reports_values_not_expiries_and_reads_no_ttl(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    a, b = redis_factory("ttl-ignored"), redis_factory("ttl-ignored")
+    with a.client() as ca, b.client() as cb:
+        for client in (ca, cb):
+            fill(client, 400)
+            client.set("both-expire", "v", px=300_000)
+        ca.set("far", "v", px=100_000)
+        cb.set("far", "v", px=200_000)
+        ca.set("persistent-vs-ttl", "v")
+        cb.set("persistent-vs-ttl", "v", px=500_000)
+        ca.set("value", "one", px=100_000)
+        cb.set("value", "two")
+        ca.set("missing", "here", px=100_000)
+        for client in (ca, cb):
+            client.config_resetstat()
+        config = group_config(tmp_path, [a, b])
+        seen: list[RepairProgress] = []
+        report = (await check(config, ttls="ignore", progress=seen.append)).to_dict()
+        # The scans read values only: no TTL script, no PTTL but the verification's own
+        # (TYPE, PTTL and GET per candidate, twice).
+        for client in (ca, cb):
+            stats = client.info("commandstats")
+            assert "cmdstat_evalsha" not in stats and "cmdstat_eval" not in stats
+            assert stats.get("cmdstat_pttl", {"calls": 0})["calls"] <= 2 * 2
+        compared = (await check(config)).to_dict()
+    assert report["ttls"] == "ignore" and compared["ttls"] == "compare"
+    assert report["counts"] == {"missing": 1, "type": 0, "value": 1, "ttl": 0}
+    assert {k["key"] for k in report["divergent_keys"]} == {"value", "missing"}
+    assert compared["counts"] == {"missing": 1, "type": 0, "value": 1, "ttl": 2}
+    assert [e.done for e in seen if e.phase == "verify"][-1] == 2
+
+
+async def test_a_bad_ttls_choice_is_a_usage_error(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    a, b = redis_factory("ttls-bad"), redis_factory("ttls-bad")
+    with pytest.raises(UsageError, match="--ttls: expected one of compare, ignore"):
+        await check(group_config(tmp_path, [a, b]), ttls="never")
+
+
+async def test_every_verification_batch_is_judged_once_and_in_order(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # 1,300 divergent keys: six batches, four read at once (their settling overlaps).
+    a, b = redis_factory("many"), redis_factory("many")
+    with a.client() as ca, b.client() as cb:
+        fill(ca, 1500)
+        fill(cb, 1500)
+        pipe = cb.pipeline(transaction=False)
+        for i in range(1300):
+            pipe.set(f"k:{i:07d}", "changed")
+        pipe.execute()
+        seen: list[RepairProgress] = []
+        found: list[bytes] = []
+        report = await check(
+            group_config(tmp_path, [a, b], repair_settle="50ms"),
+            progress=seen.append,
+            key_sink=lambda group, key, detail: found.append(key),
+        )
+    assert report.to_dict()["counts"]["value"] == 1300
+    assert sorted(found) == [f"k:{i:07d}".encode() for i in range(1300)] == sorted(set(found))
+    done = [e.done for e in seen if e.phase == "verify"]
+    assert done == sorted(done) and done[-1] == 1300 and len(done) == 6

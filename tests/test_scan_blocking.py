@@ -61,10 +61,45 @@ def test_the_blocking_scan_indexes_exactly_what_the_async_scanner_does(
     assert blocking.bytes_received > 2500 * 64
 
 
+def test_keys_of_other_types_are_read_together_not_one_batch_at_a_time(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = redis_factory("others")
+    with server.client() as client:
+        fill(client, 4000)
+        pipe = client.pipeline(transaction=False)
+        for i in range(0, 4000, 8):  # 500 hashes among the strings: in almost every batch
+            pipe.delete(f"k:{i:07d}")
+            pipe.hset(f"k:{i:07d}", mapping={"f": str(i), "g": "x"})
+        for i in range(3, 4000, 400):  # and a few expiring ones
+            pipe.pexpire(f"k:{i:07d}", 3_600_000)
+        pipe.execute()
+    endpoint = Endpoint.from_url(server.url, name="n")
+    options = ScanOptions(count=200, ttl_bucket_ms=3_600_000)
+    flushed: list[int] = []
+    real = BlockingScan._index_values
+
+    async def counted(self: BlockingScan, keys: list[bytes], *rest: object) -> ScanIndex:
+        flushed.append(len(keys))
+        return await real(self, keys, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockingScan, "_index_values", counted)
+    state = ScanProgress("n")
+    got = BlockingScan(endpoint, options).run(state)
+    expected = asyncio.run(ReplicaScanner(endpoint, options).run(ScanProgress("n")))
+    assert entries(got) == entries(expected) and len(got) == 4000 == state.keys
+    # ~20 batches hold hashes; they are read 200 at a time (plus the rest at the end).
+    assert sum(flushed) == 500 and len(flushed) <= 4
+    assert all(n >= 200 for n in flushed[:-1])
+
+
 def test_a_resumed_blocking_scan_adds_up_to_a_whole_one(redis_factory: RedisFactory) -> None:
     server = redis_factory("resume")
     with server.client() as client:
         fill(client, 3000)
+        for i in range(0, 3000, 7):  # keys of other types, read later than their batch
+            client.delete(f"k:{i:07d}")
+            client.sadd(f"k:{i:07d}", "a", "b")
     endpoint = Endpoint.from_url(server.url, name="n")
     options = ScanOptions(count=200, checkpoint_every_s=0.0)
     saved: list[ScanProgress] = []
@@ -74,10 +109,11 @@ def test_a_resumed_blocking_scan_adds_up_to_a_whole_one(redis_factory: RedisFact
             saved.append(ScanProgress(**vars(state)))
 
     whole = BlockingScan(endpoint, options, checkpoint=checkpoint).run(ScanProgress("n"))
-    assert saved and 0 < saved[0].keys < 3000
+    before = saved[0].keys  # the resumed scan counts on from there
+    assert 0 < before < 3000 and len(whole) == 3000
     rest = BlockingScan(endpoint, options).run(saved[0])
     # The checkpoint's keys, then the rest from its cursor: every key (SCAN may repeat one).
-    assert {k for k, _, _ in entries(rest)} | set(map(whole.key, range(saved[0].keys))) == {
+    assert {k for k, _, _ in entries(rest)} | set(map(whole.key, range(before))) == {
         k for k, _, _ in entries(whole)
     }
 

@@ -28,6 +28,9 @@ _TYPE = click.option(
     help="Only keys of this type (SCAN TYPE; Redis >= 6.0).",
 )
 
+# A resumed run keeps the choice it started with.
+_TTLS = setting_option("repair_ttls", "--ttls")
+
 
 class _ProgressLine:
     """One \\r-rewritten status line on stderr: keys scanned per replica, rate, ETA."""
@@ -135,6 +138,7 @@ def command() -> None:
     "(key, key_b64 when not UTF-8, kind, each replica's state).",
 )
 @click.option("--resume", metavar="RUN", help="Continue an interrupted or failed check.")
+@_TTLS
 @json_option
 def check_command(
     config_path: Path,
@@ -143,6 +147,7 @@ def check_command(
     type_filter: str | None,
     keys_out: Path | None,
     resume: str | None,
+    ttls: str | None,
     as_json: bool,
 ) -> None:
     """Compare the replicas; exit 0 if they agree, 1 if divergence is found."""
@@ -157,6 +162,7 @@ def check_command(
             type_filter=type_filter,
             resume=resume,
             key_sink=sink,
+            ttls=ttls,
         )
     finally:
         if sink is not None:
@@ -239,6 +245,7 @@ def _left(report: dict[str, Any]) -> int:
 )
 @_MATCH
 @_TYPE
+@_TTLS
 @json_option
 def run_command(
     config_path: Path,
@@ -251,6 +258,7 @@ def run_command(
     resume: str | None,
     match: str | None,
     type_filter: str | None,
+    ttls: str | None,
     as_json: bool,
 ) -> None:
     """Find and repair divergence. Exit 1 if conflicts or changing keys were left."""
@@ -267,5 +275,6 @@ def run_command(
         resume=resume,
         match=match,
         type_filter=type_filter,
+        ttls=ttls,
     )
     sys.exit(1 if _left(report.to_dict()) else 0)

@@ -72,8 +72,11 @@ def brute_force_candidates(indexes: Sequence[ScanIndex]) -> list[bytes]:
     return sorted(k for k in keys if len({m.get(k) for m in maps}) > 1)
 
 
-def classify(states: Sequence[KeyState], *, tolerance_ms: int, now_ms: int) -> Kind | None:
-    """The most severe difference among `states`, None when they agree.
+def classify(
+    states: Sequence[KeyState], *, tolerance_ms: int, now_ms: int, ttls: bool = True
+) -> Kind | None:
+    """The most severe difference among `states`, None when they agree (`ttls=False`:
+    expiries are not compared, only presence, type and value).
 
     A key present only where it is about to expire (within the tolerance) is
     an expiry in progress, not a missing key.
@@ -91,7 +94,7 @@ def classify(states: Sequence[KeyState], *, tolerance_ms: int, now_ms: int) -> K
     if len({s.digest for s in present}) > 1:
         return "value"
     first = present[0]
-    if any(not first.same_expiry(s, tolerance_ms) for s in present[1:]):
+    if ttls and any(not first.same_expiry(s, tolerance_ms) for s in present[1:]):
         return "ttl"
     return None
 

@@ -36,6 +36,7 @@ from replag.repair.runs import (
     new_run_id,
     resume_command,
 )
+from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.topology import ReplicaGroup
 
@@ -102,10 +103,19 @@ async def _run(
         groups=reports,
         seconds=time.perf_counter() - started,
         scan_rate=config.settings.scan_rate or None,
+        ttls=params.ttls,
     )
     if log is not None:
         log.set_status(DONE, report=report.to_dict())
     return report
+
+
+def _ttls(config: Config, ttls: str | None) -> str:
+    if ttls is None:
+        return config.settings.repair_ttls
+    if ttls not in REPAIR_TTLS:
+        raise UsageError(f"--ttls: expected one of {', '.join(REPAIR_TTLS)}, got {ttls!r}")
+    return ttls
 
 
 def _groups(config: Config, name: str | None, *, check: bool = True) -> list[ReplicaGroup]:
@@ -181,8 +191,10 @@ async def check(
     resume: str | None = None,
     on_run: Callable[[str], None] | None = None,
     key_sink: KeySink | None = None,
+    ttls: str | None = None,
 ) -> rp.RepairReport:
-    """Find the keys on which the members of `group` (None = every group) differ.
+    """Find the keys on which the members of `group` (None = every group) differ
+    (`ttls`: "compare" or "ignore" expiries; default settings.repair_ttls).
 
     `on_run(run_id)` is called once the run is recorded; `key_sink(group, key, dict)`
     with each divergent key as it is verified (resumed: those found before, first)."""
@@ -196,6 +208,7 @@ async def check(
         max_inflight=config.settings.max_inflight,
         match=match,
         type_filter=type_filter,
+        ttls=_ttls(config, ttls),
     )
     return await _run(
         config,
@@ -223,9 +236,10 @@ async def repair(
     match: str | None = None,
     type_filter: str | None = None,
     on_run: Callable[[str], None] | None = None,
+    ttls: str | None = None,
 ) -> rp.RepairReport:
     """Find and repair divergence; see the module docstring of `policy` for the rules.
-    A resumed run first reads again every key it had repaired."""
+    A resumed run first reads again every key it had repaired. `ttls` as for `check`."""
     if rate is not None and rate < 0:
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
@@ -240,6 +254,7 @@ async def repair(
         max_inflight=config.settings.max_inflight if max_inflight is None else max_inflight,
         match=match,
         type_filter=type_filter,
+        ttls=_ttls(config, ttls),
     )
     return await _run(config, params, store=store, resume=resume, progress=progress, on_run=on_run)
 

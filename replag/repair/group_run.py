@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from replag.config import Config
 from replag.errors import AgentError
 from replag.repair import report as rp
 from replag.repair.apply import Applier, ReplicaLane
-from replag.repair.diff import Divergence, classify, differing_keys
+from replag.repair.diff import Divergence, Kind, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.policy import Decision, Newest, Policy
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
@@ -35,10 +36,14 @@ from replag.topology import ReplicaGroup
 VERIFY_BATCH = 256
 # Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.
 AGENT_VERIFY_BATCH = 4096
+# Verification batches read at once: their waits of `repair_settle` overlap.
+VERIFY_IN_FLIGHT = 4
 RECHECK_ROUNDS = 3
 # A key whose replicas changed between the two reads, with how they differed at the
 # second (None: they agreed then).
 _Changing = tuple[bytes, Divergence | None]
+# Every member's reads of a batch of keys, twice.
+_Reads = tuple[list[dict[bytes, KeyState]], list[dict[bytes, KeyState]]]
 # Receives (group, key, the divergent key's dict) as a check finds each one.
 KeySink = Callable[[str, bytes, dict[str, Any]], None]
 
@@ -75,6 +80,8 @@ class RunParams:
     max_inflight: int
     match: str | None
     type_filter: str | None
+    # "compare" or "ignore" (settings.repair_ttls); runs saved before it compared.
+    ttls: str = "compare"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -143,6 +150,11 @@ class GroupRun:
             )
             for m, a in zip(group.members, self.agents, strict=True)
         ]
+        self.compare_ttls = params.ttls != "ignore"
+        if not self.compare_ttls and not any(self.agents):
+            # Nothing reads TTLs. An agent's tree holds expiries: with one in the group,
+            # the scans keep them too, or every expiring key would differ in the walk.
+            self.options = replace(self.options, ttls="none")
         self.records: dict[bytes, _KeyRecord] = {}
         self.report = rp.GroupReport(group.name, self.stats)
 
@@ -398,52 +410,75 @@ class GroupRun:
     ) -> tuple[list[Divergence], list[_Changing]]:
         """Divergent keys (stable over two reads `settle_s` apart) and keys still changing,
         each with how it differed at the second read (None: the replicas agreed then).
-        `on_batch(divergent, changing)` is called with each batch's share."""
+        `on_batch(divergent, changing)` is called with each batch's share, in order.
+
+        Up to `VERIFY_IN_FLIGHT` batches are read at once, so their waits between the
+        two reads overlap instead of adding up."""
         divergent: list[Divergence] = []
         changing: list[_Changing] = []
         started = time.perf_counter()
         size = AGENT_VERIFY_BATCH if any(self.agents) else VERIFY_BATCH
-        for start in range(0, len(keys), size):
-            batch = keys[start : start + size]
-            found_before, changing_before = len(divergent), len(changing)
-            first, second = await self._observe_twice(batch)
-            now_ms = time.time_ns() // 1_000_000
-            for key in batch:
-                states = [reads[key] for reads in second]
-                stable = all(
-                    a[key].same_as(b, self.tolerance_ms) and b.readable
-                    for a, b in zip(first, states, strict=True)
-                )
-                kind = (
-                    classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
-                    if all(s.readable for s in states)
-                    else "value"
-                )
-                found = (
-                    Divergence(key, kind, dict(zip(self.names, states, strict=True)))
-                    if kind is not None
-                    else None
-                )
-                if not stable:
-                    changing.append((key, found))
-                elif found is not None:
-                    divergent.append(found)
-            if on_batch is not None:
-                on_batch(divergent[found_before:], changing[changing_before:])
-            if self.progress is not None:
-                done = min(start + size, len(keys))
-                elapsed = time.perf_counter() - started
-                self.progress(
-                    RepairProgress(
-                        self.group.name,
-                        "*",
-                        phase,
-                        done,
-                        len(keys),
-                        done / elapsed if elapsed > 0 else 0.0,
+        batches = [keys[start : start + size] for start in range(0, len(keys), size)]
+        reads: deque[asyncio.Future[_Reads]] = deque()
+        done = 0
+        try:
+            for i, batch in enumerate(batches):
+                while len(reads) < VERIFY_IN_FLIGHT and i + len(reads) < len(batches):
+                    upcoming = batches[i + len(reads)]
+                    reads.append(asyncio.ensure_future(self._observe_twice(upcoming)))
+                first, second = await reads.popleft()
+                found_before, changing_before = len(divergent), len(changing)
+                self._judge(batch, first, second, divergent, changing)
+                if on_batch is not None:
+                    on_batch(divergent[found_before:], changing[changing_before:])
+                done += len(batch)
+                if self.progress is not None:
+                    elapsed = time.perf_counter() - started
+                    rate = done / elapsed if elapsed > 0 else 0.0
+                    self.progress(
+                        RepairProgress(self.group.name, "*", phase, done, len(keys), rate)
                     )
-                )
+        finally:
+            for pending in reads:
+                pending.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
         return divergent, changing
+
+    def _judge(
+        self,
+        batch: Sequence[bytes],
+        first: list[dict[bytes, KeyState]],
+        second: list[dict[bytes, KeyState]],
+        divergent: list[Divergence],
+        changing: list[_Changing],
+    ) -> None:
+        """Sort a batch read twice into `divergent` and `changing`."""
+        now_ms = time.time_ns() // 1_000_000
+        for key in batch:
+            states = [reads[key] for reads in second]
+            stable = all(
+                self._same(a[key], b) and b.readable for a, b in zip(first, states, strict=True)
+            )
+            kind = self._classify(states, now_ms) if all(s.readable for s in states) else "value"
+            found = (
+                Divergence(key, kind, dict(zip(self.names, states, strict=True)))
+                if kind is not None
+                else None
+            )
+            if not stable:
+                changing.append((key, found))
+            elif found is not None:
+                divergent.append(found)
+
+    def _same(self, a: KeyState, b: KeyState) -> bool:
+        if self.compare_ttls:
+            return a.same_as(b, self.tolerance_ms)
+        return a.same_value(b)
+
+    def _classify(self, states: Sequence[KeyState], now_ms: int) -> Kind | None:
+        return classify(
+            states, tolerance_ms=self.tolerance_ms, now_ms=now_ms, ttls=self.compare_ttls
+        )
 
     async def _reverify_repaired(self) -> int:
         """Read again every key recorded as repaired (one read per replica, digests
@@ -456,7 +491,7 @@ class GroupRun:
             reads = await self._observe_all(batch)
             for key in batch:
                 states = [r[key] for r in reads]
-                kind = classify(states, tolerance_ms=self.tolerance_ms, now_ms=now_ms)
+                kind = self._classify(states, now_ms)
                 if kind is not None or not all(s.readable for s in states):
                     found = Divergence(
                         key, kind or "value", dict(zip(self.names, states, strict=True))

@@ -120,6 +120,8 @@ class RepairReport:
     seconds: float = 0.0
     # Keys per second each replica's scan was held to (None: as fast as it goes).
     scan_rate: float | None = None
+    # "compare" or "ignore": whether expiries were compared (settings.repair_ttls).
+    ttls: str = "compare"
 
     @property
     def divergent(self) -> int:
@@ -140,6 +142,7 @@ class RepairReport:
             "allow_deletes": self.allow_deletes,
             "seconds": round(self.seconds, 3),
             "scan_rate": self.scan_rate,
+            "ttls": self.ttls,
             "divergent": self.divergent,
             "counts": {k: sum(g.counts[k] for g in self.groups) for k in KINDS},
             "repaired": self._total(REPAIRED),
@@ -165,6 +168,8 @@ class RepairReport:
         title = f"{self.kind} {self.run_id}: {d['status']}"
         if self.policy and self.kind == "repair":
             title += f", policy {self.policy}" + (", dry run" if self.dry_run else "")
+        if self.ttls == "ignore":
+            title += ", TTLs not compared"
         lines = [
             title,
             "",

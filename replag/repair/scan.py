@@ -395,10 +395,10 @@ class ReplicaScanner:
         keys: list[bytes],
         values: list[bytes | None],
         ttls: npt.NDArray[np.int64],
-        now_ms: int,
+        now_ms: int | npt.NDArray[np.int64],
     ) -> ScanIndex:
-        """A batch's index from its MGET reply and TTLs (read at `now_ms`); keys MGET
-        could not read (other types) are read on `conn`."""
+        """A batch's index from its MGET reply and TTLs (read at `now_ms`: one moment, or
+        one per key); keys MGET could not read (other types) are read on `conn`."""
         bucket_ms = self.options.ttl_bucket_ms
         if None not in values:  # the common case: strings only, no per-key loop here
             return index_batch(keys, values, ttls, now_ms, bucket_ms)  # type: ignore[arg-type]
@@ -496,15 +496,16 @@ def index_batch(
     keys: list[bytes],
     values: list[bytes],
     ttls: npt.NDArray[np.int64],
-    now_ms: int,
+    now_ms: int | npt.NDArray[np.int64],
     bucket_ms: int,
     types: npt.NDArray[np.uint8] | None = None,
     keep: npt.NDArray[np.bool_] | None = None,
     digests_of: dict[int, int] | None = None,
 ) -> ScanIndex:
     """The index of a batch: per key its hash, its entry hash (type, value digest and
-    expiry bucket, TTLs read at `now_ms`) and its name. `types` default to strings;
-    `keep` (default: keys whose TTL is not -2, gone) picks the keys indexed;
+    expiry bucket, TTLs read at `now_ms`, one moment or one per key) and its name.
+    `types` default to strings; `keep` (default: keys whose TTL is not -2, gone) picks
+    the keys indexed;
     `digests_of` replaces the digest of `values[i]` for keys of other types."""
     n = len(keys)
     digests = np.fromiter(map(xxhash.xxh3_64_intdigest, values), dtype=np.uint64, count=n)

@@ -9,7 +9,11 @@ receive stamps: a scan needs neither, and on a CPU-bound client they cost
 about a fifth of its time. What is read, how, and the index of a batch are
 `ReplicaScanner`'s (the same functions, so both scans give the same entries);
 keys of other types than strings (MGET answers nil) are read through an
-asyncio connection opened for them, as `ReplicaScanner` reads them.
+asyncio connection opened for them, as `ReplicaScanner` reads them. They are
+read `options.count` at a time, when that many have gathered, before each
+checkpoint and at the end: a few such keys spread over the keyspace (a type
+changed here and there) would otherwise cost one round trip each, with the
+server idle meanwhile. A Tictac tree is an XOR, so the order does not matter.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class BlockingScan:
         # For keys of other types: an event loop and a connection, made when first needed.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._other: RespConnection | None = None
+        # Keys of other types not yet read: names, PTTLs, when their PTTLs were read.
+        self._deferred: list[tuple[bytes, int, int]] = []
 
     @property
     def ttl_source(self) -> TtlSource:
@@ -127,9 +133,11 @@ class BlockingScan:
             if self._checkpoint is not None and (
                 time.monotonic() - last_checkpoint >= opts.checkpoint_every_s
             ):
+                self._flush(state)  # a checkpoint's cursor stands after every key indexed
                 self._checkpoint(state)
                 last_checkpoint = time.monotonic()
         self._index(conn, pending, state)
+        self._flush(state)
         state.finished = True
         state.seconds = time.perf_counter() - started
         if self._checkpoint is not None:
@@ -153,23 +161,49 @@ class BlockingScan:
             conn.check(replies[:1])
             ttls = batch_ttls(replies, len(keys), self._source, self.endpoint)
             values = replies[0]
-            if None in values:  # other types: rare, read the way ReplicaScanner does
-                part = self._in_loop(self._index_values(keys, values, ttls, now_ms))
-            else:
-                part = index_batch(keys, values, ttls, now_ms, self.options.ttl_bucket_ms)
-            if self._sink is None:
-                self._parts.append(part)
-            else:
-                self._sink(part)
-            state.keys += len(part)
+            if None in values:  # other types (or gone): rare, read later, together
+                others = [i for i, v in enumerate(values) if v is None]
+                self._deferred += [(keys[i], int(ttls[i]), now_ms) for i in others]
+                strings = np.ones(len(keys), dtype=np.bool_)
+                strings[others] = False
+                keys = [k for k, v in zip(keys, values, strict=True) if v is not None]
+                values = [v for v in values if v is not None]
+                ttls = ttls[strings]
+            self._keep(index_batch(keys, values, ttls, now_ms, self.options.ttl_bucket_ms), state)
+            if len(self._deferred) >= self.options.count:
+                self._flush(state)
         state.cursor = cursor
 
+    def _keep(self, part: ScanIndex, state: ScanProgress) -> None:
+        if not len(part):
+            return
+        if self._sink is None:
+            self._parts.append(part)
+        else:
+            self._sink(part)
+        state.keys += len(part)
+
+    def _flush(self, state: ScanProgress) -> None:
+        """Read and index the deferred keys of other types, the way ReplicaScanner does."""
+        if not self._deferred:
+            return
+        keys, ttls, read_ms = zip(*self._deferred, strict=True)
+        self._deferred = []
+        self._keep(self._in_loop(self._index_values(list(keys), ttls, read_ms)), state)
+
     async def _index_values(
-        self, keys: list[bytes], values: list[bytes | None], ttls: I64, now_ms: int
+        self, keys: list[bytes], ttls: tuple[int, ...], read_ms: tuple[int, ...]
     ) -> ScanIndex:
         if self._other is None:
             self._other = await RespConnection.open(self.endpoint, timeout_s=self.options.timeout_s)
-        return await self.scanner.index_values(self._other, keys, values, ttls, now_ms)
+        # Each expiry from the moment its PTTL was read.
+        return await self.scanner.index_values(
+            self._other,
+            keys,
+            [None] * len(keys),
+            np.array(ttls, dtype=np.int64),
+            np.array(read_ms, dtype=np.int64),
+        )
 
     def _in_loop(self, work: Coroutine[Any, Any, ScanIndex]) -> ScanIndex:
         # A bare loop, not asyncio.Runner: on 3.11 each Runner.run formats the repr of
