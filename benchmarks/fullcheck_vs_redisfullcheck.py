@@ -7,11 +7,14 @@ TTL: some keys exist only on the target). RedisFullCheck is a Go program users
 build themselves: give its binary as the first argument or in
 $REDIS_FULL_CHECK. First RedisFullCheck's own settings are searched (compare
 mode, batch size, goroutines; one compare round, no rate limit) for its
-fastest run among those that find the most; then replag and that setting run
-interleaved, `--rounds` times each, the order alternating. Every run is one
-process tree measured from outside: wall time, CPU, peak memory (PSS summed
-over the tree), bytes written to disk, and found/missed/false positives against the
-ground truth. The physical ceiling (both servers read completely at once by
+fastest run among those that find the most; then replag (comparing expiries,
+its default, and with `--ttls ignore`: values only, as RedisFullCheck compares)
+and that setting run interleaved, `--rounds` times each, the order rotating.
+Every run is one process tree measured from outside: wall time, CPU, bytes
+written to disk, and found/missed/false positives against the ground truth
+(without expiries, a key given a TTL alone is not one to find); peak memory
+(PSS summed over the tree) comes from one more run of each, sampled, as the
+sampler slows what it samples on 2 cores. The physical ceiling (both servers read completely at once by
 a bare pipelined SCAN + MGET, one process each) is measured in the same run.
 
     python benchmarks/fullcheck_vs_redisfullcheck.py [BINARY] [--keys 1000000] [--rounds 3]
@@ -71,9 +74,10 @@ class Outcome:
 
     def line(self) -> str:
         m = self.measured
+        memory = f"{m.tree_rss_mb:5.0f} MB" if m.tree_rss_mb == m.tree_rss_mb else "    - MB"
         return (
-            f"{self.tool:<13} {m.seconds:7.2f} s  CPU {m.cpu_s:6.1f} s  "
-            f"mem {m.tree_rss_mb:5.0f} MB  disk {m.disk_write_mb:6.1f} MB  "
+            f"{self.tool:<20} {m.seconds:7.2f} s  CPU {m.cpu_s:6.1f} s  "
+            f"mem {memory}  disk {m.disk_write_mb:6.1f} MB  "
             f"found {self.found}/{self.expected}  missed {self.expected - self.found}  "
             f"false+ {self.false_positives}"
         )
@@ -88,7 +92,13 @@ def grid(kind: str) -> list[RfcSetting]:
 
 
 def run_rfc(
-    binary: str, ports: list[int], setting: RfcSetting, work: Path, truth: set[bytes]
+    binary: str,
+    ports: list[int],
+    setting: RfcSetting,
+    work: Path,
+    truth: set[bytes],
+    *,
+    sample_memory: bool = True,
 ) -> Outcome:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -102,7 +112,8 @@ def run_rfc(
             f"--db={work / 'result.db'}",
             f"--result={result}",
             f"--log={work / 'rfc.log'}",
-        ]
+        ],
+        sample_memory=sample_memory,
     )
     if measured.returncode != 0:
         log = (work / "rfc.log").read_text(errors="replace")[-600:]
@@ -116,18 +127,18 @@ def run_rfc(
     return Outcome("redis-full-check", measured, found, len(keys) - found, len(truth))
 
 
-def run_replag(lab_dir: Path, truth: set[bytes]) -> Outcome:
+# replag both ways: expiries compared (the default), and not (RedisFullCheck compares
+# none either).
+REPLAG = {"replag": "compare", "replag --ttls ignore": "ignore"}
+
+
+def run_replag(
+    lab_dir: Path, truth: set[bytes], tool: str, *, sample_memory: bool = True
+) -> Outcome:
+    argv = [sys.executable, "-m", "replag", "repair", "check"]
     measured = run_measured(
-        [
-            sys.executable,
-            "-m",
-            "replag",
-            "repair",
-            "check",
-            "--config",
-            str(lab_dir / "topology.toml"),
-            "--json",
-        ]
+        [*argv, "--config", str(lab_dir / "topology.toml"), "--json", "--ttls", REPLAG[tool]],
+        sample_memory=sample_memory,
     )
     if measured.returncode not in (0, 1):
         raise SystemExit(f"replag repair check failed: {measured.stderr.strip()[-600:]}")
@@ -138,7 +149,7 @@ def run_replag(lab_dir: Path, truth: set[bytes]) -> Outcome:
     finally:
         store.close()
     found = len(keys & truth)
-    return Outcome("replag", measured, found, len(keys) - found, len(truth))
+    return Outcome(tool, measured, found, len(keys) - found, len(truth))
 
 
 def median(values: list[float]) -> float:
@@ -194,6 +205,8 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
     spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
     injected = lab_diverge(lab_dir, spec, None)
     truth = {key_from_json(d) for d in injected["divergent"]}
+    # What a check that compares no expiry can find: every key but those given a TTL alone.
+    values_truth = {key_from_json(d) for d in injected["divergent"] if d["injected"] != "ttl"}
     target_only = sum(
         1
         for d in injected["divergent"]
@@ -222,39 +235,52 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
     )[1]
     print(f"RedisFullCheck's fastest setting at its best exactness: {best}")
 
+    # Timed without the memory sampler (it slows what it samples on 2 cores, and the
+    # ceiling has none); each tool's memory comes from a sampled run of its own.
     ceilings = []
-    runs: dict[str, list[Outcome]] = {"replag": [], "redis-full-check": []}
+    tools = [*REPLAG, "redis-full-check"]
+    runs: dict[str, list[Outcome]] = {tool: [] for tool in tools}
+
+    def run(tool: str, *, sample_memory: bool) -> Outcome:
+        if tool == "redis-full-check":
+            return run_rfc(
+                args.binary, ports, best, tmp / "rfc", truth, sample_memory=sample_memory
+            )
+        return run_replag(lab_dir, truths[tool], tool, sample_memory=sample_memory)
+
+    truths = {"replag": truth, "replag --ttls ignore": values_truth}
     for round_ in range(args.rounds):
-        order = ("replag", "rfc") if round_ % 2 == 0 else ("rfc", "replag")
+        order = tools[round_ % 3 :] + tools[: round_ % 3]
         for tool in order:
-            if tool == "replag":
-                outcome = run_replag(lab_dir, truth)
-            else:
-                outcome = run_rfc(args.binary, ports, best, tmp / "rfc", truth)
-            runs[outcome.tool].append(outcome)
+            outcome = run(tool, sample_memory=False)
+            runs[tool].append(outcome)
             print(f"round {round_ + 1}: {outcome.line()}  (load {os.getloadavg()[0]:.2f})")
         ceilings.append(measure_ceiling(ports))
         print(f"round {round_ + 1}: {ceilings[-1].line()}")
+    memory = {tool: run(tool, sample_memory=True) for tool in tools}
+    for outcome in memory.values():
+        print(f"memory run: {outcome.line()}")
 
     print("medians:")
     for tool, outcomes in runs.items():
         print(
-            f"  {tool:<16} {median([o.measured.seconds for o in outcomes]):7.2f} s  "
+            f"  {tool:<20} {median([o.measured.seconds for o in outcomes]):7.2f} s  "
             f"CPU {median([o.measured.cpu_s for o in outcomes]):6.1f} s  "
-            f"peak mem {max(o.measured.tree_rss_mb for o in outcomes):5.0f} MB  "
+            f"peak mem {memory[tool].measured.tree_rss_mb:5.0f} MB  "
             f"disk {median([o.measured.disk_write_mb for o in outcomes]):6.1f} MB  "
-            f"found {min(o.found for o in outcomes)}/{len(truth)}  "
+            f"found {min(o.found for o in outcomes)}/{outcomes[0].expected}  "
             f"false+ {max(o.false_positives for o in outcomes)}"
         )
     ceiling_s = median([c.seconds for c in ceilings])
-    replag_s = median([o.measured.seconds for o in runs["replag"]])
-    rfc_s = median([o.measured.seconds for o in runs["redis-full-check"]])
-    print(f"  ceiling          {ceiling_s:7.2f} s")
-    print(
-        f"ratio: RedisFullCheck / replag wall time = {rfc_s / replag_s:.2f} "
-        f"(goal ≥ 2); replag / ceiling = {replag_s / ceiling_s:.2f}; "
-        f"uptime load after: {os.getloadavg()[0]:.2f}"
-    )
+    seconds = {tool: median([o.measured.seconds for o in runs[tool]]) for tool in tools}
+    rfc_s = seconds["redis-full-check"]
+    print(f"  ceiling              {ceiling_s:7.2f} s")
+    for tool in REPLAG:
+        print(
+            f"ratio: RedisFullCheck / {tool} wall time = {rfc_s / seconds[tool]:.2f} "
+            f"(goal ≥ 2); {tool} / ceiling = {seconds[tool] / ceiling_s:.2f}"
+        )
+    print(f"uptime load after: {os.getloadavg()[0]:.2f}")
     # No check reads both servers faster than the bare ceiling, so ≥ 2× needs RedisFullCheck
     # to take at least twice the ceiling; say so when this run shows it does not.
     reachable = rfc_s / ceiling_s
