@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ from replag.errors import AuthError, UsageError
 from replag.histogram import LagHistogram
 from replag.lab.cluster import lab_fault
 from replag.probes import run_probe
+from replag.probes.observers import Arrival, PushObserver
 from replag.probes.report import PairResult, ProbeReport
+from replag.probes.runner import within_chunks
+from replag.stamped_socket import StampedSocket
 from replag.store import Store
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
@@ -407,3 +411,59 @@ def test_probe_shows_progress_on_a_terminal_and_never_in_json(lab_factory: LabFa
     code, stdout, terminal = run_on_terminal([*probe, "--json"])
     assert code == 0, stdout + terminal
     assert terminal == "" and json.loads(stdout)["pairs"]
+
+
+def test_events_read_together_get_the_lag_of_the_one_stamped_exactly() -> None:
+    """A burst of 5 writes (1 ms apart) read as one chunk 21 ms after the last: only the
+    last event is stamped exactly; the others were only known to arrive after a read
+    300 ms earlier. Each gets the exact one's lag, inside its own bracket, which starts
+    no earlier than its write."""
+    ms = 1_000_000
+    writes = {k: (k * ms, k * ms + ms // 10) for k in range(5)}
+    hi = 25 * ms
+    by_seq = {k: Arrival(hi - 150 * ms, -300 * ms, hi, merged=True) for k in range(4)}
+    by_seq[4] = Arrival(hi - ms // 20, hi - ms // 10, hi)  # exact, less half a round trip
+    placed = within_chunks(by_seq, writes)
+    exact_lag = placed[4].estimate_ns - sum(writes[4]) // 2
+    for k in range(4):
+        arrival = placed[k]
+        assert arrival.estimate_ns - sum(writes[k]) // 2 == exact_lag
+        assert arrival.lo_ns == writes[k][0] and arrival.hi_ns == hi and arrival.merged
+    # Without an exactly stamped event, the middle of the bracket, which starts at the write.
+    alone = within_chunks({0: by_seq[0]}, {0: writes[0]})[0]
+    assert (alone.lo_ns, alone.estimate_ns) == (0, hi // 2)
+    # Events not read together are left as they are.
+    assert within_chunks({4: by_seq[4]}, writes) == {4: by_seq[4]}
+
+
+async def test_a_late_reader_still_measures_a_burst_at_its_lag(
+    lab_factory: LabFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every read of a subscribed connection starts 15 ms late: a burst of keyspace events
+    # is then read in chunks, all but each chunk's last event only bracketed.
+    late_reads = StampedSocket._read_ready
+
+    def late(self: StampedSocket) -> None:
+        if getattr(self._receiver, "on_push", None) is not None:
+            time.sleep(0.015)
+        late_reads(self)
+
+    monkeypatch.setattr(StampedSocket, "_read_ready", late)
+    merged: list[str] = []
+    real = PushObserver.on_event
+
+    def seen(self: PushObserver, channel: bytes, arrived: int, earliest: int) -> None:
+        if earliest < arrived:
+            merged.append(self.replica.name)
+        real(self, channel, arrived, earliest)
+
+    monkeypatch.setattr(PushObserver, "on_event", seen)
+    state = lab_factory(regions=("near", "far"), delays_ms={"far": 30})
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    report = await run_probe(config, count=40, rate=0, mode="push", timeout_s=5)
+    far = next(p for p in report.pairs if p.target == "far")
+    assert merged.count(far.replica) >= 3  # the case under test did happen
+    assert far.lost == 0
+    # The relay holds every write 30 ms: no sample may read shorter, nor far longer.
+    lags = [s.lag_ns / 1e6 for s in report.samples if s.replica == far.replica and s.lag_ns]
+    assert len(lags) == 40 and min(lags) >= 29.0 and max(lags) < 60

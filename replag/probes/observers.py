@@ -32,6 +32,9 @@ class Arrival:
     estimate_ns: int
     lo_ns: int
     hi_ns: int
+    # Read in one chunk with later events and so only bracketed: TCP merges packets
+    # queued unread, and the chunk's stamp is its last packet's (`hi_ns`).
+    merged: bool = False
 
     @property
     def half_width_ns(self) -> int:
@@ -89,6 +92,7 @@ class PushObserver(Observer):
             estimate_ns=(earliest + arrived_ns) // 2 - self.rtt_ns // 2,
             lo_ns=earliest - self.rtt_ns,
             hi_ns=arrived_ns,
+            merged=earliest < arrived_ns,
         )
 
     async def start(self) -> None:

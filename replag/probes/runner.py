@@ -533,6 +533,40 @@ def _first_arrivals(observers: list[Observer]) -> dict[int, Arrival]:
     return by_seq
 
 
+def within_chunks(
+    by_seq: dict[int, Arrival], writes: dict[int, tuple[int, int]]
+) -> dict[int, Arrival]:
+    """Events read in one chunk, placed in their brackets by the lag of the chunk's own.
+
+    Of several events read together only the last has an exact arrival (the chunk's
+    kernel stamp); the others arrived between the previous read and then, and the
+    middle of that bracket is a poor guess: after a quiet spell it lies long before
+    their writes were even sent (a burst of writes then read as lagging half as much
+    as it did). An event cannot precede its write, so the bracket starts there at the
+    earliest; and neighbouring writes replicate alike, so each gets the lag of the
+    chunk's exactly stamped events, kept inside its bracket. The bracket, and so the
+    uncertainty, stays what was known.
+    """
+    chunks: dict[int, list[int]] = {}
+    for seq, arrival in by_seq.items():
+        if seq in writes:
+            chunks.setdefault(arrival.hi_ns, []).append(seq)
+    out = dict(by_seq)
+    for seqs in chunks.values():
+        merged = [s for s in seqs if by_seq[s].merged]
+        if not merged:
+            continue
+        exact = [by_seq[s].estimate_ns - sum(writes[s]) // 2 for s in seqs if not by_seq[s].merged]
+        lag = sorted(exact)[len(exact) // 2] if exact else None
+        for seq in merged:
+            arrival, (t_a, t_b) = by_seq[seq], writes[seq]
+            lo = max(arrival.lo_ns, t_a)
+            guess = (lo + arrival.hi_ns) // 2 if lag is None else (t_a + t_b) // 2 + lag
+            estimate = min(max(guess, lo), arrival.hi_ns)
+            out[seq] = Arrival(estimate, lo, arrival.hi_ns, merged=True)
+    return out
+
+
 def _record_lags(
     report: ProbeReport,
     pair: PairResult,
@@ -541,6 +575,7 @@ def _record_lags(
     by_seq: dict[int, Arrival],
 ) -> None:
     """Each write's lag (or its loss) into `pair`'s histograms and the report's samples."""
+    by_seq = within_chunks(by_seq, writes)
     for seq, (t_a, t_b) in writes.items():
         arrival = by_seq.get(seq)
         if arrival is None:
