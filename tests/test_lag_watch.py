@@ -91,6 +91,9 @@ async def test_arrivals_are_watched_locally_on_a_shifted_clock(
         prober=ProberMapping(wall_minus_mono_ns=mapping, uncertainty_ns=1000),
     )
     assert observer.mode == f"agent/{mode}" and len(observer.arrivals) == 20
+    # Which arrivals were read together with later ones travels too (within_chunks).
+    merged = {seq for seq in range(20) if observer.arrivals[stem + str(seq).encode()].merged}
+    assert merged == set(row["merged"]) <= set(range(20))
     for seq in range(20):
         arrival = observer.arrivals[stem + str(seq).encode()]
         t_in, _t_out = truth[(stem + str(seq).encode()).decode()]

@@ -79,11 +79,13 @@ class RemoteObserver(Observer):
         self.notes = list(row.get("notes") or [])
         to_mono = base_ns - prober.wall_minus_mono_ns
         widen = prober.uncertainty_ns
+        merged = {int(seq) for seq in row.get("merged", [])}
         for seq, estimate, lo, hi in row.get("arrivals", []):
             self.arrivals[self.stem + str(int(seq)).encode()] = Arrival(
                 estimate_ns=to_mono + int(estimate) - offset.estimate_ns,
                 lo_ns=to_mono + int(lo) - offset.hi_ns - widen,
                 hi_ns=to_mono + int(hi) - offset.lo_ns + widen,
+                merged=int(seq) in merged,
             )
 
 

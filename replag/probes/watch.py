@@ -148,11 +148,14 @@ class ArrivalWatch:
         replicas = []
         for r in self.replicas:
             rows: list[list[int]] = []
+            merged: list[int] = []
             if r.observer is not None:
                 for key, arrival in r.observer.arrivals.items():
                     seq = self._seq.get(key)
                     if seq is None:
                         continue
+                    if arrival.merged:
+                        merged.append(seq)
                     rows.append(
                         [
                             seq,
@@ -169,6 +172,9 @@ class ArrivalWatch:
                     "error": r.error or (r.observer.error if r.observer is not None else None),
                     "notes": r.notes,
                     "arrivals": rows,
+                    # Arrivals read together with later ones: only bracketed (a field of
+                    # its own, so a prober that predates it still reads the rows).
+                    "merged": sorted(merged),
                 }
             )
         return {
