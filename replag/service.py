@@ -670,7 +670,9 @@ class ReplagService:
         group_label = job.group or "all"
         try:
             if job.action == "check":
-                report = await check(self.job_config, group=job.group, store=self.store)
+                report = await check(
+                    self.job_config, group=job.group, store=self.store, ttls=options.get("ttls")
+                )
             else:
                 report = await repair(self.job_config, group=job.group, store=self.store, **options)
             job.run_id, job.divergent = report.run_id, int(report.divergent)

@@ -132,7 +132,7 @@ async def test_post_repairs_needs_the_token(client: httpx.AsyncClient) -> None:
                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert bad.status_code == 422
     # A flag that is not a JSON boolean is refused, not coerced ("N" is not false).
-    for flags in ({"allow_deletes": "N"}, {"dry_run": "true"}, {"dry_run": 1}):
+    for flags in ({"allow_deletes": "N"}, {"dry_run": "true"}, {"dry_run": 1}, {"ttls": "no"}):
         loose = await client.post("/api/v1/repairs", json={"action": "repair", **flags},
                                   headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         assert loose.status_code == 422, flags
@@ -143,7 +143,8 @@ async def test_post_repairs_needs_the_token(client: httpx.AsyncClient) -> None:
 
 
 async def test_post_repairs_starts_a_job(client: httpx.AsyncClient, app: FastAPI) -> None:
-    response = await client.post("/api/v1/repairs", json={"action": "check", "group": "main"},
+    response = await client.post("/api/v1/repairs",
+                                 json={"action": "check", "group": "main", "ttls": "ignore"},
                                  headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert response.status_code == 202
     job = response.json()

@@ -286,3 +286,25 @@ async def test_the_services_checks_read_at_service_scan_rate(
     finally:
         await service.stop()
         store.close()
+
+
+async def test_a_job_can_leave_expiries_uncompared(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """POST /repairs {"ttls": "ignore"} reaches the check: a TTL alone is then not a divergence."""
+    a, b = redis_factory("a"), redis_factory("b")
+    for server in (a, b):
+        server.client().mset({f"k{i}": "v" for i in range(50)})
+    b.client().pexpire("k7", 600_000)
+    config = _group_config(tmp_path, {"main": [a.url, b.url]})
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        ignored = await service.wait_job(service.start_job("check", "main", ttls="ignore").id)
+        compared = await service.wait_job(service.start_job("check", "main", ttls=None).id)
+        assert (ignored.state, ignored.divergent, compared.divergent) == ("done", 0, 1)
+        run = get_run(store, ignored.run_id or "")
+        assert run is not None and run["report"]["ttls"] == "ignore"
+    finally:
+        await service.stop()
+        store.close()

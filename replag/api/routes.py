@@ -108,6 +108,9 @@ class RepairRequest(BaseModel):
     )
     dry_run: bool = False
     allow_deletes: bool = False
+    ttls: Literal["compare", "ignore"] | None = Field(
+        default=None, description="compare or ignore expiries (default: settings.repair_ttls)"
+    )
 
 
 @router.post(
@@ -122,9 +125,9 @@ async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
     An unknown group or a policy the groups cannot use (`source:` naming no member)
     is refused here with a 400, not left to fail in the background.
     """
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"ttls": body.ttls}
     if body.action == "repair":
-        options = {
+        options |= {
             "policy": body.policy,
             "dry_run": body.dry_run,
             "allow_deletes": body.allow_deletes,
