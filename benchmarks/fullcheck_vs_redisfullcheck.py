@@ -14,8 +14,9 @@ Every run is one process tree measured from outside: wall time, CPU, bytes
 written to disk, and found/missed/false positives against the ground truth
 (without expiries, a key given a TTL alone is not one to find); peak memory
 (PSS summed over the tree) comes from one more run of each, sampled, as the
-sampler slows what it samples on 2 cores. The physical ceiling (both servers read completely at once by
-a bare pipelined SCAN + MGET, one process each) is measured in the same run.
+sampler slows what it samples on 2 cores. The physical ceiling (both servers
+read completely at once by a bare pipelined SCAN + MGET, one process each) is
+measured in the same run.
 
     python benchmarks/fullcheck_vs_redisfullcheck.py [BINARY] [--keys 1000000] [--rounds 3]
 """
