@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -439,14 +438,21 @@ def test_events_read_together_get_the_lag_of_the_one_stamped_exactly() -> None:
 async def test_a_late_reader_still_measures_a_burst_at_its_lag(
     lab_factory: LabFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every read of a subscribed connection starts 15 ms late: a burst of keyspace events
-    # is then read in chunks, all but each chunk's last event only bracketed.
-    late_reads = StampedSocket._read_ready
+    # Every read of a subscribed connection comes 40 ms after its bytes do (the loop runs
+    # on meanwhile, writes and all): keyspace events are then read in chunks, all but
+    # each chunk's last event only bracketed.
+    read_now = StampedSocket._read_ready
+    held: set[int] = set()
 
     def late(self: StampedSocket) -> None:
-        if getattr(self._receiver, "on_push", None) is not None:
-            time.sleep(0.015)
-        late_reads(self)
+        fd = self.fileno()
+        if getattr(self._receiver, "on_push", None) is None or fd in held:
+            held.discard(fd)
+            read_now(self)
+            return
+        held.add(fd)
+        self._loop.remove_reader(fd)
+        self._loop.call_later(0.04, self._loop.add_reader, fd, self._read_ready)
 
     monkeypatch.setattr(StampedSocket, "_read_ready", late)
     merged: list[str] = []
