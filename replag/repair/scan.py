@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from replag.errors import RepairError, ReplagError
-from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets, string_entry_hashes
+from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
+from replag.repair.native import hash_each, string_index
 from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.values import read_values
 from replag.resp import (
@@ -178,7 +178,7 @@ class LeafFilter:
         return cls(depth, np.sort(leaves).astype(np.int64).tobytes())
 
     def keep(self, keys: list[bytes]) -> list[bytes]:
-        hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=len(keys))
+        hashes = hash_each(keys)
         wanted = np.frombuffer(self.leaves, dtype=np.int64)
         picked = np.flatnonzero(np.isin(leaf_of(hashes, self.depth), wanted, assume_unique=False))
         return [keys[i] for i in picked]
@@ -508,16 +508,15 @@ def index_batch(
     the keys indexed;
     `digests_of` replaces the digest of `values[i]` for keys of other types."""
     n = len(keys)
-    digests = np.fromiter(map(xxhash.xxh3_64_intdigest, values), dtype=np.uint64, count=n)
+    if types is None and keep is None and int(ttls.max(initial=-1)) == -1:
+        # Strings, none with an expiry or gone: the common batch, one loop in C.
+        return ScanIndex(*string_index(keys, values))
+    digests = hash_each(values)
     if digests_of:
+        digests = digests.copy()
         for i, digest in digests_of.items():
             digests[i] = digest
-    key_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
-    if types is None and keep is None and int(ttls.max(initial=-1)) == -1:
-        # Strings, none with an expiry or gone: the common batch.
-        entries = string_entry_hashes(key_hashes, digests)
-        lengths = np.fromiter(map(len, keys), dtype=np.uint32, count=n)
-        return ScanIndex(key_hashes, entries, lengths, b"".join(keys))
+    key_hashes = hash_each(keys)
     if types is None:
         types = np.full(n, TYPE_CODES["string"], dtype=np.uint8)
     expiry = np.where(ttls >= 0, ttls + now_ms, -1)
