@@ -23,7 +23,7 @@ from replag.errors import EndpointError
 from replag.resp import check_replies, setup_commands
 from replag.topology import Endpoint
 
-_READ_SIZE = 1 << 20
+_READ_SIZE = 1 << 18  # per connection: a scan process holds one per replica it reads
 
 
 class BlockingConnection:

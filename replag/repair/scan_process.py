@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from replag.errors import RepairError, ReplagError
+from replag.repair.native import entries_with_top, hash_each, hash_names
 from replag.repair.scan import LeafFilter, ScanIndex, ScanOptions, ScanProgress
 from replag.repair.scan_blocking import BlockingScan
 from replag.repair.tictac import TictacTree, leaf_of
@@ -306,28 +306,23 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
 
 
 class _KeptKeys:
-    """A worker's keys, compactly: per key its entry hash, leaf, name length and name
-    (25 bytes for a 13-byte name, against 33 in a `ScanIndex`): key hashes are
-    recomputed from the names for the few keys a walk asks for."""
+    """A worker's keys, compactly: per key its entry hash, name length and name (22 bytes
+    for a 13-byte name, against 33 in a `ScanIndex`). Key hashes, and so leaves, are
+    recomputed from the names (in C) when a walk asks for the keys of some leaves."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.tree = TictacTree(depth)
-        self._leaf_type = np.uint16 if depth <= 16 else np.uint32
         self._entries: list[U64] = []
-        self._leaves: list[npt.NDArray[np.unsignedinteger[Any]]] = []
         self._lengths: list[npt.NDArray[np.unsignedinteger[Any]]] = []
         self._blobs: list[bytes] = []
 
     def add(self, part: ScanIndex, *, keep: bool = True) -> None:
-        leaves = leaf_of(part.key_hashes, self.depth)
-        np.bitwise_xor.at(self.tree.leaves, leaves, part.entries)
+        np.bitwise_xor.at(self.tree.leaves, leaf_of(part.key_hashes, self.depth), part.entries)
         if not keep:
             return
         self._entries.append(part.entries)
-        self._leaves.append(leaves.astype(self._leaf_type))
-        short = len(part) == 0 or int(part.lengths.max()) < 1 << 16
-        self._lengths.append(part.lengths.astype(np.uint16) if short else part.lengths)
+        self._lengths.append(part.lengths.astype(_narrowest(part.lengths), copy=False))
         self._blobs.append(part.blob)
 
     def count_duplicates_once(self) -> None:
@@ -335,18 +330,28 @@ class _KeptKeys:
         twice, which cancels it: put it back. Same key, same state, same entry hash."""
         if not self._entries:
             return
-        entries = np.concatenate(self._entries)
-        entries.sort()
-        repeated = entries[1:][entries[1:] == entries[:-1]]
-        del entries
+        # A quarter of the entries (by their top 2 bits) sorted at a time: the peak holds
+        # a quarter of a copy, not a copy.
+        repeats: list[U64] = []
+        for top in range(4):
+            quarter = entries_with_top(self._entries, 2, top)
+            quarter.sort()
+            repeats.append(quarter[1:][quarter[1:] == quarter[:-1]])
+            del quarter
+        repeated = np.concatenate(repeats)
         if not len(repeated):
             return
         values, counts = np.unique(repeated, return_counts=True)  # counts = sightings - 1
         for value in values[counts % 2 == 1]:  # an even number of sightings cancelled out
-            for entries, leaves in zip(self._entries, self._leaves, strict=True):
+            for entries, lengths, blob in zip(
+                self._entries, self._lengths, self._blobs, strict=True
+            ):
                 at = np.flatnonzero(entries == value)
                 if len(at):
-                    self.tree.leaves[int(leaves[at[0]])] ^= value
+                    start = int(lengths[: at[0]].sum(dtype=np.int64))
+                    name = blob[start : start + int(lengths[at[0]])]
+                    leaf = int(leaf_of(hash_each([name]), self.depth)[0])
+                    self.tree.leaves[leaf] ^= value
                     break
 
     def in_leaves(self, wanted: I64) -> ScanIndex:
@@ -354,22 +359,31 @@ class _KeptKeys:
         mask = np.zeros(len(self.tree.leaves), dtype=np.bool_)
         mask[wanted] = True
         found: list[ScanIndex] = []
-        for entries, leaves, lengths, blob in zip(
-            self._entries, self._leaves, self._lengths, self._blobs, strict=True
-        ):
-            picked = np.flatnonzero(mask[leaves])
+        for entries, lengths, blob in zip(self._entries, self._lengths, self._blobs, strict=True):
+            hashes = hash_names(blob, lengths)
+            picked = np.flatnonzero(mask[leaf_of(hashes, self.depth)])
             if not len(picked):
                 continue
             ends = np.cumsum(lengths, dtype=np.int64)[picked]
             starts = ends - lengths[picked]
             names = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-            hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, names), np.uint64, len(names))
             found.append(
                 ScanIndex(
-                    hashes, entries[picked], lengths[picked].astype(np.uint32), b"".join(names)
+                    hashes[picked],
+                    entries[picked],
+                    lengths[picked].astype(np.uint32),
+                    b"".join(names),
                 )
             )
         return ScanIndex.concat(found)
+
+
+def _narrowest(lengths: npt.NDArray[np.unsignedinteger[Any]]) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned type that holds every length (key names are mostly short)."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest < 1 << 8:
+        return np.uint8
+    return np.uint16 if longest < 1 << 16 else np.uint32
 
 
 def _scan(
