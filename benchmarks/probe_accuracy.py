@@ -11,6 +11,12 @@ bracket's middle, and "truth±p99" the 99th percentile of the bracket's width,
 which is how late the relay itself ran. Prints, per case, measured p50/p99
 against truth and the error, plus the dynomite-seed method's average.
 
+The "p99 err" column measures from the p99 of the brackets' middles. Where the relay
+ran late (a busy host), the middle is not the truth: the true p99 is only known to lie
+between the p99 of the brackets' starts and that of their ends ("p99 bounds"), and
+"p99 out" is how far the measured p99 lies outside those bounds. Both are printed,
+and the targets are judged both ways.
+
 With `--load N`, every case runs twice: on the machine as it is, then with N
 processes burning CPU (at normal priority) for the length of the measurement,
 and both tables are printed. Per-sample errors are also checked against the
@@ -70,6 +76,7 @@ async def one_case(
         seed = await run_seed_method(config, source="near", repeats=5)
     truth = read_truth_brackets(lab_dir / "truth-far-1.log")
     measured, true, errors, excess, brackets = [], [], [], [], []
+    earliests, latests = [], []
     for sample in report.samples:
         if sample.replica != "far-1" or sample.lag_ns is None:
             continue
@@ -82,6 +89,8 @@ async def one_case(
         earliest, latest = out_from - t_in, out_by - t_in
         measured.append(sample.lag_ns / 1e6)
         true.append((earliest + latest) / 2e6)
+        earliests.append(earliest / 1e6)
+        latests.append(latest / 1e6)
         brackets.append((latest - earliest) / 1e6)
         off = max(earliest - sample.lag_ns, sample.lag_ns - latest, 0)
         errors.append(off / 1e6)
@@ -97,6 +106,12 @@ async def one_case(
         "t50": pct(true, 50),
         "m99": pct(measured, 99),
         "t99": pct(true, 99),
+        # Each true lag lies in its bracket, so the true p99 lies between the p99 of the
+        # brackets' starts and the p99 of their ends (order statistics are monotone).
+        "t99_from": pct(earliests, 99),
+        "t99_by": pct(latests, 99),
+        "t50_from": pct(earliests, 50),
+        "t50_by": pct(latests, 50),
         "hdr50": pair.summary.lag_ms["p50"],
         "hdr99": pair.summary.lag_ms["p99"],
         "abs_err_p50": pct(errors, 50),
@@ -109,13 +124,18 @@ async def one_case(
     }
 
 
+def outside(value: float, low: float, high: float) -> float:
+    """How far `value` lies outside [low, high], signed (0 inside)."""
+    return value - high if value > high else value - low if value < low else 0.0
+
+
 def table(rows: list[dict], title: str) -> None:
     print(title)
     print(
         f"{'delay':>6} {'mode':<5} {'n':>4} {'lost':>4} | {'p50 meas':>9} {'p50 true':>9} "
         f"{'p50 err':>8} | {'p99 meas':>9} {'p99 true':>9} {'p99 err':>8} | "
         f"{'|err| med':>9} {'|err| p99':>9} {'±unc p50':>9} {'over unc':>8} {'truth±p99':>9} | "
-        f"{'seed avg':>9} {'seed err':>9}"
+        f"{'seed avg':>9} {'seed err':>9} | {'p99 bounds':>17} {'p99 out':>8}"
     )
     for r in rows:
         print(
@@ -124,11 +144,15 @@ def table(rows: list[dict], title: str) -> None:
             f"{r['m99']:>9.3f} {r['t99']:>9.3f} {r['m99'] - r['t99']:>+8.3f} | "
             f"{r['abs_err_p50']:>9.3f} {r['abs_err_p99']:>9.3f} {r['unc50']:>9.3f} "
             f"{r['over_unc']:>8} {r['truth99']:>9.3f} | "
-            f"{r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f}"
+            f"{r['seed']:>9.3f} {r['seed'] - r['t50']:>+9.3f} | "
+            f"{r['t99_from']:>8.3f}–{r['t99_by']:<8.3f} "
+            f"{outside(r['m99'], r['t99_from'], r['t99_by']):>+8.3f}"
         )
     push = [r for r in rows if r["mode"] == "push"]
     ok50 = all(abs(r["m50"] - r["t50"]) <= 0.2 for r in push)
     ok99 = all(abs(r["m99"] - r["t99"]) <= 0.5 for r in push)
+    ok50_bounds = all(abs(outside(r["m50"], r["t50_from"], r["t50_by"])) <= 0.2 for r in push)
+    ok99_bounds = all(abs(outside(r["m99"], r["t99_from"], r["t99_by"])) <= 0.5 for r in push)
     honest = all(r["over_unc"] == 0 for r in rows)
     worst = max(r["max_excess"] for r in rows)
     print(
@@ -136,6 +160,12 @@ def table(rows: list[dict], title: str) -> None:
         f"p99 error ≤ 0.5 ms: {'met' if ok99 else 'MISSED'}; "
         f"(push and poll) no sample over its uncertainty by > {EXCESS_MS} ms: "
         f"{'met' if honest else 'MISSED'} (worst {worst:+.3f} ms)"
+    )
+    print(
+        "  against the true percentiles' bounds (the p50/p99 of the brackets' starts and "
+        f"ends, where the true p50/p99 must lie): p50 error ≤ 0.2 ms: "
+        f"{'met' if ok50_bounds else 'MISSED'}; p99 error ≤ 0.5 ms: "
+        f"{'met' if ok99_bounds else 'MISSED'}"
     )
 
 
