@@ -477,3 +477,5 @@ async def test_a_late_reader_still_measures_a_burst_at_its_lag(
     lags = sorted(s.lag_ns / 1e6 for s in samples)
     assert len(lags) == 40 and lags[20] >= 29.0 and lags[-1] < 60
     assert all(s.lag_ns + s.uncertainty_ns >= 29_900_000 for s in samples)
+    # Each sample carries its write's round trip, half of which its uncertainty includes.
+    assert all(0 < s.write_ns <= 2 * s.uncertainty_ns + 1 for s in samples)

@@ -21,6 +21,7 @@ class ProbeSample:
     seq: int
     lag_ns: int | None  # None: not seen before the timeout (lost)
     uncertainty_ns: int
+    write_ns: int = 0  # the write's round trip (send to acknowledgement), part of the uncertainty
 
 
 @dataclass(kw_only=True)

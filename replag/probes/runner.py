@@ -590,7 +590,7 @@ def _record_lags(
         if lag + unc < 0:
             pair.negative_beyond_uncertainty += 1
         pair.uncertainty.record_ns(unc)
-        report.samples.append(ProbeSample(region, pair.replica, seq, lag, unc))
+        report.samples.append(ProbeSample(region, pair.replica, seq, lag, unc, t_b - t_a))
 
 
 def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
