@@ -452,14 +452,19 @@ class ReplagService:
         }
 
     def recent_replication_cells(self) -> list[dict[str, Any]] | None:
-        """`replication_cells` as last built, None before the first build; cells older
-        than `REPLICATION_CELLS_MAX_AGE_S` are answered once more while a thread rebuilds
-        them. Samples come every `replication_interval`, so a matrix request need not
-        rebuild the cells (or read the store, or wait for it) itself."""
+        """`replication_cells` as last built, None when the caller must build them: before
+        the first build, and when they are older than one `replication_interval` (a sample
+        taken since could say a link went down: old cells must never be answered as the
+        present). Cells older than `REPLICATION_CELLS_MAX_AGE_S` are answered once more
+        while a thread rebuilds them: samples come every `replication_interval`, so a
+        matrix request seldom rebuilds the cells (or reads the store, or waits for it)."""
         built = self._replication_cells
         if built is None:
             return None
-        if time.monotonic() - built[0] > REPLICATION_CELLS_MAX_AGE_S:
+        age = time.monotonic() - built[0]
+        if age > self.settings.replication_interval:
+            return None
+        if age > REPLICATION_CELLS_MAX_AGE_S:
             if self._jobs_loop is None:
                 return None  # not started: the caller rebuilds them
             self._rebuild_replication_cells_soon(self._jobs_loop)

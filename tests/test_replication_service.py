@@ -3,6 +3,7 @@ the API, on a real lab whose small backlog a partition outruns."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import tomllib
@@ -246,3 +247,31 @@ def test_replication_rule_thresholds(
     with pytest.raises(ConfigError) as raised:
         config_from_dict(data, where="t.toml", environ={})
     assert "alerts.rules[0].threshold" in str(raised.value) and message in str(raised.value)
+
+
+async def test_matrix_after_an_idle_interval_shows_the_partition(svc: ReplagService) -> None:
+    """The matrix's replication cells are cached between requests; the first request after
+    a quiet spell must not answer the cells built before a partition as the present."""
+    await svc.start()
+    app = create_app(svc.config, run_schedulers=False, service=svc)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://replag") as client:
+
+        async def b_cell() -> dict[str, Any]:
+            matrix = (await client.get("/api/v1/lag/matrix")).json()
+            return next(c for c in matrix["replication"] if c["target"] == "b")
+
+        await until(lambda: svc.counters["replication samples"] >= 1, "a replication round")
+        assert (await b_cell())["links_down"] == 0
+        asked = time.monotonic()
+        lab_fault(Path(svc.lab["dir"]), "b", "partition")  # type: ignore[attr-defined]
+
+        def sampled_down() -> bool:
+            (primary,) = svc.latest_replication()
+            return any(r.replica == "b-1" and not r.link_up for r in primary.replicas)
+
+        await until(sampled_down, "a sample showing b-1's link down")
+        interval = svc.settings.replication_interval
+        idle = 2 * interval - (time.monotonic() - asked)  # no matrix request meanwhile
+        await asyncio.sleep(max(idle, 0.0))
+        assert (await b_cell())["links_down"] == 1

@@ -166,7 +166,8 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
         )
 
     body, fresh = await _cached(svc.index, ("matrix", since, signature), ("matrix", since), build)
-    # Replication state changes apart from the lag windows: about half a second old.
+    # Replication state changes apart from the lag windows: cells at most one
+    # replication_interval old (older ones are rebuilt here, from the latest samples).
     replication = svc.recent_replication_cells()
     if replication is None:
         replication = await run_in_threadpool(svc.replication_cells)
