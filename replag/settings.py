@@ -1,11 +1,11 @@
 """Every tunable of replag, declared once: the fields of the frozen `Settings` class.
 
 To add a setting: add a field to `Settings`, `name: type = setting(default, parser, help)`,
-then paste `replag settings --markdown` into the README (a test checks it is there).
+then paste `replag settings --markdown` into docs/configuration.md (a test checks it is there).
 
 Each field carries its declaration (default as a file would write it, parser, help,
 secret, choices); `SETTINGS` lists them. The TOML `[settings]` table, `REPLAG_*`
-environment variables, CLI option help and the README's table all read that list;
+environment variables, CLI option help and the docs' table all read that list;
 precedence is default < file < environment < command-line flag. Code reads the
 typed object (`config.settings.connect_timeout` is a float in seconds).
 """

@@ -18,6 +18,7 @@ from replag.errors import ConfigError
 from replag.repair import remote
 from replag.repair.scan import ScanIndex
 from tests.helpers.agent import AGENT_TIMEOUT_S
+from tests.helpers.docs import docs_text
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
@@ -195,7 +196,7 @@ async def test_an_agent_without_a_token_serves_only_health(
 
 
 async def test_every_agent_route_and_metric_is_documented(client: httpx.AsyncClient) -> None:
-    docs = (Path(__file__).parent.parent / "README.md").read_text()
+    docs = docs_text()
     app = client._transport.app  # type: ignore[attr-defined]
     for path in app.openapi()["paths"]:
         assert f"`GET {path}" in docs or f"`POST {path}" in docs, path

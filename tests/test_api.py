@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from replag.api.app import create_app
 from replag.store import Store
 from tests.helpers.configs import SECRETS, TOKEN, make_config
+from tests.helpers.docs import docs_text
 from tests.helpers.lag_windows import add_windows
 
 
@@ -300,7 +301,7 @@ def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> 
 
 
 def test_every_endpoint_and_metric_is_documented(app: FastAPI) -> None:
-    docs = (Path(__file__).parent.parent / "README.md").read_text()
+    docs = docs_text()
     for path in app.openapi()["paths"]:
         assert f"`GET {path}" in docs or f"`POST {path}" in docs, path
     for metric in app.state.service.metrics.registry.collect():

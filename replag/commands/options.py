@@ -21,7 +21,7 @@ def config_option(func: F) -> F:
         "config_path",
         required=True,
         type=click.Path(dir_okay=False, path_type=Path),
-        help="TOML file with [[regions]], [[groups]] and [settings] (see README).",
+        help="TOML file with [[regions]], [[groups]] and [settings] (see docs/configuration.md).",
     )(func)
 
 

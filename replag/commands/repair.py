@@ -226,7 +226,7 @@ def _left(report: dict[str, Any]) -> int:
     "--policy",
     default="quorum",
     show_default=True,
-    help="quorum | source:REPLICA_OR_REGION | newest:FIELD (see README).",
+    help="quorum | source:REPLICA_OR_REGION | newest:FIELD (see docs/repair/policies.md).",
 )
 @click.option("--dry-run", is_flag=True, help="Decide everything, write nothing.")
 @click.option(

@@ -16,7 +16,7 @@ def settings_markdown() -> str:
 
 
 @click.command(name="settings")
-@click.option("--markdown", is_flag=True, help="Print the README's settings table.")
+@click.option("--markdown", is_flag=True, help="Print the settings table of the docs.")
 def command(markdown: bool) -> None:
     """List every setting (file key under [settings], REPLAG_* variable, default)."""
     if markdown:

@@ -94,7 +94,7 @@ def parse_port_override(text: str) -> tuple[str, NodePorts]:
 
 
 def load_port_map_file(path: Path, base: PortMap) -> PortMap:
-    """Read port conventions and per-node overrides from a TOML file (README: Dynomite)."""
+    """Read port conventions and per-node overrides from a TOML file (docs: Dynomite)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
