@@ -12,6 +12,7 @@ route) so the edge (CLI, API) can print one clear line::
     │   ├── UnreachableError    connect refused / timed out / closed
     │   ├── AuthError           wrong password or ACL refusal
     │   ├── NotRedisError       it answered, but not in RESP (wrong port?)
+    │   ├── KeyRefused          a server refused a command on one key (that key's error)
     │   └── AgentError          a region agent failed, refused, or has no current tree
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
@@ -62,6 +63,11 @@ class AuthError(EndpointError):
 class NotRedisError(EndpointError):
     """The endpoint answered bytes that are not RESP: an HTTP listener, a TLS port, the
     wrong service. A configuration mistake, not an outage to measure."""
+
+
+class KeyRefused(EndpointError):
+    """A server refused a command on one key (READONLY, NOPERM, OOM, EXECABORT, a module's
+    type, MOVED): that key's error, named with the replica; the run goes on."""
 
 
 class AgentError(EndpointError):

@@ -47,7 +47,7 @@ from replag import __version__
 from replag.agent.livetree import LiveTree
 from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
-from replag.errors import AgentError, EndpointError, ReplagError
+from replag.errors import AgentError, EndpointError, KeyRefused, ReplagError
 from replag.repair import remote as wire
 from replag.repair.apply import Write, compare_and_write, read_for_copy
 from replag.repair.observe import KeyState
@@ -212,10 +212,13 @@ async def read_winner(agent: Agent, name: str, body: KeyRequest) -> dict[str, An
     """The repair's read of a winner, here: DUMP and PTTL if it still holds `expected`."""
     _tree(agent, name)
     key, expected = _key_and_state(name, body)
-    async with agent.lane(name).connection() as conn:
-        read = await read_for_copy(
-            conn, key, expected, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
-        )
+    try:
+        async with agent.lane(name).connection() as conn:
+            read = await read_for_copy(
+                conn, key, expected, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
+            )
+    except KeyRefused as exc:  # the key's error, not the agent's
+        return {"refused": exc.message}
     if read is None:
         return {"changed": True}
     return {"payload": base64.b64encode(read[0]).decode("ascii"), "pttl": read[1]}
@@ -238,10 +241,13 @@ async def write_key(agent: Agent, name: str, body: WriteRequest) -> dict[str, An
     def commands() -> list[bytes] | None:
         return write.commands(key, body.age_ms + int((time.monotonic() - received) * 1000))
 
-    async with agent.lane(name).connection(write=True) as conn:
-        done = await compare_and_write(
-            conn, key, expected, commands, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
-        )
+    try:
+        async with agent.lane(name).connection(write=True) as conn:
+            done = await compare_and_write(
+                conn, key, expected, commands, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
+            )
+    except KeyRefused as exc:  # READONLY, NOPERM, OOM: the key's error, not the agent's
+        return {"refused": exc.message}
     if done is None:
         return {"written": False}
     pre_image, pre_pttl, count = done

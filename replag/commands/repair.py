@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from replag.commands.options import config_option, json_option, load, setting_option
-from replag.errors import UsageError
+from replag.errors import ReplagError, UsageError
 from replag.repair import RepairProgress, RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
 from replag.repair.runs import resumable, resume_command
@@ -67,6 +68,23 @@ def _progress(as_json: bool) -> _ProgressLine | None:
     return _ProgressLine() if not as_json and sys.stderr.isatty() else None
 
 
+@contextlib.contextmanager
+def _json_errors(as_json: bool, run_ids: list[str]) -> Iterator[None]:
+    """With --json, an error is a JSON object on stdout too ({"error", "exit_code",
+    "run_id" once the run was recorded}), so a script reading stdout always gets one."""
+    try:
+        yield
+    except ReplagError as exc:
+        if not as_json:
+            raise
+        out: dict[str, Any] = {"error": str(exc), "exit_code": exc.exit_code}
+        if run_ids:
+            out["run_id"] = run_ids[-1]
+        click.echo(json.dumps(out, indent=2))
+        click.echo(f"replag: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
 def _run(
     config_path: Path,
     as_json: bool,
@@ -76,10 +94,21 @@ def _run(
     """Load the config, open the store, run `job` with a progress line on a terminal, report.
 
     Ctrl-C leaves the run `interrupted` in the store; the message says how to resume it."""
+    run_ids: list[str] = []
+    with _json_errors(as_json, run_ids):
+        return _run_job(config_path, as_json, job, run_ids, **options)
+
+
+def _run_job(
+    config_path: Path,
+    as_json: bool,
+    job: Callable[..., Coroutine[Any, Any, RepairReport]],
+    run_ids: list[str],
+    **options: Any,
+) -> RepairReport:
     config = load(config_path)
     store = Store(config.settings.store)
     progress = _progress(as_json)
-    run_ids: list[str] = []
     try:
         report = asyncio.run(
             job(config, store=store, progress=progress, on_run=run_ids.append, **options)
@@ -151,7 +180,8 @@ def check_command(
     as_json: bool,
 ) -> None:
     """Compare the replicas; exit 0 if they agree, 1 if divergence is found."""
-    sink = _KeysOut(keys_out) if keys_out is not None else None
+    with _json_errors(as_json, []):
+        sink = _KeysOut(keys_out) if keys_out is not None else None
     try:
         report = _run(
             config_path,
@@ -216,7 +246,9 @@ def _run_line(run: dict[str, Any]) -> str:
 
 
 def _left(report: dict[str, Any]) -> int:
-    return int(report["conflicts"] + report["busy"] + report["kept"])
+    """Keys a run left divergent: conflicts, busy, kept, refused, and a dry run's all."""
+    left = ("conflicts", "busy", "kept", "errors", "would_repair")
+    return sum(int(report.get(name, 0)) for name in left)
 
 
 @command.command("run")
@@ -261,7 +293,8 @@ def run_command(
     ttls: str | None,
     as_json: bool,
 ) -> None:
-    """Find and repair divergence. Exit 1 if conflicts or changing keys were left."""
+    """Find and repair divergence. Exit 1 if divergence was left (conflicts, keys still
+    changing, refused writes; a dry run: anything it would repair)."""
     report = _run(
         config_path,
         as_json,

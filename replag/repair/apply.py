@@ -76,15 +76,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from replag.errors import EndpointError
+from replag.errors import EndpointError, KeyRefused
 from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.policy import Decision
 from replag.repair.undo import PreImage, collection_data, overwritten, undo
 from replag.repair.values import Data, StreamEntry, read_values
-from replag.resp import RespConnection, pack
+from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
-Outcome = Literal["repaired", "changed", "dry_run"]
+
+@dataclass(frozen=True)
+class Refused:
+    """A server refused a read or write of this key: which replica, and what it said."""
+
+    replica: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.replica} refused: {self.message}"
+
+
+Outcome = Literal["repaired", "changed", "dry_run"] | Refused
 _CHUNK = 1000
 _T = TypeVar("_T")
 logger = logging.getLogger(__name__)
@@ -120,6 +132,19 @@ class Write:
         return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
 
 
+def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:
+    """KeyRefused (naming the replica) for the most telling error among a transaction's
+    replies, the EXEC result's elements included: a queued command's own refusal
+    (READONLY, NOPERM, OOM) rather than the EXECABORT it causes."""
+    flat: list[Any] = []
+    for reply in replies:
+        flat.extend(reply if isinstance(reply, list) else [reply])
+    errors = [text for reply in flat if (text := error_text(reply)) is not None]
+    if errors:
+        telling = next((e for e in errors if not e.startswith("EXECABORT")), errors[0])
+        raise KeyRefused(telling, where=conn.endpoint.name)
+
+
 async def read_for_copy(
     conn: RespConnection, key: bytes, expected: KeyState, *, tolerance_ms: int, chunk: int
 ) -> tuple[bytes, int] | None:
@@ -151,7 +176,7 @@ async def read_for_copy_with_data(
     replies = await conn.request(
         pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"), 4
     )
-    conn.check(replies[:1])
+    raise_refusal(conn, replies)
     result = replies[3]
     if result is None or not isinstance(result[0], bytes):
         return None, None  # the winner changed after we read it
@@ -185,11 +210,12 @@ async def compare_and_write(
         return None
     body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
     replies = await conn.request(b"".join(body), len(body))
-    conn.check(replies[:1])
+    # A refusal (READONLY, NOPERM, OOM: EXECABORT; a RESTORE's bad payload inside EXEC)
+    # is this key's error, not the run's.
+    raise_refusal(conn, replies)
     result = replies[-1]
     if result is None:
         return None
-    conn.check(result)
     pre_image = result[0] if isinstance(result[0], bytes) else None
     return pre_image, int(result[1]), len(built)
 
@@ -352,7 +378,8 @@ class _Attempt:
     key: bytes
     expected: KeyState
     written: list[_Written]
-    complete: bool  # every target was written (none had changed)
+    complete: bool  # every target was written (none had changed or refused)
+    refused: Refused | None = None  # a target refused its write
     stood: bool = False  # re-verified: every replica held `expected`
     expected_data: Data | None = None  # the copied collection's elements, to merge an undo
 
@@ -393,12 +420,17 @@ class Applier:
         """Steps 1 to 3 for one key. The re-verification is timed from this key's own
         writes, not the batch's: a client's partial write (HSET, SADD, EXPIRE) landing
         on a copy before its undo would be merged into it, so the window is kept short."""
-        attempt = await self._attempt(key, decision, states)
+        try:
+            attempt = await self._attempt(key, decision, states)
+        except KeyRefused as exc:  # the winner's read
+            return Refused(exc.where or "?", exc.message)
         if attempt is None:
             return "changed"
         if attempt.written:
             await asyncio.sleep(self.settle_s)
             await self._settle(attempt, await self._observe([key]))
+        if attempt.refused is not None:
+            return attempt.refused
         return "repaired" if attempt.stood else "changed"
 
     async def _attempt(
@@ -408,7 +440,10 @@ class Applier:
         if decision.action == "delete":
             now = time.monotonic()
             results = await asyncio.gather(
-                *(self._write(t, key, states[t], Write("delete"), now) for t in decision.targets)
+                *(
+                    _refusal_kept(self._write(t, key, states[t], Write("delete"), now))
+                    for t in decision.targets
+                )
             )
             return _attempt(key, ABSENT, results)
         assert decision.winner is not None
@@ -419,7 +454,11 @@ class Applier:
         payload, pttl, read_at, data = source
         results = await asyncio.gather(
             *(
-                self._copy(t, key, states[t], decision.winner, winner_state, payload, pttl, read_at)
+                _refusal_kept(
+                    self._copy(
+                        t, key, states[t], decision.winner, winner_state, payload, pttl, read_at
+                    )
+                )
                 for t in decision.targets
             )
         )
@@ -611,9 +650,21 @@ def _elapsed_ms(since: float) -> int:
     return int((time.monotonic() - since) * 1000)
 
 
-def _attempt(key: bytes, expected: KeyState, results: Sequence[_Written | None]) -> _Attempt:
-    written = [w for w in results if w is not None]
-    return _Attempt(key, expected, written, complete=len(written) == len(results))
+async def _refusal_kept(write: Awaitable[_Written | None]) -> _Written | Refused | None:
+    """A target's write; its refusal as a value, so the other targets' writes are still
+    re-verified (and undone) with it."""
+    try:
+        return await write
+    except KeyRefused as exc:
+        return Refused(exc.where or "?", exc.message)
+
+
+def _attempt(
+    key: bytes, expected: KeyState, results: Sequence[_Written | Refused | None]
+) -> _Attempt:
+    written = [w for w in results if isinstance(w, _Written)]
+    refused = next((r for r in results if isinstance(r, Refused)), None)
+    return _Attempt(key, expected, written, complete=len(written) == len(results), refused=refused)
 
 
 async def _all_or_none(coros: Iterable[Awaitable[_T]]) -> list[_T]:

@@ -21,7 +21,7 @@ from typing import Any
 from replag.config import Config
 from replag.errors import AgentError
 from replag.repair import report as rp
-from replag.repair.apply import Applier, ReplicaLane
+from replag.repair.apply import Applier, Refused, ReplicaLane
 from replag.repair.diff import Divergence, Kind, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.policy import Decision, Newest, Policy
@@ -570,6 +570,10 @@ class GroupRun:
         )
         moved: list[bytes] = []
         for (divergence, decision), outcome in zip(to_apply, outcomes, strict=True):
+            if isinstance(outcome, Refused):
+                # The key's error (READONLY, NOPERM, OOM…), named with the replica.
+                updates[divergence.key] = self._record(divergence, rp.ERROR, str(outcome))
+                continue
             if outcome == "changed":
                 moved.append(divergence.key)
                 continue

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.config import Config
-from replag.errors import AgentError
+from replag.errors import AgentError, KeyRefused
 from replag.repair.apply import Write
 from replag.repair.observe import ABSENT, KeyState
 from replag.repair.scan import ScanIndex
@@ -339,6 +339,8 @@ class AgentReplica:
         answer = await self.client._json(
             self.name, "/keys/read-for-copy", self._key(key, expected, tolerance_ms)
         )
+        if answer.get("refused"):
+            raise KeyRefused(str(answer["refused"]), where=self.name)
         if answer.get("changed"):
             return None
         try:
@@ -356,6 +358,8 @@ class AgentReplica:
             "age_ms": age_ms,
         }
         answer = await self.client._json(self.name, "/keys/write", body)
+        if answer.get("refused"):
+            raise KeyRefused(str(answer["refused"]), where=self.name)
         if not answer.get("written"):
             return None
         try:

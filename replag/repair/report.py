@@ -18,7 +18,10 @@ BUSY = "busy"  # kept changing through every recheck round: left alone, not gues
 KEPT = "kept"  # policy wanted a delete that --allow-deletes did not allow
 DRY_RUN = "would_repair"
 AGREED = "agreed"  # replicas agreed by the time we came to repair it
-OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING)
+ERROR = "error"  # a server refused the key's read or write (READONLY, NOPERM, OOM…)
+OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING, ERROR)
+# Outcomes that leave a key divergent.
+LEFT = (CONFLICT, BUSY, KEPT, PENDING, ERROR)
 
 
 def _size(count: int) -> str:
@@ -153,6 +156,7 @@ class RepairReport:
             "reverified": sum(g.reverified for g in self.groups),
             "differed_again": sum(g.differed_again for g in self.groups),
             "kept": self._total(KEPT),
+            "errors": self._total(ERROR),
             "would_repair": self._total(DRY_RUN),
             "agreed": self._total(AGREED),
             "pending": self._total(PENDING),
@@ -185,7 +189,15 @@ class RepairReport:
             )
         extras = [
             f"{name.replace('_', ' ')} {d[name]}"
-            for name in ("would_repair", "kept", "agreed", "pending", "undone", "undo_failed")
+            for name in (
+                "would_repair",
+                "kept",
+                "errors",
+                "agreed",
+                "pending",
+                "undone",
+                "undo_failed",
+            )
             if d[name]
         ]
         changing = sum(g.changing for g in self.groups)
@@ -210,12 +222,7 @@ class RepairReport:
                     f"{r.replica:<24} {r.via:>6} {r.keys_scanned:>10} {rate} "
                     f"{r.busy_s:>8.2f} {r.writes:>7} {_size(r.bytes_fetched):>10}"
                 )
-        left = [
-            (g.group, k)
-            for g in self.groups
-            for k in g.keys
-            if k.get("status") in (CONFLICT, BUSY, KEPT, PENDING)
-        ]
+        left = [(g.group, k) for g in self.groups for k in g.keys if k.get("status") in LEFT]
         if left:
             lines += ["", "not fixed (first 10; --json lists up to 100, check --keys-out all):"]
             for group, k in left[:10]:
