@@ -6,8 +6,10 @@ while they keep writing (SET, DEL, PEXPIREAT, HSET, SADD, ZADD, versioned),
 and checks every key on every replica against the history. Prints one line
 per run and the totals: keys clobbered by an older value, resurrected after a
 delete, with lost writes, and left divergent though the run did not report
-them; anomalies on keys with a write whose fan-out took longer than
-`repair_settle` are counted apart (the bound repair's safety rests on).
+them; anomalies on keys where a write whose fan-out took longer than
+`repair_settle` (the bound repair's safety rests on) was still under way while
+the repair read or wrote that key (the servers' MONITOR says when) are counted
+apart.
 
 A run with fewer than `--writes` writes during its repair is printed and
 counted in the totals but not towards `--runs`; its policy's later runs
@@ -94,11 +96,13 @@ async def main() -> None:
         totals = {c: sum(r.verdict.counts[c] for r in mine) for c in CATEGORIES}
         outside = sum(r.verdict.outside_bound for r in mine)
         slow = sum(r.slow_ops for r in mine)
+        met = sum(r.slow_during_repair for r in mine)
         print(
             f"{policy:<10} {len(mine)} runs: clobbered {totals['clobbered']}, "
             f"resurrected {totals['resurrected']}, lost {totals['lost']}, "
             f"falsely fixed {totals['falsely_fixed']}; "
-            f"outside the bound {outside} ({slow} writes slower than repair_settle)"
+            f"outside the bound {outside} ({slow} writes slower than repair_settle, "
+            f"{met} of them still fanning out while the repair read or wrote their key)"
         )
 
 

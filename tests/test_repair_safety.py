@@ -45,6 +45,12 @@ async def test_no_write_is_clobbered_resurrected_or_lost_under_concurrent_writer
     result = run.to_dict()
     assert result["writes"] > 1000 and result["divergent"] > 0 and result["repaired"] > 0
     assert run.verdict.counts == dict.fromkeys(CATEGORIES, 0)
+    # The servers saw the repair's commands on every key it reported (and on more: its
+    # scan): the exemption below had the instants it needs. No key is exempt: none had
+    # an operation slower than repair_settle still fanning out while the repair read or
+    # wrote it.
+    assert result["reported_untouched"] == 0 and result["repair_touched_keys"] > 300
+    assert run.verdict.outside_bound == 0
 
 
 async def _keyspace_events(client: aioredis.Redis, key: str) -> asyncio.Event:
@@ -176,11 +182,19 @@ def _check(
     history: list[Op],
     final: list[dict[bytes, Held]],
     outcomes: dict[bytes, str] | None = None,
+    touched: dict[bytes, list[int]] | None = None,
 ) -> dict[str, int]:
     space = Keyspace(5)
     keys = [space.name(i) for i in range(5)]
     verdict = check_history(
-        space, keys, ["n0", "n1", "n2"], history, final, outcomes or {}, bound_ms=50
+        space,
+        keys,
+        ["n0", "n1", "n2"],
+        history,
+        final,
+        outcomes or {},
+        bound_ms=50,
+        repair_touched=touched or {},
     )
     return {
         **verdict.counts,
@@ -193,8 +207,14 @@ def _string(version: int) -> Held:
     return Held("string", {b"": version})
 
 
-def _everywhere(key: int, version: int, kind: str, spread_ms: float = 1.0) -> Op:
-    return Op(key, version, kind, 0, ((0, 1), (1, 1), (2, 1)), spread_ms)
+MS = 1_000_000
+
+
+def _everywhere(key: int, version: int, kind: str, spread_ms: float = 1.0, at_ms: int = 0) -> Op:
+    """`version` of `key` applied on all three, from `at_ms` for `spread_ms`."""
+    started = at_ms * MS
+    ended = started + int(spread_ms * MS)
+    return Op(key, version, kind, 0, ((0, 1), (1, 1), (2, 1)), spread_ms, True, started, ended)
 
 
 def test_the_checker_counts_each_kind_of_anomaly() -> None:
@@ -212,12 +232,28 @@ def test_the_checker_counts_each_kind_of_anomaly() -> None:
     assert _check([], differ, {k2: "conflict"})["left_reported"] == 1
 
 
-def test_the_checker_accepts_a_dropped_write_copied_in_and_sets_slow_writes_apart() -> None:
+def test_the_checker_accepts_a_dropped_write_copied_in() -> None:
     k0 = Keyspace(5).name(0)
     dropped = [Op(0, 9, WRITE, 0, ((0, 1), (1, 1)), 1.0)]  # n2 never got v9
     nine = _string(9)
     counts = _check([_everywhere(0, 5, DELETE), *dropped], [{k0: nine}] * 3)
     assert not any(counts[c] for c in CATEGORIES)
-    slow = [_everywhere(0, 5, DELETE, spread_ms=80.0)]
-    counts = _check(slow, [{}, {k0: _string(3)}, {k0: ABSENT}])
+
+
+def test_a_slow_operation_exempts_its_key_only_while_the_repair_touched_the_key() -> None:
+    k0 = Keyspace(5).name(0)
+    resurrected = [{}, {k0: _string(3)}, {k0: ABSENT}]
+    # A slow write long before the repair, then a fast DEL: its resurrection counts.
+    early_slow = [_everywhere(0, 3, WRITE, spread_ms=80.0, at_ms=0)]
+    fast_delete = _everywhere(0, 5, DELETE, at_ms=1000)
+    repair_reads = {k0: [900 * MS, 1000 * MS + MS // 2, 1100 * MS]}
+    counts = _check([*early_slow, fast_delete], resurrected, touched=repair_reads)
+    assert counts["resurrected"] == 1 and counts["outside"] == 0
+    # The same DEL fanning out slowly while the repair read the key: set apart.
+    slow_delete = _everywhere(0, 5, DELETE, spread_ms=80.0, at_ms=1000)
+    counts = _check([*early_slow, slow_delete], resurrected, touched=repair_reads)
     assert counts["resurrected"] == 0 and counts["outside"] == 1
+    # ... but not where the repair touched only other keys.
+    elsewhere = {Keyspace(5).name(1): repair_reads[k0]}
+    counts = _check([*early_slow, slow_delete], resurrected, touched=elsewhere)
+    assert counts["resurrected"] == 1 and counts["outside"] == 0

@@ -41,7 +41,10 @@ class Verdict:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     examples: list[str] = field(default_factory=list)
     left_reported: int = 0  # divergent at the end, and the run said so
-    outside_bound: int = 0  # anomalous keys with a write slower than the repair's bound
+    # Anomalous keys where an operation slower than the repair's bound was still fanning
+    # out while the repair read or wrote that key: the assumption failed there.
+    outside_bound: int = 0
+    slow_during_repair: int = 0  # slow operations the repair met so (anomalous or not)
 
     def example(self, category: str, key: bytes, text: str) -> None:
         if len(self.examples) < 12:
@@ -150,13 +153,18 @@ def check_history(
     outcomes: Mapping[bytes, str],
     *,
     bound_ms: float,
+    repair_touched: Mapping[bytes, Sequence[int]],
 ) -> Verdict:
     """Count anomalies per key: `final[r][key]` is what replica r holds at the end;
-    `outcomes` the run's recorded status per key it reported.
+    `outcomes` the run's recorded status per key it reported; `repair_touched[key]` the
+    instants (epoch ns) the servers ran a command of the repair's naming the key.
 
     Repair's safety rests on writes reaching every replica within `repair_settle`
-    (`bound_ms`). Anomalies on a key with a write whose fan-out took longer are
-    counted apart, as `outside_bound`: the assumption failed there, not the repair.
+    (`bound_ms`). Anomalies on a key where an operation whose fan-out took longer was
+    still under way at one of those instants are counted apart, as `outside_bound`: the
+    assumption failed there, not the repair. A slow operation the repair never met
+    (finished before its first read of the key, or begun after its last command there)
+    exempts nothing.
     """
     verdict = Verdict()
     by_key: dict[int, list[Op]] = {}
@@ -196,10 +204,32 @@ def check_history(
                     key,
                     f"replicas differ, run said {outcomes.get(key)!r}: {summary}",
                 )
-        if found and any(op.spread_ms > bound_ms for op in ops):
+        met = _slow_ops_met(ops, repair_touched.get(key, ()), bound_ms)
+        verdict.slow_during_repair += len(met)
+        if found and met:
             verdict.outside_bound += 1
-            verdict.example("outside_bound", key, f"a write took longer than {bound_ms:g} ms")
+            slowest = max(op.spread_ms for op in met)
+            verdict.example(
+                "outside_bound",
+                key,
+                f"{sorted(found)}; v{met[0].version} took {slowest:g} ms (bound {bound_ms:g} ms) "
+                "while the repair read or wrote the key",
+            )
             continue
         for category in found:  # a key counts once, however many replicas show it
             verdict.counts[category] += 1
     return verdict
+
+
+_MONITOR_STEP_NS = 1000  # MONITOR stamps commands to the microsecond
+
+
+def _slow_ops_met(ops: Sequence[Op], touched: Sequence[int], bound_ms: float) -> list[Op]:
+    """The operations slower than `bound_ms` that were under way (first send to last
+    reply) at one of the instants in `touched`."""
+    return [
+        op
+        for op in ops
+        if op.spread_ms > bound_ms
+        and any(op.started_ns - _MONITOR_STEP_NS <= t <= op.ended_ns for t in touched)
+    ]

@@ -35,6 +35,7 @@ from replag.lab.safety.model import (
     read_commands,
     state_commands,
 )
+from replag.lab.safety.monitor import END_MARKER, repair_touches
 from replag.lab.safety.workload import Op, WorkloadSpec, read_history
 from replag.lab.server import RedisServer, free_port
 from replag.repair import repair
@@ -72,6 +73,10 @@ class SafetyRun:
     writes: int  # while the repair ran (after the writers stopped dropping writes)
     max_spread_ms: float
     slow_ops: int  # operations whose fan-out took longer than repair_settle
+    # while the repair read or wrote their key (the only ones that can exempt a key)
+    slow_during_repair: int
+    repair_touched_keys: int  # keys the monitor saw the repair's commands name
+    reported_untouched: int  # keys the run reported that the monitor never saw it touch
     report: dict[str, Any]
     seconds: float
     examples: list[str] = field(default_factory=list)
@@ -87,6 +92,9 @@ class SafetyRun:
             "writes": self.writes,
             "max_spread_ms": self.max_spread_ms,
             "slow_ops": self.slow_ops,
+            "slow_during_repair": self.slow_during_repair,
+            "repair_touched_keys": self.repair_touched_keys,
+            "reported_untouched": self.reported_untouched,
             "divergent": r["divergent"],
             "repaired": r["repaired"],
             "busy": r["busy"],
@@ -108,7 +116,8 @@ class SafetyRun:
             f"{self.label:<12} seed {self.spec.seed:>3}, repair {self.spec.repair_rate:g}/s: "
             f"writes {d['writes']:>6} "
             f"(ops {d['ops']}, max fan-out {d['max_spread_ms']:.1f} ms, slower than settle "
-            f"{d['slow_ops']}); divergent {d['divergent']}, repaired {d['repaired']}, "
+            f"{d['slow_ops']}, of them during the repair's commands on their key "
+            f"{d['slow_during_repair']}); divergent {d['divergent']}, repaired {d['repaired']}, "
             f"busy {d['busy']}, conflicts {d['conflicts']}, kept {d['kept']}, "
             f"undone {d['undone']}; "
             f"clobbered {d['clobbered']}, resurrected {d['resurrected']}, lost {d['lost']}, "
@@ -199,22 +208,39 @@ async def read_final(endpoint: Endpoint, keys: list[bytes], base_ms: int) -> dic
         await conn.close()
 
 
-async def _start_writers(spec_path: Path) -> asyncio.subprocess.Process:
+async def _start(module: str, *args: str) -> tuple[asyncio.subprocess.Process, list[str]]:
+    """Start `python -m module args`; wait for its `ready` line, return the words after it."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "replag.lab.safety.workload",
-        str(spec_path),
+        module,
+        *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 60)
-    if line.strip() != b"ready":
+    words = line.decode(errors="replace").split()
+    if words[:1] != ["ready"]:
         process.kill()
         await process.wait()
-        raise RuntimeError(f"the writers did not start: {line!r}")
-    return process
+        raise RuntimeError(f"{module} did not start: {line!r}")
+    return process, words[1:]
+
+
+async def _stop_monitor(process: asyncio.subprocess.Process, endpoints: list[Endpoint]) -> None:
+    """Send the end marker to every server: the monitor has every command before it then."""
+    for endpoint in endpoints:
+        conn = await RespConnection.open(endpoint, timeout_s=30.0)
+        try:
+            await conn.request(pack(b"ECHO", END_MARKER), 1)
+        finally:
+            await conn.close()
+    assert process.stdout is not None
+    tail = await asyncio.wait_for(process.stdout.read(), 120)
+    code = await process.wait()
+    if code != 0:
+        raise RuntimeError(f"the monitor failed (exit {code}): {tail!r}")
 
 
 async def _stop_writers(process: asyncio.subprocess.Process) -> None:
@@ -245,10 +271,14 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
         config = _harness_config(spec, endpoints, workdir)
         store = Store(config.settings.store)
         started = time.perf_counter()
-        report = await _repair_under_writers(spec, config, store, spec_path)
+        monitor_path = workdir / "monitor.txt"
+        report, writers = await _repair_under_writers(
+            spec, config, store, spec_path, endpoints, monitor_path
+        )
         seconds = time.perf_counter() - started
         history: list[Op] = read_history(history_path)
         keys = [keyspace.name(i) for i in range(spec.keys)]
+        touched = repair_touches(monitor_path, keys, others=writers)
         final = [await read_final(e, keys, base_ms) for e in endpoints]
         outcomes = {key: status for key, _, status, _ in RunLog(store, report.run_id).keys("g")}
         store.close()
@@ -261,6 +291,7 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
             final,
             outcomes,
             bound_ms=settle_ms,
+            repair_touched=touched,
         )
         return SafetyRun(
             spec=spec,
@@ -269,6 +300,9 @@ async def run_once(spec: SafetySpec, workdir: Path) -> SafetyRun:
             writes=sum(len(op.applied) for op in history if op.calm),
             max_spread_ms=max((op.spread_ms for op in history), default=0.0),
             slow_ops=sum(op.spread_ms > settle_ms for op in history),
+            slow_during_repair=verdict.slow_during_repair,
+            repair_touched_keys=len(touched),
+            reported_untouched=len(set(outcomes) - set(touched)),
             report=report.to_dict(),
             seconds=seconds,
         )
@@ -324,23 +358,36 @@ def _harness_config(spec: SafetySpec, endpoints: list[Endpoint], workdir: Path) 
 
 
 async def _repair_under_writers(
-    spec: SafetySpec, config: Config, store: Store, spec_path: Path
-) -> RepairReport:
+    spec: SafetySpec,
+    config: Config,
+    store: Store,
+    spec_path: Path,
+    endpoints: list[Endpoint],
+    monitor_path: Path,
+) -> tuple[RepairReport, list[str]]:
     """Start the writers, let them drop writes for `drop_s`, then repair while they write
-    on (calm: nothing dropped any more); the writers are stopped however the repair ends."""
-    writers = await _start_writers(spec_path)
+    on (calm: nothing dropped any more), every server's commands monitored meanwhile; the
+    writers are stopped however the repair ends. Returns the report and the writers'
+    addresses (every other client the monitor saw is the repair)."""
+    writers, addresses = await _start("replag.lab.safety.workload", str(spec_path))
     try:
         await asyncio.sleep(spec.drop_s)
         assert writers.stdin is not None
         writers.stdin.write(b"calm\n")
         await writers.stdin.drain()
-        return await repair(
-            config,
-            policy=spec.policy,
-            rate=spec.repair_rate,
-            allow_deletes=spec.allow_deletes,
-            store=store,
-        )
+        ports = [str(e.port) for e in endpoints]
+        monitor, _ = await _start("replag.lab.safety.monitor", str(monitor_path), *ports)
+        try:
+            report = await repair(
+                config,
+                policy=spec.policy,
+                rate=spec.repair_rate,
+                allow_deletes=spec.allow_deletes,
+                store=store,
+            )
+        finally:
+            await _stop_monitor(monitor, endpoints)
+        return report, addresses
     finally:
         await _stop_writers(writers)
 

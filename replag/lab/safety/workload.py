@@ -10,8 +10,8 @@ says exactly what every replica was told, in order.
 
 Run as a process of its own (`python -m replag.lab.safety.workload SPEC.json`)
 so the writers and the repair under test do not share an event loop: it prints
-`ready`, drops writes until it reads `calm`, writes until its stdin closes,
-then writes the history and exits.
+`ready` and its connections' addresses, drops writes until it reads `calm`, writes
+until its stdin closes, then writes the history and exits.
 """
 
 from __future__ import annotations
@@ -76,16 +76,31 @@ class Op:
     applied: tuple[tuple[int, int | str], ...]
     spread_ms: float
     calm: bool = True  # started after the harness said "calm" (while repair runs)
+    # Wall clock (epoch ns, as MONITOR stamps commands): before the first send, after
+    # the last reply. Every replica applied it in between.
+    started_ns: int = 0
+    ended_ns: int = 0
 
     def to_json(self) -> str:
         return json.dumps(
-            [self.key, self.version, self.kind, self.slot, self.applied, self.spread_ms, self.calm]
+            [
+                self.key,
+                self.version,
+                self.kind,
+                self.slot,
+                self.applied,
+                self.spread_ms,
+                self.calm,
+                self.started_ns,
+                self.ended_ns,
+            ]
         )
 
     @classmethod
     def from_json(cls, line: str) -> Op:
-        key, version, kind, slot, applied, spread, calm = json.loads(line)
-        return cls(key, version, kind, slot, tuple((r, x) for r, x in applied), spread, calm)
+        key, version, kind, slot, applied, spread, calm, started, ended = json.loads(line)
+        applied = tuple((r, x) for r, x in applied)
+        return cls(key, version, kind, slot, applied, spread, calm, started, ended)
 
 
 def _reply(value: Any) -> int | str:
@@ -105,12 +120,17 @@ class _Writer:
         self.mine = [k for k in range(spec.keys) if k % spec.writers == index]
         self.hot = [k for k in spec.hot if k % spec.writers == index]
         self.conns: list[RespConnection] = []
+        self.addresses: list[str] = []  # as the servers name these connections (CLIENT INFO)
         self.ops: list[Op] = []
 
     async def open(self) -> None:
         for port in self.spec.ports:
             endpoint = Endpoint(name=f"127.0.0.1:{port}", host="127.0.0.1", port=port)
-            self.conns.append(await RespConnection.open(endpoint, timeout_s=self.spec.timeout_s))
+            conn = await RespConnection.open(endpoint, timeout_s=self.spec.timeout_s)
+            self.conns.append(conn)
+            (info,) = await conn.request(pack(b"CLIENT", b"INFO"), 1)
+            fields = dict(f.split("=", 1) for f in info.decode().split() if "=" in f)
+            self.addresses.append(fields["addr"])
 
     async def run(self, stop: asyncio.Event, calm: asyncio.Event) -> None:
         while not stop.is_set() and self.mine:
@@ -138,6 +158,7 @@ class _Writer:
             if droppable:
                 order.remove(rng.choice(droppable))
         applied: list[tuple[int, int | str]] = []
+        started_ns = time.time_ns()
         first = time.monotonic()  # the spread is bounded by first send to last reply
         for n, replica in enumerate(order):
             if n and spec.max_pause_ms and rng.random() < 0.5:
@@ -145,8 +166,19 @@ class _Writer:
             (reply,) = await self.conns[replica].request(command, 1)
             applied.append((replica, _reply(reply)))
         spread = (time.monotonic() - first) * 1000
+        ended_ns = time.time_ns()
         self.ops.append(
-            Op(index, version, kind, slot, tuple(applied), round(spread, 3), not dropping)
+            Op(
+                index,
+                version,
+                kind,
+                slot,
+                tuple(applied),
+                round(spread, 3),
+                not dropping,
+                started_ns,
+                ended_ns,
+            )
         )
 
     async def close(self) -> None:
@@ -155,15 +187,23 @@ class _Writer:
 
 
 async def run_workload(
-    spec: WorkloadSpec, *, stop: asyncio.Event, calm: asyncio.Event, ready: asyncio.Event
+    spec: WorkloadSpec,
+    *,
+    stop: asyncio.Event,
+    calm: asyncio.Event,
+    ready: asyncio.Event,
+    addresses: list[str] | None = None,
 ) -> list[Op]:
     """Write until `stop` is set, dropping writes until `calm` is; every operation has
-    finished on its replicas when this returns."""
+    finished on its replicas when this returns. The writers' connections' addresses (as
+    the servers see them) go to `addresses` before `ready` is set."""
     versions = itertools.count(2)
     writers = [_Writer(spec, i, versions) for i in range(spec.writers)]
     try:
         for writer in writers:
             await writer.open()
+            if addresses is not None:
+                addresses += writer.addresses
         ready.set()
         await asyncio.gather(*(w.run(stop, calm) for w in writers))
     finally:
@@ -178,15 +218,17 @@ def read_history(path: Path) -> list[Op]:
 
 
 async def _serve(spec: WorkloadSpec) -> list[Op]:
-    """Announce `ready`, drop writes until stdin says `calm`, stop at its EOF."""
+    """Announce `ready` and the writers' addresses, drop writes until stdin says `calm`,
+    stop at its EOF."""
     stop, calm, ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    addresses: list[str] = []
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
     async def listen() -> None:
         await ready.wait()
-        print("ready", flush=True)
+        print("ready", *addresses, flush=True)
         while line := await reader.readline():
             if line.strip() == b"calm":
                 calm.set()
@@ -194,7 +236,7 @@ async def _serve(spec: WorkloadSpec) -> list[Op]:
 
     listener = asyncio.create_task(listen())
     try:
-        return await run_workload(spec, stop=stop, calm=calm, ready=ready)
+        return await run_workload(spec, stop=stop, calm=calm, ready=ready, addresses=addresses)
     finally:
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
