@@ -78,6 +78,12 @@ def _repair() -> click.Command:
     return repair.command
 
 
+def _schema() -> click.Command:
+    from replag.commands import schema
+
+    return schema.command
+
+
 def _serve() -> click.Command:
     from replag.commands import serve
 
@@ -118,6 +124,10 @@ COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
     "repair": (
         _repair,
         "Find keys that differ between replicas (Tictac Merkle trees) and repair them safely.",
+    ),
+    "schema": (
+        _schema,
+        "Print the JSON Schema of what `--json` prints (probe, check, repair, …).",
     ),
     "serve": (
         _serve,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from replag.docs_gen import run
 from tests.helpers.docs import DOCS, ROOT
 
 
@@ -21,3 +22,9 @@ def test_every_docs_page_is_in_the_nav() -> None:
     pages = {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
     assert pages - nav == set(), "pages under docs/ missing from mkdocs.yml's nav"
     assert nav - pages == set(), "nav entries without a page"
+
+
+def test_generated_reference_pages_are_current() -> None:
+    # Settings, CLI help, metric families and JSON schemas are generated from the code:
+    # `python -m replag.docs_gen` rewrites them.
+    assert [str(p.relative_to(ROOT)) for p in run(DOCS, check=True)] == []

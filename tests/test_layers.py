@@ -1,13 +1,13 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
-    values         errors, durations, histogram, clock, clockbound
+    values         errors, durations, histogram, clock, clockbound, schemas
     configuration  settings, topology, validation, config_tables, config (+ alerts.config
                    and alerts.tables: the [alerts] values and tables), `replag`
     io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent
-    service → api → cli (commands)
+    service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
 counts (also inside functions and under TYPE_CHECKING), and nothing is imported by
@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.histogram",
             "replag.clock",
             "replag.clockbound",
+            "replag.schemas",
         ),
     ),
     (
@@ -77,7 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("service", ("replag.service",)),
     ("api", ("replag.api",)),
-    ("cli", ("replag.commands", "replag.cli", "replag.__main__")),
+    ("cli", ("replag.commands", "replag.cli", "replag.__main__", "replag.docs_gen")),
 )
 
 

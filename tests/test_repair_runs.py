@@ -195,7 +195,7 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
     runner = CliRunner()
     listed = runner.invoke(main, ["repair", "runs", "-c", str(config), "--json"])
     assert listed.exit_code == 0
-    (entry,) = json.loads(listed.output)
+    (entry,) = json.loads(listed.output)["runs"]
     assert entry["status"] == "interrupted"
     assert entry["resume"] == f"replag repair run -c {config} --resume {run_id}"
     human = runner.invoke(main, ["repair", "runs", "-c", str(config)])
@@ -205,7 +205,7 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
     assert resumed.exit_code == 0, resumed.output
     (done,) = json.loads(
         runner.invoke(main, ["repair", "runs", "-c", str(config), "--json"]).output
-    )
+    )["runs"]
     assert (done["status"], done["resume"]) == ("done", None)
 
 

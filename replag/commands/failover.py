@@ -13,6 +13,7 @@ from replag.commands.options import config_option, load
 from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import UsageError
 from replag.replication import failover_check
+from replag.schemas import versioned
 from replag.store import Store
 
 
@@ -52,7 +53,7 @@ def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str 
     finally:
         if store is not None:
             store.close()
-    click.echo(json.dumps(result.to_dict(), indent=2))
+    click.echo(json.dumps(versioned(result.to_dict()), indent=2))
     for assessment in result.assessments:
         state = "SAFE" if assessment.safe else "UNSAFE"
         click.echo(f"{state}: {assessment.source}: {assessment.verdict}", err=True)

@@ -19,6 +19,7 @@ from replag.errors import UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.report import combine_reports
 from replag.probes.runner import ProbeProgress, ProgressCallback
+from replag.schemas import versioned
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
 
@@ -162,7 +163,7 @@ def command(
         if store is not None:
             store.close()
     if as_json:
-        out = report.to_dict()
+        out = versioned(report.to_dict())
         if outcome is not None:
             out["alerts"] = outcome
         click.echo(json.dumps(out, indent=2))

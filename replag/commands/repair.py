@@ -18,6 +18,7 @@ from replag.errors import ReplagError, UsageError
 from replag.repair import RepairProgress, RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
 from replag.repair.runs import resumable, resume_command
+from replag.schemas import versioned
 from replag.store import Store
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
@@ -59,7 +60,7 @@ class _ProgressLine:
 
 def _emit(report: RepairReport, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(versioned(report.to_dict()), indent=2))
     else:
         click.echo(report.render())
 
@@ -219,7 +220,8 @@ def runs_command(config_path: Path, limit: int, as_json: bool) -> None:
             else None
         )
     if as_json:
-        click.echo(json.dumps(runs, indent=2))
+        document = {"store": str(config.settings.store), "runs": runs}
+        click.echo(json.dumps(versioned(document), indent=2))
         return
     if not runs:
         click.echo(f"no runs in {config.settings.store}")

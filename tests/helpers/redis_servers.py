@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-from replag.lab.server import RedisServer
+from replag.lab.server import RedisServer, free_port
 from tests.helpers.waiting import wait_until
 
 # `redis_factory(name="r", *, password=None, extra_args=())` → a started RedisServer.
@@ -36,3 +38,24 @@ def wait_listed(upstream: RedisServer, replicas: list[RedisServer]) -> None:
             return want <= listed
 
         wait_until(online, f"replicas {sorted(want)} online on {upstream.port}")
+
+
+@contextmanager
+def primary_and_replicas(workdir: Path, replicas: int = 2) -> Iterator[list[RedisServer]]:
+    """A primary and its replicas, replicating and listed online: [primary, *replicas].
+    For module-scoped fixtures (redis_factory is per test)."""
+    servers: list[RedisServer] = []
+    try:
+        primary = RedisServer(name="primary", port=free_port(), workdir=workdir).start()
+        servers.append(primary)
+        for n in range(replicas):
+            args = ("--replicaof", "127.0.0.1", str(primary.port), *FAST_SYNC)
+            replica = RedisServer(
+                name=f"replica{n}", port=free_port(), workdir=workdir, extra_args=args
+            )
+            servers.append(replica.start())
+        wait_listed(primary, servers[1:])
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
