@@ -8,21 +8,32 @@ the client. The workers connect first and start together; the wall time is
 from that start to the last one's end. Benchmarks call `measure_ceiling` in
 the same run as the thing they compare to it, on the same servers.
 
-With `ttls`, each batch's TTLs are fetched too, by the script a check uses on
-replicas that hold expiring keys (`replag.repair.scan.TTL_SCRIPT`): the
-ceiling of reading everything a check's digest needs, not only the values.
+With `ttls`, each batch's TTLs are fetched too, in the same write as its MGET, by
+one of the exact ways a user could write without replag (none of replag's code):
 
-    python benchmarks/ceiling.py [--ttls] PORT [PORT ...]      # prints the figures
+- `pttl`: one pipelined PTTL per key;
+- `script`: one Lua call per batch returning every key's PTTL;
+- `sparse`: one Lua call per batch returning (position, PTTL) of the keys that have
+  an expiry only (most keys have none: fewer replies to build and parse).
+
+A benchmark measures them all in the same run and takes the fastest as the ceiling
+of reading everything an expiry-comparing check needs. Every worker runs at the
+CPU priority (nice) it is given, so that it competes as the readers it is compared
+with do.
+
+    python benchmarks/ceiling.py [--ttls pttl|script|sparse] PORT [PORT ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import hiredis
@@ -37,27 +48,46 @@ class Ceiling:
     keys: list[int]
     value_bytes: list[int]
     worker_rss_mb: list[float]
-    ttls: bool = False
+    ttls: str | None = None
+    nice: int = 0
 
     def line(self) -> str:
         rates = ", ".join(f"{k / self.seconds:,.0f}" for k in self.keys)
-        what = "SCAN + MGET + the TTL script" if self.ttls else "bare pipelined SCAN + MGET"
+        what = f"SCAN + MGET + {TTL_LABELS[self.ttls]}" if self.ttls else "SCAN + MGET"
         return (
-            f"{'ceiling with TTLs' if self.ttls else 'ceiling'} ({len(self.keys)} replicas "
-            f"read at once, {what}, one process each): {self.seconds:.2f} s, "
+            f"ceiling {self.ttls or 'bare'} ({len(self.keys)} replicas read at once, "
+            f"pipelined {what}, one process each at nice {self.nice}): "
+            f"{self.seconds:.2f} s, "
             f"{sum(self.keys):,} keys, "
             f"{sum(self.value_bytes) / 1e6:,.0f} MB of values, {rates} keys/s per replica, "
             f"client CPU {self.cpu_s:.1f} s"
         )
 
 
+TTL_METHODS = ("pttl", "script", "sparse")
+TTL_LABELS = {
+    "pttl": "one PTTL per key",
+    "script": "a script returning every PTTL",
+    "sparse": "a script returning only the PTTLs that are set",
+}
+# The user's own scripts (not replag's): every key's PTTL, or (position, PTTL) pairs of
+# the keys that have an expiry.
+SCRIPTS = {
+    "script": b"local out = {} for i, key in ipairs(KEYS) do "
+    b"out[i] = redis.call('PTTL', key) end return out",
+    "sparse": b"local out = {} for i, key in ipairs(KEYS) do "
+    b"local t = redis.call('PTTL', key) "
+    b"if t ~= -1 then out[#out + 1] = i; out[#out + 1] = t end end return out",
+}
+
+
 def _pack(*args: bytes) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
-def read_all(port: int, count: int = 1000, *, ttls: bool = False) -> tuple[int, int]:
-    """Read every key of the server on `port` (and its TTL, with `ttls`): (keys, bytes of
-    values)."""
+def read_all(port: int, count: int = 1000, *, ttls: str | None = None) -> tuple[int, int]:
+    """Read every key of the server on `port` (and its TTL, the `ttls` way): (keys, bytes
+    of values)."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
@@ -74,46 +104,52 @@ def read_all(port: int, count: int = 1000, *, ttls: bool = False) -> tuple[int, 
 
     keys_seen = value_bytes = 0
     sha = b""
-    if ttls:
-        from replag.repair.scan import TTL_SCRIPT
-
-        sock.sendall(_pack(b"SCRIPT", b"LOAD", TTL_SCRIPT))
+    if ttls in SCRIPTS:
+        sock.sendall(_pack(b"SCRIPT", b"LOAD", SCRIPTS[ttls]))
         sha = reply()  # type: ignore[assignment]
     sock.sendall(_pack(b"SCAN", b"0", b"COUNT", count_arg))
-    mget_pending = False
+    pending = 0  # replies owed for the previous batch's MGET and TTLs
     while True:
         cursor, keys = reply()  # type: ignore[misc]
         out = b""
         if cursor != b"0":
             out += _pack(b"SCAN", cursor, b"COUNT", count_arg)
+        owed = 0
         if keys:
             out += _pack(b"MGET", *keys)
-            if ttls:
+            owed = 1
+            if ttls == "pttl":
+                out += b"".join(_pack(b"PTTL", key) for key in keys)
+                owed += len(keys)
+            elif ttls:
                 out += _pack(b"EVALSHA", sha, str(len(keys)).encode(), *keys)
+                owed += 1
         if out:
             sock.sendall(out)
-        if mget_pending:
-            values = reply()
-            value_bytes += sum(map(len, filter(None, values)))  # type: ignore[arg-type]
-            if ttls:
-                reply()
-        mget_pending = bool(keys)
+        value_bytes += _drain(reply, pending)
+        pending = owed
         keys_seen += len(keys)
         if cursor == b"0":
             break
-    if mget_pending:
-        values = reply()
-        value_bytes += sum(map(len, filter(None, values)))  # type: ignore[arg-type]
-        if ttls:
-            reply()
+    value_bytes += _drain(reply, pending)
     sock.close()
     return keys_seen, value_bytes
 
 
-def _worker(port: int, count: int, ttls: bool) -> None:
-    if ttls:
-        import replag.repair.scan  # noqa: F401  (its import is not part of the read)
-    # Imported before "go", so every worker starts reading at the same moment.
+def _drain(reply: Callable[[], object], owed: int) -> int:
+    """Read one batch's MGET reply and the `owed - 1` TTL replies after it: the bytes of
+    the values."""
+    if not owed:
+        return 0
+    values = reply()
+    for _ in range(owed - 1):
+        reply()
+    return sum(map(len, filter(None, values)))  # type: ignore[call-overload]
+
+
+def _worker(port: int, count: int, ttls: str | None, nice: int) -> None:
+    if nice:
+        os.nice(nice)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdin.readline()
@@ -133,13 +169,22 @@ def _worker(port: int, count: int, ttls: bool) -> None:
     )
 
 
-def measure_ceiling(ports: list[int], count: int = 1000, *, ttls: bool = False) -> Ceiling:
-    """Read every server in `ports` completely (with `ttls`, their TTLs too), all at once,
-    one process each."""
+def measure_ceiling(
+    ports: list[int], count: int = 1000, *, ttls: str | None = None, nice: int = 0
+) -> Ceiling:
+    """Read every server in `ports` completely (with `ttls`, their TTLs too, that way), all
+    at once, one process each at priority `nice`."""
     workers = [
         subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", str(port), str(count)]
-            + (["--ttls"] if ttls else []),
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                str(port),
+                str(count),
+                ttls or "-",
+                str(nice),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -175,13 +220,18 @@ def measure_ceiling(ports: list[int], count: int = 1000, *, ttls: bool = False) 
         value_bytes=[r["bytes"] for r in results],
         worker_rss_mb=[r["rss_mb"] for r in results],
         ttls=ttls,
+        nice=nice,
     )
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        _worker(int(sys.argv[2]), int(sys.argv[3]), "--ttls" in sys.argv[4:])
+        method = None if sys.argv[4] == "-" else sys.argv[4]
+        _worker(int(sys.argv[2]), int(sys.argv[3]), method, int(sys.argv[5]))
     else:
-        with_ttls = "--ttls" in sys.argv[1:]
-        ports = [int(p) for p in sys.argv[1:] if p != "--ttls"]
-        print(measure_ceiling(ports, ttls=with_ttls).line())
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--ttls", choices=TTL_METHODS)
+        parser.add_argument("--nice", type=int, default=0)
+        parser.add_argument("ports", type=int, nargs="+")
+        args = parser.parse_args()
+        print(measure_ceiling(args.ports, ttls=args.ttls, nice=args.nice).line())
