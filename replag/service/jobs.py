@@ -1,0 +1,225 @@
+"""The job runner: checks and repairs started by the API or a scheduled check.
+
+Jobs run on the jobs' own loop when the service runs (a check's CPU-bound
+stretches then hold up neither the API nor the probes' observations), else
+on the caller's. One job per group at a time: a job of every group excludes
+all others, and any running job excludes one of every group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from replag.alerts.health import record_check
+from replag.background import BackgroundLoop
+from replag.config import Config
+from replag.errors import JobConflict, ReplagError
+from replag.metrics import ServiceMetrics
+from replag.repair import RepairReport, check, repair
+from replag.repair.policy import parse_policy
+from replag.store import Store
+
+log = logging.getLogger("replag.service")
+
+JobAction = Literal["check", "repair"]
+
+
+@dataclass(kw_only=True)
+class RepairJob:
+    """A check or repair started by the API or the scheduler, tracked while it runs."""
+
+    id: str
+    action: JobAction
+    group: str | None
+    started_ns: int
+    state: Literal["running", "done", "failed"] = "running"
+    finished_ns: int | None = None
+    run_id: str | None = None
+    divergent: int | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.id,
+            "action": self.action,
+            "group": self.group,
+            "state": self.state,
+            "started_ns": self.started_ns,
+            "finished_ns": self.finished_ns,
+            "run_id": self.run_id,
+            "divergent": self.divergent,
+            "error": self.error,
+        }
+
+
+class JobRunner:
+    """Starts, tracks and waits for checks and repairs; `loop` is set while the service runs."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store,
+        metrics: ServiceMetrics,
+        counters: Counter[str],
+    ) -> None:
+        self.config = config
+        # The service's checks and repairs share the host (and the servers) with the API,
+        # the probes and the replicas' clients: they read at service_scan_rate.
+        self.job_config = dataclasses.replace(
+            config,
+            settings=dataclasses.replace(
+                config.settings, scan_rate=config.settings.service_scan_rate
+            ),
+        )
+        self.settings = config.settings
+        self.store = store
+        self.metrics = metrics
+        self.counters = counters
+        self.jobs: dict[str, RepairJob] = {}
+        # Started jobs not finished yet: tasks of the jobs loop (or of the caller's loop when
+        # the schedules do not run).
+        self._tasks: dict[str, concurrent.futures.Future[None] | asyncio.Future[None]] = {}
+        self.lock = threading.Lock()  # start() runs on the API's and the schedules' loops
+        self.loop: BackgroundLoop | None = None
+        # Group (None: every group) → the id of the job holding it.
+        self._busy: dict[str | None, str] = {}
+
+    def start(self, action: JobAction, group: str | None, **options: Any) -> RepairJob:
+        """Start a check or repair in the background.
+
+        Raises JobConflict while a job of the same group, or of every group, runs (a job
+        of every group conflicts with any), and UsageError for an unknown group or a
+        policy the repair library would refuse, so the caller hears of it now.
+        """
+        if group is not None:
+            self.config.topology.group(group)  # UsageError naming the known groups
+        if action == "repair":
+            self._check_policy(group, options.get("policy", "quorum"))
+        job = RepairJob(
+            id=uuid.uuid4().hex[:12], action=action, group=group, started_ns=time.time_ns()
+        )
+        with self.lock:
+            running = [g for g in self._busy if group is None or g is None or g == group]
+            if running:
+                what = running[0] or "every group"
+                raise JobConflict(f"a check or repair of {what} is already running")
+            self._busy[group] = job.id
+            self.jobs[job.id] = job
+            self._prune()
+        coro = self._run(job, options)
+        future: concurrent.futures.Future[None] | asyncio.Future[None] = (
+            self.loop.submit(coro) if self.loop is not None else asyncio.ensure_future(coro)
+        )
+        self._tasks[job.id] = future
+
+        def finished(_: object) -> None:
+            with self.lock:
+                self._tasks.pop(job.id, None)
+                if self._busy.get(group) == job.id:  # also when cancelled before it started
+                    del self._busy[group]
+
+        future.add_done_callback(finished)
+        return job
+
+    def _check_policy(self, group: str | None, policy: str) -> None:
+        """Parse `policy` for every group the job covers, as the repair will (UsageError)."""
+        groups = [self.config.topology.group(group)] if group else self.config.topology.groups
+        for g in groups:
+            parse_policy(policy, g.members)
+
+    async def wait(self, job_id: str) -> RepairJob:
+        """Wait (from any loop) for a started job to end; a cancelled wait leaves it running."""
+        future = self._tasks.get(job_id)
+        if isinstance(future, concurrent.futures.Future):
+            await asyncio.shield(asyncio.wrap_future(future))
+        elif future is not None:
+            await asyncio.shield(future)
+        return self.jobs[job_id]
+
+    async def cancel_local(self) -> None:
+        """Cancel and await the jobs running on the caller's loop (started without `loop`)."""
+        local = [f for f in self._tasks.values() if isinstance(f, asyncio.Future)]
+        for task in local:
+            task.cancel()
+        await asyncio.gather(*local, return_exceptions=True)
+
+    def running_count(self) -> int:
+        return sum(j.state == "running" for j in self.jobs.values())
+
+    async def _run(self, job: RepairJob, options: dict[str, Any]) -> None:
+        """Run `job` (its group is already claimed in `_busy`), then an auto-repair if due."""
+        group_label = job.group or "all"
+        try:
+            if job.action == "check":
+                report = await check(
+                    self.job_config, group=job.group, store=self.store, ttls=options.get("ttls")
+                )
+            else:
+                report = await repair(self.job_config, group=job.group, store=self.store, **options)
+            job.run_id, job.divergent = report.run_id, int(report.divergent)
+            job.state = "done"
+            self._observe(job, report)
+        except ReplagError as exc:
+            self._failed(job, str(exc))
+            log.warning("%s of %s failed: %s", job.action, group_label, exc)
+            return
+        except Exception as exc:
+            # A bug or an unexpected network error (ConnectionResetError…) must not leave
+            # the job "running" forever nor stop the next group's check.
+            self.counters["crashed jobs"] += 1
+            self._failed(job, f"{type(exc).__name__}: {exc}")
+            log.exception("%s of %s crashed", job.action, group_label)
+            return
+        finally:
+            job.finished_ns = time.time_ns()
+        self.counters[f"{job.action}s"] += 1
+        outcome = "divergent" if job.divergent else "clean"
+        self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
+        self.metrics.last_success.labels(job.action, group_label).set(time.time())
+        if job.action == "check" and job.group and job.divergent and self.settings.auto_repair:
+            log.warning("group %s: %d divergent keys, auto-repairing", job.group, job.divergent)
+            follow = RepairJob(
+                id=uuid.uuid4().hex[:12],
+                action="repair",
+                group=job.group,
+                started_ns=time.time_ns(),
+            )
+            with self.lock:
+                self.jobs[follow.id] = follow
+            await self._run(follow, {})
+
+    def _failed(self, job: RepairJob, error: str) -> None:
+        job.state, job.error = "failed", error
+        self.metrics.repair_runs.labels(job.group or "all", job.action, "error").inc()
+        if job.group:
+            record_check(self.store, group=job.group, divergent=None, run_id=None, error=error)
+
+    def _observe(self, job: RepairJob, report: RepairReport) -> None:
+        """Per-group figures of a RepairReport: divergent keys, repair outcomes, group health."""
+        for group in report.groups:
+            if job.action == "check" or not report.dry_run:
+                self.metrics.divergent.labels(group.group).set(group.divergent)
+                record_check(
+                    self.store,
+                    group=group.group,
+                    divergent=group.divergent,
+                    run_id=report.run_id,
+                    error=None,
+                )
+            for outcome, count in group.outcomes.items():
+                self.metrics.repaired_keys.labels(group.group, outcome).inc(count)
+
+    def _prune(self, keep: int = 200) -> None:
+        finished = [j for j in self.jobs.values() if j.state != "running"]
+        for job in finished[: max(0, len(self.jobs) - keep)]:
+            del self.jobs[job.id]

@@ -1,0 +1,131 @@
+"""The probe round of one source region: write probes there, observe every replica.
+
+One `ProbeRound` per region with a write endpoint (a Redis Cluster shard is a
+region), each on its own `probe_interval` timer. A round records its outcome
+for health, feeds the metrics and the replication state, and asks for an
+alert evaluation when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from replag.alerts.health import record_probe
+from replag.config import Config
+from replag.errors import EndpointError
+from replag.metrics import ServiceMetrics
+from replag.probes.report import ProbeReport
+from replag.service.replication import ReplicationState
+from replag.store import Store
+
+log = logging.getLogger("replag.service")
+
+ProbeFunction = Callable[..., Awaitable[ProbeReport]]
+
+
+class ProbeRound:
+    """Probes from one source region every `probe_interval`."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: str,
+        write_name: str,
+        probe: ProbeFunction,
+        store: Store,
+        metrics: ServiceMetrics,
+        counters: Counter[str],
+        replication: ReplicationState,
+        evaluate_alerts: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.write_name = write_name
+        self.name = f"probe:{source}"
+        self.interval_s = config.settings.probe_interval
+        self._probe = probe
+        self.store = store
+        self.metrics = metrics
+        self.counters = counters
+        self.replication = replication
+        self.evaluate_alerts = evaluate_alerts
+        # Replicas whose last probe saw nothing: logged once per spell.
+        self._silent: set[str] = set()
+
+    async def run(self) -> ProbeReport | None:
+        """Probe, then evaluate the alerts (what the scheduler runs)."""
+        report = await self.probe()
+        await self.evaluate_alerts()
+        return report
+
+    async def probe(self) -> ProbeReport | None:
+        """One probe run from this source; None when its write endpoint failed."""
+        source = self.source
+        try:
+            report = await self._probe(self.config, source=source, store=self.store)
+        except EndpointError as exc:
+            self.counters["probe errors"] += 1
+            self.metrics.probe_runs.labels(source, "ok")  # the series exists, at 0
+            self.metrics.probe_runs.labels(source, "error").inc()
+            record_probe(
+                self.store,
+                source=source,
+                run_id=None,
+                error=str(exc),
+                unreachable=[{"replica": self.write_name, "region": source, "error": str(exc)}],
+            )
+            log.warning("probe from %s failed: %s", source, exc)
+            return None
+        self.counters["probe runs"] += 1
+        self._log_silent_replicas(report)
+        if report.replication is not None:
+            self.replication.observe(report.replication)
+        for event in report.failovers:
+            self.metrics.replication.failover(source)
+            log.warning("%s", event.render())
+        self.metrics.observe_probe(
+            source=source,
+            targets=[p.target for p in report.pairs],
+            samples=report.samples,
+            write=report.write,
+            unreachable=len(report.unreachable),
+            finished_s=time.time(),
+        )
+        record_probe(
+            self.store,
+            source=source,
+            run_id=report.run_id,
+            error=None,
+            unreachable=list(report.unreachable),
+        )
+        return report
+
+    def _log_silent_replicas(self, report: ProbeReport) -> None:
+        """Log when a replica starts and stops losing every probe (reachable, not replicating)."""
+        for pair in report.pairs:
+            silent = pair.error is None and pair.sent > 0 and pair.seen == 0
+            if silent and pair.replica not in self._silent:
+                self._silent.add(pair.replica)
+                log.warning(
+                    "%s→%s: replica %s saw none of %d probes within %gs: reachable but not "
+                    "replicating",
+                    report.source,
+                    pair.target,
+                    pair.replica,
+                    pair.sent,
+                    self.config.settings.timeout,
+                )
+            elif not silent and pair.replica in self._silent and pair.error is None:
+                self._silent.discard(pair.replica)
+                log.info(
+                    "%s→%s: replica %s replicating again (%d of %d probes seen)",
+                    report.source,
+                    pair.target,
+                    pair.replica,
+                    pair.seen,
+                    pair.sent,
+                )

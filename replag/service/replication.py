@@ -1,0 +1,245 @@
+"""Replication state in the service: the sampling unit and the view the API reads.
+
+`ReplicationState` keeps the latest sample of each (source, primary), from the
+probe runs and from `ReplicationSampling` (every primary's and replica's INFO
+replication, every `replication_interval`), exports it as metrics, and
+builds what `/api/v1/replication` and the matrix's replication cells show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from replag.alerts.thresholds import headroom_bands
+from replag.background import BackgroundLoop
+from replag.config import Config
+from replag.metrics import ServiceMetrics
+from replag.replication import history as replication_history
+from replag.replication.check import recent_lag_p99_ms
+from replag.replication.follow import endpoint_at
+from replag.replication.rpo import FailoverAssessment, assess_failover
+from replag.replication.sampler import ReplicationSampler, SampleTarget, replication_targets
+from replag.replication.state import PrimaryState, ReplicationSnapshot
+from replag.store import Store
+
+log = logging.getLogger("replag.service")
+REPLICATION_CELLS_MAX_AGE_S = 0.5
+
+
+class ReplicationState:
+    """The latest replication sample of every primary, its metrics and its API views."""
+
+    def __init__(self, config: Config, *, store: Store, metrics: ServiceMetrics) -> None:
+        self.config = config
+        self.settings = config.settings
+        self.store = store
+        self.metrics = metrics
+        self.latest: dict[tuple[str, str], PrimaryState] = {}
+        # The matrix's replication cells, with the monotonic moment they were built; rebuilt
+        # on `rebuild_on` (the jobs' loop while the service runs).
+        self._cells: tuple[float, list[dict[str, Any]]] | None = None
+        self._cells_rebuilding = False
+        self._lock = threading.Lock()
+        self.rebuild_on: BackgroundLoop | None = None
+        self.metrics.replication.expect(
+            (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
+            for t in self.targets()
+        )
+
+    def targets(self) -> list[SampleTarget]:
+        """Every primary to sample: a Sentinel region's where the probe last found it."""
+        regions = []
+        for region in self.config.topology.regions:
+            if region.write is not None and region.sentinel is not None:
+                known = replication_history.write_primary(self.store, region.name)
+                if known is not None:
+                    host, _, port = known.address.rpartition(":")
+                    moved = endpoint_at(self.config.topology, region, host, int(port))
+                    region = dataclasses.replace(region, write=moved)
+            regions.append(region)
+        return replication_targets(self.config.topology, sources=regions)[0]
+
+    def observe(self, snapshot: ReplicationSnapshot) -> None:
+        now = time.time_ns()
+        for primary in snapshot.primaries:
+            self.latest[(primary.source, primary.primary)] = primary
+            assessment = self.failover_assessment(primary, now_ns=now)
+            nan = float("nan")
+            self.metrics.replication.update(
+                primary,
+                [
+                    (
+                        c.replica,
+                        nan if c.rpo_bytes is None else float(c.rpo_bytes),
+                        nan if c.rpo_s is None else c.rpo_s,
+                    )
+                    for c in assessment.candidates
+                ],
+            )
+            if primary.error is None:
+                self.metrics.last_success.labels("replication", primary.source).set(now / 1e9)
+
+    def failover_assessment(self, primary: PrimaryState, *, now_ns: int) -> FailoverAssessment:
+        """RPO of each replica of `primary`, with the probe's recent p99 lag as its time."""
+        lag = recent_lag_p99_ms(
+            self.store,
+            primary.source,
+            now_ns=now_ns,
+            freshness_s=max(300.0, 3 * self.settings.probe_interval),
+        )
+        return assess_failover(primary, lag_p99_ms=lag)
+
+    def latest_primaries(self) -> list[PrimaryState]:
+        """The latest sample of every primary: this service's, else the store's (cron's)."""
+        if self.latest:
+            latest = list(self.latest.values())
+        else:
+            latest = replication_history.latest_primaries(self.store)
+        newest: dict[str, PrimaryState] = {}
+        for p in latest:  # after a failover a source's old primary is history
+            if p.source not in newest or p.sampled_ns > newest[p.source].sampled_ns:
+                newest[p.source] = p
+        return sorted(newest.values(), key=lambda p: p.source)
+
+    def status(self) -> dict[str, Any]:
+        """What `GET /api/v1/replication` returns: each primary's latest state with its
+        failover assessment, and the failovers followed in the last day."""
+        now = time.time_ns()
+        primaries = []
+        for p in self.latest_primaries():
+            out = p.to_dict()
+            out["sampled_ns"] = p.sampled_ns
+            out["age_s"] = round((now - p.sampled_ns) / 1e9, 3)
+            out["failover"] = self.failover_assessment(p, now_ns=now).to_dict()
+            for replica, row in zip(p.replicas, out["replicas"], strict=True):
+                bands = headroom_bands(self.config, p.source, replica.region)
+                row["headroom_colour"] = bands.colour(replica.headroom_fraction)
+                row["headroom_bands"] = bands.to_dict()
+            primaries.append(out)
+        return {
+            "interval_s": self.settings.replication_interval,
+            "primaries": primaries,
+            "failovers": replication_history.failover_events(
+                self.store, since_ns=now - 86_400 * 10**9
+            ),
+        }
+
+    def recent_cells(self) -> list[dict[str, Any]] | None:
+        """`cells` as last built, None when the caller must build them: before the first
+        build, and when they are older than one `replication_interval` (a sample taken
+        since could say a link went down: old cells must never be answered as the
+        present). Cells older than `REPLICATION_CELLS_MAX_AGE_S` are answered once more
+        while a thread rebuilds them: samples come every `replication_interval`, so a
+        matrix request seldom rebuilds the cells (or reads the store, or waits for it)."""
+        built = self._cells
+        if built is None:
+            return None
+        age = time.monotonic() - built[0]
+        if age > self.settings.replication_interval:
+            return None
+        if age > REPLICATION_CELLS_MAX_AGE_S:
+            if self.rebuild_on is None:
+                return None  # not started: the caller rebuilds them
+            self._rebuild_cells_soon(self.rebuild_on)
+        return built[1]
+
+    def _rebuild_cells_soon(self, background: BackgroundLoop) -> None:
+        """Rebuild the cells off the API's loop, once however many requests find them old:
+        the requests meanwhile get the previous cells, at most one rebuild late. (On the
+        jobs' loop's thread pool: starting a thread from the API's loop waits for the
+        thread to run, which took 75 ms on a busy host.)"""
+        with self._lock:
+            if self._cells_rebuilding:
+                return
+            self._cells_rebuilding = True
+
+        async def rebuild() -> None:
+            try:
+                await asyncio.to_thread(self.cells)
+            finally:
+                self._cells_rebuilding = False
+
+        pending = rebuild()
+        try:
+            background.submit(pending)
+        except RuntimeError:  # the loop closed meanwhile (stopping): nothing to rebuild for
+            pending.close()
+            self._cells_rebuilding = False
+
+    def cells(self) -> list[dict[str, Any]]:
+        """Per (source, target region): the worst replica's bytes behind and headroom."""
+        cells = self._build_cells()
+        self._cells = (time.monotonic(), cells)
+        return cells
+
+    def _build_cells(self) -> list[dict[str, Any]]:
+        cells: dict[tuple[str, str], dict[str, Any]] = {}
+        for p in self.latest_primaries():
+            for r in p.replicas:
+                cell = cells.setdefault(
+                    (p.source, r.region),
+                    {
+                        "source": p.source,
+                        "target": r.region,
+                        "bytes_behind": None,
+                        "headroom_fraction": None,
+                        "links_down": 0,
+                        "replicas": 0,
+                        "sampled_ns": p.sampled_ns,
+                    },
+                )
+                cell["replicas"] += 1
+                cell["links_down"] += 0 if r.link_up else 1
+                if r.bytes_behind is not None:
+                    cell["bytes_behind"] = max(cell["bytes_behind"] or 0, r.bytes_behind)
+                if r.headroom_fraction is not None:
+                    fraction = cell["headroom_fraction"]
+                    cell["headroom_fraction"] = round(
+                        r.headroom_fraction
+                        if fraction is None
+                        else min(fraction, r.headroom_fraction),
+                        4,
+                    )
+        for cell in cells.values():
+            bands = headroom_bands(self.config, cell["source"], cell["target"])
+            cell["headroom_colour"] = bands.colour(cell["headroom_fraction"])
+        return list(cells.values())
+
+
+class ReplicationSampling:
+    """Samples every primary and its replicas, stores and exports it, then alerts."""
+
+    name = "replication"
+
+    def __init__(
+        self,
+        state: ReplicationState,
+        *,
+        counters: Counter[str],
+        evaluate_alerts: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.state = state
+        self.counters = counters
+        self.evaluate_alerts = evaluate_alerts
+        self.interval_s = state.settings.replication_interval
+        self.sampler = ReplicationSampler(timeout_s=state.settings.connect_timeout)
+
+    async def run(self) -> None:
+        snapshot = await self.sampler.sample(self.state.targets())
+        await asyncio.to_thread(replication_history.record_snapshot, self.state.store, snapshot)
+        self.counters["replication samples"] += 1
+        for primary in snapshot.primaries:
+            if primary.error:
+                log.warning("replication of %s: %s", primary.source, primary.error)
+        self.state.observe(snapshot)
+        await self.evaluate_alerts()
+
+    async def close(self) -> None:
+        await self.sampler.close()

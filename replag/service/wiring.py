@@ -1,0 +1,272 @@
+"""The long-running service: builds the scheduled units and wires them to one store.
+
+`ReplagService` owns what the units share (the store, the lag index, the
+metrics, the alert evaluation, the job runner, the replication state) and
+builds one unit per piece of periodic work: a `ProbeRound` per region with a
+write endpoint, `ReplicationSampling`, `DynomiteStatsRound`, a
+`ScheduledCheck` per replica group and `RetentionRound`. `start()` runs them
+on a scheduler on a loop of its own (`replag-schedules`) and jobs on another
+(`replag-jobs`), away from the API's; `stop()` cancels and awaits them and
+closes what they opened. FastAPI's lifespan calls both (see `replag.api.app`);
+the API reads through the same object, so what it shows is what the units stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from replag.alerts.evaluate import AlertBook, AlertSender
+from replag.alerts.health import probe_health
+from replag.alerts.verdict import replication_health
+from replag.background import BackgroundLoop
+from replag.config import Config
+from replag.heap import freeze_long_lived
+from replag.lagindex import LagIndex
+from replag.metrics import ServiceMetrics
+from replag.probes.report import ProbeReport
+from replag.probes.runner import run_probe
+from replag.replication.rpo import FailoverAssessment
+from replag.replication.state import PrimaryState
+from replag.service.alerting import AlertEvaluation
+from replag.service.checks import ScheduledCheck
+from replag.service.dynomite import DynomiteStatsRound
+from replag.service.jobs import JobAction, JobRunner, RepairJob
+from replag.service.probing import ProbeFunction, ProbeRound
+from replag.service.replication import ReplicationSampling, ReplicationState
+from replag.service.retention import RetentionRound
+from replag.service.scheduler import ScheduledUnit, Scheduler
+from replag.store import Store
+
+log = logging.getLogger("replag.service")
+
+
+class ReplagService:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        probe: ProbeFunction | None = None,
+        external_url: str = "",
+        freeze_heap: bool = False,
+    ) -> None:
+        """`freeze_heap`: once the index is warm, move the process's long-lived objects out
+        of the garbage collector's passes (see `replag.heap`); `replag serve` sets it."""
+        self.config = config
+        self.settings = config.settings
+        self._freeze_heap = freeze_heap
+        self.store = store or Store(config.settings.store)
+        self._own_store = store is None
+        self.metrics = ServiceMetrics()
+        self.counters: Counter[str] = Counter()
+        self.index = LagIndex(self.store)
+        self.started_ns = time.time_ns()
+        self.alerts = AlertEvaluation(
+            config,
+            index=self.index,
+            external_url=external_url,
+            store=self.store,
+            metrics=self.metrics,
+            counters=self.counters,
+        )
+        self.job_runner = JobRunner(
+            config, store=self.store, metrics=self.metrics, counters=self.counters
+        )
+        self.replication = ReplicationState(config, store=self.store, metrics=self.metrics)
+        evaluate = self.alerts.evaluate
+        self.probe_rounds = [
+            ProbeRound(
+                config,
+                source=region.name,
+                write_name=region.write.name,
+                probe=probe or run_probe,
+                replication=self.replication,
+                evaluate_alerts=evaluate,
+                store=self.store,
+                metrics=self.metrics,
+                counters=self.counters,
+            )
+            for region in config.topology.regions
+            if region.write is not None
+        ]
+        self.replication_sampling = ReplicationSampling(
+            self.replication, counters=self.counters, evaluate_alerts=evaluate
+        )
+        self.dynomite = DynomiteStatsRound(
+            config,
+            evaluate_alerts=evaluate,
+            store=self.store,
+            metrics=self.metrics,
+            counters=self.counters,
+        )
+        self._check_turns = asyncio.Semaphore(1)
+        self.checks = [
+            ScheduledCheck(
+                g.name, jobs=self.job_runner, turns=self._check_turns, evaluate_alerts=evaluate
+            )
+            for g in config.topology.groups
+        ]
+        self.retention = RetentionRound(
+            self.settings, store=self.store, index=self.index, alert_book=self.alerts.book
+        )
+        self.scheduler = Scheduler(self.units(), counters=self.counters)
+        # Own event loops in own threads (replag.background), from start() to stop(): the
+        # scheduled units (with alert evaluation and delivery), and the checks and repairs.
+        self._schedules: BackgroundLoop | None = None
+        self._jobs_loop: BackgroundLoop | None = None
+
+    def units(self) -> list[ScheduledUnit]:
+        """Every unit this service's configuration calls for."""
+        units: list[ScheduledUnit] = [*self.probe_rounds, *self.checks, self.retention]
+        if self.replication.targets():
+            units.append(self.replication_sampling)
+        if self.settings.dynomite_stats_urls:
+            units.append(self.dynomite)
+        return units
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the schedules on loops of their own, away from the API's (see stop())."""
+        self.started_ns = time.time_ns()
+        self.index.serve_recent = True
+        self._jobs_loop = BackgroundLoop("replag-jobs").start()
+        self.job_runner.loop = self.replication.rebuild_on = self._jobs_loop
+        self._schedules = BackgroundLoop("replag-schedules").start()
+        await self._schedules.call(self._start_schedules)
+
+    def _start_schedules(self) -> None:
+        # Decode the last day of windows off the event loop, before the dashboard asks.
+        day_ago = time.time_ns() - 86_400 * 10**9
+        self.scheduler.spawn("index-warmup", self._warm_index(since_ns=day_ago))
+        self.scheduler.start()
+        log.info(
+            "service started: probing %s every %gs, checking %d groups every %gs, "
+            "reading %d Dynomite nodes' /info",
+            ", ".join(p.source for p in self.probe_rounds) or "nothing",
+            self.settings.probe_interval,
+            len(self.config.topology.groups),
+            self.settings.check_interval,
+            len(self.settings.dynomite_stats_urls),
+        )
+
+    async def _warm_index(self, *, since_ns: int) -> None:
+        await asyncio.to_thread(self.index.warm, since_ns=since_ns)
+        if self._freeze_heap:
+            freeze_long_lived("index warm-up")
+
+    async def stop(self) -> None:
+        """Cancel and await the schedules, jobs and alert deliveries; close the store."""
+        if self._schedules is not None:
+            await self._schedules.call(self.scheduler.stop)
+            # The sender's session and workers, and the sampler's connections, live on the
+            # schedules' loop: closed there, before it ends.
+            await self._schedules.run(self._close_clients())
+        for background in (self._schedules, self._jobs_loop):  # schedules first: no new jobs
+            if background is not None:
+                await background.stop()
+        self._schedules = self._jobs_loop = None
+        self.job_runner.loop = self.replication.rebuild_on = None
+        await self.job_runner.cancel_local()
+        self.scheduler.tasks.clear()
+        await self._close_clients()
+        if self._own_store:
+            self.store.close()
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"
+        log.info("service stopped: %s", summary)
+
+    async def _close_clients(self) -> None:
+        await self.alerts.sender.close()
+        await self.replication_sampling.close()
+
+    @property
+    def _tasks(self) -> list[asyncio.Task[None]]:
+        return self.scheduler.tasks
+
+    # --- rounds, as the units run them (tests and library users call these) ----
+
+    async def probe_round(self) -> list[ProbeReport]:
+        """Probe from every region with a write endpoint, one after the other, then alert."""
+        reports = [r for unit in self.probe_rounds if (r := await unit.probe()) is not None]
+        await self.evaluate_alerts()
+        return reports
+
+    async def replication_round(self) -> None:
+        await self.replication_sampling.run()
+
+    async def dynomite_round(self) -> None:
+        await self.dynomite.run()
+
+    async def check_round(self) -> None:
+        """Check every group in turn (skipping busy ones), then evaluate the alerts."""
+        for unit in self.checks:
+            await unit.check()
+        await self.evaluate_alerts()
+
+    async def prune_round(self) -> None:
+        await self.retention.run()
+
+    async def evaluate_alerts(self) -> None:
+        await self.alerts.evaluate()
+
+    # --- what the API reads ------------------------------------------------------
+
+    @property
+    def alert_book(self) -> AlertBook:
+        return self.alerts.book
+
+    @property
+    def sender(self) -> AlertSender:
+        return self.alerts.sender
+
+    @property
+    def jobs(self) -> dict[str, RepairJob]:
+        return self.job_runner.jobs
+
+    def start_job(self, action: JobAction, group: str | None, **options: Any) -> RepairJob:
+        return self.job_runner.start(action, group, **options)
+
+    async def wait_job(self, job_id: str) -> RepairJob:
+        return await self.job_runner.wait(job_id)
+
+    def latest_replication(self) -> list[PrimaryState]:
+        return self.replication.latest_primaries()
+
+    def failover_assessment(self, primary: PrimaryState, *, now_ns: int) -> FailoverAssessment:
+        return self.replication.failover_assessment(primary, now_ns=now_ns)
+
+    def replication_status(self) -> dict[str, Any]:
+        return self.replication.status()
+
+    def recent_replication_cells(self) -> list[dict[str, Any]] | None:
+        return self.replication.recent_cells()
+
+    def replication_cells(self) -> list[dict[str, Any]]:
+        return self.replication.cells()
+
+    def dynomite_status(self) -> dict[str, Any]:
+        return self.dynomite.status()
+
+    def health(self) -> dict[str, Any]:
+        """The replication verdict now (`replag.alerts.verdict`) and the service's state."""
+        probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+        verdict = replication_health(
+            self.config,
+            self.index,
+            now_ns=time.time_ns(),
+            alerts_firing=self.alerts.book.firing_count(),
+        )
+        return {
+            **verdict.to_dict(),
+            "started_ns": self.started_ns,
+            "uptime_s": round((time.time_ns() - self.started_ns) / 1e9, 3),
+            "probe_interval_s": self.settings.probe_interval,
+            "check_interval_s": self.settings.check_interval,
+            "auto_repair": self.settings.auto_repair,
+            "probes": probes,
+            "jobs_running": self.job_runner.running_count(),
+        }
