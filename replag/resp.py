@@ -301,17 +301,22 @@ class RespConnection:
         protocol.waiting.append((count, future))
         return future
 
-    async def wait(self, future: asyncio.Future[tuple[list[Any], int]]) -> tuple[list[Any], int]:
+    async def wait(
+        self, future: asyncio.Future[tuple[list[Any], int]], timeout_s: float | None = None
+    ) -> tuple[list[Any], int]:
+        """The replies of a `send`, within `timeout_s` (default: the connection's)."""
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(timeout_s or self._timeout_s):
                 return await future
         except (OSError, TimeoutError) as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
 
-    async def request(self, payload: bytes, count: int) -> list[Any]:
-        replies, _ = await self.wait(self.send(payload, count))
+    async def request(
+        self, payload: bytes, count: int, timeout_s: float | None = None
+    ) -> list[Any]:
+        replies, _ = await self.wait(self.send(payload, count), timeout_s)
         return replies
 
     @property

@@ -311,6 +311,21 @@ class Settings:
         "after writing, undoing the write if the winner moved. Keep it above the time a write "
         "takes to reach every replica (the p99 lag `replag probe` measures).",
     )
+    repair_page_elements: int = setting(
+        2000,
+        _positive_int,
+        "Collections (hash, set, sorted set, list, stream) with more elements than this are "
+        "copied by repair in pages of `scan_count` elements into a temporary key, then swapped "
+        "in under the same compare-and-copy guarantee, never with one DUMP/RESTORE: no repair "
+        "command then holds a server for more than a few milliseconds.",
+    )
+    repair_command_timeout: float = setting(
+        "5s",
+        _positive_duration,
+        "How long one repair or rebuild command may take (apart from connect_timeout), "
+        "plus 1 s per 10 MB it carries; a command that takes longer fails naming its key, "
+        "its replica and this setting.",
+    )
     scan_parallel: int = setting(
         0,
         _int,

@@ -313,3 +313,12 @@ def run_command(
         ttls=ttls,
     )
     sys.exit(1 if _left(report.to_dict()) else 0)
+
+
+def _add_rebuild() -> None:
+    from replag.commands.rebuild import command as rebuild_command
+
+    command.add_command(rebuild_command)
+
+
+_add_rebuild()

@@ -68,9 +68,10 @@ RUNNING, INTERRUPTED, FAILED, DONE = "running", "interrupted", "failed", "done"
 
 
 def resume_command(kind: str, run_id: str, config: str | None = None) -> str:
-    """The command that continues run `run_id` of `kind` (check or repair)."""
+    """The command that continues run `run_id` of `kind` (check, repair or rebuild)."""
     where = f" -c {config}" if config else ""
-    return f"replag repair {'check' if kind == 'check' else 'run'}{where} --resume {run_id}"
+    command = kind if kind in ("check", "rebuild") else "run"
+    return f"replag repair {command}{where} --resume {run_id}"
 
 
 def resumable(status: str) -> bool:

@@ -1,0 +1,280 @@
+"""Reading a batch of keys on one peer for a bulk refill: values, digests, expiries, under WATCH.
+
+One round trip carries `WATCH` of the whole batch, its `MGET` and its TTLs
+(the scan's TTL script, or one PTTL per key where scripts are refused), so
+every later change to any of those keys on this peer makes the connection's
+next `EXEC` answer nil: that is how a refill learns, in one command, that
+nothing it copied has moved since. Keys MGET cannot read get TYPE, then their
+size (HLEN, SCARD, ZCARD, LLEN, XLEN); collections up to `page_elements` are
+read whole, and on the copy's source peer between two DUMPs (equal DUMPs: the
+payload and the digest are of one moment; no MULTI, whose EXEC would end the
+WATCH); larger ones are marked
+`big` and left to the page copier. Digests are the check's own (`digest`).
+
+Redis checks a WATCHed key against the client's whole watch list, so a WATCH of
+N keys costs the server O(N²): batches stay at a few hundred keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replag.repair.digest import (
+    TYPE_CODES,
+    TYPE_NAMES,
+    OrderedDigest,
+    hash_digest,
+    set_digest,
+    zset_digest,
+)
+from replag.repair.native import hash_each
+from replag.repair.observe import KeyState
+from replag.repair.scan import TTL_SCRIPT, batch_ttls
+from replag.repair.values import Data, StreamEntry, read_values
+from replag.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
+
+CARD = {
+    "hash": b"HLEN",
+    "set": b"SCARD",
+    "zset": b"ZCARD",
+    "list": b"LLEN",
+    "stream": b"XLEN",
+}
+MERGEABLE = ("hash", "set", "zset")
+
+
+def whole_read(key: bytes, type_name: str) -> bytes:
+    """The one command that reads a (small) collection whole."""
+    if type_name == "hash":
+        return pack(b"HGETALL", key)
+    if type_name == "set":
+        return pack(b"SMEMBERS", key)
+    if type_name == "zset":
+        return pack(b"ZRANGE", key, 0, -1, b"WITHSCORES")
+    if type_name == "list":
+        return pack(b"LRANGE", key, 0, -1)
+    return pack(b"XRANGE", key, b"-", b"+")
+
+
+def whole_data(type_name: str, reply: Any) -> Data:
+    """A collection's elements from its `whole_read` reply (RESP2)."""
+    if type_name == "hash":
+        return dict(zip(reply[0::2], reply[1::2], strict=True))
+    if type_name == "set":
+        return set(reply)
+    if type_name == "zset":
+        return {m: float(s) for m, s in zip(reply[0::2], reply[1::2], strict=True)}
+    if type_name == "list":
+        return list(reply)
+    return [(entry_id, list(fields)) for entry_id, fields in reply]
+
+
+def data_digest(type_name: str, data: Data) -> int:
+    """The check's canonical digest (`values.read_values`) of a collection's elements."""
+    if type_name == "hash":
+        assert isinstance(data, dict)
+        return hash_digest(data)  # type: ignore[arg-type]
+    if type_name == "set":
+        assert isinstance(data, set)
+        return set_digest(data)
+    if type_name == "zset":
+        assert isinstance(data, dict)
+        return zset_digest(data)  # type: ignore[arg-type]
+    ordered = OrderedDigest(type_name.encode())
+    if type_name == "list":
+        for item in data:
+            assert isinstance(item, bytes)
+            ordered.add(item)
+    else:
+        entries: Sequence[StreamEntry] = data  # type: ignore[assignment]
+        for entry_id, fields in entries:
+            ordered.add(entry_id, *fields)
+    return ordered.digest()
+
+
+@dataclass
+class PeerRead:
+    """One peer's view of a batch, index-aligned with its keys."""
+
+    present: npt.NDArray[np.bool_]
+    types: npt.NDArray[np.uint8]
+    digests: npt.NDArray[np.uint64]
+    expiry_ms: npt.NDArray[np.int64]  # absolute, on our clock; -1: none
+    values: list[bytes | None]  # strings, as MGET returned them
+    read_at_ms: int
+    dumps: dict[int, bytes] = field(default_factory=dict)  # small collections (source)
+    data: dict[int, Data] = field(default_factory=dict)  # small hashes/sets/zsets (source)
+    sizes: dict[int, int] = field(default_factory=dict)  # element counts of collections
+    big: set[int] = field(default_factory=set)  # collections above page_elements
+    unreadable: set[int] = field(default_factory=set)  # a module type, or changed mid-read
+
+    def state(self, i: int) -> KeyState:
+        """Key `i` as a `KeyState` (what a copy of it should leave on every replica)."""
+        if not self.present[i]:
+            return KeyState(False)
+        expiry = int(self.expiry_ms[i])
+        return KeyState(
+            True,
+            TYPE_NAMES.get(int(self.types[i])),
+            int(self.digests[i]),
+            expiry if expiry >= 0 else None,
+        )
+
+
+class PeerReader:
+    """Reads batches on connections to one peer; knows how that peer's TTLs are read."""
+
+    def __init__(self, *, page_elements: int) -> None:
+        self.page_elements = page_elements
+        self.sha: bytes | None = None  # the TTL script, once loaded; None: one PTTL per key
+        self._ready = False
+
+    async def prepare(self, conn: RespConnection) -> None:
+        if self._ready:
+            return
+        (reply,) = await conn.request(pack(b"SCRIPT", b"LOAD", TTL_SCRIPT), 1)
+        self.sha = bytes(reply) if error_text(reply) is None else None
+        self._ready = True
+
+    async def read(self, conn: RespConnection, keys: list[bytes], *, source: bool) -> PeerRead:
+        """WATCH `keys` on `conn` and read them (see the module docstring); `source`: also
+        DUMP small collections, and keep the elements of small hashes, sets and zsets."""
+        await self.prepare(conn)
+        n = len(keys)
+        if self.sha is not None:
+            payload = pack_over_keys(keys, (b"WATCH",), (b"MGET",), (b"EVALSHA", self.sha, n))
+            replies, arrived_ns = await conn.wait(conn.send(payload, 3))
+            conn.check(replies[:3])
+            ttls = batch_ttls(replies[1:], n, "script", conn.endpoint)
+        else:
+            payload = pack_over_keys(keys, (b"WATCH",), (b"MGET",)) + pack_per_key(b"PTTL", keys)
+            replies, arrived_ns = await conn.wait(conn.send(payload, 2 + n))
+            conn.check(replies[:2])
+            ttls = batch_ttls(replies[1:], n, "pttl", conn.endpoint)
+        now_ms = arrived_ns // 1_000_000
+        values: list[bytes | None] = replies[1]
+        present = ttls != -2
+        types = np.where(present, TYPE_CODES["string"], 0).astype(np.uint8)
+        read = PeerRead(
+            present=present,
+            types=types,
+            digests=hash_each([b"" if v is None else v for v in values]).copy(),
+            expiry_ms=np.where(ttls >= 0, ttls + now_ms, -1),
+            values=values,
+            read_at_ms=now_ms,
+        )
+        others = [i for i, v in enumerate(values) if v is None and present[i]]
+        if others:
+            await self._read_collections(conn, keys, others, read, source=source)
+        return read
+
+    async def _read_collections(
+        self,
+        conn: RespConnection,
+        keys: list[bytes],
+        others: list[int],
+        read: PeerRead,
+        *,
+        source: bool,
+    ) -> None:
+        names = await conn.request(pack_per_key(b"TYPE", [keys[i] for i in others]), len(others))
+        typed: list[tuple[int, str]] = []
+        for i, name in zip(others, names, strict=True):
+            type_name = name.decode() if isinstance(name, bytes) else str(name)
+            if type_name == "none":
+                read.present[i] = False
+            elif type_name not in CARD:
+                read.unreadable.add(i)  # a module type, or a string that came meanwhile
+            else:
+                read.types[i] = TYPE_CODES[type_name]
+                typed.append((i, type_name))
+        if not typed:
+            return
+        sizes = await conn.request(b"".join(pack(CARD[t], keys[i]) for i, t in typed), len(typed))
+        small: list[tuple[int, str]] = []
+        for (i, type_name), size in zip(typed, sizes, strict=True):
+            if not isinstance(size, int):
+                read.unreadable.add(i)  # WRONGTYPE: it changed type since TYPE
+            elif size == 0:
+                read.present[i] = False
+            else:
+                read.sizes[i] = size
+                if size > self.page_elements:
+                    read.big.add(i)
+                else:
+                    small.append((i, type_name))
+        if small:
+            await self._read_small(conn, keys, small, read, source=source)
+        if read.big:
+            # Digested in pages (HSCAN …), as a check reads them: never one long command.
+            big = [(keys[i], TYPE_NAMES[int(read.types[i])]) for i in sorted(read.big)]
+            digests = await read_values(conn, big, chunk=min(self.page_elements, 1000))
+            for i, (key, _) in zip(sorted(read.big), big, strict=True):
+                value = digests[key]
+                if value is None:
+                    read.unreadable.add(i)
+                else:
+                    read.digests[i] = value.digest
+
+    async def _read_small(
+        self,
+        conn: RespConnection,
+        keys: list[bytes],
+        small: list[tuple[int, str]],
+        read: PeerRead,
+        *,
+        source: bool,
+    ) -> None:
+        if source:
+            # DUMP, the whole value, DUMP again: not in a MULTI, whose EXEC would end the
+            # batch's WATCH. Equal DUMPs on both sides mean the value read between them is
+            # the one dumped (and any change since shows in the WATCH).
+            payload = b"".join(
+                pack(b"DUMP", keys[i]) + whole_read(keys[i], t) + pack(b"DUMP", keys[i])
+                for i, t in small
+            )
+            replies = await conn.request(payload, 3 * len(small))
+            pairs = []
+            for n in range(len(small)):
+                before, reply, after = replies[3 * n : 3 * n + 3]
+                pairs.append((before if before == after else None, reply))
+        else:
+            payload = b"".join(whole_read(keys[i], t) for i, t in small)
+            pairs = [(None, r) for r in await conn.request(payload, len(small))]
+        for (i, type_name), (dump, reply) in zip(small, pairs, strict=True):
+            if error_text(reply) is not None or (source and not isinstance(dump, bytes)):
+                read.unreadable.add(i)
+                continue
+            data = whole_data(type_name, reply)
+            if not data:
+                read.present[i] = False
+                continue
+            read.digests[i] = data_digest(type_name, data)
+            if source:
+                assert isinstance(dump, bytes)
+                read.dumps[i] = dump
+                if type_name in MERGEABLE:
+                    read.data[i] = data
+
+
+def agreeing(reads: Sequence[PeerRead], *, tolerance_ms: int, ttls: bool) -> npt.NDArray[np.bool_]:
+    """Per key: every peer holds it, readable, with one type and digest (and, with `ttls`,
+    expiries within `tolerance_ms` of each other)."""
+    first = reads[0]
+    ok = first.present.copy()
+    bad = set(first.unreadable)
+    for other in reads[1:]:
+        ok &= other.present & (other.types == first.types) & (other.digests == first.digests)
+        if ttls:
+            a, b = first.expiry_ms, other.expiry_ms
+            same = ((a < 0) & (b < 0)) | ((a >= 0) & (b >= 0) & (np.abs(a - b) <= tolerance_ms))
+            ok &= same
+        bad |= other.unreadable
+    if bad:
+        ok[list(bad)] = False
+    return ok

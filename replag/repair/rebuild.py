@@ -1,0 +1,525 @@
+"""`rebuild`: refill a replaced or wiped replica of a peer group from its peers, at line rate.
+
+The source peer's keyspace is walked with SCAN; each batch goes through
+`refill.Refill` (read on every peer under WATCH, copied where they agree and the
+target lacks the key, verified `repair_settle` later), several batches at once.
+The run is checkpointed (`rebuild_log`), throttled (`scan_rate`, `repair_rate`)
+and reports progress with an ETA. Collections above `repair_page_elements` are
+copied in pages (`pages`). What the bulk copy leaves (keys the peers disagree on,
+keys written during the copy, keys only other peers hold) is closed by one
+`repair run` of the group at the end, the anti-entropy pass.
+
+A replica of a Redis replication group is not rebuilt here: Redis's own full sync
+is the way (`ReplicaOfPrimary` says how to trigger it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from replag.config import Config
+from replag.errors import NotFound, RepairError, UsageError
+from replag.repair.engine import repair
+from replag.repair.group_run import ProgressCallback, RepairProgress
+from replag.repair.observe import KeyState, observe_keys
+from replag.repair.pages import copy_big_keys
+from replag.repair.reachable import members_reachable
+from replag.repair.rebuild_log import RebuildLog
+from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
+from replag.repair.replica_role import replica_of, resync_advice
+from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
+from replag.repair.scan import without_prefix
+from replag.resp import RespConnection, pack
+from replag.store import Store
+from replag.topology import Endpoint, ReplicaGroup
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1000
+    return f"{count:,.1f} GB"
+
+
+@dataclass(kw_only=True)
+class RebuildPlan:
+    """What a rebuild will do: from which peers, how many keys and bytes, how long."""
+
+    group: str
+    target: str
+    source: str
+    peers: list[str]
+    source_keys: int
+    target_keys: int
+    bytes_estimate: int
+    rate: float | None  # keys/s: the throttle, or a read sample's
+    rate_note: str
+
+    @property
+    def keys(self) -> int:
+        return max(0, self.source_keys - self.target_keys)
+
+    @property
+    def eta_s(self) -> float | None:
+        return self.keys / self.rate if self.rate else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "keys": self.keys, "eta_s": self.eta_s}
+
+    def render(self) -> str:
+        eta = f"~{self.eta_s:,.0f} s" if self.eta_s is not None else "unknown"
+        rate = f"{self.rate:,.0f} keys/s ({self.rate_note})" if self.rate else self.rate_note
+        return (
+            f"rebuild {self.target} (group {self.group}) from {', '.join(self.peers)}; "
+            f"SCAN of {self.source}\n"
+            f"  {self.source} holds {self.source_keys:,} keys, {self.target} {self.target_keys:,}"
+            f": about {self.keys:,} keys / {_size(self.bytes_estimate)} to copy\n"
+            f"  rate {rate}; time {eta}"
+        )
+
+
+@dataclass(kw_only=True)
+class RebuildReport:
+    run_id: str
+    plan: RebuildPlan
+    status: str
+    counts: BatchResult
+    seconds: float
+    big_copied: int = 0
+    settled_on_resume: int = 0  # keys of unverified batches settled by a resume
+    closing: dict[str, Any] | None = None
+    closing_s: float = 0.0
+    left: list[bytes] = field(default_factory=list)
+
+    @property
+    def keys_per_s(self) -> float:
+        return self.counts.keys / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.counts
+        return {
+            "run_id": self.run_id,
+            "kind": "rebuild",
+            "status": self.status,
+            "plan": self.plan.to_dict(),
+            "keys_read": c.keys,
+            "copied": c.copied,
+            "big_copied": self.big_copied,
+            "bytes_copied": c.bytes_copied,
+            "present": len(c.present),
+            "disagree": len(c.disagree),
+            "gone": c.gone,
+            "changed": len(c.changed),
+            "undo_failed": len(c.undo_failed),
+            "expired": c.expired,
+            "settled_on_resume": self.settled_on_resume,
+            "seconds": round(self.seconds, 3),
+            "keys_per_s": round(self.keys_per_s),
+            "closing": self.closing,
+            "closing_s": round(self.closing_s, 3),
+        }
+
+    def render(self) -> str:
+        d = self.to_dict()
+        lines = [
+            f"rebuild {self.run_id}: {self.status}",
+            f"  read {d['keys_read']:,} keys of {self.plan.source} in {self.seconds:.1f} s "
+            f"({d['keys_per_s']:,} keys/s); copied {d['copied'] + d['big_copied']:,} "
+            f"({_size(d['bytes_copied'])}, {d['big_copied']} in pages) to {self.plan.target}",
+            f"  left to the anti-entropy pass: {d['present']:,} already on the target, "
+            f"{d['disagree']:,} the peers disagree on, {d['changed']:,} written during the "
+            f"copy; {d['gone']:,} gone everywhere, {d['expired']:,} expired",
+        ]
+        if d["undo_failed"]:
+            lines.append(f"  {d['undo_failed']} copies a client changed in place: check them")
+        if self.settled_on_resume:
+            lines.append(f"  resumed: {self.settled_on_resume} unverified copies settled first")
+        if self.closing is not None:
+            c = self.closing
+            lines.append(
+                f"  anti-entropy pass {c['run_id']}: divergent {c['divergent']}, repaired "
+                f"{c['repaired']}, conflicts {c['conflicts']}, busy {c['busy']} "
+                f"({self.closing_s:.1f} s)"
+            )
+        return "\n".join(lines)
+
+
+def _member(group: ReplicaGroup, name: str, option: str) -> Endpoint:
+    for member in group.members:
+        if member.name == name:
+            return member
+    names = ", ".join(m.name for m in group.members)
+    raise NotFound(f"{option} {name}: not a member of group {group.name} (members: {names})")
+
+
+async def _dbsize(endpoint: Endpoint, timeout_s: float) -> tuple[int, int]:
+    """(keys, dataset bytes) of `endpoint`'s database."""
+    conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
+    try:
+        size, memory = await conn.request(pack(b"DBSIZE") + pack(b"INFO", b"memory"), 2)
+        conn.check([size, memory])
+    finally:
+        await conn.close()
+    used = 0
+    for line in bytes(memory).splitlines():
+        name, _, value = line.partition(b":")
+        if name in (b"used_memory_dataset", b"used_memory") and value.strip().isdigit():
+            used = int(value)
+            if name == b"used_memory_dataset":
+                break
+    return int(size), used
+
+
+class Rebuild:
+    """One rebuild of `target` in `group` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        group: ReplicaGroup,
+        target: Endpoint,
+        source: Endpoint | None,
+        *,
+        rate: float | None,
+        progress: ProgressCallback | None,
+    ) -> None:
+        s = config.settings
+        self.config, self.group, self.target = config, group, target
+        self.peers = [m for m in group.members if m.name != target.name]
+        self.source = source
+        self.timeout_s = max(s.connect_timeout, s.repair_command_timeout)
+        self.tolerance_ms = int(s.ttl_tolerance * 1000)
+        self.prefix = s.prefix.encode()
+        limits = [r for r in (s.scan_rate, s.repair_rate) if r]
+        self.rate = (rate or None) if rate is not None else (min(limits) if limits else None)
+        self.progress = progress
+        self.counts = BatchResult()
+        self.big_copied = 0
+
+    def _refill(self) -> Refill:
+        s = self.config.settings
+        return Refill(
+            self.peers,
+            self.target,
+            settle_s=s.repair_settle,
+            tolerance_ms=self.tolerance_ms,
+            timeout_s=self.timeout_s,
+            page_elements=s.repair_page_elements,
+            compare_ttls=s.repair_ttls != "ignore",
+        )
+
+    async def plan(self, *, sample_s: float = 1.0) -> RebuildPlan:
+        """Sizes of source and target, and the rate: the throttle, else a read-only sample
+        of the copy's reads (every peer, under WATCH) for `sample_s`."""
+        advice = await replica_of(self.target, self.timeout_s)
+        if advice is not None:
+            raise UsageError(resync_advice(self.target, advice))
+        sizes = await asyncio.gather(
+            *(_dbsize(m, self.timeout_s) for m in (*self.peers, self.target))
+        )
+        if self.source is None:
+            self.source = self.peers[max(range(len(self.peers)), key=lambda i: sizes[i][0])]
+        keys, used = sizes[self.peers.index(self.source)]
+        target_keys = sizes[-1][0]
+        missing = max(0, keys - target_keys)
+        bytes_estimate = int(used * missing / keys) if keys else 0
+        rate: float | None = self.rate
+        if rate:
+            note = "the throttle: scan_rate / repair_rate / --rate"
+        else:
+            rate, note = await self._sample(sample_s), f"read-only sample of {sample_s:g} s"
+        return RebuildPlan(
+            group=self.group.name,
+            target=self.target.name,
+            source=self.source.name,
+            peers=[p.name for p in self.peers],
+            source_keys=keys,
+            target_keys=target_keys,
+            bytes_estimate=bytes_estimate,
+            rate=rate,
+            rate_note=note,
+        )
+
+    async def _sample(self, seconds: float) -> float | None:
+        """Keys/s the copy's reads reach for `seconds` (nothing is written)."""
+        assert self.source is not None
+        refill = self._refill()
+        scan = await RespConnection.open(self.source, timeout_s=self.timeout_s)
+        read = 0
+        started = time.monotonic()
+        try:
+            cursor = b"0"
+            while time.monotonic() - started < seconds:
+                (cursor, keys), *_ = await scan.request(pack(b"SCAN", cursor, b"COUNT", BATCH), 1)
+                keys = without_prefix(keys, self.prefix)
+                read += len(await refill.read_only(keys)) if keys else 0
+                if cursor == b"0":
+                    break
+        finally:
+            await scan.close()
+            await refill.close()
+        elapsed = time.monotonic() - started
+        # Batches run IN_FLIGHT at a time in the copy; the sample read them one by one.
+        return read / elapsed if read and elapsed > 0 else None
+
+    async def run(self, log: RebuildLog | None, plan: RebuildPlan) -> float:
+        """Copy everything; seconds taken."""
+        assert self.source is not None
+        cursor = b"0"
+        if log is not None:
+            saved = log.load()
+            if saved is not None:
+                cursor, stats = saved
+                self._restore(stats)
+        refill = self._refill()
+        scan = await RespConnection.open(self.source, timeout_s=self.timeout_s)
+        started = time.monotonic()
+        done_before = self.counts.keys
+        inflight: deque[tuple[int, bytes, asyncio.Future[BatchResult]]] = deque()
+        batch_no = scanned = 0
+        last_save = time.monotonic()
+        try:
+            while True:
+                if self.rate:
+                    await asyncio.sleep(max(0.0, started + scanned / self.rate - time.monotonic()))
+                (cursor, keys), *_ = await scan.request(pack(b"SCAN", cursor, b"COUNT", BATCH), 1)
+                keys = without_prefix(keys, self.prefix)
+                scanned += len(keys)
+                batch_no += 1
+                if log is not None and keys:
+                    log.add_pending(batch_no, keys)
+                inflight.append((batch_no, cursor, asyncio.ensure_future(refill.copy(keys))))
+                while inflight and (len(inflight) >= IN_FLIGHT or cursor == b"0"):
+                    number, after, future = inflight.popleft()
+                    await self._finish(await future, refill)
+                    if log is not None:
+                        log.drop_pending(number)
+                        if time.monotonic() - last_save >= 1.0 or not inflight:
+                            log.save(after, self._stats())
+                            last_save = time.monotonic()
+                    self._report(plan, started, done_before)
+                if cursor == b"0":
+                    break
+        finally:
+            for _, _, future in inflight:
+                future.cancel()
+            await asyncio.gather(*(f for _, _, f in inflight), return_exceptions=True)
+            await scan.close()
+            await refill.close()
+        return time.monotonic() - started
+
+    async def _finish(self, result: BatchResult, refill: Refill) -> None:
+        if result.big:
+            copied, left = await copy_big_keys(
+                self.config, self.peers, self.target, result.big, refill_source=0
+            )
+            self.big_copied += copied
+            result.changed += left
+            result.big = []
+        self.counts.add(result)
+
+    def _report(self, plan: RebuildPlan, started: float, done_before: int) -> None:
+        if self.progress is None:
+            return
+        elapsed = time.monotonic() - started
+        rate = (self.counts.keys - done_before) / elapsed if elapsed > 0 else 0.0
+        self.progress(
+            RepairProgress(
+                self.group.name,
+                self.target.name,
+                "rebuild",
+                self.counts.keys,
+                plan.source_keys or None,
+                rate,
+            )
+        )
+
+    def _stats(self) -> dict[str, Any]:
+        c = self.counts
+        return {
+            "keys": c.keys,
+            "copied": c.copied,
+            "bytes_copied": c.bytes_copied,
+            "gone": c.gone,
+            "expired": c.expired,
+            "big_copied": self.big_copied,
+            # Keys to hand to the anti-entropy pass are not kept: it finds them itself.
+            "present": len(c.present),
+            "disagree": len(c.disagree),
+            "changed": len(c.changed),
+            "undo_failed": len(c.undo_failed),
+        }
+
+    def _restore(self, stats: dict[str, Any]) -> None:
+        c = self.counts
+        c.keys, c.copied, c.bytes_copied = stats["keys"], stats["copied"], stats["bytes_copied"]
+        c.gone, c.expired = stats["gone"], stats["expired"]
+        self.big_copied = stats["big_copied"]
+        # Counted, not listed: the anti-entropy pass finds these keys again.
+        c.present = [b""] * stats["present"]
+        c.disagree = [b""] * stats["disagree"]
+        c.changed = [b""] * stats["changed"]
+        c.undo_failed = [b""] * stats["undo_failed"]
+
+    async def settle_pending(self, log: RebuildLog) -> int:
+        """After a crash: keys of batches written but not verified. Where the peers agree
+        that such a key is gone (two reads `repair_settle` apart) and the target still
+        holds one same state, it is deleted there under WATCH: the batch's verification
+        would have undone that copy. Other differences are left to the anti-entropy pass.
+        How many keys were looked at."""
+        settled = 0
+        settle_s = self.config.settings.repair_settle
+        for batch, keys in log.pending():
+            first = await self._observe_all(keys)
+            await asyncio.sleep(settle_s)
+            second = await self._observe_all(keys)
+            for key in keys:
+                target_now = second[-1][key]
+                peers_now = [reads[key] for reads in second[:-1]]
+                stable = all(
+                    a[key].same_as(b[key], self.tolerance_ms)
+                    for a, b in zip(first, second, strict=True)
+                )
+                if stable and target_now.exists and not any(p.exists for p in peers_now):
+                    await self._delete_if_same(key, target_now)
+            settled += len(keys)
+            log.drop_pending(batch)
+        return settled
+
+    async def _observe_all(self, keys: list[bytes]) -> list[dict[bytes, KeyState]]:
+        async def one(member: Endpoint) -> dict[bytes, KeyState]:
+            conn = await RespConnection.open(member, timeout_s=self.timeout_s)
+            try:
+                return await observe_keys(conn, keys, keep=False)
+            finally:
+                await conn.close()
+
+        return list(await asyncio.gather(*(one(m) for m in (*self.peers, self.target))))
+
+    async def _delete_if_same(self, key: bytes, state: KeyState) -> None:
+        conn = await RespConnection.open(self.target, timeout_s=self.timeout_s)
+        try:
+            conn.check(await conn.request(pack(b"WATCH", key), 1))
+            now = (await observe_keys(conn, [key], keep=False))[key]
+            if not now.same_as(state, self.tolerance_ms):
+                conn.check(await conn.request(pack(b"UNWATCH"), 1))
+                return
+            replies = await conn.request(pack(b"MULTI") + pack(b"DEL", key) + pack(b"EXEC"), 3)
+            conn.check(replies[:1])
+        finally:
+            await conn.close()
+
+
+async def rebuild(
+    config: Config,
+    *,
+    group: str,
+    replica: str,
+    source: str | None = None,
+    rate: float | None = None,
+    store: Store | None = None,
+    resume: str | None = None,
+    dry_run: bool = False,
+    closing_pass: bool = True,
+    progress: ProgressCallback | None = None,
+    on_plan: Callable[[RebuildPlan], None] | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> RebuildReport:
+    """Plan the rebuild of `replica` (`on_plan` gets the plan), then (unless `dry_run`)
+    do it, resumable from `store`, and close with one `repair run` of the group."""
+    log: RebuildLog | None = None
+    run: RunLog | None = None
+    if resume is not None:
+        run, params = _resumed(store, resume)
+        group, replica = params["group"], params["replica"]
+        source, rate = params.get("source"), params.get("rate")
+        closing_pass = params.get("closing_pass", True)
+    replica_group = config.topology.group(group)
+    if len(replica_group.members) < 2:
+        raise UsageError(f"replica group {group!r} has no peers to rebuild {replica} from")
+    target = _member(replica_group, replica, "--replica")
+    src = _member(replica_group, source, "--source") if source is not None else None
+    if src is not None and src.name == target.name:
+        raise UsageError(f"--source {source}: the replica being rebuilt cannot be its source")
+    await members_reachable([replica_group], timeout_s=config.settings.connect_timeout)
+    job = Rebuild(config, replica_group, target, src, rate=rate, progress=progress)
+    plan = await job.plan()
+    if on_plan is not None:
+        on_plan(plan)
+    if dry_run:
+        return RebuildReport(
+            run_id="", plan=plan, status="dry_run", counts=BatchResult(), seconds=0.0
+        )
+    params = {
+        "group": group,
+        "replica": replica,
+        "source": plan.source,
+        "rate": rate,
+        "closing_pass": closing_pass,
+    }
+    if run is None and store is not None:
+        run = RunLog.create(store, kind="rebuild", params=params)
+    if run is not None:
+        run.set_status(RUNNING)
+        log = RebuildLog(run.store, run.run_id)
+        if on_run is not None:
+            on_run(run.run_id)
+    report = RebuildReport(
+        run_id=run.run_id if run is not None else "",
+        plan=plan,
+        status=RUNNING,
+        counts=job.counts,
+        seconds=0.0,
+    )
+    try:
+        if log is not None:
+            report.settled_on_resume = await job.settle_pending(log)
+        report.seconds = await job.run(log, plan)
+        report.big_copied = job.big_copied
+        if closing_pass:
+            started = time.monotonic()
+            closing = await repair(config, group=group, store=store, progress=progress)
+            report.closing_s = time.monotonic() - started
+            report.closing = {
+                k: v for k, v in closing.to_dict().items() if k not in ("divergent_keys", "groups")
+            }
+    except RepairError as exc:
+        if run is not None:
+            run.set_status(FAILED, error=str(exc))
+        raise
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        if run is not None:
+            run.set_status(INTERRUPTED, error="interrupted")
+        raise
+    except Exception as exc:
+        if run is not None:
+            run.set_status(FAILED, error=f"{type(exc).__name__}: {exc}")
+        raise
+    report.status = DONE
+    if run is not None:
+        run.set_status(DONE, report=report.to_dict())
+    return report
+
+
+def _resumed(store: Store | None, run_id: str) -> tuple[RunLog, dict[str, Any]]:
+    if store is None:
+        raise UsageError("--resume needs the results store (settings.store)")
+    run = RunLog(store, run_id)
+    row = run.row()
+    if row is None:
+        raise UsageError(f"--resume: no run {run_id!r} in {store.path}")
+    kind, status, params = row
+    if kind != "rebuild":
+        raise UsageError(f"--resume: {run_id} is a {kind} run, not a rebuild")
+    if status == DONE:
+        raise UsageError(f"--resume: run {run_id} has already finished")
+    return run, params
+
+
+__all__ = ["RebuildPlan", "RebuildReport", "rebuild"]

@@ -1,0 +1,298 @@
+"""Bulk refill: copy to one replica, hundreds of keys a round trip, the keys it lacks and
+its peers agree on, as safely as a key-by-key repair.
+
+For a batch of keys (`Refill.copy`):
+
+1. **Read every peer** under WATCH (`peer_read`): values, digests and expiries, one
+   round trip for strings. A key is copied only if every peer holds it with one type,
+   digest and expiry (within `ttl_tolerance`): where peers disagree, the key is
+   handed back for the key-by-key repair and its policy.
+2. **Write the target once**, pipelined: `SET key value [PX ms] NX` for strings,
+   `RESTORE key ttl payload` (without REPLACE) for the rest. Neither touches a key the
+   target holds, so a client write that reached the target first stands (the key is
+   counted `present`); nothing else needs comparing, so this costs no extra round trip.
+3. **Re-verify** `repair_settle` after the write: an empty MULTI/EXEC on each peer's
+   connection answers nil if any key it watched has changed since the read. Every
+   client write reaches every replica within `repair_settle` (the assumption the
+   key-by-key repair rests on too), so a delete or write that the target applied
+   before the copy (and that NX could not see: a DEL of a key it lacked) has reached
+   the peers by then, and shows here. If no peer saw a change, every copy stands.
+   Otherwise the batch's copies are read again on every replica: a copy stands where
+   every replica holds what was copied, and is undone elsewhere (`undo.undo` with "no
+   key" as the pre-image: DEL while the target still holds the copy; a client's later
+   write stays), and the key is handed back as `changed`.
+
+Collections above `page_elements` are never DUMPed whole: they are handed back as
+`big` (agreed on by the peers) for `pages.copy_in_pages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from replag.errors import RepairError
+from replag.repair.observe import KeyState, observe_keys
+from replag.repair.peer_read import PeerRead, PeerReader, agreeing
+from replag.repair.undo import PreImage, undo
+from replag.resp import RespConnection, error_text, pack
+from replag.topology import Endpoint
+
+logger = logging.getLogger(__name__)
+BATCH = 400  # keys a batch: WATCH costs the server O(N²) in the batch size
+IN_FLIGHT = 24  # batches at once: their waits of repair_settle overlap
+
+
+@dataclass
+class BatchResult:
+    """What one batch did. Keys handed back go to the key-by-key repair (or are left)."""
+
+    keys: int = 0
+    copied: int = 0  # written and stood
+    bytes_copied: int = 0
+    present: list[bytes] = field(default_factory=list)  # the target had them
+    disagree: list[bytes] = field(default_factory=list)  # peers differ (or some lack it)
+    gone: int = 0  # no peer holds it any more (deleted or expired)
+    changed: list[bytes] = field(default_factory=list)  # moved during the copy: undone
+    undo_failed: list[bytes] = field(default_factory=list)
+    big: list[tuple[bytes, KeyState]] = field(default_factory=list)  # for the page copier
+    expired: int = 0  # expired between read and write
+    verified_by_read: bool = False  # a peer saw a change: copies were read back
+
+    def add(self, other: BatchResult) -> None:
+        self.keys += other.keys
+        self.copied += other.copied
+        self.bytes_copied += other.bytes_copied
+        self.present += other.present
+        self.disagree += other.disagree
+        self.gone += other.gone
+        self.changed += other.changed
+        self.undo_failed += other.undo_failed
+        self.big += other.big
+        self.expired += other.expired
+
+
+class ConnectionPool:
+    """Idle connections to one endpoint; one is lent per batch (WATCH is per connection)."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._idle: list[RespConnection] = []
+        self.bytes_received = 0
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[RespConnection]:
+        conn = (
+            self._idle.pop()
+            if self._idle
+            else await RespConnection.open(self.endpoint, timeout_s=self.timeout_s)
+        )
+        before = conn.bytes_received
+        clean = False
+        try:
+            yield conn
+            clean = True
+        finally:
+            self.bytes_received += conn.bytes_received - before
+            if clean:
+                self._idle.append(conn)
+            else:
+                conn.abort()  # its WATCH and replies are in an unknown state
+
+    async def close(self) -> None:
+        while self._idle:
+            await self._idle.pop().close()
+
+
+class Refill:
+    """Copies batches of keys from `peers` to `target` (see the module docstring)."""
+
+    def __init__(
+        self,
+        peers: Sequence[Endpoint],
+        target: Endpoint,
+        *,
+        settle_s: float,
+        tolerance_ms: int,
+        timeout_s: float,
+        page_elements: int,
+        compare_ttls: bool = True,
+    ) -> None:
+        if not peers:
+            raise ValueError("a refill needs at least one peer")
+        self.peers = [ConnectionPool(p, timeout_s) for p in peers]
+        self.target = ConnectionPool(target, timeout_s)
+        self.readers = [PeerReader(page_elements=page_elements) for _ in peers]
+        self.settle_s = settle_s
+        self.tolerance_ms = tolerance_ms
+        self.compare_ttls = compare_ttls
+        self._batches = 0
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(p.bytes_received for p in self.peers) + self.target.bytes_received
+
+    async def close(self) -> None:
+        for pool in (*self.peers, self.target):
+            await pool.close()
+
+    async def read_only(self, keys: list[bytes]) -> list[bytes]:
+        """Step 1 alone, nothing written (a plan's rate sample): the keys the peers agree on."""
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
+            reads = await asyncio.gather(
+                *(r.read(c, keys, source=False) for r, c in zip(self.readers, conns, strict=True))
+            )
+            await _unchanged(conns)
+        ok = agreeing(list(reads), tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
+        return [k for k, agreed in zip(keys, ok, strict=True) if agreed]
+
+    async def copy(self, keys: list[bytes]) -> BatchResult:
+        """Steps 1 to 3 for one batch of keys."""
+        result = BatchResult(keys=len(keys))
+        if not keys:
+            return result
+        # The copy's source (whose DUMPs are written) turns with each batch: the peers
+        # share the load of reading.
+        source = self._batches % len(self.peers)
+        self._batches += 1
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
+            reads = list(
+                await asyncio.gather(
+                    *(
+                        reader.read(conn, keys, source=i == source)
+                        for i, (reader, conn) in enumerate(zip(self.readers, conns, strict=True))
+                    )
+                )
+            )
+            ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
+            src = reads[source]
+            copies: list[int] = []
+            for i, key in enumerate(keys):
+                if ok[i]:
+                    if i in src.big:
+                        result.big.append((key, src.state(i)))
+                    else:
+                        copies.append(i)
+                elif not any(r.present[i] for r in reads) and not any(
+                    i in r.unreadable for r in reads
+                ):
+                    result.gone += 1
+                else:
+                    result.disagree.append(key)
+            written, written_at = await self._write(keys, copies, src, result)
+            if written:
+                await asyncio.sleep(max(0.0, written_at + self.settle_s - time.monotonic()))
+            untouched = await _unchanged(conns)
+        if not written:
+            return result
+        if untouched:
+            result.copied += len(written)
+            return result
+        result.verified_by_read = True
+        await self._verify_by_read(keys, written, src, result)
+        return result
+
+    async def _write(
+        self, keys: list[bytes], copies: list[int], src: PeerRead, result: BatchResult
+    ) -> tuple[list[int], float]:
+        """Step 2: one pipelined write of every copy; the indexes written, and when."""
+        if not copies:
+            return [], time.monotonic()
+        now_ms = time.time_ns() // 1_000_000
+        commands: list[bytes] = []
+        sent: list[int] = []
+        for i in copies:
+            expiry = int(src.expiry_ms[i])
+            left = expiry - now_ms if expiry >= 0 else 0
+            if expiry >= 0 and left <= 0:
+                result.expired += 1
+                continue
+            value = src.values[i]
+            if value is not None:
+                if expiry >= 0:
+                    commands.append(pack(b"SET", keys[i], value, b"PX", left, b"NX"))
+                else:
+                    commands.append(pack(b"SET", keys[i], value, b"NX"))
+                result.bytes_copied += len(value)
+            else:
+                dump = src.dumps[i]
+                commands.append(pack(b"RESTORE", keys[i], left, dump))
+                result.bytes_copied += len(dump)
+            sent.append(i)
+        if not sent:
+            return [], time.monotonic()
+        async with self.target.connection() as conn:
+            replies = await conn.request(b"".join(commands), len(commands))
+        written_at = time.monotonic()
+        written: list[int] = []
+        for i, reply in zip(sent, replies, strict=True):
+            text = error_text(reply)
+            if reply is None or (text is not None and text.startswith("BUSYKEY")):
+                result.present.append(keys[i])
+            elif text is None:
+                written.append(i)
+            elif "payload" in text.lower():
+                # The target cannot read this DUMP (an older server): the key-by-key
+                # repair rebuilds it with typed writes.
+                result.disagree.append(keys[i])
+            else:
+                raise RepairError(
+                    f"writing {keys[i]!r} failed: {text}", where=self.target.endpoint.name
+                )
+        return written, written_at
+
+    async def _verify_by_read(
+        self, keys: list[bytes], written: list[int], src: PeerRead, result: BatchResult
+    ) -> None:
+        """Step 3 when a peer saw a change: read the copies back everywhere; undo those
+        that do not hold on every replica."""
+        names = [keys[i] for i in written]
+        pools = [*self.peers, self.target]
+
+        async def observe(pool: ConnectionPool) -> dict[bytes, KeyState]:
+            async with pool.connection() as conn:
+                return await observe_keys(conn, names, keep=False)
+
+        now = await asyncio.gather(*(observe(pool) for pool in pools))
+        for i in written:
+            key, wrote = keys[i], src.state(i)
+            if all(states[key].same_as(wrote, self.tolerance_ms) for states in now):
+                result.copied += 1
+                continue
+            async with self.target.connection() as conn:
+                outcome = await undo(
+                    conn,
+                    key,
+                    wrote=wrote,
+                    wrote_data=src.data.get(i),
+                    before=PreImage(None, None, -2, time.monotonic()),
+                    tolerance_ms=self.tolerance_ms,
+                )
+            if outcome == "failed":
+                result.undo_failed.append(key)
+                logger.warning(
+                    "%s: %r: the refill's copy could not be undone (a client changed it in "
+                    "place before it was verified); check this key",
+                    self.target.endpoint.name,
+                    key,
+                )
+            else:
+                result.changed.append(key)
+
+
+async def _unchanged(conns: Sequence[RespConnection]) -> bool:
+    """An empty transaction on each connection: False if any key it watched has changed."""
+    payload = pack(b"MULTI") + pack(b"EXEC")
+    replies = await asyncio.gather(*(conn.request(payload, 2) for conn in conns))
+    untouched = True
+    for conn, (multi, exec_reply) in zip(conns, replies, strict=True):
+        conn.check([multi])
+        untouched &= exec_reply is not None
+    return untouched
