@@ -206,7 +206,7 @@ RUNS = obj(
             obj(
                 {
                     "run_id": STR,
-                    "kind": {"enum": ["check", "repair"]},
+                    "kind": {"enum": ["check", "repair", "rebuild"]},
                     "status": STR,
                     "started": NUM,
                     "finished": nullable(NUM),
@@ -255,12 +255,56 @@ FAILOVER_CHECK = obj(
     }
 )
 
+REBUILD = obj(
+    {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "run_id": STR,
+        "kind": {"const": "rebuild"},
+        "status": STR,
+        "plan": obj(
+            {
+                "group": STR,
+                "target": STR,
+                "source": STR,
+                "peers": arr(STR),
+                "source_keys": INT,
+                "target_keys": INT,
+                "keys": INT,
+                "bytes_estimate": INT,
+                "rate": nullable(NUM),
+                "eta_s": nullable(NUM),
+            }
+        ),
+        **dict.fromkeys(
+            (
+                "keys_read",
+                "copied",
+                "big_copied",
+                "bytes_copied",
+                "present",
+                "disagree",
+                "gone",
+                "changed",
+                "undo_failed",
+                "expired",
+                "settled_on_resume",
+                "keys_per_s",
+            ),
+            INT,
+        ),
+        "seconds": NUM,
+        "closing": nullable({"type": "object"}),
+        "closing_s": NUM,
+    }
+)
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "probe": ("`replag probe --json`: one probe run (or several sources' runs)", PROBE),
     "check": ("`replag repair check --json`", CHECK),
     "repair": ("`replag repair run --json`", CHECK),
     "failover-check": ("`replag failover-check`", FAILOVER_CHECK),
     "runs": ("`replag repair runs --json`: recent runs, newest first", RUNS),
+    "rebuild": ("`replag repair rebuild --json`: a rebuild's plan and what it did", REBUILD),
 }
 
 

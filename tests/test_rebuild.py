@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import jsonschema
 from click.testing import CliRunner
 
 from replag.cli import main
@@ -16,6 +17,7 @@ from replag.repair.observe import KeyState, observe_keys
 from replag.repair.rebuild import rebuild
 from replag.repair.refill import Refill
 from replag.resp import RespConnection
+from replag.schemas import schema
 from replag.store import Store
 from replag.topology import Endpoint
 from tests.helpers.configs import group_config
@@ -147,3 +149,13 @@ def test_dry_run_prints_the_plan_and_writes_nothing(
     result = CliRunner().invoke(main, [*args, "--json"])
     plan = json.loads(result.output)["plan"]
     assert plan["keys"] == 400 and plan["source_keys"] == 400
+    # Done for real, --json follows its published schema; `repair runs` lists the run.
+    result = CliRunner().invoke(main, [*args[:-1], "--json"])
+    assert result.exit_code == 0, result.output
+    done = json.loads(result.output)
+    jsonschema.validate(done, schema("rebuild"))
+    assert done["copied"] == 400 and done["closing"]["divergent"] == 0
+    listed = CliRunner().invoke(main, ["repair", "runs", "-c", str(path), "--json"])
+    jsonschema.validate(json.loads(listed.output), schema("runs"))
+    human = CliRunner().invoke(main, ["repair", "runs", "-c", str(path)])
+    assert "rebuild n2" in human.output and "copied 400 keys" in human.output

@@ -12,6 +12,7 @@ import click
 from replag.commands.options import config_option, json_option, load
 from replag.repair.rebuild import RebuildPlan, rebuild
 from replag.repair.runs import resume_command
+from replag.schemas import versioned
 from replag.store import Store
 
 
@@ -98,7 +99,7 @@ def command(
             progress.close()
         store.close()
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(versioned(report.to_dict()), indent=2))
     elif not dry_run:
         click.echo(report.render())
     closing = report.closing or {}

@@ -238,7 +238,13 @@ def _run_line(run: dict[str, Any]) -> str:
     if run["kind"] == "repair":
         what += f", policy {params['policy']}" + (", dry run" if params["dry_run"] else "")
     report = run["report"]
-    if report is not None:
+    if run["kind"] == "rebuild":
+        what = f"group {params['group']}, rebuild {params['replica']}"
+        if report is not None:
+            found = f"copied {report['copied'] + report['big_copied']:,} keys"
+        else:
+            found = run["error"] or ""
+    elif report is not None:
         found = f"divergent {report['divergent']}"
         if run["kind"] == "repair":
             found += f", repaired {report['repaired']}, left {_left(report)}"
