@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from replag.cli import main
 from replag.config import load_config
 from replag.lab.cluster import lab_down, lab_fault, lab_status
-from replag.lab.relay import read_truth
+from replag.lab.relay import jitter_draw, read_truth
 from replag.lab.server import free_port, pid_alive
 from tests.helpers.lab import LabFactory
 from tests.helpers.terminal import run_on_terminal
@@ -141,3 +141,13 @@ def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
     assert len(set(ports)) > 40  # picked at random, not one after another from a fixed start
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[-1]))
+
+
+def test_relay_jitter_shapes() -> None:
+    uniform = [jitter_draw(1.0, "uniform") for _ in range(2000)]
+    assert all(-1.0 <= j <= 1.0 for j in uniform) and min(uniform) < 0 < max(uniform)
+    tail = sorted(jitter_draw(1.0, "pareto") for _ in range(2000))
+    # Late only, heavy-tailed (median ~0.6 ms, the top 1 % beyond ~20 ms), capped at 50 ms.
+    assert tail[0] >= 0 and tail[-1] <= 50.0
+    assert 0.3 < tail[1000] < 1.0 and tail[1990] > 5.0
+    assert jitter_draw(0.0, "pareto") == 0.0

@@ -52,6 +52,9 @@ class LabSpec:
     # not directly on loopback.
     wan: bool = False
     jitter_ms: float = 0.0
+    # How replication links draw their jitter: "uniform" (±jitter_ms) or "pareto" (a
+    # heavy tail: late only, by jitter_ms × (Pareto(1.5) − 1), at most 50 × jitter_ms).
+    jitter_shape: str = "uniform"
     # A `replag agent` per region (replag.lab.agents), with these clock offsets (ms), and
     # the clock error every lab host states (`clock_error_bound`, ms; None: the kernel's).
     agents: bool = False
@@ -145,6 +148,7 @@ class ReplicationLink:
     delay_ms: float  # downstream is primary → replica: the path out
     up_delay_ms: float
     jitter_ms: float
+    jitter_shape: str
     truth_path: str
     truth_prefix: str
 
@@ -206,6 +210,7 @@ def _initial_state(spec: LabSpec, started: list[dict[str, Any]]) -> dict[str, An
         "relay_control_port": None,
         "prefix": spec.prefix,
         "jitter_ms": spec.jitter_ms,
+        "jitter_shape": spec.jitter_shape,
         "delays_ms": spec.delays_ms,
         "back_ms": spec.back_ms,
         "wan": spec.wan,
@@ -252,6 +257,7 @@ def _start_replicated(launch: _Launcher, state: dict[str, Any]) -> int:
             delay_ms=paths[region][0],
             up_delay_ms=paths[region][1],
             jitter_ms=spec.jitter_ms,
+            jitter_shape=spec.jitter_shape,
             truth_path=str(launch.lab_dir / f"truth-{region}-{i + 1}.log"),
             truth_prefix=spec.prefix,
         ).to_dict()
@@ -309,7 +315,7 @@ def _write_outputs(lab_dir: Path, spec: LabSpec, state: dict[str, Any]) -> None:
     header = (
         f"replag lab ({spec.engine}) in {lab_dir}\n"
         f"regions: {', '.join(spec.regions)}; one-way delays (ms): "
-        f"{json.dumps(spec.delays_ms)}; jitter {spec.jitter_ms} ms"
+        f"{json.dumps(spec.delays_ms)}; jitter {spec.jitter_ms} ms ({spec.jitter_shape})"
     )
     if spec.back_ms:
         header += f"\nback (region → {spec.regions[0]}) where different: {json.dumps(spec.back_ms)}"

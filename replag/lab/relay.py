@@ -3,8 +3,8 @@
 Each `Link` listens on a loopback port and forwards every connection to its
 upstream, holding the bytes of each direction for that direction's one-way
 delay (`delay_ms` upstream → client, `up_delay_ms` client → upstream, the same
-unless set: WAN paths are often asymmetric), plus uniform jitter, never
-reordering. Threads and `time.sleep` give
+unless set: WAN paths are often asymmetric), plus jitter (uniform, or a heavy
+tail: `JITTER_SHAPES`), never reordering. Threads and `time.sleep` give
 microsecond-accurate release times, which an asyncio loop (millisecond
 epoll timeouts) would not. A link can be partitioned (connections cut, new
 ones refused) and healed, and its delay changed, through a JSON-lines control
@@ -33,6 +33,21 @@ from typing import Any, TextIO
 from replag.stamped_socket import StampedReader
 
 _CHUNK = 65536
+JITTER_SHAPES = ("uniform", "pareto")
+_PARETO_ALPHA, _PARETO_CAP = 1.5, 50.0
+
+
+def jitter_draw(jitter_ms: float, shape: str) -> float:
+    """One draw of a link's jitter (ms): uniform in ±jitter_ms, or for "pareto" a heavy
+    tail, late only: jitter_ms × (Pareto(1.5) − 1) (median 0.59 ×, one in 100 draws past
+    20 ×), capped at 50 × jitter_ms."""
+    if not jitter_ms:
+        return 0.0
+    if shape == "pareto":
+        return jitter_ms * min(random.paretovariate(_PARETO_ALPHA) - 1.0, _PARETO_CAP)
+    return random.uniform(-jitter_ms, jitter_ms)
+
+
 RELAY_START_S = 60.0
 
 
@@ -43,6 +58,7 @@ class Link:
     upstream_port: int
     delay_ms: float = 0.0  # downstream: upstream → client
     jitter_ms: float = 0.0
+    jitter_shape: str = "uniform"  # one of JITTER_SHAPES
     partitioned: bool = False
     up_delay_ms: float | None = None  # client → upstream; None: the same as delay_ms
     truth_path: Path | None = None  # probe keys going downstream
@@ -58,8 +74,7 @@ class Link:
 
     def one_way_ns(self, *, downstream: bool = True) -> int:
         base = self.delay_ms if downstream or self.up_delay_ms is None else self.up_delay_ms
-        jitter = random.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
-        return max(0, int((base + jitter) * 1e6))
+        return max(0, int((base + jitter_draw(self.jitter_ms, self.jitter_shape)) * 1e6))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +84,7 @@ class Link:
             "delay_ms": self.delay_ms,
             "up_delay_ms": self.delay_ms if self.up_delay_ms is None else self.up_delay_ms,
             "jitter_ms": self.jitter_ms,
+            "jitter_shape": self.jitter_shape,
             "partitioned": self.partitioned,
             "connections": len(self._pipes) // 2,
             "bytes_down": self.bytes_down,
@@ -246,6 +262,8 @@ class DelayRelay:
             )
             if "jitter_ms" in request:
                 link.jitter_ms = float(request["jitter_ms"])
+            if request.get("jitter_shape") in JITTER_SHAPES:
+                link.jitter_shape = str(request["jitter_shape"])
         else:
             return {"ok": False, "error": f"unknown op {op!r}"}
         return {"ok": True, "link": link.to_dict()}
@@ -356,6 +374,7 @@ def main(argv: list[str]) -> None:
             upstream_port=raw["upstream_port"],
             delay_ms=raw.get("delay_ms", 0.0),
             jitter_ms=raw.get("jitter_ms", 0.0),
+            jitter_shape=raw.get("jitter_shape", "uniform"),
             up_delay_ms=raw.get("up_delay_ms"),
             truth_path=Path(raw["truth_path"]) if raw.get("truth_path") else None,
             truth_up_path=Path(raw["truth_up_path"]) if raw.get("truth_up_path") else None,

@@ -40,6 +40,13 @@ class Arrival:
     def half_width_ns(self) -> int:
         return (self.hi_ns - self.lo_ns) // 2
 
+    @property
+    def error_bound_ns(self) -> int:
+        """How far the true arrival can lie from the estimate: to the bracket's farther
+        end (its half width where the estimate is the middle; more where the estimate was
+        placed elsewhere in it, as `within_chunks` does)."""
+        return max(self.estimate_ns - self.lo_ns, self.hi_ns - self.estimate_ns)
+
 
 class Observer:
     """Base: what the runner needs from either mode."""

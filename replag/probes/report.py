@@ -22,6 +22,8 @@ class ProbeSample:
     lag_ns: int | None  # None: not seen before the timeout (lost)
     uncertainty_ns: int
     write_ns: int = 0  # the write's round trip (send to acknowledgement), part of the uncertainty
+    # Read in one chunk with later events: placed inside its bracket (`within_chunks`).
+    placed_by_chunk: bool = False
 
 
 @dataclass(kw_only=True)

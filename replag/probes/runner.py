@@ -544,8 +544,10 @@ def within_chunks(
     their writes were even sent (a burst of writes then read as lagging half as much
     as it did). An event cannot precede its write, so the bracket starts there at the
     earliest; and neighbouring writes replicate alike, so each gets the lag of the
-    chunk's exactly stamped events, kept inside its bracket. The bracket, and so the
-    uncertainty, stays what was known.
+    chunk's exactly stamped events, kept inside its bracket. The bracket stays what was
+    known, and the sample's uncertainty reaches its farther end from the estimate
+    (`Arrival.error_bound_ns`): a borrowed lag is a guess, right only where the
+    chunk-mates replicated alike (no jitter between them).
     """
     chunks: dict[int, list[int]] = {}
     for seq, arrival in by_seq.items():
@@ -583,14 +585,16 @@ def _record_lags(
             report.samples.append(ProbeSample(region, pair.replica, seq, None, 0))
             continue
         lag = arrival.estimate_ns - (t_a + t_b) // 2
-        unc = arrival.half_width_ns + (t_b - t_a) // 2
+        unc = arrival.error_bound_ns + (t_b - t_a) // 2
         # A lag close to 0 can read below it; the histogram counts it as negative
         # (recorded as 0), and one below even its uncertainty is counted apart.
         pair.lag.record_ns(lag)
         if lag + unc < 0:
             pair.negative_beyond_uncertainty += 1
         pair.uncertainty.record_ns(unc)
-        report.samples.append(ProbeSample(region, pair.replica, seq, lag, unc, t_b - t_a))
+        report.samples.append(
+            ProbeSample(region, pair.replica, seq, lag, unc, t_b - t_a, arrival.merged)
+        )
 
 
 def _arrivals_by_seq(observer: Observer) -> dict[int, Arrival]:
