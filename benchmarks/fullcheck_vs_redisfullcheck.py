@@ -11,10 +11,15 @@ fastest run among those that find the most; then replag (comparing expiries,
 its default, and with `--ttls ignore`: values only, as RedisFullCheck compares)
 and that setting run interleaved, `--rounds` times each, the order rotating.
 Every run is one process tree measured from outside: wall time, CPU, bytes
-written to disk, and found/missed/false positives against the ground truth
-(without expiries, a key given a TTL alone is not one to find); peak memory
+written to disk, and found/missed/false positives against the ground truth of
+what that run compares (RedisFullCheck and `--ttls ignore` compare no expiry, so
+a key given a TTL alone is not one for them to find); every key RedisFullCheck
+missed is given its cause, counted (only on the target: it walks the source's
+keys only; the same type and length on both: comparemode=2 compares lengths;
+else the injected kind); peak memory
 (PSS summed over the tree) comes from one more run of each, sampled, as the
-sampler slows what it samples on 2 cores. The physical ceiling (both servers
+sampler slows what it samples on 2 cores. Every reader runs at nice 0 (the
+check's scan processes too: `scan_nice = 0`). The physical ceiling (both servers
 read completely at once by a bare pipelined SCAN + MGET, one process each) is
 measured in the same run.
 
@@ -30,9 +35,11 @@ import shutil
 import statistics
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
 from ceiling import measure_ceiling
 from runstats import Measured, run_measured
 
@@ -72,6 +79,7 @@ class Outcome:
     found: int
     false_positives: int
     expected: int
+    missed_keys: frozenset[bytes] = frozenset()
 
     def line(self) -> str:
         m = self.measured
@@ -98,9 +106,12 @@ def run_rfc(
     setting: RfcSetting,
     work: Path,
     truth: set[bytes],
+    every: set[bytes],
     *,
     sample_memory: bool = True,
 ) -> Outcome:
+    """One RedisFullCheck run, scored against `truth` (what it compares); a key it reports
+    outside `every` divergent key is a false positive."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     result = work / "result.txt"
@@ -125,7 +136,40 @@ def run_rfc(
     }
     shutil.rmtree(work, ignore_errors=True)
     found = len(keys & truth)
-    return Outcome("redis-full-check", measured, found, len(keys) - found, len(truth))
+    false_positives = len(keys - every)
+    return Outcome(
+        "redis-full-check",
+        measured,
+        found,
+        false_positives,
+        len(truth),
+        frozenset(truth - keys),
+    )
+
+
+def miss_causes(
+    missed: frozenset[bytes], injected: dict[bytes, dict[str, str]], ports: list[int]
+) -> dict[str, int]:
+    """Why RedisFullCheck missed each key, counted: read off the two servers now."""
+    import redis
+
+    source, target = (redis.Redis(port=p) for p in ports)
+    causes: dict[str, int] = {}
+    try:
+        for key in missed:
+            if not source.exists(key):
+                cause = "only on the target (it walks the source's keys only)"
+            elif source.type(key) == target.type(key) == b"string" and source.strlen(
+                key
+            ) == target.strlen(key):
+                cause = "same type and length on both (comparemode=2 compares lengths)"
+            else:
+                cause = f"other: injected {injected[key]['injected']} on {injected[key]['replica']}"
+            causes[cause] = causes.get(cause, 0) + 1
+    finally:
+        source.close()
+        target.close()
+    return dict(sorted(causes.items(), key=lambda kv: -kv[1]))
 
 
 # replag both ways: expiries compared (the default), and not (RedisFullCheck compares
@@ -151,6 +195,14 @@ def run_replag(
         store.close()
     found = len(keys & truth)
     return Outcome(tool, measured, found, len(keys) - found, len(truth))
+
+
+def same_priority(topology: Path) -> None:
+    """The check's scan processes at nice 0 (`scan_nice`, 10 by default), as RedisFullCheck
+    and the ceiling's readers run: no reader yields the cores to another."""
+    data = tomllib.loads(topology.read_text())
+    data.setdefault("settings", {})["scan_nice"] = 0
+    topology.write_text(tomli_w.dumps(data))
 
 
 def median(values: list[float]) -> float:
@@ -187,6 +239,7 @@ def main() -> int:
         state = lab_up(lab_dir, LabSpec(regions=("src", "dst"), delays_ms={}, engine="independent"))
         try:
             ports = [p["port"] for p in state["processes"]]
+            same_priority(lab_dir / "topology.toml")
             compare(args, lab_dir, ports, Path(tmp))
         finally:
             lab_down(lab_dir)
@@ -225,7 +278,7 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
         print(f"searching RedisFullCheck's settings ({len(settings)}, one run each):")
     tried: list[tuple[Outcome, RfcSetting]] = []
     for setting in settings:
-        outcome = run_rfc(args.binary, ports, setting, tmp / "rfc", truth)
+        outcome = run_rfc(args.binary, ports, setting, tmp / "rfc", values_truth, truth)
         tried.append((outcome, setting))
         if len(settings) > 1:
             print(f"  {setting}: {outcome.measured.seconds:.2f} s, found {outcome.found}")
@@ -245,7 +298,13 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
     def run(tool: str, *, sample_memory: bool) -> Outcome:
         if tool == "redis-full-check":
             return run_rfc(
-                args.binary, ports, best, tmp / "rfc", truth, sample_memory=sample_memory
+                args.binary,
+                ports,
+                best,
+                tmp / "rfc",
+                values_truth,
+                truth,
+                sample_memory=sample_memory,
             )
         return run_replag(lab_dir, truths[tool], tool, sample_memory=sample_memory)
 
@@ -272,6 +331,14 @@ def compare(args: argparse.Namespace, lab_dir: Path, ports: list[int], tmp: Path
             f"found {min(o.found for o in outcomes)}/{outcomes[0].expected}  "
             f"false+ {max(o.false_positives for o in outcomes)}"
         )
+    by_key = {key_from_json(d): d for d in injected["divergent"]}
+    missed = frozenset().union(*(o.missed_keys for o in runs["redis-full-check"]))
+    causes = miss_causes(missed, by_key, ports)
+    print(
+        f"RedisFullCheck's misses (of the {len(values_truth)} keys it compares, over its "
+        f"{len(runs['redis-full-check'])} timed runs: {len(missed)} keys), by cause: "
+        + "; ".join(f"{cause} {n}" for cause, n in causes.items())
+    )
     ceiling_s = median([c.seconds for c in ceilings])
     seconds = {tool: median([o.measured.seconds for o in runs[tool]]) for tool in tools}
     rfc_s = seconds["redis-full-check"]
