@@ -174,5 +174,8 @@ class ReplagGroup(click.Group):
 @click.version_option(package_name="replag")
 def main(verbose: int) -> None:
     """Replication lag and anti-entropy for Redis across racks and regions."""
+    from replag.commands import repeated_logs
+
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = repeated_logs.install(level)
+    click.get_current_context().call_on_close(handler.summarise)

@@ -21,6 +21,12 @@ route) so the edge (CLI, API) can print one clear line::
 
 from __future__ import annotations
 
+# Exit codes of every command (docs: "Exit codes"; `--format nagios` maps them to Nagios's).
+EXIT_OK = 0
+EXIT_BREACH = 1  # a threshold breached, divergence found, no safe failover candidate
+EXIT_ERROR = 2  # usage, configuration, or connection error on what the command needs
+EXIT_UNREACHABLE = 3  # some replica (or agent) could not be measured; the rest was
+
 
 class ReplagError(Exception):
     """Base of every error replag raises on purpose."""

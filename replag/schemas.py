@@ -111,6 +111,7 @@ PAIR = obj(
         "negative": counts("count", "beyond_uncertainty"),
         "error": nullable(STR),
         "replication": nullable(obj({})),
+        "excluded": obj({"count": INT, "because": nullable({"enum": ["syncing"]})}),
     },
 )
 
@@ -298,6 +299,12 @@ REBUILD = obj(
     }
 )
 
+# What `--json` prints instead when the command failed (exit 2: usage, config, connection).
+ERROR = obj(
+    {"schema_version": {"const": SCHEMA_VERSION}, "error": STR, "exit_code": INT},
+    {"run_id": STR},
+)
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "probe": ("`replag probe --json`: one probe run (or several sources' runs)", PROBE),
     "check": ("`replag repair check --json`", CHECK),
@@ -315,7 +322,8 @@ def schema(name: str) -> Schema:
         "$schema": DIALECT,
         "$id": f"urn:replag:schema:{name}:v{SCHEMA_VERSION}",
         "title": title,
-        **body,
+        "description": "The command's result, or (exit code 2) the error that stopped it.",
+        "anyOf": [body, ERROR],
     }
 
 

@@ -17,7 +17,7 @@ from replag.discovery import Discovery
 from replag.discovery.cluster import discover_cluster
 from replag.discovery.dynomite import Address, NodePorts, PortMap, discover_dynomite
 from replag.discovery.replication import discover_replication
-from replag.errors import RepairError
+from replag.errors import EXIT_UNREACHABLE, RepairError
 from replag.probes import ProbeReport, run_probe
 from replag.repair import check
 from tests.helpers.dynomite_admin import admin_server, node_routes
@@ -86,7 +86,7 @@ async def test_cluster_shards_are_probed_including_one_whose_replica_is_down(
     shard = config.topology.regions[1]
     report = await probe(config, shard.name)
     assert [u["replica"] for u in report.unreachable] == [f"127.0.0.1:{down.port}"]
-    assert report.exit_code == 1
+    assert report.exit_code == EXIT_UNREACHABLE
     healthy = await probe(config, config.topology.regions[0].name)
     assert healthy.unreachable == [] and healthy.exit_code == 0
 

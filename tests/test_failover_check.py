@@ -85,7 +85,7 @@ def test_unreachable_primary_is_one_line_exit_2(tmp_path: Path) -> None:
     )
     result = CliRunner().invoke(main, ["failover-check", "--config", str(path)])
     assert result.exit_code == 2
-    assert result.stdout == ""
+    assert json.loads(result.stdout)["exit_code"] == 2  # stdout is JSON, failed or not
     (line,) = result.stderr.strip().splitlines()
     assert "a-write" in line and "127.0.0.1:1" in line
 

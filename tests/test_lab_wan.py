@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import load_config
+from replag.errors import EXIT_UNREACHABLE
 from replag.lab.cluster import lab_fault, lab_status
 from replag.lab.load import LoadSpec, lab_load
 from replag.lab.relay import read_truth
@@ -104,7 +105,7 @@ async def test_partition_cuts_the_prober_off_and_heal_restores(lab_factory: LabF
     assert lab_fault(lab_dir, "far", "partition") == ["far-1", "view-far-1"]
     report = await run_probe(config, count=5, rate=0, mode="push", timeout_s=2)
     assert [u["replica"] for u in report.unreachable] == ["far-1"]
-    assert report.exit_code == 1
+    assert report.exit_code == EXIT_UNREACHABLE
     # Inside the region the replica still answers, with its link to the primary down.
     with _client(far.in_region()) as local:
         wait_until(

@@ -1,4 +1,5 @@
-"""A port that is not Redis (an HTTP listener, something answering garbage): one line, exit 2."""
+"""A port that is not Redis (an HTTP listener, something answering garbage): named, never a
+traceback; a probe reports it per replica (exit 3), a check stops on it (exit 2)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from replag.cli import main
+from replag.errors import EXIT_UNREACHABLE
 from tests.helpers.redis_servers import RedisFactory
 
 
@@ -62,9 +64,12 @@ def test_probe_names_the_endpoint_that_is_not_redis(
         f'[[regions]]\nname = "a"\nwrite = "{good.url}"\n'
         f'replicas = ["redis://127.0.0.1:{not_redis}"]\n'
     )
-    result = CliRunner().invoke(main, ["probe", "-c", str(config)])
-    assert result.exit_code == 2
-    _one_line_naming(result.output, not_redis)
+    result = CliRunner().invoke(main, ["probe", "-c", str(config), "--count", "5"])
+    # Reported per replica, like one that is down: the rest of the run is measured.
+    assert result.exit_code == EXIT_UNREACHABLE, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("UNREACHABLE:")]
+    assert f"127.0.0.1:{not_redis}" in line and "not a Redis server" in line
+    assert "Traceback" not in result.output
 
 
 def test_repair_check_names_the_member_that_is_not_redis(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from replag.lab.server import RedisServer
+from replag.lab.server import RedisServer, free_port
 from replag.schemas import SCHEMA_VERSION, SCHEMAS, schema
 from tests.helpers.redis_servers import primary_and_replicas
 
@@ -81,3 +82,97 @@ def test_real_outputs_validate(name: str, args: list[str], config: Path) -> None
 def test_schema_command_prints_each_schema(tmp_path: Path) -> None:
     for name in SCHEMAS:
         assert json.loads(replag(["schema", name], tmp_path)) == schema(name)
+
+
+def _topology(where: Path, write: str, *replicas: str) -> Path:
+    path = where / "t.toml"
+    listed = ", ".join(f'"{url}"' for url in replicas)
+    path.write_text(
+        f'[settings]\nstore = "{where / "s.sqlite"}"\n'
+        f'[[regions]]\nname = "a"\nwrite = "{write}"\nreplicas = [{listed}]\n'
+    )
+    return path
+
+
+def test_an_unreachable_replica_exits_3_and_is_a_breach_too(
+    servers: list[RedisServer], tmp_path: Path
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}"
+    config = _topology(tmp_path, servers[0].url, servers[1].url, dead)
+    out = valid(
+        "probe", replag(["probe", "-c", str(config), "--count", "10", "--json"], tmp_path, 3)
+    )
+    assert [b["kind"] for b in out["breaches"]] == ["unreachable"]
+    assert out["unreachable"][0]["replica"] in out["breaches"][0]["message"]
+    probe = ["probe", "-c", str(config), "--count", "10", "--format", "nagios"]
+    (line,) = replag(probe, tmp_path, 2).splitlines()
+    assert line.startswith("REPLAG CRITICAL - 1 unreachable: ") and " | " in line
+    perfdata = line.split(" | ")[1]
+    shape = r"'[^'=]+'=[\d.]+(?:ms|%);[^;]*;[^;]*;[^;]*;[^; ]*"
+    assert re.fullmatch(f"{shape}( {shape})*", perfdata), perfdata
+
+
+def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> None:
+    config = _topology(tmp_path, servers[0].url, servers[1].url)
+    line = replag(["probe", "-c", str(config), "--count", "10", "--format", "nagios"], tmp_path)
+    assert line.startswith("REPLAG OK - 1 replicas within limits") and "p99'=" in line
+    missing = replag(
+        ["probe", "-c", str(tmp_path / "nope.toml"), "--format", "nagios"], tmp_path, 3
+    )
+    assert missing.startswith("REPLAG UNKNOWN - ") and "nope.toml" in missing
+
+
+def test_a_failed_command_still_prints_its_json(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    for name, args in [
+        ("probe", ["probe", "-c", missing, "--json"]),
+        ("check", ["repair", "check", "-c", missing, "--json"]),
+        ("failover-check", ["failover-check", "-c", missing]),
+    ]:
+        document = valid(name, replag(args, tmp_path, 2))
+        assert document["exit_code"] == 2 and "nope.toml" in document["error"]
+
+
+def test_refused_writes_are_one_warning_with_a_count(tmp_path: Path) -> None:
+    # A primary out of memory refuses every probe write (OOM): one line, not one per write.
+    with primary_and_replicas(tmp_path / "oom", replicas=1) as (primary, replica):
+        with primary.client() as client:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+        config = _topology(tmp_path, primary.url, replica.url)
+        done = subprocess.run(
+            [sys.executable, "-m", "replag", "probe", "-c", str(config), "--count", "50", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    out = valid("probe", done.stdout)
+    assert out["write_ms"]["errors"] == 50 and out["breaches"][0]["kind"] == "write_errors"
+    (line,) = done.stderr.splitlines()
+    assert "50 of 50 probe writes" in line and "OOM" in line
+
+
+def test_samples_taken_while_a_replica_syncs_are_flagged_and_kept_out(tmp_path: Path) -> None:
+    primary = RedisServer(
+        name="p",
+        port=free_port(),
+        workdir=tmp_path,
+        # The first sync waits a minute before it starts: the replica stays in it.
+        extra_args=("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "60"),
+    ).start()
+    replica_args = ("--replicaof", "127.0.0.1", str(primary.port))
+    replica = RedisServer(name="r", port=free_port(), workdir=tmp_path, extra_args=replica_args)
+    try:
+        replica.start()
+        config = _topology(tmp_path, primary.url, replica.url)
+        args = ["probe", "-c", str(config), "--count", "10", "--timeout", "1s", "--json"]
+        out = valid("probe", replag(args, tmp_path))
+    finally:
+        replica.stop()
+        primary.stop()
+    (pair,) = out["pairs"]
+    assert pair["excluded"] == {"count": 10, "because": "syncing"}
+    assert (pair["sent"], pair["lost"], pair["lag_ms"]["p99"]) == (0, 0, None)
+    assert any("syncing" in note for note in out["notes"])

@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from replag.cli import main
 from replag.config import load_config
-from replag.errors import AuthError, UsageError
+from replag.errors import EXIT_UNREACHABLE, AuthError, UsageError
 from replag.histogram import LagHistogram
 from replag.lab.cluster import lab_fault
 from replag.probes import run_probe
@@ -174,8 +174,10 @@ async def test_replica_down_is_reported_not_raised(lab_factory: LabFactory) -> N
     stop_pid(victim["pid"])
     config = load_config(Path(state["dir"]) / "topology.toml")
     report = await run_probe(config, count=10, rate=0)
-    assert report.exit_code == 1
+    assert report.exit_code == EXIT_UNREACHABLE
     assert [u["replica"] for u in report.unreachable] == ["c-1"]
+    # A consumer reading only `breaches` sees the dead replica too.
+    assert [(b["kind"], b["replica"]) for b in report.breaches] == [("unreachable", "c-1")]
     assert "unreachable" in report.unreachable[0]["error"]
     assert next(p for p in report.pairs if p.target == "b").seen == 10
 
@@ -304,7 +306,7 @@ async def test_push_mode_reports_a_replica_that_cannot_push(
 ) -> None:
     path = _config_refusing_replica(redis_factory, tmp_path)
     report = await run_probe(load_config(path), count=5, mode="push")
-    assert report.exit_code == 1
+    assert report.exit_code == EXIT_UNREACHABLE
     assert "push mode" in report.unreachable[0]["error"]
 
 
@@ -332,7 +334,7 @@ async def test_a_primary_dying_mid_run_is_reported(lab_factory: LabFactory) -> N
         await until(lambda: asyncio.to_thread(lambda: p.dbsize() >= 10), "the first probe writes")
     await asyncio.to_thread(stop_pid, primary["pid"])
     report = await run
-    assert report.exit_code == 1 and report.write_errors == 1
+    assert report.exit_code == EXIT_UNREACHABLE and report.write_errors == 1
     assert report.unreachable[0]["replica"] == "a-primary"
     assert "write endpoint failed after" in report.unreachable[0]["error"]
     assert 0 < report.write.count < 400

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from replag.commands.options import config_option, load
+from replag.commands.repeated_logs import defer_logs
 from replag.durations import parse_bytes, parse_duration_s
-from replag.errors import UsageError
+from replag.errors import ReplagError, UsageError
 from replag.replication import failover_check
 from replag.schemas import versioned
 from replag.store import Store
@@ -32,8 +33,19 @@ def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str 
 
     Exit 0 when every primary has a replica within --max-bytes (and --max-lag,
     from the latest probe figures in the store), 1 when not, 2 on bad input or
-    an unreachable primary.
+    an unreachable primary (then stdout has {"error", "exit_code"}).
     """
+    defer_logs()  # stdout is JSON
+    try:
+        _check(config_path, source, max_bytes, max_lag)
+    except ReplagError as exc:
+        document = versioned({"error": str(exc), "exit_code": exc.exit_code})
+        click.echo(json.dumps(document, indent=2))
+        click.echo(f"replag: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+def _check(config_path: Path, source: str | None, max_bytes: str, max_lag: str | None) -> None:
     try:
         limit = parse_bytes(max_bytes)
     except ValueError as exc:

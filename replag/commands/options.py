@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
+from replag.commands.repeated_logs import defer_logs
 from replag.config import Config, load_config
 from replag.settings import SETTINGS_BY_NAME
 
@@ -25,8 +26,21 @@ def config_option(func: F) -> F:
     )(func)
 
 
+def machine_readable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A flag or format whose stdout a program reads: log lines wait for the summary."""
+    if value is True or value in ("json", "nagios"):
+        defer_logs()
+    return value
+
+
 def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(func)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        callback=machine_readable,
+        help="Print one JSON object (log lines go to stderr once, at the end).",
+    )(func)
 
 
 def setting_option(name: str, *param_decls: str, **attrs: Any) -> Callable[[F], F]:

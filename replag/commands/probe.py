@@ -11,12 +11,19 @@ from typing import Any
 
 import click
 
-from replag.commands.options import config_option, json_option, load, setting_option
+from replag.commands.options import (
+    config_option,
+    json_option,
+    load,
+    machine_readable,
+    setting_option,
+)
 from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
-from replag.errors import UsageError
+from replag.errors import ReplagError, UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
+from replag.probes.nagios import UNKNOWN, nagios_code, nagios_error, nagios_line
 from replag.probes.report import combine_reports
 from replag.probes.runner import ProbeProgress, ProgressCallback
 from replag.schemas import versioned
@@ -120,8 +127,35 @@ async def probe_once(
 )
 @click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
 @json_option
-def command(
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json", "nagios"]),
+    callback=machine_readable,
+    help="table (default), json (= --json), or nagios: one plugin line with perfdata, "
+    "exit 0 OK / 2 CRITICAL / 3 UNKNOWN.",
+)
+def command(config_path: Path, as_json: bool, output_format: str | None, **options: Any) -> None:
+    """Write probe keys in one region and measure their arrival on every replica."""
+    fmt = output_format or ("json" if as_json else "table")
+    try:
+        _probe_and_report(config_path, fmt, **options)
+    except ReplagError as exc:
+        if fmt == "table":
+            raise
+        if fmt == "nagios":
+            click.echo(nagios_error(str(exc)))
+            sys.exit(UNKNOWN)
+        document = versioned({"error": str(exc), "exit_code": exc.exit_code})
+        click.echo(json.dumps(document, indent=2))
+        click.echo(f"replag: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+def _probe_and_report(
     config_path: Path,
+    fmt: str,
+    *,
     source: str | None,
     count: int | None,
     rate: float | None,
@@ -133,9 +167,8 @@ def command(
     consistency: str | None,
     with_alerts: bool,
     no_store: bool,
-    as_json: bool,
 ) -> None:
-    """Write probe keys in one region and measure their arrival on every replica."""
+    as_json = fmt != "table"
     config = load(config_path)
     settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
     config = dataclasses.replace(config, settings=settings)
@@ -162,6 +195,11 @@ def command(
             status.close()
         if store is not None:
             store.close()
+    if fmt == "nagios":
+        click.echo(
+            nagios_line(report, max_p99_ms=_ms(settings.max_p99), max_loss=settings.max_loss)
+        )
+        sys.exit(nagios_code(report))
     if as_json:
         out = versioned(report.to_dict())
         if outcome is not None:
@@ -172,6 +210,10 @@ def command(
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     sys.exit(report.exit_code)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _progress_to(line: StatusLine) -> ProgressCallback:

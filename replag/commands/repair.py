@@ -78,7 +78,7 @@ def _json_errors(as_json: bool, run_ids: list[str]) -> Iterator[None]:
     except ReplagError as exc:
         if not as_json:
             raise
-        out: dict[str, Any] = {"error": str(exc), "exit_code": exc.exit_code}
+        out: dict[str, Any] = versioned({"error": str(exc), "exit_code": exc.exit_code})
         if run_ids:
             out["run_id"] = run_ids[-1]
         click.echo(json.dumps(out, indent=2))

@@ -8,6 +8,7 @@ from typing import Any
 
 from replag.clock import ClockOffset
 from replag.durations import format_ms
+from replag.errors import EXIT_BREACH, EXIT_OK, EXIT_UNREACHABLE
 from replag.histogram import LagHistogram, LagSummary
 from replag.replication.follow import FailoverEvent
 from replag.replication.sampler import DYNOMITE_NOTE
@@ -42,6 +43,9 @@ class PairResult:
     # The Dynomite write consistency set on the probe connection (None: not set).
     consistency: str | None = None
     negative_beyond_uncertainty: int = 0  # lag + uncertainty < 0: an estimate gone wrong
+    # Samples kept out of the figures, and why ("syncing": the replica was in a resync).
+    excluded: int = 0
+    excluded_because: str | None = None
 
     @property
     def seen(self) -> int:
@@ -71,7 +75,15 @@ class PairResult:
             "beyond_uncertainty": self.negative_beyond_uncertainty,
         }
         out["error"] = self.error
+        out["excluded"] = {"count": self.excluded, "because": self.excluded_because}
         return out
+
+    def exclude(self, because: str) -> None:
+        """Keep every sample of this run out of the percentiles and the loss ratio."""
+        self.excluded, self.excluded_because = self.sent, because
+        self.sent = self.lost = 0
+        self.lag, self.uncertainty = LagHistogram(), LagHistogram()
+        self.negative_beyond_uncertainty = 0
 
     @property
     def label(self) -> str:
@@ -111,7 +123,10 @@ class ProbeReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.breaches or self.unreachable else 0
+        """3 when a replica could not be measured (whatever else), 1 on a breach, else 0."""
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        return EXIT_BREACH if self.breaches else EXIT_OK
 
     def evaluate(self, *, max_p99_s: float | None, max_loss: float | None) -> None:
         """Fill `breaches` from the thresholds (None = not checked).
@@ -119,7 +134,17 @@ class ProbeReport:
         Probe writes answered with an error are a breach whatever the thresholds: the
         write path itself is failing (e.g. Dynomite under DC_QUORUM with racks down).
         """
-        self.breaches = []
+        self.breaches = [
+            {
+                "kind": "unreachable",
+                "source": self.source,
+                "target": u["region"],
+                "replica": u["replica"],
+                "consistency": self.consistency,
+                "message": f"{u['replica']} ({u['region']}): {u['error']}",
+            }
+            for u in self.unreachable
+        ]
         if self.write_error is not None:
             self.breaches.append(
                 {
@@ -229,7 +254,7 @@ class ProbeReport:
             lines += self.replication.render()
         lines += [f"note: {n}" for n in self.notes + self._negative_notes()]
         lines += [f.render() for f in self.failovers]
-        lines += [f"BREACH: {b['message']}" for b in self.breaches]
+        lines += [f"BREACH: {b['message']}" for b in self.breaches if b["kind"] != "unreachable"]
         lines += [
             f"UNREACHABLE: {u['replica']} ({u['region']}): {u['error']}" for u in self.unreachable
         ]
@@ -269,6 +294,12 @@ class ProbeReport:
             if pair.error:
                 lines.append(
                     f"{head}{s.target:<12} {s.replica:<18} {'-':<{via}} UNREACHABLE: {pair.error}"
+                )
+                continue
+            if pair.excluded_because:
+                lines.append(
+                    f"{head}{s.target:<12} {s.replica:<18} {pair.observed_by:<{via}} "
+                    f"{pair.excluded_because.upper()}: {pair.excluded} samples kept out"
                 )
                 continue
             lines.append(

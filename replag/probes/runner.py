@@ -24,7 +24,7 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import NotRedisError, ReplagError, UsageError
+from replag.errors import ReplagError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -64,7 +64,6 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
-    misconfigured: NotRedisError | None = None  # not an outage: the run stops, exit 2
 
 
 @dataclass(kw_only=True)
@@ -100,9 +99,6 @@ class _ProbeRun:
                 if t.observer is None
             )
         )
-        for target in self.targets:
-            if target.misconfigured is not None:
-                raise target.misconfigured
         if writer.endpoint.kind == "redis":
             with contextlib.suppress(ReplagError):
                 offset = await estimate_offset(lambda: _time(writer), endpoint=writer.endpoint.name)
@@ -270,9 +266,25 @@ def _finish(run: _ProbeRun) -> None:
         {p.replica: p99 for p in report.pairs if (p99 := p.summary.lag_ms["p99"]) is not None}
     )
     report.replication = replication.snapshot
+    _exclude_syncing(report, replication.syncing())
     if replication.event is not None:
         report.failovers.append(replication.event)
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
+
+
+def _exclude_syncing(report: ProbeReport, syncing: set[str]) -> None:
+    """A replica in a resync during the run: its samples time the sync (or are lost to
+    it), so they are flagged and kept out of the figures, and a note says why."""
+    for pair in report.pairs:
+        if pair.replica in syncing and pair.sent:
+            count = pair.sent
+            pair.exclude("syncing")
+            report.samples = [s for s in report.samples if s.replica != pair.replica]
+            report.notes.append(
+                f"{pair.label}: the replica was syncing with its primary during the run "
+                f"(a full or initial resync): its {count} samples are kept out of the "
+                "percentiles and the loss ratio"
+            )
 
 
 async def run_probe_all(
@@ -366,9 +378,7 @@ async def _open_target(
             notes=report.notes,
         )
         target.observer = observer
-    except NotRedisError as exc:
-        target.misconfigured = exc
-    except ReplagError as exc:
+    except ReplagError as exc:  # down, refusing, or not Redis at all: reported per replica
         target.error = exc.message
         report.unreachable.append(
             {"replica": replica.name, "region": target.region, "error": str(exc)}
@@ -385,6 +395,7 @@ async def _write_keys(
 ) -> dict[int, tuple[int, int]]:
     """Write the run's keys at `settings.rate`; return seq -> (sent_ns, acked_ns)."""
     writes: dict[int, tuple[int, int]] = {}
+    refused: dict[str, int] = {}  # error reply → how many writes got it
     ttl_ms = max(1, int(settings.ttl * 1000))
     interval = 1 / settings.rate if settings.rate else 0.0
     loop = asyncio.get_running_loop()
@@ -414,7 +425,7 @@ async def _write_keys(
             # Dynomite under DC_QUORUM answers an error yet may keep the local write.
             report.write_errors += 1
             report.write_error = report.write_error or str(reply)
-            log.warning("probe write %r failed: %s", key, reply)
+            refused[str(reply)] = refused.get(str(reply), 0) + 1
             continue
         writes[seq] = (t_a, t_b)
         if progress is not None:
@@ -426,6 +437,15 @@ async def _write_keys(
         report.write.record_ns(t_b - t_a)
         for obs in observers:
             obs.expect(key, t_a)
+    # One line per distinct refusal, with its count: 200 OOM answers are one warning.
+    for reply, count in refused.items():
+        log.warning(
+            "%d of %d probe writes to %s failed: %s",
+            count,
+            settings.count,
+            writer.endpoint.name,
+            reply,
+        )
     return writes
 
 

@@ -43,6 +43,7 @@ class ProbeReplication:
         self.target_notes = target_notes  # what is not sampled, and why: for the snapshot
         self.event = event
         self.snapshot: ReplicationSnapshot | None = None
+        self.start_snapshot: ReplicationSnapshot | None = None
         self._sampler = sampler
         self._own = own_sampler
         self._cost_commands = 0
@@ -96,6 +97,7 @@ class ProbeReplication:
             first = await self._sampler.sample(self.targets)
             self._cost_commands += first.commands
             self._cost_ns += first.duration_ns
+            self.start_snapshot = first
 
     async def sample_end(self) -> None:
         """The state reported for this run, read once the probe keys have arrived."""
@@ -105,6 +107,16 @@ class ProbeReplication:
         snapshot.duration_ns += self._cost_ns
         snapshot.notes += self.target_notes
         self.snapshot = snapshot
+
+    def syncing(self) -> set[str]:
+        """Replicas that were syncing with their primary (a full or initial resync, the
+        snapshot's transfer and load) when the run started or ended: their samples time
+        the sync, not replication."""
+        names = set()
+        for snapshot in (self.start_snapshot, self.snapshot):
+            for primary in snapshot.primaries if snapshot else ():
+                names |= {r.replica for r in primary.replicas if r.status == "syncing"}
+        return names
 
     async def close(self) -> None:
         if self._own:

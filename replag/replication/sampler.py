@@ -262,6 +262,15 @@ def _listed(listed: tuple[ListedReplica, ...], endpoint: Endpoint) -> ListedRepl
     return same_port[0] if len(same_port) == 1 else None
 
 
+# A primary's states of a replica it is sending a snapshot to (or about to): the replica
+# itself may still say only "link down" (e.g. while a diskless sync waits for its delay).
+_SYNC_STATES = ("wait_bgsave", "send_bulk")
+
+
+def _syncing_as_the_primary_sees_it(listed: ListedReplica | None) -> bool:
+    return listed is not None and listed.state in _SYNC_STATES
+
+
 def _replica_state(
     region: str,
     endpoint: Endpoint,
@@ -295,7 +304,7 @@ def _replica_state(
     }
     # After a failover a replica keeps the old ID until it resyncs; offsets carry on.
     if info.replid not in (after.replid, after.replid2):
-        if info.sync_in_progress:
+        if info.sync_in_progress or _syncing_as_the_primary_sees_it(listed):
             return ReplicaState(**base, **link, status="syncing")
         return ReplicaState(
             **base,

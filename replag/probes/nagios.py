@@ -1,0 +1,57 @@
+"""A probe run as a Nagios/Icinga plugin line: status, summary, and perfdata per pair.
+
+`REPLAG CRITICAL - 1 of 2 replicas unreachable: … | 'us-east>eu-west-1 p99'=81.5ms;200;;0 …`
+Exit codes are Nagios's: 0 OK, 1 WARNING (unused), 2 CRITICAL (a breach, or a replica
+that could not be measured), 3 UNKNOWN (the probe itself failed: config, write endpoint).
+"""
+
+from __future__ import annotations
+
+from replag.probes.report import ProbeReport
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+STATUS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+
+
+def _label(text: str) -> str:
+    # Nagios perfdata labels may not hold quotes or '='.
+    return "'" + text.replace("'", "").replace("=", "_") + "'"
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def nagios_line(report: ProbeReport, *, max_p99_ms: float | None, max_loss: float | None) -> str:
+    """The one line a plugin prints (status, what is wrong, perfdata)."""
+    code = nagios_code(report)
+    pairs = len(report.pairs)
+    if report.unreachable:
+        summary = f"{len(report.unreachable)} unreachable: " + "; ".join(
+            f"{u['replica']}: {u['error']}" for u in report.unreachable
+        )
+    elif report.breaches:
+        summary = "; ".join(b["message"] for b in report.breaches)
+    else:
+        worst = max((p.summary.lag_ms["p99"] or 0.0 for p in report.pairs), default=0.0)
+        summary = f"{pairs} replicas within limits, worst p99 {_number(worst)} ms"
+    perf = []
+    warn_p99 = _number(max_p99_ms) if max_p99_ms is not None else ""
+    crit_loss = _number(100 * max_loss) if max_loss is not None else ""
+    for pair in report.pairs:
+        s = pair.summary
+        name = f"{s.source}>{s.replica}"
+        if s.lag_ms["p99"] is not None:
+            perf.append(f"{_label(name + ' p99')}={_number(s.lag_ms['p99'])}ms;;{warn_p99};0;")
+        loss = 100 * s.loss_ratio if s.sent else 0.0
+        perf.append(f"{_label(name + ' lost')}={_number(loss)}%;;{crit_loss};0;100")
+    line = f"REPLAG {STATUS[code]} - {summary}".replace("|", "/").replace("\n", " ")
+    return line + (" | " + " ".join(perf) if perf else "")
+
+
+def nagios_code(report: ProbeReport) -> int:
+    return CRITICAL if report.unreachable or report.breaches else OK
+
+
+def nagios_error(message: str) -> str:
+    return f"REPLAG UNKNOWN - {message}".replace("|", "/").replace("\n", " ")
