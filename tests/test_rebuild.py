@@ -95,6 +95,7 @@ async def test_a_delete_racing_the_copy_is_undone(redis_factory: RedisFactory) -
     a, b, c = (s.client() for s in servers)
     for client in (a, b):
         fill(client, 50)
+        client.hset("victim", mapping={f"f{i}": i for i in range(10)})
     peers = [endpoint(servers[0], "n0"), endpoint(servers[1], "n1")]
     refill = Refill(
         peers,
@@ -105,7 +106,7 @@ async def test_a_delete_racing_the_copy_is_undone(redis_factory: RedisFactory) -
         page_elements=1000,
     )
     keys = sorted(a.scan_iter(count=100))
-    victim = keys[7]
+    victim = b"victim"  # a hash: copied by DUMP, its digest then read back from the payload
     try:
         copying = asyncio.ensure_future(refill.copy(keys))
         await until(lambda: c.exists(victim) == 1, "the copy written")

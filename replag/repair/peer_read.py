@@ -6,10 +6,10 @@ every later change to any of those keys on this peer makes the connection's
 next `EXEC` answer nil: that is how a refill learns, in one command, that
 nothing it copied has moved since. Keys MGET cannot read get TYPE, then their
 size (HLEN, SCARD, ZCARD, LLEN, XLEN); collections up to `page_elements` are
-read whole, and on the copy's source peer between two DUMPs (equal DUMPs: the
-payload and the digest are of one moment; no MULTI, whose EXEC would end the
-WATCH); larger ones are marked
-`big` and left to the page copier. Digests are the check's own (`digest`).
+DUMPed (peers agree on a collection when their payloads are the same bytes; where
+they differ, `canonical` reads them whole for the check's digest, since one value
+may be encoded otherwise elsewhere); larger ones are digested in pages, marked
+`big` and left to the page copier. String digests are the check's own (`digest`).
 
 Redis checks a WATCHed key against the client's whole watch list, so a WATCH of
 N keys costs the server O(N²): batches stay at a few hundred keys.
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from xxhash import xxh3_64_intdigest
 
 from replag.repair.digest import (
     TYPE_CODES,
@@ -34,7 +35,7 @@ from replag.repair.digest import (
 )
 from replag.repair.native import hash_each
 from replag.repair.observe import KeyState
-from replag.repair.scan import TTL_SCRIPT, batch_ttls
+from replag.repair.scan import TTL_SCRIPT, TtlSource, batch_ttls
 from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
 
@@ -107,14 +108,19 @@ class PeerRead:
     expiry_ms: npt.NDArray[np.int64]  # absolute, on our clock; -1: none
     values: list[bytes | None]  # strings, as MGET returned them
     read_at_ms: int
-    dumps: dict[int, bytes] = field(default_factory=dict)  # small collections (source)
-    data: dict[int, Data] = field(default_factory=dict)  # small hashes/sets/zsets (source)
+    dumps: dict[int, bytes] = field(default_factory=dict)  # small collections
+    # Collections whose `digests` entry is the check's digest; for the others (small ones
+    # read by DUMP) it is a hash of the payload, equal only between identical encodings.
+    canonical: set[int] = field(default_factory=set)
+    data: dict[int, Data] = field(default_factory=dict)  # elements, once known (undo merges)
     sizes: dict[int, int] = field(default_factory=dict)  # element counts of collections
     big: set[int] = field(default_factory=set)  # collections above page_elements
     unreadable: set[int] = field(default_factory=set)  # a module type, or changed mid-read
 
     def state(self, i: int) -> KeyState:
-        """Key `i` as a `KeyState` (what a copy of it should leave on every replica)."""
+        """Key `i` as a `KeyState` (what a copy of it should leave on every replica): a
+        string, or a collection whose digest is canonical."""
+        assert i not in self.dumps or i in self.canonical
         if not self.present[i]:
             return KeyState(False)
         expiry = int(self.expiry_ms[i])
@@ -141,23 +147,28 @@ class PeerReader:
         self.sha = bytes(reply) if error_text(reply) is None else None
         self._ready = True
 
-    async def read(self, conn: RespConnection, keys: list[bytes], *, source: bool) -> PeerRead:
-        """WATCH `keys` on `conn` and read them (see the module docstring); `source`: also
-        DUMP small collections, and keep the elements of small hashes, sets and zsets."""
+    async def read(
+        self, conn: RespConnection, keys: list[bytes], *, watch: bool = True
+    ) -> PeerRead:
+        """WATCH `keys` on `conn` (unless not `watch`) and read them (see the module
+        docstring)."""
         await self.prepare(conn)
         n = len(keys)
+        heads: list[tuple[bytes | int, ...]] = [(b"WATCH",)] if watch else []
+        mget = len(heads)  # the MGET's reply; the TTLs' follow it
+        heads.append((b"MGET",))
+        source: TtlSource = "pttl" if self.sha is None else "script"
         if self.sha is not None:
-            payload = pack_over_keys(keys, (b"WATCH",), (b"MGET",), (b"EVALSHA", self.sha, n))
-            replies, arrived_ns = await conn.wait(conn.send(payload, 3))
-            conn.check(replies[:3])
-            ttls = batch_ttls(replies[1:], n, "script", conn.endpoint)
+            heads.append((b"EVALSHA", self.sha, n))
+            payload, count = pack_over_keys(keys, *heads), len(heads)
         else:
-            payload = pack_over_keys(keys, (b"WATCH",), (b"MGET",)) + pack_per_key(b"PTTL", keys)
-            replies, arrived_ns = await conn.wait(conn.send(payload, 2 + n))
-            conn.check(replies[:2])
-            ttls = batch_ttls(replies[1:], n, "pttl", conn.endpoint)
+            payload = pack_over_keys(keys, *heads) + pack_per_key(b"PTTL", keys)
+            count = len(heads) + n
+        replies, arrived_ns = await conn.wait(conn.send(payload, count))
+        conn.check(replies[: mget + 1])
+        ttls = batch_ttls(replies[mget:], n, source, conn.endpoint)
+        values: list[bytes | None] = replies[mget]
         now_ms = arrived_ns // 1_000_000
-        values: list[bytes | None] = replies[1]
         present = ttls != -2
         types = np.where(present, TYPE_CODES["string"], 0).astype(np.uint8)
         read = PeerRead(
@@ -170,7 +181,7 @@ class PeerReader:
         )
         others = [i for i, v in enumerate(values) if v is None and present[i]]
         if others:
-            await self._read_collections(conn, keys, others, read, source=source)
+            await self._read_collections(conn, keys, others, read)
         return read
 
     async def _read_collections(
@@ -179,8 +190,6 @@ class PeerReader:
         keys: list[bytes],
         others: list[int],
         read: PeerRead,
-        *,
-        source: bool,
     ) -> None:
         names = await conn.request(pack_per_key(b"TYPE", [keys[i] for i in others]), len(others))
         typed: list[tuple[int, str]] = []
@@ -209,7 +218,7 @@ class PeerReader:
                 else:
                     small.append((i, type_name))
         if small:
-            await self._read_small(conn, keys, small, read, source=source)
+            await self._read_small(conn, keys, small, read)
         if read.big:
             # Digested in pages (HSCAN …), as a check reads them: never one long command.
             big = [(keys[i], TYPE_NAMES[int(read.types[i])]) for i in sorted(read.big)]
@@ -220,6 +229,7 @@ class PeerReader:
                     read.unreadable.add(i)
                 else:
                     read.digests[i] = value.digest
+                    read.canonical.add(i)
 
     async def _read_small(
         self,
@@ -227,39 +237,38 @@ class PeerReader:
         keys: list[bytes],
         small: list[tuple[int, str]],
         read: PeerRead,
-        *,
-        source: bool,
     ) -> None:
-        if source:
-            # DUMP, the whole value, DUMP again: not in a MULTI, whose EXEC would end the
-            # batch's WATCH. Equal DUMPs on both sides mean the value read between them is
-            # the one dumped (and any change since shows in the WATCH).
-            payload = b"".join(
-                pack(b"DUMP", keys[i]) + whole_read(keys[i], t) + pack(b"DUMP", keys[i])
-                for i, t in small
-            )
-            replies = await conn.request(payload, 3 * len(small))
-            pairs = []
-            for n in range(len(small)):
-                before, reply, after = replies[3 * n : 3 * n + 3]
-                pairs.append((before if before == after else None, reply))
-        else:
-            payload = b"".join(whole_read(keys[i], t) for i, t in small)
-            pairs = [(None, r) for r in await conn.request(payload, len(small))]
-        for (i, type_name), (dump, reply) in zip(small, pairs, strict=True):
-            if error_text(reply) is not None or (source and not isinstance(dump, bytes)):
+        """DUMP each small collection. Peers holding one value in one encoding answer the
+        same bytes, which is how agreement is judged first (`digests` holds a hash of the
+        payload until `canonical` replaces it): no element is parsed on the common path."""
+        replies = await conn.request(b"".join(pack(b"DUMP", keys[i]) for i, _ in small), len(small))
+        for (i, _), dump in zip(small, replies, strict=True):
+            if isinstance(dump, bytes):
+                read.dumps[i] = dump
+                read.digests[i] = xxh3_64_intdigest(dump)
+            elif dump is None:
+                read.present[i] = False
+            else:
+                read.unreadable.add(i)
+
+    async def canonical(
+        self, conn: RespConnection, keys: list[bytes], read: PeerRead, indexes: list[int]
+    ) -> None:
+        """The check's digest of small collections whose DUMPs differed between peers (the
+        same value may be encoded otherwise on another server version or configuration),
+        read whole on the same connection, still under the batch's WATCH."""
+        wanted = [(i, TYPE_NAMES[int(read.types[i])]) for i in indexes if i in read.dumps]
+        if not wanted:
+            return
+        replies = await conn.request(
+            b"".join(whole_read(keys[i], t) for i, t in wanted), len(wanted)
+        )
+        for (i, type_name), reply in zip(wanted, replies, strict=True):
+            if error_text(reply) is not None:
                 read.unreadable.add(i)
                 continue
-            data = whole_data(type_name, reply)
-            if not data:
-                read.present[i] = False
-                continue
-            read.digests[i] = data_digest(type_name, data)
-            if source:
-                assert isinstance(dump, bytes)
-                read.dumps[i] = dump
-                if type_name in MERGEABLE:
-                    read.data[i] = data
+            read.digests[i] = data_digest(type_name, whole_data(type_name, reply))
+            read.canonical.add(i)
 
 
 def agreeing(reads: Sequence[PeerRead], *, tolerance_ms: int, ttls: bool) -> npt.NDArray[np.bool_]:

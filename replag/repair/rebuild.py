@@ -212,6 +212,7 @@ class Rebuild:
             timeout_s=self.timeout_s,
             page_elements=s.repair_page_elements,
             compare_ttls=s.repair_ttls != "ignore",
+            scratch_prefix=self.prefix,
         )
 
     async def plan(self, *, sample_s: float = 1.0) -> RebuildPlan:

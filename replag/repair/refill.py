@@ -17,10 +17,12 @@ For a batch of keys (`Refill.copy`):
    key-by-key repair rests on too), so a delete or write that the target applied
    before the copy (and that NX could not see: a DEL of a key it lacked) has reached
    the peers by then, and shows here. If no peer saw a change, every copy stands.
-   Otherwise the batch's copies are read again on every replica: a copy stands where
-   every replica holds what was copied, and is undone elsewhere (`undo.undo` with "no
-   key" as the pre-image: DEL while the target still holds the copy; a client's later
-   write stays), and the key is handed back as `changed`.
+   Otherwise the copies are read again on the peers that saw one (one pipelined read,
+   as the first); a copy whose key still reads the same there stands. The others are
+   read back on every replica: a copy stands where every replica holds what was
+   copied, and is undone elsewhere (`undo.undo` with "no key" as the pre-image: DEL
+   while the target still holds the copy; a client's later write stays), and the key
+   is handed back as `changed`.
 
 Collections above `page_elements` are never DUMPed whole: they are handed back as
 `big` (agreed on by the peers) for `pages.copy_in_pages`.
@@ -31,14 +33,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import RepairError
+from replag.repair.digest import TYPE_NAMES
 from replag.repair.observe import KeyState, observe_keys
-from replag.repair.peer_read import PeerRead, PeerReader, agreeing
+from replag.repair.peer_read import (
+    MERGEABLE,
+    PeerRead,
+    PeerReader,
+    agreeing,
+    data_digest,
+    whole_data,
+    whole_read,
+)
 from replag.repair.undo import PreImage, undo
+from replag.repair.values import Data
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
@@ -122,6 +135,7 @@ class Refill:
         timeout_s: float,
         page_elements: int,
         compare_ttls: bool = True,
+        scratch_prefix: bytes = b"replag:",
     ) -> None:
         if not peers:
             raise ValueError("a refill needs at least one peer")
@@ -131,6 +145,7 @@ class Refill:
         self.settle_s = settle_s
         self.tolerance_ms = tolerance_ms
         self.compare_ttls = compare_ttls
+        self.scratch_prefix = scratch_prefix
         self._batches = 0
 
     @property
@@ -146,7 +161,7 @@ class Refill:
         async with contextlib.AsyncExitStack() as stack:
             conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
             reads = await asyncio.gather(
-                *(r.read(c, keys, source=False) for r, c in zip(self.readers, conns, strict=True))
+                *(r.read(c, keys) for r, c in zip(self.readers, conns, strict=True))
             )
             await _unchanged(conns)
         ok = agreeing(list(reads), tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
@@ -163,15 +178,23 @@ class Refill:
         self._batches += 1
         async with contextlib.AsyncExitStack() as stack:
             conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
-            reads = list(
+            pairs = list(zip(self.readers, conns, strict=True))
+            reads = list(await asyncio.gather(*(r.read(c, keys) for r, c in pairs)))
+            ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
+            # Collections whose payloads differ may hold one value encoded otherwise.
+            recheck = [
+                i
+                for i in range(len(keys))
+                if not ok[i] and all(i in r.dumps for r in reads) and len(reads) > 1
+            ]
+            if recheck:
                 await asyncio.gather(
                     *(
-                        reader.read(conn, keys, source=i == source)
-                        for i, (reader, conn) in enumerate(zip(self.readers, conns, strict=True))
+                        r.canonical(c, keys, read, recheck)
+                        for (r, c), read in zip(pairs, reads, strict=True)
                     )
                 )
-            )
-            ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
+                ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             src = reads[source]
             copies: list[int] = []
             for i, key in enumerate(keys):
@@ -189,15 +212,45 @@ class Refill:
             written, written_at = await self._write(keys, copies, src, result)
             if written:
                 await asyncio.sleep(max(0.0, written_at + self.settle_s - time.monotonic()))
-            untouched = await _unchanged(conns)
-        if not written:
-            return result
-        if untouched:
-            result.copied += len(written)
-            return result
-        result.verified_by_read = True
-        await self._verify_by_read(keys, written, src, result)
+            touched = [i for i, ok in enumerate(await _unchanged(conns)) if not ok]
+            if written and touched:
+                # Which of the copies did the change hit? Each such peer is read again (a
+                # read like the first, without WATCH): a copy whose key still reads the
+                # same on every peer stands, the others are read back everywhere.
+                result.verified_by_read = True
+                moved = await self._moved(keys, written, reads, [(pairs[p], p) for p in touched])
+                if moved:
+                    await self._verify_by_read(keys, moved, src, result)
+                written = [i for i in written if i not in set(moved)]
+        result.copied += len(written)
         return result
+
+    async def _moved(
+        self,
+        keys: list[bytes],
+        written: list[int],
+        reads: list[PeerRead],
+        touched: list[tuple[tuple[PeerReader, RespConnection], int]],
+    ) -> list[int]:
+        """The copied keys that read otherwise now on a peer whose WATCH saw a change."""
+        names = [keys[i] for i in written]
+        again = await asyncio.gather(
+            *(reader.read(conn, names, watch=False) for (reader, conn), _ in touched)
+        )
+        moved: set[int] = set()
+        for now, (_, p) in zip(again, touched, strict=True):
+            before = reads[p]
+            for j, i in enumerate(written):
+                if (
+                    i in before.canonical
+                    or not now.present[j]
+                    or i in now.unreadable
+                    or now.types[j] != before.types[i]
+                    or now.digests[j] != before.digests[i]
+                    or not _same_expiry(int(now.expiry_ms[j]), int(before.expiry_ms[i]), self)
+                ):
+                    moved.add(i)
+        return sorted(moved)
 
     async def _write(
         self, keys: list[bytes], copies: list[int], src: PeerRead, result: BatchResult
@@ -261,20 +314,17 @@ class Refill:
                 return await observe_keys(conn, names, keep=False)
 
         now = await asyncio.gather(*(observe(pool) for pool in pools))
+        await self._payload_digests(keys, [i for i in written if i in src.dumps], src)
         for i in written:
-            key, wrote = keys[i], src.state(i)
+            key = keys[i]
+            if i in src.dumps and i not in src.canonical:
+                result.undo_failed.append(key)  # its payload could not be read back
+                continue
+            wrote = src.state(i)
             if all(states[key].same_as(wrote, self.tolerance_ms) for states in now):
                 result.copied += 1
                 continue
-            async with self.target.connection() as conn:
-                outcome = await undo(
-                    conn,
-                    key,
-                    wrote=wrote,
-                    wrote_data=src.data.get(i),
-                    before=PreImage(None, None, -2, time.monotonic()),
-                    tolerance_ms=self.tolerance_ms,
-                )
+            outcome = await self._undo(key, wrote, src.data.get(i))
             if outcome == "failed":
                 result.undo_failed.append(key)
                 logger.warning(
@@ -286,13 +336,68 @@ class Refill:
             else:
                 result.changed.append(key)
 
+    async def _undo(self, key: bytes, wrote: KeyState, data: Data | None) -> str:
+        """`undo.undo` with "no key" as the pre-image, a few tries on a key still moving."""
+        outcome = "failed"
+        for attempt in range(3):
+            if attempt:
+                await asyncio.sleep(self.settle_s / 2)
+            async with self.target.connection() as conn:
+                outcome = await undo(
+                    conn,
+                    key,
+                    wrote=wrote,
+                    wrote_data=data,
+                    before=PreImage(None, None, -2, time.monotonic()),
+                    tolerance_ms=self.tolerance_ms,
+                )
+            if outcome != "failed":
+                return outcome
+        return outcome
 
-async def _unchanged(conns: Sequence[RespConnection]) -> bool:
-    """An empty transaction on each connection: False if any key it watched has changed."""
+    async def _payload_digests(self, keys: list[bytes], indexes: list[int], src: PeerRead) -> None:
+        """The check's digest (and elements) of what was copied, for collections agreed on
+        by payload: each payload RESTOREd into a scratch key under replag's prefix on the
+        target, read whole and unlinked, in one round trip."""
+        wanted = [i for i in indexes if i not in src.canonical]
+        if not wanted:
+            return
+        token = secrets.token_hex(6).encode()
+        body: list[bytes] = []
+        for n, i in enumerate(wanted):
+            scratch = self.scratch_prefix + b"scratch:" + token + b":%d" % n
+            type_name = TYPE_NAMES[int(src.types[i])]
+            body += [
+                pack(b"RESTORE", scratch, 0, src.dumps[i], b"REPLACE"),
+                whole_read(scratch, type_name),
+                pack(b"UNLINK", scratch),
+            ]
+        async with self.target.connection() as conn:
+            replies = await conn.request(b"".join(body), len(body))
+        for n, i in enumerate(wanted):
+            reply = replies[3 * n + 1]
+            if error_text(replies[3 * n]) is not None or error_text(reply) is not None:
+                continue
+            type_name = TYPE_NAMES[int(src.types[i])]
+            data = whole_data(type_name, reply)
+            src.digests[i] = data_digest(type_name, data)
+            src.canonical.add(i)
+            if type_name in MERGEABLE:
+                src.data[i] = data
+
+
+def _same_expiry(a: int, b: int, refill: Refill) -> bool:
+    if not refill.compare_ttls or (a < 0 and b < 0):
+        return True
+    return a >= 0 and b >= 0 and abs(a - b) <= refill.tolerance_ms
+
+
+async def _unchanged(conns: Sequence[RespConnection]) -> list[bool]:
+    """An empty transaction on each connection: False where a key it watched has changed."""
     payload = pack(b"MULTI") + pack(b"EXEC")
     replies = await asyncio.gather(*(conn.request(payload, 2) for conn in conns))
-    untouched = True
+    untouched = []
     for conn, (multi, exec_reply) in zip(conns, replies, strict=True):
         conn.check([multi])
-        untouched &= exec_reply is not None
+        untouched.append(exec_reply is not None)
     return untouched
