@@ -21,6 +21,10 @@ from replag.topology import Endpoint
 from tests.helpers.dynomite_cluster import TWO_DCS, TWO_RACKS_OF_TWO, DynomiteFactory
 
 RACKS = ["dc1-rack1", "dc1-rack2", "dc1-rack3"]
+# How long a probe waits for its keys: the healthy racks must get every one (lost 0 is
+# the meaning asserted), and a busy host can hold a write back well past 0.5 s; only the
+# rack that never gets them costs the whole wait.
+HEALTHY_RACKS_WAIT_S = 3.0
 
 
 def store_env(tmp_path: Path, **more: str) -> dict[str, str]:
@@ -59,7 +63,7 @@ async def test_dc_quorum_refuses_writes_that_dc_one_accepts_with_two_racks_down(
     cluster.node("node3").stop()
     path = tmp_path / "dyn.toml"
     one = await cluster.discovered_config(path, **store_env(tmp_path))
-    dc_one = await run_probe(one, count=10, rate=0, timeout_s=0.5)
+    dc_one = await run_probe(one, count=10, rate=0, timeout_s=HEALTHY_RACKS_WAIT_S)
     assert dc_one.write_errors == 0
     assert [(p.replica, p.seen, p.lost) for p in dc_one.pairs] == [
         ("dc1-rack1", 10, 0),
@@ -69,7 +73,7 @@ async def test_dc_quorum_refuses_writes_that_dc_one_accepts_with_two_racks_down(
     quorum = await cluster.discovered_config(
         path, **store_env(tmp_path, REPLAG_DYNOMITE_CONSISTENCY="DC_QUORUM")
     )
-    dc_quorum = await run_probe(quorum, count=10, rate=0, timeout_s=0.5)
+    dc_quorum = await run_probe(quorum, count=10, rate=0, timeout_s=HEALTHY_RACKS_WAIT_S)
     assert dc_quorum.write_errors == 10 and dc_quorum.exit_code == 1
     [breach] = dc_quorum.breaches
     assert breach["kind"] == "write_errors" and breach["consistency"] == "DC_QUORUM"
@@ -84,7 +88,7 @@ async def test_a_rack_whose_dynomite_is_down_misses_the_probes(
     cluster = dynomite_factory()
     config = await cluster.discovered_config(tmp_path / "dyn.toml", **store_env(tmp_path))
     cluster.node("node3").stop()
-    report = await run_probe(config, count=10, rate=0, timeout_s=0.5)
+    report = await run_probe(config, count=10, rate=0, timeout_s=HEALTHY_RACKS_WAIT_S)
     assert report.write_errors == 0 and report.unreachable == []
     assert [(p.replica, p.seen, p.lost) for p in report.pairs] == [
         ("dc1-rack1", 10, 0),
