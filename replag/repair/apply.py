@@ -78,7 +78,9 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from replag.errors import EndpointError, KeyRefused
 from replag.repair.observe import ABSENT, KeyState, observe_keys
+from replag.repair.pages import PageOptions, is_big, repair_big_key
 from replag.repair.policy import Decision
+from replag.repair.timeouts import request_within
 from replag.repair.undo import PreImage, collection_data, overwritten, undo
 from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, error_text, pack
@@ -173,8 +175,12 @@ async def read_for_copy_with_data(
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
         return None, None
     data = await collection_data(conn, key, expected, chunk) if collect else None
-    replies = await conn.request(
-        pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"), 4
+    replies = await request_within(
+        conn,
+        pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"),
+        4,
+        base_s=conn.timeout_s,
+        what=f"DUMP of {key!r}",
     )
     raise_refusal(conn, replies)
     result = replies[3]
@@ -209,7 +215,9 @@ async def compare_and_write(
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
         return None
     body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
-    replies = await conn.request(b"".join(body), len(body))
+    replies = await request_within(
+        conn, b"".join(body), len(body), base_s=conn.timeout_s, what=f"writing {key!r}"
+    )
     # A refusal (READONLY, NOPERM, OOM: EXECABORT; a RESTORE's bad payload inside EXEC)
     # is this key's error, not the run's.
     raise_refusal(conn, replies)
@@ -395,8 +403,12 @@ class Applier:
         settle_s: float,
         dry_run: bool,
         chunk: int = _CHUNK,
+        pages: PageOptions | None = None,
+        page_elements: int = 0,
     ) -> None:
         self.lanes = lanes
+        # Collections above page_elements are copied in pages (`pages`), never DUMPed.
+        self.pages, self.page_elements = pages, page_elements
         self.tolerance_ms = tolerance_ms
         self.settle_s = settle_s
         self.dry_run = dry_run
@@ -421,6 +433,8 @@ class Applier:
         writes, not the batch's: a client's partial write (HSET, SADD, EXPIRE) landing
         on a copy before its undo would be merged into it, so the window is kept short."""
         try:
+            if await self._big(key, decision, states):
+                return await self._repair_big(key, decision, states)
             attempt = await self._attempt(key, decision, states)
         except KeyRefused as exc:  # the winner's read
             return Refused(exc.where or "?", exc.message)
@@ -432,6 +446,27 @@ class Applier:
         if attempt.refused is not None:
             return attempt.refused
         return "repaired" if attempt.stood else "changed"
+
+    async def _big(self, key: bytes, decision: Decision, states: Sequence[KeyState]) -> bool:
+        """A copy of a collection above `page_elements`, every lane reached directly."""
+        if self.pages is None or decision.action != "copy" or decision.winner is None:
+            return False
+        if any(lane.remote is not None for lane in self.lanes):
+            return False
+        winner = decision.winner
+        return await is_big(self.lanes[winner], key, states[winner], self.page_elements)
+
+    async def _repair_big(
+        self, key: bytes, decision: Decision, states: Sequence[KeyState]
+    ) -> Outcome:
+        assert self.pages is not None and decision.winner is not None
+        outcome = await repair_big_key(
+            self.lanes, key, decision.winner, decision.targets, states, self.pages
+        )
+        if outcome == "undo_failed":
+            self.undo_failed.append(key)
+            return "changed"
+        return outcome
 
     async def _attempt(
         self, key: bytes, decision: Decision, states: Sequence[KeyState]

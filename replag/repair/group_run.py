@@ -24,6 +24,7 @@ from replag.repair import report as rp
 from replag.repair.apply import Applier, Refused, ReplicaLane
 from replag.repair.diff import Divergence, Kind, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
+from replag.repair.pages import PageOptions
 from replag.repair.policy import Decision, Newest, Policy
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
 from replag.repair.runs import RunLog
@@ -113,6 +114,7 @@ class GroupRun:
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = progress, key_sink
         self.timeout_s = s.connect_timeout
+        self.page_options, self.page_elements = PageOptions.of(config), s.repair_page_elements
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
         self.settle_s = s.repair_settle
         self.scan_parallel = s.scan_parallel or len(group.members)
@@ -145,7 +147,7 @@ class GroupRun:
                 m,
                 params.max_inflight,
                 params.rate,
-                self.timeout_s,
+                s.repair_command_timeout,
                 remote=AgentReplica(a, m.name) if a is not None else None,
             )
             for m, a in zip(group.members, self.agents, strict=True)
@@ -511,6 +513,8 @@ class GroupRun:
             settle_s=self.settle_s,
             dry_run=self.params.dry_run,
             chunk=self.options.count,
+            pages=self.page_options,
+            page_elements=self.page_elements,
         )
         todo = sorted(k for k, r in self.records.items() if r.status == rp.PENDING)
         for round_ in range(RECHECK_ROUNDS + 1):

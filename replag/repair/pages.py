@@ -26,12 +26,14 @@ instead, under the same compare-and-copy guarantee as `apply`:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from replag.config import Config
 from replag.repair.digest import OrderedDigest, UnorderedDigest
@@ -296,6 +298,14 @@ async def settle(
         if copy.backup is not None:
             await target.request(pack(b"UNLINK", copy.backup), 1)
         return "repaired"
+    return await _put_back(target, copy, expected, options)
+
+
+async def _put_back(
+    target: RespConnection, copy: PagedCopy, expected: KeyState, options: PageOptions
+) -> Outcome:
+    """While the target still holds the copy: drop it and rename the old key back."""
+    key = copy.key
     target.check(await target.request(pack(b"WATCH", key), 1))
     now = (await observe_keys(target, [key], chunk=options.page, keep=False))[key]
     if now.same_as(expected, options.tolerance_ms):
@@ -336,7 +346,7 @@ async def copy_big_keys(
     """A refill's large collections (absent on the target, the peers agreeing on
     `expected`): (copied and stood, keys left for the anti-entropy pass)."""
     options = PageOptions.of(config)
-    timeout_s = max(config.settings.connect_timeout, options.timeout_s)
+    timeout_s = options.timeout_s
     conns = [await RespConnection.open(p, timeout_s=timeout_s) for p in peers]
     dest = await RespConnection.open(target, timeout_s=timeout_s)
     copied, left = 0, []
@@ -362,3 +372,64 @@ async def copy_big_keys(
         for conn in (*conns, dest):
             await conn.close()
     return copied, left
+
+
+class PagedLane(Protocol):
+    """What `repair_big_key` needs of a replica lane (`apply.ReplicaLane`)."""
+
+    writes: int
+
+    @property
+    def name(self) -> str: ...
+
+    def connection(self, *, write: bool = False) -> AbstractAsyncContextManager[RespConnection]: ...
+
+
+async def is_big(lane: PagedLane, key: bytes, state: KeyState, page_elements: int) -> bool:
+    """Whether the winner's value of `key` is a collection above `page_elements`."""
+    if state.type not in _CARD:
+        return False
+    async with lane.connection() as conn:
+        return await card_of(conn, key, state.type) > page_elements
+
+
+async def repair_big_key(
+    lanes: Sequence[PagedLane],
+    key: bytes,
+    winner: int,
+    targets: Sequence[int],
+    states: Sequence[KeyState],
+    options: PageOptions,
+) -> Outcome:
+    """A key-by-key repair's copy of one large collection to `targets`, in pages (steps 1
+    to 4 for each target, one re-verification for all)."""
+    expected = states[winner]
+    copies: list[tuple[int, PagedCopy]] = []
+    moved = False
+    for t in targets:
+        async with lanes[winner].connection() as source, lanes[t].connection(write=True) as dest:
+            copy = await copy_in_pages(
+                source, dest, key, expected=expected, target_expected=states[t], options=options
+            )
+        if copy is None:
+            moved = True
+            continue
+        lanes[t].writes += 1
+        copies.append((t, copy))
+    if not copies:
+        return "changed"
+    outcomes: list[Outcome] = []
+    for t, copy in copies:
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(lane.connection()) for lane in lanes]
+            target = conns[t]
+            if moved:  # one target did not take the copy: the others are put back
+                await asyncio.sleep(options.settle_s)
+                outcomes.append(await _put_back(target, copy, expected, options))
+            else:
+                outcomes.append(
+                    await settle(conns, target, copy, expected=expected, options=options)
+                )
+    if "undo_failed" in outcomes:
+        return "undo_failed"
+    return "repaired" if not moved and all(o == "repaired" for o in outcomes) else "changed"

@@ -193,7 +193,7 @@ class Rebuild:
         self.config, self.group, self.target = config, group, target
         self.peers = [m for m in group.members if m.name != target.name]
         self.source = source
-        self.timeout_s = max(s.connect_timeout, s.repair_command_timeout)
+        self.timeout_s = s.repair_command_timeout
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
         self.prefix = s.prefix.encode()
         limits = [r for r in (s.scan_rate, s.repair_rate) if r]

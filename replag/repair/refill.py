@@ -50,6 +50,7 @@ from replag.repair.peer_read import (
     whole_data,
     whole_read,
 )
+from replag.repair.timeouts import request_within
 from replag.repair.undo import PreImage, undo
 from replag.repair.values import Data
 from replag.resp import RespConnection, error_text, pack
@@ -281,8 +282,11 @@ class Refill:
             sent.append(i)
         if not sent:
             return [], time.monotonic()
+        what = f"writing {len(sent)} keys ({keys[sent[0]]!r} … {keys[sent[-1]]!r})"
         async with self.target.connection() as conn:
-            replies = await conn.request(b"".join(commands), len(commands))
+            replies = await request_within(
+                conn, b"".join(commands), len(commands), base_s=self.target.timeout_s, what=what
+            )
         written_at = time.monotonic()
         written: list[int] = []
         for i, reply in zip(sent, replies, strict=True):

@@ -1,0 +1,87 @@
+"""Big keys: a 1,000,000-field hash repaired in pages (judged by the servers' own SLOWLOG),
+and a repair command that times out names its key, its replica and the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replag.errors import RepairError
+from replag.lab.server import RedisServer
+from replag.repair import repair
+from replag.repair.observe import observe_keys
+from replag.repair.timeouts import request_within
+from replag.resp import RespConnection, pack
+from replag.store import Store
+from replag.topology import Endpoint
+from tests.helpers.configs import group_config
+from tests.helpers.redis_servers import RedisFactory
+
+FIELDS = 1_000_000
+# Builds the hash inside the server (setup only: it holds the server for a second).
+BUILD = (
+    "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do "
+    "redis.call('HSET', KEYS[1], 'f' .. i, 'v' .. i) end"
+)
+SLOW_US = 50_000  # the server logs every command slower than 50 ms
+
+
+def endpoint(server: RedisServer) -> Endpoint:
+    return Endpoint(name=f"s{server.port}", host="127.0.0.1", port=server.port)
+
+
+async def test_a_million_field_hash_is_repaired_without_a_slow_command(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("big") for _ in range(3)]
+    clients = [s.client() for s in servers]
+    for start in range(1, FIELDS, 50_000):
+        clients[0].eval(BUILD, 1, "big", start, start + 49_999)
+    clients[1].restore("big", 0, clients[0].dump("big"))
+    clients[2].hset("big", mapping={f"f{i}": "stale" for i in range(1, 11)})
+    for client in clients:
+        client.config_set("slowlog-log-slower-than", SLOW_US)
+        client.slowlog_reset()
+    # Default settings (the helper's short repair_settle aside).
+    config = group_config(tmp_path, servers, repair_settle="50ms")
+    report = (await repair(config, store=Store(tmp_path / "replag.sqlite"))).to_dict()
+    assert report["repaired"] == 1 and report["counts"]["value"] == 1
+    assert clients[2].hlen("big") == FIELDS
+    states = []
+    for server in servers:
+        conn = await RespConnection.open(endpoint(server), timeout_s=30)
+        try:
+            states.append((await observe_keys(conn, [b"big"], keep=False))[b"big"])
+        finally:
+            await conn.close()
+    assert states[0] == states[1] == states[2]
+    # The servers' own measurement: no command of the check or the repair took 50 ms.
+    for server, client in zip(servers, clients, strict=True):
+        slow = [(e["duration"], e["command"][:60]) for e in client.slowlog_get(128)]
+        assert slow == [], f"{server.port}: {slow}"
+    assert clients[2].keys("replag:*") == []  # no temporary or set-aside key left
+
+
+async def test_a_command_timeout_names_the_key_the_replica_and_the_setting(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("t")
+    conn = await RespConnection.open(endpoint(server), timeout_s=10)
+    # A script that holds the server for 300 ms stands in for a slow RESTORE.
+    spin = "local t = redis.call('TIME'); local e = t[1] * 1e6 + t[2] + 300000\n"
+    spin += "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] >= e"
+    try:
+        with pytest.raises(RepairError) as caught:
+            await request_within(
+                conn, pack(b"EVAL", spin, 0), 1, base_s=0.05, what="writing b'session:42'"
+            )
+    finally:
+        conn.abort()
+    # (A fresh connection's PING answers once the script is done: the server stops clean.)
+    done = await RespConnection.open(endpoint(server), timeout_s=10)
+    await done.request(pack(b"PING"), 1)
+    await done.close()
+    message = str(caught.value)
+    assert "session:42" in message and f"s{server.port}" in message
+    assert "repair_command_timeout" in message
