@@ -16,7 +16,11 @@ route) so the edge (CLI, API) can print one clear line::
     │   └── AgentError          a region agent failed, refused, or has no current tree
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
-    └── RepairError             a repair run cannot go on (resumable)
+    ├── RepairError             a repair run cannot go on (resumable)
+    ├── StoreError              the results store failed (names the store, never a password)
+    │   ├── StoreUnwritable     full disk, read-only file, no space on the database server
+    │   └── StoreDamaged        damaged pages, or not a store at all
+    └── LeaseLost               a lease was taken over: work under it must stop
 """
 
 from __future__ import annotations
@@ -94,3 +98,19 @@ class RepairError(ReplagError):
 
 class JobConflict(UsageError):
     """A check or repair of the same group (or of every group) is already running."""
+
+
+class StoreError(ReplagError):
+    """The results store (SQLite file or PostgreSQL) failed; `where` is its redacted location."""
+
+
+class StoreUnwritable(StoreError):
+    """The store cannot take writes now (full disk, read-only): it may recover by itself."""
+
+
+class StoreDamaged(StoreError):
+    """The store's pages are damaged (or the file is not a store): refused until repaired."""
+
+
+class LeaseLost(ReplagError):
+    """A lease is no longer held by this instance (expired, or taken over with a new epoch)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from replag.durations import parse_duration_s
+from replag.errors import ReplagError
 
 
 def _int(value: Any) -> int:
@@ -84,6 +85,18 @@ def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
     return value
+
+
+def _store_location(value: Any) -> str:
+    """A SQLite path or a postgresql:// URL; another scheme is refused here, at load."""
+    from replag.store.location import parse_location
+
+    text = _str(value)
+    try:
+        parse_location(text)
+    except ReplagError as exc:
+        raise ValueError(exc.message) from None
+    return text
 
 
 def _optional_str(value: Any) -> str | None:
@@ -226,8 +239,10 @@ class Settings:
     )
     store: str = setting(
         _DEFAULT_STORE,
-        _str,
-        "Path of the SQLite results store (lag windows, repair runs, alert state).",
+        _store_location,
+        "Results store (lag windows, repair runs, alert state): a SQLite file path, or "
+        "postgresql://user@host:port/db (password: REPLAG_STORE_PASSWORD or "
+        "REPLAG_STORE_PASSWORD_FILE; TLS: ?sslmode=verify-full&sslrootcert=…).",
     )
     max_p99: float | None = setting(
         None,
@@ -418,7 +433,10 @@ class Settings:
 
     def public(self) -> dict[str, Any]:
         """Values safe to show: secrets are masked."""
+        from replag.store.location import redact
+
         shown = {s.name: getattr(self, s.name) for s in SETTINGS}
+        shown["store"] = redact(shown["store"])
         return {n: "***" if SETTINGS_BY_NAME[n].secret and v else v for n, v in shown.items()}
 
     def __repr__(self) -> str:

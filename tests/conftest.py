@@ -15,6 +15,7 @@ import pytest
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.server import RedisServer, free_port
+from replag.store import Store
 from tests.helpers.dynomite_cluster import (
     THREE_RACKS,
     DynomiteCluster,
@@ -23,6 +24,13 @@ from tests.helpers.dynomite_cluster import (
     dynomite_cluster,
 )
 from tests.helpers.lab import LabFactory
+from tests.helpers.postgres import (
+    NO_POSTGRES,
+    LocalPostgres,
+    database_name,
+    empty_database,
+    postgres_available,
+)
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 
@@ -96,3 +104,39 @@ def server_kind(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip(f"server kind {kind}: {missing}")
     with using_server_kind(binary):
         yield kind
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[LocalPostgres]:
+    """One PostgreSQL per test session (per xdist worker); skips when there is none."""
+    if not postgres_available():
+        pytest.skip(NO_POSTGRES)
+    server = LocalPostgres().start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture(scope="module")
+def postgres_url(request: pytest.FixtureRequest, postgres_server: LocalPostgres) -> str:
+    """A fresh database for this test module on the session's PostgreSQL; its URL."""
+    return postgres_server.create_database(database_name(request.module.__name__))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store for this test is: a new SQLite file, or the module's PostgreSQL
+    database emptied (tests parametrized with it run on both backends)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.sqlite")
+    url: str = request.getfixturevalue("postgres_url")
+    Store(url).close()  # migrated, so every table exists to be emptied
+    empty_database(url)
+    return url
+
+
+@pytest.fixture
+def store(store_location: str) -> Iterator[Store]:
+    """An empty, migrated store on each backend in turn."""
+    opened = Store(store_location)
+    yield opened
+    opened.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -320,15 +321,19 @@ def test_a_partition_is_no_data_for_the_lag_rule(
 
 
 def test_a_store_from_before_no_data_states_gains_the_column(tmp_path: Path) -> None:
+    # A store written by a replag from before no-data states (and before migrations).
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:
+        db.execute(
+            "CREATE TABLE alert_state (fingerprint TEXT PRIMARY KEY, rule TEXT NOT NULL, "
+            "labels_json TEXT NOT NULL, status TEXT NOT NULL, value REAL, summary TEXT NOT NULL, "
+            "active_since_ns INTEGER NOT NULL, fired_ns INTEGER, resolved_ns INTEGER, "
+            "last_notified_ns INTEGER, updated_ns INTEGER NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO alert_state VALUES "
+            "('fp', 'lag', '{}', 'firing', 1.0, 's', 1, 1, NULL, 1, 1)"
+        )
+    db.close()
     store = Store(tmp_path / "s.sqlite")
-    store.execute(
-        "CREATE TABLE alert_state (fingerprint TEXT PRIMARY KEY, rule TEXT NOT NULL, "
-        "labels_json TEXT NOT NULL, status TEXT NOT NULL, value REAL, summary TEXT NOT NULL, "
-        "active_since_ns INTEGER NOT NULL, fired_ns INTEGER, resolved_ns INTEGER, "
-        "last_notified_ns INTEGER, updated_ns INTEGER NOT NULL)"
-    )
-    store.execute(
-        "INSERT INTO alert_state VALUES ('fp', 'lag', '{}', 'firing', 1.0, 's', 1, 1, NULL, 1, 1)"
-    )
     [alert] = AlertBook(store).active()
     assert alert["status"] == "firing" and alert["nodata_since_ns"] is None

@@ -1,7 +1,8 @@
+"""The lag-window tables (merge, prune, compaction), on SQLite and on PostgreSQL."""
+
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,12 +29,11 @@ def _window(i: int, values: list[int]) -> LagWindow:
     return w
 
 
-def test_merged_windows_give_the_percentiles_of_one_histogram(tmp_path: Path) -> None:
+def test_merged_windows_give_the_percentiles_of_one_histogram(store: Store) -> None:
     rng = random.Random(7)
     chunks = [
         [int(rng.lognormvariate(10, 1)) for _ in range(rng.randint(1, 400))] for _ in range(30)
     ]
-    store = Store(tmp_path / "s.sqlite")
     store.append_windows([_window(i, c) for i, c in enumerate(chunks)])
     big = LagHistogram()
     for c in chunks:
@@ -44,7 +44,6 @@ def test_merged_windows_give_the_percentiles_of_one_histogram(tmp_path: Path) ->
     assert merged.seen == sum(map(len, chunks)) and merged.lost == 30
     part = store.windows(source="a", target="b", since_ns=10_000, until_ns=20_000)
     assert [w.run_id for w in part] == [f"r{i}" for i in range(10, 20)]
-    store.close()
 
 
 @settings(max_examples=40, deadline=None)
@@ -71,10 +70,9 @@ def test_out_of_range_values_are_counted_not_dropped() -> None:
     assert h.count == 1 and h.out_of_range == 1
 
 
-def test_prune_deletes_old_measurements_and_the_index_forgets_them(tmp_path: Path) -> None:
+def test_prune_deletes_old_measurements_and_the_index_forgets_them(store: Store) -> None:
     from replag.lagindex import LagIndex
 
-    store = Store(tmp_path / "s.sqlite")
     store.append_windows([_window(i, [1000 + i]) for i in range(10)])
     index = LagIndex(store)
     before = index.summary(source="a", target="b")
@@ -85,14 +83,12 @@ def test_prune_deletes_old_measurements_and_the_index_forgets_them(tmp_path: Pat
     after = index.summary(source="a", target="b")
     assert after.seen == 5 and after.lag_ms["max"] is not None
     assert [w.run_id for w in store.windows()] == [f"r{i}" for i in range(5, 10)]
-    store.close()
 
 
-def test_compaction_keeps_every_figure_of_whole_windows(tmp_path: Path) -> None:
+def test_compaction_keeps_every_figure_of_whole_windows(store: Store) -> None:
     from replag.lagindex import LagIndex
 
     rng = random.Random(3)
-    store = Store(tmp_path / "s.sqlite")
     # 60 runs, one every 10 "seconds" (here: 10,000 ns); compact into 60,000 ns windows.
     store.append_windows(
         [
@@ -111,11 +107,9 @@ def test_compaction_keeps_every_figure_of_whole_windows(tmp_path: Path) -> None:
     assert len(store.windows()) == 10
     # Nothing older than the cut-off left to merge: a second pass is a no-op.
     assert store.compact(older_than_ns=10**9, window_ns=60_000) == (0, 0, [])
-    store.close()
 
 
-def test_compaction_is_incremental(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.sqlite")
+def test_compaction_is_incremental(store: Store) -> None:
     store.append_windows([_window(i * 10, [1000 + i]) for i in range(60)])  # ends < 600,000
     assert store.compact(older_than_ns=600_000, window_ns=60_000)[:2] == (60, 10)
     # Later runs arrive; the next pass reads only from where the last one stopped.
@@ -124,4 +118,3 @@ def test_compaction_is_incremental(tmp_path: Path) -> None:
     assert (merged, written) == (12, 2)
     assert len(store.windows()) == 12
     assert sum(w.seen for w in store.windows()) == 72
-    store.close()

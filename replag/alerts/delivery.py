@@ -26,22 +26,10 @@ import aiohttp
 from replag.alerts import payloads
 from replag.alerts.config import AlertSink
 from replag.alerts.state import AlertEvent
-from replag.store import Store
+from replag.store import Row, Store
 
 log = logging.getLogger(__name__)
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS alert_deliveries (
-        sink TEXT PRIMARY KEY,
-        kind TEXT NOT NULL,
-        last_attempt_ns INTEGER NOT NULL,
-        last_ok_ns INTEGER,
-        last_status TEXT NOT NULL,
-        last_error TEXT,
-        delivered INTEGER NOT NULL DEFAULT 0,
-        failed INTEGER NOT NULL DEFAULT 0
-    )""",
-)
 _QUEUE_SIZE = 1000
 
 
@@ -84,7 +72,6 @@ class AlertSender:
         self._session: aiohttp.ClientSession | None = None
         self._queues: dict[str, asyncio.Queue[Sequence[AlertEvent]]] = {}
         self._workers: list[asyncio.Task[None]] = []
-        store.ensure_schema(SCHEMA)
 
     async def deliver(self, events: Sequence[AlertEvent]) -> list[DeliveryResult]:
         """Send `events` to every sink concurrently and wait for the outcomes."""
@@ -131,7 +118,13 @@ class AlertSender:
             self._session = None
 
     def statuses(self) -> list[dict[str, Any]]:
-        rows = {r[0]: r for r in self.store.execute("SELECT * FROM alert_deliveries")}
+        rows = {
+            r.sink: r
+            for r in self.store.execute(
+                "SELECT sink, kind, last_attempt_ns, last_ok_ns, last_status, last_error, "
+                "delivered, failed FROM alert_deliveries"
+            )
+        }
         return [delivery_status(sink, rows.get(sink.name)) for sink in self.sinks]
 
     # --- one sink ------------------------------------------------------------
@@ -216,12 +209,14 @@ class AlertSender:
     def _record(self, sink: AlertSink, result: DeliveryResult) -> None:
         now = time.time_ns()
         self.store.execute(
-            """INSERT INTO alert_deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            """INSERT INTO alert_deliveries (sink, kind, last_attempt_ns, last_ok_ns,
+                   last_status, last_error, delivered, failed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (sink) DO UPDATE SET kind = excluded.kind,
                  last_attempt_ns = excluded.last_attempt_ns,
-                 last_ok_ns = COALESCE(excluded.last_ok_ns, last_ok_ns),
+                 last_ok_ns = COALESCE(excluded.last_ok_ns, alert_deliveries.last_ok_ns),
                  last_status = excluded.last_status, last_error = excluded.last_error,
-                 delivered = delivered + excluded.delivered, failed = failed + excluded.failed""",
+                 delivered = alert_deliveries.delivered + excluded.delivered,
+                 failed = alert_deliveries.failed + excluded.failed""",
             (
                 sink.name,
                 sink.kind,
@@ -270,7 +265,7 @@ def _redact(text: str, sink: AlertSink) -> str:
     return text
 
 
-def delivery_status(sink: AlertSink, row: tuple[Any, ...] | None) -> dict[str, Any]:
+def delivery_status(sink: AlertSink, row: Row | None) -> dict[str, Any]:
     out = sink.to_dict()
     if row is None:
         return {
@@ -284,10 +279,10 @@ def delivery_status(sink: AlertSink, row: tuple[Any, ...] | None) -> dict[str, A
         }
     return {
         **out,
-        "last_attempt_ns": row[2],
-        "last_ok_ns": row[3],
-        "last_status": row[4],
-        "last_error": row[5],
-        "delivered": row[6],
-        "failed": row[7],
+        "last_attempt_ns": row.last_attempt_ns,
+        "last_ok_ns": row.last_ok_ns,
+        "last_status": row.last_status,
+        "last_error": row.last_error,
+        "delivered": row.delivered,
+        "failed": row.failed,
     }

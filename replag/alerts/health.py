@@ -14,24 +14,6 @@ from typing import Any
 
 from replag.store import Store
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS probe_health (
-        source TEXT PRIMARY KEY,
-        last_attempt_ns INTEGER NOT NULL,
-        last_success_ns INTEGER,
-        last_run_id TEXT,
-        unreachable_json TEXT NOT NULL DEFAULT '[]',
-        error TEXT
-    )""",
-    """CREATE TABLE IF NOT EXISTS group_health (
-        group_name TEXT PRIMARY KEY,
-        checked_ns INTEGER NOT NULL,
-        divergent INTEGER,
-        run_id TEXT,
-        error TEXT
-    )""",
-)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeHealth:
@@ -84,14 +66,13 @@ def record_probe(
     at_ns: int | None = None,
 ) -> None:
     """Remember a probe attempt; `error` set means the run failed (nothing was measured)."""
-    store.ensure_schema(SCHEMA)
     now = at_ns or time.time_ns()
     store.execute(
         """INSERT INTO probe_health (source, last_attempt_ns, last_success_ns, last_run_id,
                unreachable_json, error) VALUES (?, ?, ?, ?, ?, ?)
            ON CONFLICT (source) DO UPDATE SET last_attempt_ns = excluded.last_attempt_ns,
-               last_success_ns = COALESCE(excluded.last_success_ns, last_success_ns),
-               last_run_id = COALESCE(excluded.last_run_id, last_run_id),
+               last_success_ns = COALESCE(excluded.last_success_ns, probe_health.last_success_ns),
+               last_run_id = COALESCE(excluded.last_run_id, probe_health.last_run_id),
                unreachable_json = excluded.unreachable_json, error = excluded.error""",
         (source, now, None if error else now, run_id, json.dumps(unreachable), error),
     )
@@ -111,39 +92,49 @@ def record_check(
     A failed check keeps the divergent count and run id of the last successful one,
     so the divergence alert neither fires nor resolves because a replica is down.
     """
-    store.ensure_schema(SCHEMA)
     store.execute(
         """INSERT INTO group_health (group_name, checked_ns, divergent, run_id, error)
                VALUES (?, ?, ?, ?, ?)
            ON CONFLICT (group_name) DO UPDATE SET checked_ns = excluded.checked_ns,
                divergent = CASE WHEN excluded.error IS NULL THEN excluded.divergent
-                                ELSE divergent END,
-               run_id = CASE WHEN excluded.error IS NULL THEN excluded.run_id ELSE run_id END,
+                                ELSE group_health.divergent END,
+               run_id = CASE WHEN excluded.error IS NULL THEN excluded.run_id
+                             ELSE group_health.run_id END,
                error = excluded.error""",
         (group, at_ns or time.time_ns(), divergent, run_id, error),
     )
 
 
 def probe_health(store: Store) -> dict[str, ProbeHealth]:
-    store.ensure_schema(SCHEMA)
-    rows = store.execute("SELECT * FROM probe_health ORDER BY source")
+    rows = store.execute(
+        "SELECT source, last_attempt_ns, last_success_ns, last_run_id, unreachable_json, error "
+        "FROM probe_health ORDER BY source"
+    )
     return {
-        r[0]: ProbeHealth(
-            source=r[0],
-            last_attempt_ns=r[1],
-            last_success_ns=r[2],
-            last_run_id=r[3],
-            unreachable=json.loads(r[4]),
-            error=r[5],
+        r.source: ProbeHealth(
+            source=r.source,
+            last_attempt_ns=r.last_attempt_ns,
+            last_success_ns=r.last_success_ns,
+            last_run_id=r.last_run_id,
+            unreachable=json.loads(r.unreachable_json),
+            error=r.error,
         )
         for r in rows
     }
 
 
 def group_health(store: Store) -> dict[str, GroupHealth]:
-    store.ensure_schema(SCHEMA)
-    rows = store.execute("SELECT * FROM group_health ORDER BY group_name")
+    rows = store.execute(
+        "SELECT group_name, checked_ns, divergent, run_id, error FROM group_health "
+        "ORDER BY group_name"
+    )
     return {
-        r[0]: GroupHealth(group=r[0], checked_ns=r[1], divergent=r[2], run_id=r[3], error=r[4])
+        r.group_name: GroupHealth(
+            group=r.group_name,
+            checked_ns=r.checked_ns,
+            divergent=r.divergent,
+            run_id=r.run_id,
+            error=r.error,
+        )
         for r in rows
     }

@@ -26,7 +26,7 @@ from replag.durations import format_ms
 from replag.lagindex import LagIndex
 from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE, DroppedWrites, dropped_writes
 from replag.monitoring.dynomite_figures import DynomiteStats
-from replag.monitoring.dynomite_stats import ensure_stats_schema, recent_stats
+from replag.monitoring.dynomite_stats import recent_stats
 from replag.store import Store
 
 # Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s
@@ -185,9 +185,12 @@ def unreachable_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]
 def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     """Sources without a successful probe for `threshold` seconds (or ever)."""
     health = probe_health(ctx.store)
-    last_window = dict(
-        ctx.store.execute("SELECT source, MAX(end_ns) FROM lag_windows GROUP BY source")
-    )
+    last_window: dict[str, int] = {
+        r.source: r.last_end_ns
+        for r in ctx.store.execute(
+            "SELECT source, MAX(end_ns) AS last_end_ns FROM lag_windows GROUP BY source"
+        )
+    }
     out = []
     for region in ctx.config.topology.regions:
         if region.write is None or rule.source not in (None, region.name):
@@ -277,12 +280,14 @@ def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     if not dynomite:
         return []
     rows = ctx.store.execute(
-        "SELECT source, target, replica, SUM(sent), SUM(lost) FROM lag_windows "
+        "SELECT source, target, replica, SUM(sent) AS sent, SUM(lost) AS lost FROM lag_windows "
         "WHERE end_ns >= ? GROUP BY source, target, replica ORDER BY source, target, replica",
         (ctx.since_ns(rule),),
     )
     out = []
-    for source, target, replica, sent, lost in rows:
+    for source, target, replica, sent, lost in (
+        (r.source, r.target, r.replica, int(r.sent), int(r.lost)) for r in rows
+    ):
         if source not in dynomite or not lost:
             continue
         out.append(
@@ -328,13 +333,12 @@ def _samples_since(store: Store, *, since_ns: int) -> dict[str, list[DynomiteSta
     Nodes with no sample since then are left out: a node that stopped answering is
     the collector's error to report, not evidence of dropped writes.
     """
-    ensure_stats_schema(store)
     rows = store.execute(
-        "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM dynomite_stats WHERE sampled_ns >= ? "
-        "GROUP BY node)",
+        "SELECT MAX(n) AS most FROM (SELECT COUNT(*) AS n FROM dynomite_stats "
+        "WHERE sampled_ns >= ? GROUP BY node) AS per_node",
         (since_ns,),
     )
-    newest = rows[0][0] if rows else None
+    newest = rows[0].most if rows else None
     if not newest:
         return {}
     by_node: dict[str, list[DynomiteStats]] = {}

@@ -36,33 +36,6 @@ log = logging.getLogger(__name__)
 
 Status = Literal["pending", "firing", "nodata", "resolved"]
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS alert_state (
-        fingerprint TEXT PRIMARY KEY,
-        rule TEXT NOT NULL,
-        labels_json TEXT NOT NULL,
-        status TEXT NOT NULL,
-        value REAL,
-        summary TEXT NOT NULL,
-        active_since_ns INTEGER NOT NULL,
-        fired_ns INTEGER,
-        resolved_ns INTEGER,
-        last_notified_ns INTEGER,
-        updated_ns INTEGER NOT NULL,
-        nodata_since_ns INTEGER
-    )""",
-    """CREATE TABLE IF NOT EXISTS alert_events (
-        id INTEGER PRIMARY KEY,
-        fingerprint TEXT NOT NULL,
-        rule TEXT NOT NULL,
-        labels_json TEXT NOT NULL,
-        status TEXT NOT NULL,
-        at_ns INTEGER NOT NULL,
-        value REAL,
-        summary TEXT NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS alert_events_at ON alert_events (at_ns)",
-)
 _COLUMNS = (
     "fingerprint",
     "rule",
@@ -76,6 +49,12 @@ _COLUMNS = (
     "last_notified_ns",
     "updated_ns",
     "nodata_since_ns",
+)
+
+_UPSERT_STATE = (
+    f"INSERT INTO alert_state ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+    "ON CONFLICT (fingerprint) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c != "fingerprint")
 )
 
 
@@ -133,10 +112,6 @@ class AlertBook:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA)
-        columns = {r[1] for r in store.execute("PRAGMA table_info(alert_state)")}
-        if "nodata_since_ns" not in columns:  # a store from before no-data states
-            store.execute("ALTER TABLE alert_state ADD COLUMN nodata_since_ns INTEGER")
 
     def apply(
         self,
@@ -188,13 +163,13 @@ class AlertBook:
         )
         return [
             {
-                "fingerprint": r[0],
-                "rule": r[1],
-                "labels": json.loads(r[2]),
-                "status": r[3],
-                "at_ns": r[4],
-                "value": r[5],
-                "summary": r[6],
+                "fingerprint": r.fingerprint,
+                "rule": r.rule,
+                "labels": json.loads(r.labels_json),
+                "status": r.status,
+                "at_ns": r.at_ns,
+                "value": r.value,
+                "summary": r.summary,
             }
             for r in rows
         ]
@@ -204,22 +179,18 @@ class AlertBook:
 
         Current states stay: an alert firing since before the cutoff keeps its row.
         """
-        query = "FROM alert_events WHERE at_ns < ?"
-        count = int(self.store.execute(f"SELECT COUNT(*) {query}", (before_ns,))[0][0])
-        if count:
-            self.store.execute(f"DELETE {query}", (before_ns,))
-        return count
+        gone = self.store.execute("DELETE FROM alert_events WHERE at_ns < ?", (before_ns,))
+        return max(0, gone.rowcount)
 
     def firing_count(self) -> int:
-        return int(
-            self.store.execute("SELECT COUNT(*) FROM alert_state WHERE status = 'firing'")[0][0]
-        )
+        rows = self.store.execute("SELECT COUNT(*) AS n FROM alert_state WHERE status = 'firing'")
+        return int(rows[0].n)
 
     def _rows(self, where: str) -> list[dict[str, Any]]:
         rows = self.store.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM alert_state WHERE {where} ORDER BY active_since_ns"
         )
-        return [dict(zip(_COLUMNS, r, strict=True)) for r in rows]
+        return [r.asdict() for r in rows]
 
 
 class _Step:
@@ -358,13 +329,7 @@ class _Step:
 
     def _upsert(self, row: dict[str, Any]) -> None:
         row["updated_ns"] = self.now_ns
-        self.writes.append(
-            (
-                f"INSERT OR REPLACE INTO alert_state ({', '.join(_COLUMNS)}) "
-                f"VALUES ({', '.join('?' * len(_COLUMNS))})",
-                tuple(row[c] for c in _COLUMNS),
-            )
-        )
+        self.writes.append((_UPSERT_STATE, tuple(row[c] for c in _COLUMNS)))
 
     def _record(self, row: dict[str, Any], status: str, cond: Condition | None) -> None:
         self.writes.append(

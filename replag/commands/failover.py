@@ -15,7 +15,7 @@ from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import ReplagError, UsageError
 from replag.replication import failover_check
 from replag.schemas import versioned
-from replag.store import Store
+from replag.store import Store, parse_location
 
 
 @click.command(name="failover-check")
@@ -55,9 +55,10 @@ def _check(config_path: Path, source: str | None, max_bytes: str, max_lag: str |
     except ValueError as exc:
         raise UsageError(f"--max-lag: {exc}") from None
     config = load(config_path)
-    store_path = Path(config.settings.store).expanduser()
-    # Read-only: probe figures are used when a store exists; none is created here.
-    store = Store(store_path) if store_path.exists() else None
+    where = parse_location(config.settings.store)
+    # Read-only: probe figures are used when a store exists; no SQLite file is created here.
+    exists = where.backend == "postgresql" or Path(where.target).expanduser().exists()
+    store = Store(config.settings.store) if exists else None
     try:
         result = asyncio.run(
             failover_check(config, source=source, max_bytes=limit, max_lag_s=lag_s, store=store)

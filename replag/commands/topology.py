@@ -28,7 +28,7 @@ from replag.errors import UsageError
 from replag.monitoring.dropped_writes import find_dropped_writes
 from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.settings import Settings, resolve_settings
-from replag.store import Store
+from replag.store import Store, parse_location
 
 
 @click.group(name="topology")
@@ -156,7 +156,7 @@ def discover(
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
-    _emit(with_store(found, store_path or Path(settings.store)), out)
+    _emit(with_store(found, store_path or settings.store), out)
 
 
 def _timeout_s(timeout: str | None, settings: Settings) -> float:
@@ -172,7 +172,7 @@ def _timeout_s(timeout: str | None, settings: Settings) -> float:
 
 def _emit(found: Discovery, out: Path | None) -> None:
     """Print the file (passwords as ***) or write it to `out` (0600, atomically)."""
-    store = found.settings["store"]
+    store = parse_location(found.settings["store"]).shown
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
         click.echo(found.render(redact=True), nl=False)
@@ -185,13 +185,18 @@ def _emit(found: Discovery, out: Path | None) -> None:
     click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
 
 
-def with_store(found: Discovery, path: Path) -> Discovery:
-    """`found` with `store` in its settings, absolute, and a header line saying what it is:
-    whoever runs replag on the file sees where its state goes and can move it."""
-    store = str(path.expanduser().resolve())
+def with_store(found: Discovery, path: Path | str) -> Discovery:
+    """`found` with `store` in its settings (a SQLite path made absolute), and a header line
+    saying what it is: whoever runs replag on the file sees where its state goes."""
+    where = parse_location(path)
+    if where.backend == "sqlite":
+        store = str(Path(where.target).expanduser().resolve())
+        shown = store
+    else:
+        store, shown = where.target, where.shown
     header = (
         f"{found.header}\n" if found.header else ""
-    ) + f"Results store (lag windows, repair runs, alert state): {store} (settings.store)."
+    ) + f"Results store (lag windows, repair runs, alert state): {shown} (settings.store)."
     return replace(found, settings={"store": store, **found.settings}, header=header)
 
 

@@ -1,8 +1,8 @@
 """Dynomite `/info` samples: fetched from every node at once, kept in the store.
 
 The `dynomite_stats` table (one row per node per collection, a column per
-figure of `dynomite_figures.FIGURES`) belongs to this module: its schema, its
-writes, its reads of the latest samples, and its pruning.
+figure of `dynomite_figures.FIGURES`; its schema is in the store's migrations)
+belongs to this module: its writes, its reads of the latest samples, its pruning.
 """
 
 from __future__ import annotations
@@ -11,27 +11,11 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from replag.discovery.http import fetch_json_object
 from replag.errors import ReplagError
 from replag.monitoring.dynomite_figures import FIGURE_NAMES, DynomiteStats, parse_info
-from replag.store import Store
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS dynomite_stats (\n"
-    "    id INTEGER PRIMARY KEY,\n"
-    "    node TEXT NOT NULL,\n"
-    "    dc TEXT NOT NULL,\n"
-    "    rack TEXT NOT NULL,\n"
-    "    sampled_ns INTEGER NOT NULL,\n"
-    "    uptime_s INTEGER NOT NULL,\n"
-    + "".join(f"    {name} INTEGER,\n" for name in FIGURE_NAMES)
-    + "    backends TEXT NOT NULL\n)",
-    "CREATE INDEX IF NOT EXISTS dynomite_stats_node ON dynomite_stats (node, sampled_ns)",
-    # Time-range reads (the dropped-writes rule, retention pruning) without a table scan.
-    "CREATE INDEX IF NOT EXISTS dynomite_stats_time ON dynomite_stats (sampled_ns)",
-)
+from replag.store import Row, Store
 
 
 async def fetch_stats(stats_url: str, *, timeout_s: float) -> DynomiteStats:
@@ -66,26 +50,14 @@ async def collect_dynomite_stats(
     return StatsCollection(samples=tuple(samples), errors=errors)
 
 
-def ensure_stats_schema(store: Store) -> None:
-    store.ensure_schema(_SCHEMA)
-    columns = {row[1] for row in store.execute("PRAGMA table_info(dynomite_stats)")}
-    for name in FIGURE_NAMES:
-        if name not in columns:  # a store from before this figure was collected
-            store.execute(f"ALTER TABLE dynomite_stats ADD COLUMN {name} INTEGER")
-
-
 def prune_stats(store: Store, before_ns: int) -> int:
     """Delete samples taken before `before_ns` (UTC epoch ns, the retention cutoff)."""
-    ensure_stats_schema(store)
-    query = "FROM dynomite_stats WHERE sampled_ns < ?"
-    count = int(store.execute(f"SELECT COUNT(*) {query}", (before_ns,))[0][0])
-    if count:
-        store.execute(f"DELETE {query}", (before_ns,))
-    return count
+    return max(
+        0, store.execute("DELETE FROM dynomite_stats WHERE sampled_ns < ?", (before_ns,)).rowcount
+    )
 
 
 def record_stats(store: Store, samples: Sequence[DynomiteStats]) -> None:
-    ensure_stats_schema(store)
     columns = ("node", "dc", "rack", "sampled_ns", "uptime_s", *FIGURE_NAMES, "backends")
     sql = (
         f"INSERT INTO dynomite_stats ({', '.join(columns)}) "
@@ -115,14 +87,13 @@ def recent_stats(store: Store, *, node: str | None = None, limit: int = 2) -> li
     per node per collection for the whole retention period, and this runs after every
     collection, so it must not scan the table.
     """
-    ensure_stats_schema(store)
     columns = ", ".join(("node", "dc", "rack", "sampled_ns", "uptime_s", *FIGURE_NAMES, "backends"))
     if node is not None:
         nodes = [node]
     else:
         # Distinct nodes by skipping through the index (SQLite has no skip-scan for DISTINCT).
         nodes = [
-            row[0]
+            row.node
             for row in store.execute(
                 """WITH RECURSIVE n(node) AS (
                        SELECT MIN(node) FROM dynomite_stats
@@ -132,7 +103,7 @@ def recent_stats(store: Store, *, node: str | None = None, limit: int = 2) -> li
                    SELECT node FROM n WHERE node IS NOT NULL"""
             )
         ]
-    rows: list[tuple[Any, ...]] = []
+    rows: list[Row] = []
     for name in nodes:
         latest = store.execute(
             f"""SELECT {columns} FROM dynomite_stats WHERE node = ?
@@ -142,16 +113,16 @@ def recent_stats(store: Store, *, node: str | None = None, limit: int = 2) -> li
         rows += reversed(latest)
     out = []
     for row in rows:
-        figures = dict(zip(FIGURE_NAMES, row[5:-1], strict=True))
+        figures = {name: getattr(row, name) for name in FIGURE_NAMES}
         out.append(
             DynomiteStats(
-                node=row[0],
-                dc=row[1],
-                rack=row[2],
-                sampled_ns=row[3],
-                uptime_s=row[4],
+                node=row.node,
+                dc=row.dc,
+                rack=row.rack,
+                sampled_ns=row.sampled_ns,
+                uptime_s=row.uptime_s,
                 figures=figures,
-                backends=tuple(b for b in row[-1].split(",") if b),
+                backends=tuple(b for b in row.backends.split(",") if b),
             )
         )
     return out

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 
 from replag.config import Config
-from replag.errors import EndpointError, RepairError, ReplagError, UsageError
+from replag.errors import EndpointError, RepairError, ReplagError, StoreError, UsageError
 from replag.repair import report as rp
 from replag.repair.group_run import (
     GroupRun,
@@ -30,6 +31,7 @@ from replag.repair.remote import AgentPool
 from replag.repair.runs import (
     DONE,
     FAILED,
+    HEARTBEAT_S,
     INTERRUPTED,
     RUNNING,
     RunLog,
@@ -39,6 +41,8 @@ from replag.repair.runs import (
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.topology import ReplicaGroup
+
+logger = logging.getLogger(__name__)
 
 
 def _config_name(config: Config) -> str | None:
@@ -72,6 +76,7 @@ async def _run(
     started = time.perf_counter()
     reports: list[rp.GroupReport] = []
     agents = AgentPool(config)
+    beating = asyncio.create_task(_heartbeat(log)) if log is not None else None
     try:
         with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
             # Every member answers first, or nothing is scanned (the run is recorded as failed).
@@ -91,6 +96,9 @@ async def _run(
                 )
                 reports.append(await run.run())
     finally:
+        if beating is not None:
+            beating.cancel()
+            await asyncio.gather(beating, return_exceptions=True)
         await agents.close()
     report = rp.RepairReport(
         run_id=run_id,
@@ -108,6 +116,17 @@ async def _run(
     if log is not None:
         log.set_status(DONE, report=report.to_dict())
     return report
+
+
+async def _heartbeat(log: RunLog) -> None:
+    """Tell the store every HEARTBEAT_S that this process still runs the run: a run whose
+    heartbeat stops is shown as owned by a dead instance (see `replag.repair.runs`)."""
+    while True:
+        try:
+            await asyncio.to_thread(log.heartbeat)
+        except StoreError as exc:
+            logger.warning("run %s: heartbeat not stored: %s", log.run_id, exc)
+        await asyncio.sleep(HEARTBEAT_S)
 
 
 def _ttls(config: Config, ttls: str | None) -> str:
@@ -141,7 +160,7 @@ def _resumed(
     log = RunLog(store, resume)
     row = log.row()
     if row is None:
-        raise UsageError(f"--resume: no run {resume!r} in {store.path}")
+        raise UsageError(f"--resume: no run {resume!r} in {store.shown}")
     saved_kind, status, saved = row
     if saved_kind != kind:
         again = resume_command(saved_kind, resume, _config_name(config))

@@ -16,53 +16,8 @@ from typing import Any
 
 from replag.repair.scan import ScanProgress
 from replag.repair.tictac import TictacTree
-from replag.store import Store
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS repair_runs (
-        run_id TEXT PRIMARY KEY,
-        kind TEXT NOT NULL,
-        status TEXT NOT NULL,
-        started_ns INTEGER NOT NULL,
-        finished_ns INTEGER,
-        params_json TEXT NOT NULL,
-        report_json TEXT,
-        error TEXT
-    )""",
-    # One row per replica being scanned, rewritten at each checkpoint: the cursor and
-    # the Tictac tree of the keys before it (512 KB at depth 16, whatever the keyspace).
-    """CREATE TABLE IF NOT EXISTS repair_scan_state (
-        run_id TEXT NOT NULL,
-        group_name TEXT NOT NULL,
-        replica TEXT NOT NULL,
-        cursor BLOB NOT NULL,
-        keys INTEGER NOT NULL,
-        seconds REAL NOT NULL,
-        finished INTEGER NOT NULL,
-        total INTEGER,
-        tree BLOB NOT NULL,
-        PRIMARY KEY (run_id, group_name, replica)
-    )""",
-    # Checkpoints used to hold every key scanned (tens of MB a run): gone.
-    "DROP TABLE IF EXISTS repair_scan_chunks",
-    """CREATE TABLE IF NOT EXISTS repair_groups (
-        run_id TEXT NOT NULL,
-        group_name TEXT NOT NULL,
-        phase TEXT NOT NULL,
-        stats_json TEXT NOT NULL,
-        PRIMARY KEY (run_id, group_name)
-    )""",
-    """CREATE TABLE IF NOT EXISTS repair_keys (
-        run_id TEXT NOT NULL,
-        group_name TEXT NOT NULL,
-        key BLOB NOT NULL,
-        kind TEXT NOT NULL,
-        status TEXT NOT NULL,
-        detail_json TEXT NOT NULL,
-        PRIMARY KEY (run_id, group_name, key)
-    )""",
-    "CREATE INDEX IF NOT EXISTS repair_runs_started ON repair_runs (started_ns)",
-)
+from replag.store import Row, Store
+from replag.store.leases import instance_id
 
 RUNNING, INTERRUPTED, FAILED, DONE = "running", "interrupted", "failed", "done"
 
@@ -87,7 +42,6 @@ class RunLog:
     """One run's rows in the store."""
 
     def __init__(self, store: Store, run_id: str) -> None:
-        store.ensure_schema(SCHEMA)
         self.store = store
         self.run_id = run_id
 
@@ -95,9 +49,9 @@ class RunLog:
     def create(cls, store: Store, *, kind: str, params: dict[str, Any]) -> RunLog:
         log = cls(store, new_run_id(kind))
         store.execute(
-            "INSERT INTO repair_runs (run_id, kind, status, started_ns, params_json) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (log.run_id, kind, RUNNING, time.time_ns(), json.dumps(params)),
+            "INSERT INTO repair_runs (run_id, kind, status, started_ns, params_json, owner, "
+            f"heartbeat_ns) VALUES (?, ?, ?, ?, ?, ?, {store.now_ns_sql})",
+            (log.run_id, kind, RUNNING, time.time_ns(), json.dumps(params), instance_id()),
         )
         return log
 
@@ -108,8 +62,16 @@ class RunLog:
         )
         if not rows:
             return None
-        kind, status, params = rows[0]
-        return str(kind), str(status), dict(json.loads(params))
+        row = rows[0]
+        return str(row.kind), str(row.status), dict(json.loads(row.params_json))
+
+    def heartbeat(self) -> None:
+        """Say this instance still runs the run (and now owns it, after a resume)."""
+        self.store.execute(
+            f"UPDATE repair_runs SET owner = ?, heartbeat_ns = {self.store.now_ns_sql} "
+            "WHERE run_id = ?",
+            (instance_id(), self.run_id),
+        )
 
     def set_status(
         self, status: str, *, report: dict[str, Any] | None = None, error: str | None = None
@@ -117,12 +79,14 @@ class RunLog:
         finished = time.time_ns() if status != RUNNING else None
         self.store.execute(
             "UPDATE repair_runs SET status = ?, finished_ns = ?, "
-            "report_json = COALESCE(?, report_json), error = ? WHERE run_id = ?",
+            "report_json = COALESCE(?, report_json), error = ?, owner = ?, "
+            f"heartbeat_ns = {self.store.now_ns_sql} WHERE run_id = ?",
             (
                 status,
                 finished,
                 json.dumps(report) if report is not None else None,
                 error,
+                instance_id(),
                 self.run_id,
             ),
         )
@@ -132,7 +96,11 @@ class RunLog:
     def save_scan(self, group: str, state: ScanProgress, tree: TictacTree) -> None:
         """Where `state.replica`'s scan stands and the tree of the keys before it."""
         self.store.execute(
-            "INSERT OR REPLACE INTO repair_scan_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            """INSERT INTO repair_scan_state (run_id, group_name, replica, cursor, keys,
+                   seconds, finished, total, tree) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (run_id, group_name, replica) DO UPDATE SET
+                   cursor = excluded.cursor, keys = excluded.keys, seconds = excluded.seconds,
+                   finished = excluded.finished, total = excluded.total, tree = excluded.tree""",
             (
                 self.run_id,
                 group,
@@ -155,10 +123,12 @@ class RunLog:
         )
         if not rows:
             return ScanProgress(replica), None
-        cursor, keys, seconds, finished, total, tree = rows[0]
-        state = ScanProgress(replica, bytes(cursor), int(keys), float(seconds), bool(finished))
-        state.total = None if total is None else int(total)
-        return state, TictacTree.from_bytes(bytes(tree))
+        row = rows[0]
+        state = ScanProgress(
+            replica, bytes(row.cursor), int(row.keys), float(row.seconds), bool(row.finished)
+        )
+        state.total = None if row.total is None else int(row.total)
+        return state, TictacTree.from_bytes(bytes(row.tree))
 
     def drop_scans(self, group: str) -> None:
         self.store.execute(
@@ -174,11 +144,13 @@ class RunLog:
             "SELECT phase, stats_json FROM repair_groups WHERE run_id = ? AND group_name = ?",
             (self.run_id, group),
         )
-        return (str(rows[0][0]), dict(json.loads(rows[0][1]))) if rows else None
+        return (str(rows[0].phase), dict(json.loads(rows[0].stats_json))) if rows else None
 
     def set_group_phase(self, group: str, phase: str, stats: dict[str, Any]) -> None:
         self.store.execute(
-            "INSERT OR REPLACE INTO repair_groups VALUES (?, ?, ?, ?)",
+            """INSERT INTO repair_groups (run_id, group_name, phase, stats_json)
+               VALUES (?, ?, ?, ?) ON CONFLICT (run_id, group_name) DO UPDATE SET
+                   phase = excluded.phase, stats_json = excluded.stats_json""",
             (self.run_id, group, phase, json.dumps(stats)),
         )
 
@@ -186,7 +158,10 @@ class RunLog:
         """(key, kind, status, detail) rows, atomically."""
         self.store.transaction(
             (
-                "INSERT OR REPLACE INTO repair_keys VALUES (?, ?, ?, ?, ?, ?)",
+                """INSERT INTO repair_keys (run_id, group_name, key, kind, status, detail_json)
+                   VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, group_name, key) DO UPDATE
+                   SET kind = excluded.kind, status = excluded.status,
+                       detail_json = excluded.detail_json""",
                 (self.run_id, group, key, kind, status, json.dumps(detail)),
             )
             for key, kind, status, detail in rows
@@ -204,23 +179,46 @@ class RunLog:
             sql += " AND status = ?"
             params.append(status)
         return [
-            (bytes(k), str(kind), str(st), dict(json.loads(d)))
-            for k, kind, st, d in self.store.execute(sql + " ORDER BY key", params)
+            (bytes(r.key), str(r.kind), str(r.status), dict(json.loads(r.detail_json)))
+            for r in self.store.execute(sql + " ORDER BY key", params)
         ]
 
 
-def _run_dict(row: tuple[Any, ...], *, full: bool) -> dict[str, Any]:
-    run_id, kind, status, started, finished, params, report, error = row
+# Heartbeats come with every checkpoint and status change, and at least every
+# HEARTBEAT_S from a running run (see `replag.repair.engine`): a `running` run whose
+# heartbeat is older than OWNER_DEAD_AFTER_S has lost its owner.
+HEARTBEAT_S = 10.0
+OWNER_DEAD_AFTER_S = 60.0
+_RUN_COLUMNS = (
+    "run_id, kind, status, started_ns, finished_ns, params_json, report_json, error, "
+    "owner, heartbeat_ns"
+)
+
+
+def _run_dict(row: Row, *, full: bool, now_ns: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "run_id": run_id,
-        "kind": kind,
-        "status": status,
-        "started": started / 1e9,
-        "finished": finished / 1e9 if finished else None,
-        "params": json.loads(params),
-        "error": error,
+        "run_id": row.run_id,
+        "kind": row.kind,
+        "status": row.status,
+        "started": row.started_ns / 1e9,
+        "finished": row.finished_ns / 1e9 if row.finished_ns else None,
+        "params": json.loads(row.params_json),
+        "error": row.error,
+        "owner": row.owner,
+        "heartbeat": row.heartbeat_ns / 1e9 if row.heartbeat_ns else None,
+        "owner_alive": None,
     }
-    summary = json.loads(report) if report else None
+    if row.status == RUNNING:
+        beat = row.heartbeat_ns or row.started_ns
+        alive = now_ns - beat < OWNER_DEAD_AFTER_S * 1e9
+        out["owner_alive"] = alive
+        if not alive:
+            who = row.owner or "its process"
+            out["error"] = out["error"] or (
+                f"owner {who} died: no heartbeat for {(now_ns - beat) / 1e9:.0f} s; "
+                f"resume it with `{resume_command(row.kind, row.run_id)}`"
+            )
+    summary = json.loads(row.report_json) if row.report_json else None
     if summary is not None and not full:
         summary.pop("divergent_keys", None)
         summary.pop("replicas", None)
@@ -228,28 +226,27 @@ def _run_dict(row: tuple[Any, ...], *, full: bool) -> dict[str, Any]:
     return out
 
 
+def _now_ns(store: Store) -> int:
+    return int(store.execute(f"SELECT {store.now_ns_sql} AS now_ns")[0].now_ns)
+
+
 def list_runs(store: Store, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
-    """Runs, newest first (reports without their key lists), JSON-safe; `offset` pages."""
-    store.ensure_schema(SCHEMA)
+    """Runs, newest first (reports without their key lists), JSON-safe; `offset` pages.
+    A run still `running` whose owner stopped its heartbeat says so (`owner_alive`)."""
     rows = store.execute(
-        "SELECT run_id, kind, status, started_ns, finished_ns, params_json, report_json, error "
-        "FROM repair_runs ORDER BY started_ns DESC, run_id DESC LIMIT ? OFFSET ?",
+        f"SELECT {_RUN_COLUMNS} FROM repair_runs "
+        "ORDER BY started_ns DESC, run_id DESC LIMIT ? OFFSET ?",
         (max(0, limit), max(0, offset)),
     )
-    return [_run_dict(r, full=False) for r in rows]
+    now = _now_ns(store)
+    return [_run_dict(r, full=False, now_ns=now) for r in rows]
 
 
 def count_runs(store: Store) -> int:
-    store.ensure_schema(SCHEMA)
-    return int(store.execute("SELECT COUNT(*) FROM repair_runs")[0][0])
+    return int(store.execute("SELECT COUNT(*) AS n FROM repair_runs")[0].n)
 
 
 def get_run(store: Store, run_id: str) -> dict[str, Any] | None:
     """One run with its full report, or None."""
-    store.ensure_schema(SCHEMA)
-    rows = store.execute(
-        "SELECT run_id, kind, status, started_ns, finished_ns, params_json, report_json, error "
-        "FROM repair_runs WHERE run_id = ?",
-        (run_id,),
-    )
-    return _run_dict(rows[0], full=True) if rows else None
+    rows = store.execute(f"SELECT {_RUN_COLUMNS} FROM repair_runs WHERE run_id = ?", (run_id,))
+    return _run_dict(rows[0], full=True, now_ns=_now_ns(store)) if rows else None

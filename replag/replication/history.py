@@ -1,5 +1,6 @@
 """Replication samples, the primary each Sentinel region writes to, and failover events,
-in the results store. This component owns (and prunes) its tables.
+in the results store. This component owns (and prunes) its tables (their schema is in
+the store's migrations).
 
 `replication_primaries` / `replication_replicas`: one row per primary / replica
 per sample. `write_primaries`: per region, the primary last written to and its
@@ -14,89 +15,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
-from replag.store import Store
+from replag.store import Row, Store
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS replication_primaries (
-        id INTEGER PRIMARY KEY,
-        sampled_ns INTEGER NOT NULL,
-        source TEXT NOT NULL,
-        primary_name TEXT NOT NULL,
-        address TEXT NOT NULL,
-        offset INTEGER,
-        replid TEXT,
-        write_rate_bps REAL,
-        sync_full INTEGER,
-        sync_partial_ok INTEGER,
-        sync_partial_err INTEGER,
-        backlog_size INTEGER,
-        read_skew_ns INTEGER NOT NULL,
-        error TEXT
-    )""",
-    "CREATE INDEX IF NOT EXISTS replication_primaries_time ON replication_primaries (sampled_ns)",
-    """CREATE INDEX IF NOT EXISTS replication_primaries_primary
-        ON replication_primaries (source, primary_name, sampled_ns)""",
-    """CREATE TABLE IF NOT EXISTS replication_replicas (
-        id INTEGER PRIMARY KEY,
-        sampled_ns INTEGER NOT NULL,
-        source TEXT NOT NULL,
-        primary_name TEXT NOT NULL,
-        replica TEXT NOT NULL,
-        region TEXT NOT NULL,
-        status TEXT NOT NULL,
-        bytes_behind INTEGER,
-        bytes_uncertainty INTEGER,
-        backlog_headroom INTEGER,
-        headroom_fraction REAL,
-        offset INTEGER,
-        last_io_s INTEGER,
-        link_down_s INTEGER
-    )""",
-    "CREATE INDEX IF NOT EXISTS replication_replicas_time ON replication_replicas (sampled_ns)",
-    """CREATE INDEX IF NOT EXISTS replication_replicas_replica
-        ON replication_replicas (source, replica, sampled_ns)""",
-    """CREATE TABLE IF NOT EXISTS write_primaries (
-        region TEXT PRIMARY KEY,
-        master TEXT NOT NULL,
-        address TEXT NOT NULL,
-        replid TEXT,
-        offset INTEGER,
-        updated_ns INTEGER NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS failover_events (
-        id INTEGER PRIMARY KEY,
-        detected_ns INTEGER NOT NULL,
-        source TEXT NOT NULL,
-        event_json TEXT NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS failover_events_time ON failover_events (detected_ns)",
-    "CREATE TABLE IF NOT EXISTS replication_meta (key TEXT PRIMARY KEY, value INTEGER)",
-    # The newest sample of each primary, so reading "now" never scans the history.
-    """CREATE TABLE IF NOT EXISTS replication_latest (
-        source TEXT NOT NULL,
-        primary_name TEXT NOT NULL,
-        sampled_ns INTEGER NOT NULL,
-        PRIMARY KEY (source, primary_name)
-    )""",
-)
-
+# "offset" is quoted: a keyword in PostgreSQL.
 _PRIMARY_COLUMNS = (
-    "sampled_ns, source, primary_name, address, offset, replid, write_rate_bps, sync_full, "
+    'sampled_ns, source, primary_name, address, "offset", replid, write_rate_bps, sync_full, '
     "sync_partial_ok, sync_partial_err, backlog_size, read_skew_ns, error"
 )
 _REPLICA_COLUMNS = (
     "sampled_ns, source, primary_name, replica, region, status, bytes_behind, "
-    "bytes_uncertainty, backlog_headroom, headroom_fraction, offset, last_io_s, link_down_s"
+    'bytes_uncertainty, backlog_headroom, headroom_fraction, "offset", last_io_s, link_down_s'
 )
-
-
-def ensure_schema(store: Store) -> None:
-    store.ensure_schema(SCHEMA)
 
 
 def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
     """Append one row per primary and per replica of `snapshot`."""
-    ensure_schema(store)
     statements: list[tuple[str, tuple[Any, ...]]] = []
     for p in snapshot.primaries:
         statements.append(
@@ -124,7 +57,8 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
             (
                 """INSERT INTO replication_latest (source, primary_name, sampled_ns)
                    VALUES (?, ?, ?) ON CONFLICT (source, primary_name) DO UPDATE
-                   SET sampled_ns = MAX(sampled_ns, excluded.sampled_ns)""",
+                   SET sampled_ns = CASE WHEN excluded.sampled_ns > replication_latest.sampled_ns
+                       THEN excluded.sampled_ns ELSE replication_latest.sampled_ns END""",
                 (p.source, p.primary, p.sampled_ns),
             )
         )
@@ -155,7 +89,6 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
 
 def latest_primaries(store: Store, *, since_ns: int | None = None) -> list[PrimaryState]:
     """The latest sample of every (source, primary), with its replicas' rows."""
-    ensure_schema(store)
     newest = store.execute(
         """SELECT source, primary_name, sampled_ns FROM replication_latest
            WHERE sampled_ns >= ? ORDER BY source, primary_name""",
@@ -163,7 +96,9 @@ def latest_primaries(store: Store, *, since_ns: int | None = None) -> list[Prima
     )
     rows = [
         found[0]
-        for source, primary, sampled_ns in newest
+        for source, primary, sampled_ns in (
+            (r.source, r.primary_name, r.sampled_ns) for r in newest
+        )
         if (
             found := store.execute(
                 f"""SELECT {_PRIMARY_COLUMNS} FROM replication_primaries
@@ -178,7 +113,7 @@ def latest_primaries(store: Store, *, since_ns: int | None = None) -> list[Prima
         replicas = store.execute(
             f"""SELECT {_REPLICA_COLUMNS} FROM replication_replicas
                 WHERE sampled_ns = ? AND source = ? AND primary_name = ? ORDER BY replica""",
-            (row[0], row[1], row[2]),
+            (row.sampled_ns, row.source, row.primary_name),
         )
         out.append(_primary(row, tuple(_replica(r) for r in replicas)))
     return out
@@ -188,48 +123,47 @@ def replica_series(
     store: Store, *, source: str, replica: str, since_ns: int, until_ns: int | None = None
 ) -> list[tuple[int, ReplicaState]]:
     """(sampled_ns, ReplicaState) of one replica, oldest first."""
-    ensure_schema(store)
     rows = store.execute(
         f"""SELECT {_REPLICA_COLUMNS} FROM replication_replicas
             WHERE source = ? AND replica = ? AND sampled_ns >= ? AND sampled_ns < ?
             ORDER BY sampled_ns""",
         (source, replica, since_ns, until_ns if until_ns is not None else 2**62),
     )
-    return [(r[0], _replica(r)) for r in rows]
+    return [(r.sampled_ns, _replica(r)) for r in rows]
 
 
-def _primary(row: tuple[Any, ...], replicas: tuple[ReplicaState, ...]) -> PrimaryState:
+def _primary(row: Row, replicas: tuple[ReplicaState, ...]) -> PrimaryState:
     return PrimaryState(
-        sampled_ns=row[0],
-        source=row[1],
-        primary=row[2],
-        address=row[3],
-        offset=row[4],
-        replid=row[5],
-        write_rate_bps=row[6],
-        sync_full=row[7],
-        sync_partial_ok=row[8],
-        sync_partial_err=row[9],
-        backlog_size=row[10],
-        read_skew_ns=row[11],
-        error=row[12],
+        sampled_ns=row.sampled_ns,
+        source=row.source,
+        primary=row.primary_name,
+        address=row.address,
+        offset=row.offset,
+        replid=row.replid,
+        write_rate_bps=row.write_rate_bps,
+        sync_full=row.sync_full,
+        sync_partial_ok=row.sync_partial_ok,
+        sync_partial_err=row.sync_partial_err,
+        backlog_size=row.backlog_size,
+        read_skew_ns=row.read_skew_ns,
+        error=row.error,
         replicas=replicas,
     )
 
 
-def _replica(row: tuple[Any, ...]) -> ReplicaState:
+def _replica(row: Row) -> ReplicaState:
     return ReplicaState(
-        replica=row[3],
-        region=row[4],
+        replica=row.replica,
+        region=row.region,
         address="",
-        status=row[5],
-        bytes_behind=row[6],
-        bytes_uncertainty=row[7],
-        backlog_headroom=row[8],
-        headroom_fraction=row[9],
-        offset=row[10],
-        last_io_s=row[11],
-        link_down_s=row[12],
+        status=row.status,
+        bytes_behind=row.bytes_behind,
+        bytes_uncertainty=row.bytes_uncertainty,
+        backlog_headroom=row.backlog_headroom,
+        headroom_fraction=row.headroom_fraction,
+        offset=row.offset,
+        last_io_s=row.last_io_s,
+        link_down_s=row.link_down_s,
     )
 
 
@@ -246,9 +180,8 @@ class WritePrimary:
 
 
 def write_primary(store: Store, region: str) -> WritePrimary | None:
-    ensure_schema(store)
     rows = store.execute(
-        "SELECT region, master, address, replid, offset, updated_ns FROM write_primaries "
+        'SELECT region, master, address, replid, "offset", updated_ns FROM write_primaries '
         "WHERE region = ?",
         (region,),
     )
@@ -256,18 +189,22 @@ def write_primary(store: Store, region: str) -> WritePrimary | None:
         return None
     r = rows[0]
     return WritePrimary(
-        region=r[0], master=r[1], address=r[2], replid=r[3], offset=r[4], updated_ns=r[5]
+        region=r.region,
+        master=r.master,
+        address=r.address,
+        replid=r.replid,
+        offset=r.offset,
+        updated_ns=r.updated_ns,
     )
 
 
 def remember_write_primary(store: Store, record: WritePrimary) -> None:
-    ensure_schema(store)
     store.execute(
-        """INSERT INTO write_primaries (region, master, address, replid, offset, updated_ns)
+        """INSERT INTO write_primaries (region, master, address, replid, "offset", updated_ns)
            VALUES (?, ?, ?, ?, ?, ?)
            ON CONFLICT (region) DO UPDATE SET master = excluded.master,
                address = excluded.address, replid = excluded.replid,
-               offset = excluded.offset, updated_ns = excluded.updated_ns""",
+               "offset" = excluded."offset", updated_ns = excluded.updated_ns""",
         (
             record.region,
             record.master,
@@ -280,7 +217,6 @@ def remember_write_primary(store: Store, record: WritePrimary) -> None:
 
 
 def record_failover(store: Store, event: dict[str, Any]) -> None:
-    ensure_schema(store)
     store.execute(
         "INSERT INTO failover_events (detected_ns, source, event_json) VALUES (?, ?, ?)",
         (event["detected_ns"], event["source"], json.dumps(event)),
@@ -288,21 +224,19 @@ def record_failover(store: Store, event: dict[str, Any]) -> None:
 
 
 def failover_events(store: Store, *, since_ns: int = 0) -> list[dict[str, Any]]:
-    ensure_schema(store)
     rows = store.execute(
         "SELECT event_json FROM failover_events WHERE detected_ns >= ? ORDER BY detected_ns",
         (since_ns,),
     )
-    return [dict(json.loads(r[0])) for r in rows]
+    return [dict(json.loads(r.event_json)) for r in rows]
 
 
 def thin(store: Store, *, older_than_ns: int, window_ns: int) -> int:
     """Keep, of samples older than `older_than_ns`, one per replica (and primary) per
     `window_ns`: the replica's worst (most bytes behind), the primary's last (its
     counters only grow). Incremental: each range is thinned once. Returns rows deleted."""
-    ensure_schema(store)
     rows = store.execute("SELECT value FROM replication_meta WHERE key = 'thinned_until'")
-    start = rows[0][0] if rows else 0
+    start = int(rows[0].value) if rows else 0
     # Whole windows only, so a window is never thinned in two passes.
     end = older_than_ns - older_than_ns % window_ns
     if end <= start:
@@ -313,22 +247,16 @@ def thin(store: Store, *, older_than_ns: int, window_ns: int) -> int:
         ("replication_primaries", "sampled_ns DESC"),
     ):
         who = "source, replica" if table == "replication_replicas" else "source, primary_name"
-        before = store.execute(
-            f"SELECT COUNT(*) FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?", (start, end)
-        )[0][0]
-        store.execute(
+        gone = store.execute(
             f"""DELETE FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ? AND id NOT IN (
                     SELECT id FROM (
                         SELECT id, ROW_NUMBER() OVER (
                             PARTITION BY {who}, sampled_ns / ? ORDER BY {order}) AS n
-                        FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?)
+                        FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?) AS ranked
                     WHERE n = 1)""",
             (start, end, window_ns, start, end),
         )
-        after = store.execute(
-            f"SELECT COUNT(*) FROM {table} WHERE sampled_ns >= ? AND sampled_ns < ?", (start, end)
-        )[0][0]
-        deleted += int(before) - int(after)
+        deleted += max(0, gone.rowcount)
     store.execute(
         "INSERT INTO replication_meta (key, value) VALUES ('thinned_until', ?) "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -339,14 +267,12 @@ def thin(store: Store, *, older_than_ns: int, window_ns: int) -> int:
 
 def prune(store: Store, before_ns: int) -> dict[str, int]:
     """Delete samples and events older than `before_ns`; rows deleted per table."""
-    ensure_schema(store)
     deleted = {}
     for table, column in (
         ("replication_primaries", "sampled_ns"),
         ("replication_replicas", "sampled_ns"),
         ("failover_events", "detected_ns"),
     ):
-        before = store.execute(f"SELECT COUNT(*) FROM {table} WHERE {column} < ?", (before_ns,))
-        store.execute(f"DELETE FROM {table} WHERE {column} < ?", (before_ns,))
-        deleted[table] = int(before[0][0])
+        gone = store.execute(f"DELETE FROM {table} WHERE {column} < ?", (before_ns,))
+        deleted[table] = max(0, gone.rowcount)
     return deleted

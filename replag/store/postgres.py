@@ -1,0 +1,185 @@
+"""The shared store: PostgreSQL through psycopg 3 and its connection pool.
+
+Several `replag serve` instances (and cron probes) use one database: each
+statement runs on a pooled connection in autocommit, `begin()` gives a real
+transaction, and connections are checked before use, so a PostgreSQL restart
+costs the statements that were in flight, not the process. Statements are the
+same as SQLite's (`?` placeholders, rewritten to psycopg's `%s` once per
+statement text). Needs the `postgres` extra: `pip install 'replag[postgres]'`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
+from replag.store.base import Store
+from replag.store.location import store_password
+from replag.store.migrations import migrate
+from replag.store.rows import Rows, make_rows
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+_CONNECT_TIMEOUT_S = 10
+# SQLSTATE classes: 53 insufficient resources (disk full, out of memory), 08 connection
+# exception, 57P0x the server shutting down or restarting, 25006 read-only transaction.
+_UNWRITABLE_STATES = ("53", "08", "57P", "25006")
+_DAMAGED_STATES = ("XX001", "XX002")  # data_corrupted, index_corrupted
+
+
+class PostgresStore(Store):
+    backend: ClassVar[Literal["sqlite", "postgresql"]] = "postgresql"
+    now_ns_sql: ClassVar[str] = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000)::BIGINT"
+
+    def __init__(
+        self, location: str | Path, *, pool_size: int = 8, connect_timeout_s: float = 10.0
+    ) -> None:
+        super().__init__(location)
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            raise ConfigError(
+                "the PostgreSQL store needs psycopg: pip install 'replag[postgres]'",
+                where=self.shown,
+            ) from None
+        self._psycopg = psycopg
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": "replag",
+            "connect_timeout": max(1, int(connect_timeout_s)),
+        }
+        password = store_password()
+        if password is not None:
+            kwargs["password"] = password
+        conninfo = self.location.target
+        # A first connection of our own, so a wrong host or password is one clear line now
+        # (the pool would only say that it timed out).
+        try:
+            psycopg.connect(conninfo, **kwargs).close()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect: {_first_line(exc)}", where=self.shown) from None
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            conninfo,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=pool_size,
+            timeout=connect_timeout_s,
+            check=ConnectionPool.check_connection,
+            name="replag-store",
+            open=True,
+        )
+        try:
+            migrate(self)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # --- the interface --------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        with self._connection() as conn:
+            return self._run(conn, sql, params)
+
+    def try_execute(self, sql: str, params: Sequence[Any] = ()) -> Rows | None:
+        # No lock to wait on: PostgreSQL serves readers beside writers.
+        return self.execute(sql, params)
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[_PostgresTransaction]:
+        with self._connection() as conn:
+            try:
+                with conn.transaction():
+                    yield _PostgresTransaction(self, conn)
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+
+    def check_integrity(self) -> None:
+        # PostgreSQL checks its own pages (checksums, amcheck); answering is what we ask.
+        self.execute("SELECT 1")
+
+    def reclaim(self) -> None:
+        """Nothing to do: autovacuum reuses freed space."""
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # --- internals ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        from psycopg_pool import PoolTimeout
+
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnwritable(f"no connection: {_first_line(exc)}", where=self.shown) from None
+
+    def _run(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> Rows:
+        try:
+            cursor = conn.execute(_placeholders(sql), _adapted(params) if params else None)
+            values = cursor.fetchall() if cursor.description else []
+        except self._psycopg.Error as exc:
+            raise self._error(exc) from None
+        names = [d.name for d in cursor.description] if cursor.description else None
+        return make_rows(names, values, cursor.rowcount)
+
+    def _error(self, exc: psycopg.Error) -> StoreError:
+        state = exc.sqlstate or ""
+        message = _first_line(exc)
+        if isinstance(exc, self._psycopg.OperationalError) and not state:
+            return StoreUnwritable(f"connection lost: {message}", where=self.shown)
+        if state.startswith(_UNWRITABLE_STATES):
+            return StoreUnwritable(f"cannot write: {message}", where=self.shown)
+        if state.startswith(_DAMAGED_STATES):
+            return StoreDamaged(f"damaged data: {message}", where=self.shown)
+        return StoreError(message, where=self.shown)
+
+
+class _PostgresTransaction:
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+        self._store = store
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        return self._store._run(self._conn, sql, params)
+
+
+@functools.lru_cache(maxsize=2048)
+def _placeholders(sql: str) -> str:
+    """`?` → `%s` and `%` → `%%`, outside quoted strings and identifiers."""
+    out: list[str] = []
+    quote: str | None = None
+    for char in sql:
+        if quote is not None:
+            if char == quote:
+                quote = None
+            out.append("%%" if char == "%" else char)
+        elif char in "'\"":
+            quote = char
+            out.append(char)
+        elif char == "?":
+            out.append("%s")
+        elif char == "%":
+            out.append("%%")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _adapted(params: Sequence[Any]) -> list[Any]:
+    # SQLite stores booleans as integers and so do our tables; PostgreSQL would refuse a
+    # boolean for a BIGINT column.
+    return [int(p) if isinstance(p, bool) else p for p in params]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
