@@ -2,7 +2,8 @@
 
     values         errors, durations, histogram, clock, clockbound, schemas
     configuration  settings, topology, validation, config_tables, config (+ alerts.config
-                   and alerts.tables: the [alerts] values and tables), `replag`
+                   and alerts.tables: the [alerts] values and tables; store.location: what
+                   settings.store names), `replag`
     io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
@@ -40,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "replag",
             "replag.settings",
+            "replag.store.location",
             "replag.topology",
             "replag.validation",
             "replag.alerts.config",

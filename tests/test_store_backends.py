@@ -25,7 +25,7 @@ from replag.repair.tictac import TictacTree
 from replag.replication import history
 from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import Store, parse_location
-from replag.store.migrations import latest_version, migrations
+from replag.store.migrations import MIGRATIONS, latest_version
 
 
 def test_a_new_store_is_at_the_latest_schema_and_reopening_changes_nothing(
@@ -55,7 +55,7 @@ def test_a_store_from_a_newer_replag_is_refused_in_one_line(store_location: str)
 
 
 def test_migrations_are_numbered_without_gaps() -> None:
-    assert [m.version for m in migrations()] == list(range(1, latest_version() + 1))
+    assert [m.version for m in MIGRATIONS] == list(range(1, latest_version() + 1))
 
 
 def test_an_old_sqlite_store_is_adopted(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ a ConfigError. Statements are written once, with `?` placeholders and the SQL
 both backends speak (`INSERT … ON CONFLICT … DO UPDATE`, `RETURNING`); the
 PostgreSQL backend rewrites the placeholders. Rows come back as `Row`s, read by
 column name. The schema is the numbered migrations of `replag.store.migrations`,
-applied when a store opens.
+applied when a store opens (`replag.store.schema`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
 from replag.store.base import Store
 from replag.store.location import store_password
-from replag.store.migrations import migrate
+from replag.store.migrations import MIGRATIONS
 from replag.store.rows import Rows, make_rows
+from replag.store.schema import migrate
 
 if TYPE_CHECKING:
     import psycopg
@@ -76,7 +77,7 @@ class PostgresStore(Store):
             open=True,
         )
         try:
-            migrate(self)
+            migrate(self, MIGRATIONS)
         except BaseException:
             self._pool.close()
             raise

@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Literal
 
 from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
 from replag.store.base import Store
-from replag.store.migrations import migrate
+from replag.store.migrations import MIGRATIONS
 from replag.store.rows import Rows, make_rows
+from replag.store.schema import migrate
 
 # Primary result codes (the low byte of an extended code).
 _FULL, _READONLY, _IOERR, _CORRUPT, _CANTOPEN, _NOTADB = 13, 8, 10, 11, 14, 26
@@ -55,7 +56,7 @@ class SqliteStore(Store):
             self._conn.close()
             raise self._error(exc) from None
         try:
-            migrate(self)
+            migrate(self, MIGRATIONS)
         except BaseException:
             self._conn.close()
             raise

@@ -6,7 +6,7 @@ SQLite store gains what it lacks, a new store gets it all.
 
 from __future__ import annotations
 
-from replag.store.migrations import AddColumn, Step
+from replag.store.schema import AddColumn, Step
 
 # Dynomite /info figures collected when this migration shipped (one column each); a
 # figure added later comes with a migration of its own.

@@ -8,7 +8,7 @@ is shown as owned by a dead instance.
 
 from __future__ import annotations
 
-from replag.store.migrations import AddColumn, Step
+from replag.store.schema import AddColumn, Step
 
 STEPS: tuple[Step, ...] = (
     """CREATE TABLE IF NOT EXISTS leases (
