@@ -195,10 +195,11 @@ class LagIndex:
     def last_seen_end_ns(self, source: str, target: str) -> int | None:
         """The end of the newest window of the pair in which a probe was seen."""
         rows = self.store.execute(
-            "SELECT MAX(end_ns) FROM lag_windows WHERE source = ? AND target = ? AND seen > 0",
+            "SELECT MAX(end_ns) AS last_ns FROM lag_windows "
+            "WHERE source = ? AND target = ? AND seen > 0",
             (source, target),
         )
-        return rows[0][0] if rows else None
+        return rows[0].last_ns if rows else None
 
     def summary(
         self,

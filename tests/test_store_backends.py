@@ -19,6 +19,7 @@ from replag.alerts.state import AlertBook
 from replag.errors import ConfigError, StoreError
 from replag.monitoring.dynomite_figures import FIGURE_NAMES, DynomiteStats
 from replag.monitoring.dynomite_stats import prune_stats, recent_stats, record_stats
+from replag.repair.rebuild_log import RebuildLog
 from replag.repair.runs import RUNNING, RunLog, count_runs, get_run, list_runs
 from replag.repair.scan import ScanProgress
 from replag.repair.tictac import TictacTree
@@ -114,6 +115,18 @@ def test_repair_runs_keep_checkpoints_key_lists_and_their_owner(store: Store) ->
     [run] = list_runs(store)
     assert run["status"] == RUNNING and run["owner"] and run["owner_alive"] is True
     assert count_runs(store) == 1 and get_run(store, log.run_id) is not None
+
+
+def test_a_rebuild_checkpoint(store: Store) -> None:
+    log = RebuildLog(store, "rebuild-1")
+    assert log.load() is None
+    log.save(b"0", {"copied": 0})
+    log.save(b"17", {"copied": 5})
+    log.add_pending(1, [b"a", b"\x00b"])
+    log.add_pending(2, [b"c"])
+    log.drop_pending(1)
+    assert log.load() == (b"17", {"copied": 5})
+    assert log.pending() == [(2, [b"c"])]
 
 
 def test_a_run_whose_owner_stopped_beating_is_shown_as_dead(store: Store) -> None:

@@ -514,7 +514,7 @@ def _resumed(store: Store | None, run_id: str) -> tuple[RunLog, dict[str, Any]]:
     run = RunLog(store, run_id)
     row = run.row()
     if row is None:
-        raise UsageError(f"--resume: no run {run_id!r} in {store.path}")
+        raise UsageError(f"--resume: no run {run_id!r} in {store.shown}")
     kind, status, params = row
     if kind != "rebuild":
         raise UsageError(f"--resume: {run_id} is a {kind} run, not a rebuild")

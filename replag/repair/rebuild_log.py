@@ -1,7 +1,8 @@
 """A rebuild's checkpoint in the store: where its scan of the source stands, and the
 batches written but not yet verified.
 
-A rebuild is a run like any other (`repair_runs`, kind "rebuild"). Its cursor is
+A rebuild is a run like any other (`repair_runs`, kind "rebuild"; its tables are in
+the store's migration 3). Its cursor is
 saved only once every batch before it has been verified; each batch's keys are
 saved before it is written and dropped once its copies stood or were undone. After
 a kill -9 the resumed rebuild first settles those batches (a copy whose peers have
@@ -18,19 +19,6 @@ from typing import Any
 
 from replag.store import Store
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS repair_rebuilds (
-        run_id TEXT PRIMARY KEY,
-        cursor BLOB NOT NULL,
-        stats_json TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS repair_rebuild_pending (
-        run_id TEXT NOT NULL,
-        batch INTEGER NOT NULL,
-        keys BLOB NOT NULL,
-        PRIMARY KEY (run_id, batch)
-    )""",
-)
 _LENGTH = struct.Struct("<I")
 
 
@@ -53,7 +41,6 @@ class RebuildLog:
     """One rebuild's checkpoint rows."""
 
     def __init__(self, store: Store, run_id: str) -> None:
-        store.ensure_schema(SCHEMA)
         self.store = store
         self.run_id = run_id
 
@@ -62,17 +49,20 @@ class RebuildLog:
         rows = self.store.execute(
             "SELECT cursor, stats_json FROM repair_rebuilds WHERE run_id = ?", (self.run_id,)
         )
-        return (bytes(rows[0][0]), dict(json.loads(rows[0][1]))) if rows else None
+        return (bytes(rows[0].cursor), dict(json.loads(rows[0].stats_json))) if rows else None
 
     def save(self, cursor: bytes, stats: dict[str, Any]) -> None:
         self.store.execute(
-            "INSERT OR REPLACE INTO repair_rebuilds VALUES (?, ?, ?)",
+            "INSERT INTO repair_rebuilds (run_id, cursor, stats_json) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET cursor = excluded.cursor, "
+            "stats_json = excluded.stats_json",
             (self.run_id, cursor, json.dumps(stats)),
         )
 
     def add_pending(self, batch: int, keys: list[bytes]) -> None:
         self.store.execute(
-            "INSERT OR REPLACE INTO repair_rebuild_pending VALUES (?, ?, ?)",
+            "INSERT INTO repair_rebuild_pending (run_id, batch, keys) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id, batch) DO UPDATE SET keys = excluded.keys",
             (self.run_id, batch, pack_keys(keys)),
         )
 
@@ -87,4 +77,4 @@ class RebuildLog:
             "SELECT batch, keys FROM repair_rebuild_pending WHERE run_id = ? ORDER BY batch",
             (self.run_id,),
         )
-        return [(int(batch), unpack_keys(bytes(blob))) for batch, blob in rows]
+        return [(int(r.batch), unpack_keys(bytes(r.keys))) for r in rows]
