@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from replag.errors import StoreError
 from replag.histogram import LagHistogram, SparseHistogram
 from replag.histogram import LagSummary as LagSummary
 from replag.store import Store
@@ -124,6 +125,14 @@ class LagIndex:
         self.serve_recent = False
         self._refreshed = 0.0
         self.hits = self.misses = 0
+        # Windows the store could not write yet (Store.unsaved_windows), indexed under ids
+        # of their own below 0, never reused: id(window object) → that id.
+        # Why the last read of the store failed (None once one succeeds): the API marks its
+        # answers not fresh and health names it, so an index left empty is never silent.
+        self.load_error: str | None = None
+        self._unsaved: dict[int, int] = {}
+        self._unsaved_generation = 0
+        self._next_unsaved_id = -1
 
     def refresh(self, *, wait: bool = True) -> None:
         """Pick up windows appended since the last call (by anyone: service, cron probes).
@@ -142,19 +151,50 @@ class LagIndex:
         try:
             self._refreshed = time.monotonic()
             query = "SELECT id, source, target, end_ns FROM lag_windows WHERE id > ? ORDER BY id"
-            if wait:
-                rows = self.store.execute(query, (self._last_id,))
-            else:
-                found = self.store.try_execute(query, (self._last_id,))
-                if found is None:
-                    return
-                rows = found
+            try:
+                if wait:
+                    rows = self.store.execute(query, (self._last_id,))
+                else:
+                    found = self.store.try_execute(query, (self._last_id,))
+                    if found is None:
+                        return
+                    rows = found
+            except StoreError as exc:
+                self.load_error = str(exc)
+                raise
+            self.load_error = None
             with self._lock:
                 for window_id, source, target, end_ns in rows:
                     self._pairs.setdefault((source, target), _PairWindows()).add(end_ns, window_id)
                     self._last_id = window_id
+            if self.store.unsaved_generation != self._unsaved_generation:
+                self._follow_unsaved()
         finally:
             self._refreshing.release()
+
+    def _follow_unsaved(self) -> None:
+        """Index the windows the store holds in memory (it could not write them): probing
+        goes on when the store is full, and so do the figures and the alerts on them.
+        Once written they arrive by id like any other, and their stand-ins go."""
+        generation = self.store.unsaved_generation
+        windows = {id(w): w for w in self.store.unsaved_windows}
+        with self._lock:
+            gone = [wid for key, wid in self._unsaved.items() if key not in windows]
+            self._unsaved = {k: v for k, v in self._unsaved.items() if k in windows}
+            for key, w in windows.items():
+                if key in self._unsaved:
+                    continue
+                window_id = self._unsaved[key] = self._next_unsaved_id
+                self._next_unsaved_id -= 1
+                self._stats[window_id] = _stats_of(w.sent, w.seen, w.lost, w.lag, w.uncertainty)
+                self._pairs.setdefault((w.source, w.target), _PairWindows()).add(
+                    w.end_ns, window_id
+                )
+            self._unsaved_generation = generation
+            if windows:
+                self._answers.clear()
+        if gone:
+            self.forget_ids(gone)
 
     def forget_before(self, end_ns: int) -> int:
         """Drop windows ending before `end_ns` (pruned from the store); return how many."""
@@ -274,7 +314,11 @@ class LagIndex:
         self.refresh()
         with self._lock:
             ids = [i for w in self._pairs.values() for _, i in w.keys[w.span(since_ns, None)[0] :]]
-        return len(self._load(ids))
+        try:
+            return len(self._load(ids))
+        except StoreError as exc:
+            self.load_error = f"warm-up: {exc}"
+            raise
 
     def signature(
         self, *, since_ns: int | None, until_ns: int | None

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from replag.histogram import LagHistogram, SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
 from replag.replication.state import PrimaryState, ReplicaState
+from replag.store import Store
 
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the
@@ -353,6 +354,10 @@ class ServiceMetrics:
             registry=r,
         )
 
+    def watch_store(self, store: Store) -> None:
+        """Export the store's write health, read at each scrape (see `StoreCollector`)."""
+        self.registry.register(StoreCollector(store))
+
     def observe_probe(
         self,
         *,
@@ -400,3 +405,38 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StoreCollector(Collector):
+    """Whether the results store takes writes, and what waits in memory when it does not."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        health = self.store.health
+        writable = GaugeMetricFamily(
+            "replag_store_writable",
+            "1 while the results store takes writes, 0 while they are kept in memory "
+            "(full disk, read-only file, database away).",
+        )
+        writable.add_metric([], 1.0 if health.state == "ok" else 0.0)
+        yield writable
+        errors = CounterMetricFamily(
+            "replag_store_write_errors",
+            "Writes the results store refused (each then kept in memory and retried).",
+        )
+        errors.add_metric([], float(health.errors))
+        yield errors
+        deferred = GaugeMetricFamily(
+            "replag_store_deferred_writes",
+            "Statements kept in memory until the results store takes writes again.",
+        )
+        deferred.add_metric([], float(health.deferred))
+        yield deferred
+        dropped = CounterMetricFamily(
+            "replag_store_dropped_writes",
+            "Deferred statements given up on: the in-memory bound was reached.",
+        )
+        dropped.add_metric([], float(health.dropped))
+        yield dropped

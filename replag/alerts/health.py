@@ -67,7 +67,7 @@ def record_probe(
 ) -> None:
     """Remember a probe attempt; `error` set means the run failed (nothing was measured)."""
     now = at_ns or time.time_ns()
-    store.execute(
+    written = store.execute(
         """INSERT INTO probe_health (source, last_attempt_ns, last_success_ns, last_run_id,
                unreachable_json, error) VALUES (?, ?, ?, ?, ?, ?)
            ON CONFLICT (source) DO UPDATE SET last_attempt_ns = excluded.last_attempt_ns,
@@ -76,6 +76,23 @@ def record_probe(
                unreachable_json = excluded.unreachable_json, error = excluded.error""",
         (source, now, None if error else now, run_id, json.dumps(unreachable), error),
     )
+    if written.deferred:
+        # The store cannot take it now: rules and health read this until it can.
+        before = probe_health(store).get(source)
+        store.remember(
+            "probe_health",
+            source,
+            ProbeHealth(
+                source=source,
+                last_attempt_ns=now,
+                last_success_ns=now
+                if error is None
+                else (before.last_success_ns if before else None),
+                last_run_id=run_id or (before.last_run_id if before else None),
+                unreachable=unreachable,
+                error=error,
+            ),
+        )
 
 
 def record_check(
@@ -110,7 +127,7 @@ def probe_health(store: Store) -> dict[str, ProbeHealth]:
         "SELECT source, last_attempt_ns, last_success_ns, last_run_id, unreachable_json, error "
         "FROM probe_health ORDER BY source"
     )
-    return {
+    stored = {
         r.source: ProbeHealth(
             source=r.source,
             last_attempt_ns=r.last_attempt_ns,
@@ -121,6 +138,8 @@ def probe_health(store: Store) -> dict[str, ProbeHealth]:
         )
         for r in rows
     }
+    remembered = {str(k): v for k, v in store.remembered("probe_health").items()}
+    return dict(sorted((stored | remembered).items()))
 
 
 def group_health(store: Store) -> dict[str, GroupHealth]:

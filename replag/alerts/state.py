@@ -129,7 +129,7 @@ class AlertBook:
         `no_data` (see the module docstring).
         """
         step = _Step(
-            current={row["fingerprint"]: row for row in self._rows("status != 'resolved'")},
+            current={row["fingerprint"]: row for row in self._unresolved()},
             now_ns=now_ns,
             repeat_ns=int(repeat_interval_s * 1e9),
             send_resolved=send_resolved,
@@ -149,11 +149,15 @@ class AlertBook:
                 step.inactive(cond.fingerprint, cond)
         for fp in step.current.keys() - seen:
             step.inactive(fp, None)
-        self.store.transaction(step.writes)
+        if not self.store.transaction(step.writes):
+            # The store cannot take writes now: remember the new states, so the next
+            # evaluation carries on from them (not from the stored ones) until it can.
+            for fp, row in step.changed.items():
+                self.store.remember("alert_state", fp, row)
         return step.events
 
     def active(self) -> list[dict[str, Any]]:
-        return [_public(r) for r in self._rows("status != 'resolved'")]
+        return [_public(r) for r in self._unresolved()]
 
     def history(self, *, limit: int = 50) -> list[dict[str, Any]]:
         rows = self.store.execute(
@@ -183,14 +187,25 @@ class AlertBook:
         return max(0, gone.rowcount)
 
     def firing_count(self) -> int:
+        if self.store.remembered("alert_state"):
+            return sum(r["status"] == "firing" for r in self._unresolved())
         rows = self.store.execute("SELECT COUNT(*) AS n FROM alert_state WHERE status = 'firing'")
         return int(rows[0].n)
 
-    def _rows(self, where: str) -> list[dict[str, Any]]:
+    def _unresolved(self) -> list[dict[str, Any]]:
+        """Alerts not resolved, oldest first: as stored, and as changed since if the store
+        could not take those changes yet."""
         rows = self.store.execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM alert_state WHERE {where} ORDER BY active_since_ns"
+            f"SELECT {', '.join(_COLUMNS)} FROM alert_state WHERE status != 'resolved' "
+            "ORDER BY active_since_ns"
         )
-        return [r.asdict() for r in rows]
+        current = {r.fingerprint: r.asdict() for r in rows}
+        for fp, row in self.store.remembered("alert_state").items():
+            if row is None or row["status"] == "resolved":
+                current.pop(str(fp), None)
+            else:
+                current[str(fp)] = dict(row)
+        return sorted(current.values(), key=lambda r: int(r["active_since_ns"]))
 
 
 class _Step:
@@ -209,6 +224,7 @@ class _Step:
         self.repeat_ns = repeat_ns
         self.send_resolved = send_resolved
         self.writes: list[tuple[str, Sequence[Any]]] = []
+        self.changed: dict[str, dict[str, Any] | None] = {}  # fingerprint → new row, or deleted
         self.events: list[AlertEvent] = []
 
     def active(self, cond: Condition) -> None:
@@ -283,6 +299,7 @@ class _Step:
         )
         if row["status"] == "pending":
             self.writes.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
+            self.changed[fp] = None
             self._record(row, "cleared", cond)
             self._log(logging.INFO, row["rule"], "cleared before firing", what)
             return
@@ -330,6 +347,7 @@ class _Step:
     def _upsert(self, row: dict[str, Any]) -> None:
         row["updated_ns"] = self.now_ns
         self.writes.append((_UPSERT_STATE, tuple(row[c] for c in _COLUMNS)))
+        self.changed[row["fingerprint"]] = dict(row)
 
     def _record(self, row: dict[str, Any], status: str, cond: Condition | None) -> None:
         self.writes.append(

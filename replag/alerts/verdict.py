@@ -12,6 +12,7 @@ lost more than `max_loss` of them, alerts firing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from replag.alerts.health import ProbeHealth, probe_health
 from replag.config import Config
 from replag.lagindex import LagIndex
+from replag.store import Store
 
 Severity = Literal["critical", "warning"]
 Verdict = Literal["ok", "degraded", "failing"]
@@ -31,7 +33,7 @@ STALE_INTERVALS = 3
 
 @dataclass(frozen=True, kw_only=True)
 class HealthProblem:
-    kind: str  # probe_error | stale | unreachable | not_replicating | loss | alerts
+    kind: str  # probe_error | stale | unreachable | not_replicating | loss | alerts | store
     severity: Severity
     message: str
     source: str | None = None
@@ -221,3 +223,32 @@ def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[He
 def _ago(now_ns: int, then_ns: int) -> str:
     at = datetime.fromtimestamp(then_ns / 1e9, tz=UTC).strftime("%H:%M:%SZ")
     return f"at {at} ({(now_ns - then_ns) / 1e9:.0f} s ago)"
+
+
+def with_store_problems(verdict: HealthVerdict, store: Store, index: LagIndex) -> HealthVerdict:
+    """`verdict` plus what is wrong with the store: writes kept in memory because it cannot
+    take them (degraded: probing and alerting go on), or the lag index unable to read it."""
+    problems = list(verdict.problems)
+    health = store.health
+    if health.state != "ok":
+        now = time.time_ns()
+        since = _ago(now, health.since_ns) if health.since_ns else "now"
+        problems.append(
+            HealthProblem(
+                kind="store",
+                severity="warning",
+                message=f"store full/unwritable since {since}: {health.reason}; "
+                f"{health.deferred} writes kept in memory"
+                + (f", {health.dropped} dropped" if health.dropped else ""),
+            )
+        )
+    if index.load_error is not None:
+        problems.append(
+            HealthProblem(
+                kind="store",
+                severity="warning",
+                message=f"lag figures incomplete: the index could not read the store: "
+                f"{index.load_error}",
+            )
+        )
+    return HealthVerdict(problems=problems, pairs=verdict.pairs)

@@ -122,7 +122,15 @@ async def lag(
 
     family = ("lag", source, target, since, until)
     body, fresh = await _cached(svc.index, (*family, signature), family, build)
-    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns, "fresh": fresh}, body)
+    return _json(
+        {
+            "since_ns": span.since_ns,
+            "until_ns": span.until_ns,
+            "fresh": fresh and svc.index.load_error is None,
+            **_index_error(svc),
+        },
+        body,
+    )
 
 
 @router.get("/lag/matrix")
@@ -174,7 +182,8 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
     head = {
         "since_ns": span.since_ns,
         "until_ns": span.until_ns,
-        "fresh": fresh,
+        "fresh": fresh and svc.index.load_error is None,
+        **_index_error(svc),
         "replication": replication,
     }
     return _json(head, body)
@@ -223,4 +232,17 @@ async def lag_series(
 
     family = ("series", source, target, since, until, step_ns)
     body, fresh = await _cached(svc.index, (*family, tuple(signature)), family, build)
-    return _json({"since_ns": span.since_ns, "until_ns": span.until_ns, "fresh": fresh}, body)
+    return _json(
+        {
+            "since_ns": span.since_ns,
+            "until_ns": span.until_ns,
+            "fresh": fresh and svc.index.load_error is None,
+            **_index_error(svc),
+        },
+        body,
+    )
+
+
+def _index_error(svc: ReplagService) -> dict[str, str]:
+    """`{"error": …}` when the lag index could not read the store (its figures are partial)."""
+    return {} if svc.index.load_error is None else {"error": svc.index.load_error}

@@ -8,6 +8,7 @@ alert evaluation when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from replag.alerts.health import record_probe
 from replag.config import Config
-from replag.errors import EndpointError
+from replag.errors import EndpointError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
 from replag.service.replication import ReplicationState
@@ -79,6 +80,16 @@ class ProbeRound:
                 unreachable=[{"replica": self.write_name, "region": source, "error": str(exc)}],
             )
             log.warning("probe from %s failed: %s", source, exc)
+            return None
+        except StoreError as exc:
+            # Not the replicas: the store (damaged pages, a bug). Counted and said as such;
+            # a store that is only full never gets here (its writes wait in memory).
+            self.counters["probe errors"] += 1
+            self.metrics.probe_runs.labels(source, "ok")
+            self.metrics.probe_runs.labels(source, "error").inc()
+            log.error("probe from %s failed on the store: %s", source, exc)
+            with contextlib.suppress(StoreError):
+                record_probe(self.store, source=source, run_id=None, error=str(exc), unreachable=[])
             return None
         self.counters["probe runs"] += 1
         self._log_silent_replicas(report)

@@ -21,9 +21,10 @@ from typing import Any
 
 from replag.alerts.evaluate import AlertBook, AlertSender
 from replag.alerts.health import probe_health
-from replag.alerts.verdict import replication_health
+from replag.alerts.verdict import replication_health, with_store_problems
 from replag.background import BackgroundLoop
 from replag.config import Config
+from replag.errors import ReplagError
 from replag.heap import freeze_long_lived
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
@@ -61,7 +62,14 @@ class ReplagService:
         self._freeze_heap = freeze_heap
         self.store = store or Store(config.settings.store)
         self._own_store = store is None
+        if self._own_store:
+            try:  # damaged pages are found now, in one line, not as 500s later
+                self.store.check_integrity()
+            except BaseException:
+                self.store.close()
+                raise
         self.metrics = ServiceMetrics()
+        self.metrics.watch_store(self.store)
         self.counters: Counter[str] = Counter()
         self.index = LagIndex(self.store)
         self.started_ns = time.time_ns()
@@ -155,7 +163,13 @@ class ReplagService:
         )
 
     async def _warm_index(self, *, since_ns: int) -> None:
-        await asyncio.to_thread(self.index.warm, since_ns=since_ns)
+        try:
+            await asyncio.to_thread(self.index.warm, since_ns=since_ns)
+        except ReplagError as exc:
+            # Observed, not a silently dead task: health names it and the lag API's answers
+            # say they are not fresh (see LagIndex.load_error).
+            log.error("lag index warm-up failed: %s", exc)
+            return
         if self._freeze_heap:
             freeze_long_lived("index warm-up")
 
@@ -260,8 +274,10 @@ class ReplagService:
             now_ns=time.time_ns(),
             alerts_firing=self.alerts.book.firing_count(),
         )
+        verdict = with_store_problems(verdict, self.store, self.index)
         return {
             **verdict.to_dict(),
+            "store": {"location": self.store.shown, **self.store.health.to_dict()},
             "started_ns": self.started_ns,
             "uptime_s": round((time.time_ns() - self.started_ns) / 1e9, 3),
             "probe_interval_s": self.settings.probe_interval,

@@ -12,13 +12,23 @@ applied when a store opens (`replag.store.schema`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+import logging
+import threading
+import time
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
 
+from replag.errors import StoreUnwritable
+from replag.store.backlog import Batch, StoreHealth, WriteBacklog, is_write
 from replag.store.location import StoreLocation, parse_location
 from replag.store.rows import Rows
-from replag.store.windows import LagWindowTables
+from replag.store.schema import ddl_for
+from replag.store.windows import LagWindow, LagWindowTables, insert_window
+
+log = logging.getLogger(__name__)
+# While writes fail, the deferred ones are tried again at most this often.
+FLUSH_RETRY_S = 1.0
 
 
 class Transaction(Protocol):
@@ -54,6 +64,13 @@ class Store(LagWindowTables):
     def __init__(self, location: str | Path, **options: Any) -> None:
         self.location: StoreLocation = parse_location(location)
         self._schema_seen: set[str] = set()
+        self._backlog = WriteBacklog()
+        self._flushing = threading.Lock()
+        self._last_flush = 0.0
+        self._remembered: dict[str, dict[Hashable, Any]] = {}
+        # Lag windows whose write was deferred, for the lag index (see `append_windows`).
+        self.unsaved_windows: list[LagWindow] = []
+        self.unsaved_generation = 0
 
     def __enter__(self) -> Self:
         return self
@@ -71,7 +88,7 @@ class Store(LagWindowTables):
 
     # --- what each backend provides (SqliteStore, PostgresStore) ----------------
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+    def _execute(self, sql: str, params: Sequence[Any]) -> Rows:
         """Run one statement (in a transaction of its own) and return its rows."""
         raise NotImplementedError
 
@@ -99,11 +116,109 @@ class Store(LagWindowTables):
 
     # --- shared ---------------------------------------------------------------
 
-    def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
-        """Run `statements` atomically."""
-        with self.begin() as tx:
-            for sql, params in statements:
-                tx.execute(sql, params)
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        """Run one statement (in a transaction of its own) and return its rows.
+
+        A write the store cannot take now (StoreUnwritable: a full disk, a read-only
+        file, PostgreSQL away) is kept in memory and written later (see
+        `replag.store.backlog`); its Rows are empty with `deferred` set. Reads, and
+        writes inside `begin()`, raise as they fail.
+        """
+        if not is_write(sql):
+            return self._execute(sql, params)
+        return self._write(((sql, tuple(params)),), single=True)
+
+    def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> bool:
+        """Run `statements` atomically; False when they were deferred (see `execute`)."""
+        batch = tuple((sql, tuple(params)) for sql, params in statements)
+        return not self._write(batch, single=False).deferred
+
+    @property
+    def health(self) -> StoreHealth:
+        """Whether writes go through, and what waits in memory if not."""
+        return self._backlog.health
+
+    def flush(self) -> bool:
+        """Write what was deferred, if the store takes it now; True when nothing waits."""
+        with self._flushing:
+            batches = self._backlog.take()
+            if not batches:
+                return True
+            self._last_flush = time.monotonic()
+            try:
+                with self.begin() as tx:
+                    for batch in batches:
+                        for sql, params in batch:
+                            tx.execute(sql, params)
+            except StoreUnwritable as exc:
+                self._backlog.put_back(batches, exc.message)
+                return False
+            self._backlog.written(batches)
+            written = sum(len(b) for b in batches)
+            if not self._backlog:
+                self.unsaved_windows = []
+                self._remembered.clear()
+                self.unsaved_generation += 1
+                log.warning(
+                    "store %s writable again: %d deferred writes stored", self.shown, written
+                )
+            return not self._backlog
+
+    def remember(self, table: str, key: Hashable, row: Any) -> None:
+        """Keep `row` (None: deleted) as `table`'s latest for `key` while writes are deferred,
+        for a component that must read what it wrote (alert state, probe health)."""
+        self._remembered.setdefault(table, {})[key] = row
+
+    def remembered(self, table: str) -> dict[Hashable, Any]:
+        """What `remember` kept for `table` (empty once the deferred writes are stored)."""
+        return dict(self._remembered.get(table, {}))
+
+    def append_windows(self, windows: Sequence[LagWindow]) -> None:
+        if not self.transaction(insert_window(w) for w in windows):
+            # Deferred: the lag index still serves them (see LagIndex.refresh).
+            self.unsaved_windows = [*self.unsaved_windows, *windows]
+            self.unsaved_generation += 1
+
+    def _write(self, batch: Batch, *, single: bool) -> Rows:
+        if self._backlog and not self._flush_if_due():
+            self._defer(batch, self._backlog.health.reason or "earlier writes still waiting")
+            return _deferred()
+        try:
+            if single:
+                sql, params = batch[0]
+                return self._execute(sql, params)
+            with self.begin() as tx:
+                for sql, params in batch:
+                    tx.execute(sql, params)
+            return Rows()
+        except StoreUnwritable as exc:
+            self._defer(batch, exc.message)
+            return _deferred()
+
+    def _flush_if_due(self) -> bool:
+        """Try the deferred writes again, at most every FLUSH_RETRY_S; True when none wait."""
+        if time.monotonic() - self._last_flush < FLUSH_RETRY_S:
+            return False
+        return self.flush()
+
+    def _defer(self, batch: Batch, reason: str) -> None:
+        first = self._backlog.health.state == "ok"
+        dropped = self._backlog.health.dropped
+        self._backlog.failed(batch, reason)
+        if first:
+            self._last_flush = time.monotonic()
+            log.error(
+                "store %s cannot be written (%s): keeping writes in memory, probing and "
+                "alerting go on",
+                self.shown,
+                reason,
+            )
+        if self._backlog.health.dropped > dropped:
+            log.error(
+                "store %s: %d deferred writes dropped (memory bound reached)",
+                self.shown,
+                self._backlog.health.dropped - dropped,
+            )
 
     def ensure_schema(self, statements: Sequence[str]) -> None:
         """Run idempotent CREATE … IF NOT EXISTS statements, once per store object.
@@ -113,9 +228,11 @@ class Store(LagWindowTables):
         """
         for sql in statements:
             if sql not in self._schema_seen:
-                self.execute_ddl(sql)
+                self._execute(ddl_for(sql, self.backend), ())
                 self._schema_seen.add(sql)
 
-    def execute_ddl(self, sql: str) -> None:
-        """Run a schema statement written in the portable dialect (see migrations)."""
-        self.execute(sql)
+
+def _deferred() -> Rows:
+    rows = Rows()
+    rows.deferred = True
+    return rows

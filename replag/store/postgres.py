@@ -84,13 +84,13 @@ class PostgresStore(Store):
 
     # --- the interface --------------------------------------------------------
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+    def _execute(self, sql: str, params: Sequence[Any]) -> Rows:
         with self._connection() as conn:
             return self._run(conn, sql, params)
 
     def try_execute(self, sql: str, params: Sequence[Any] = ()) -> Rows | None:
         # No lock to wait on: PostgreSQL serves readers beside writers.
-        return self.execute(sql, params)
+        return self._execute(sql, params)
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[_PostgresTransaction]:

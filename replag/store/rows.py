@@ -28,9 +28,11 @@ class Row(tuple[Any, ...]):
 
 
 class Rows(list[Row]):
-    """A statement's rows, and how many rows it changed (`rowcount`, -1 when unknown)."""
+    """A statement's rows, how many rows it changed (`rowcount`, -1 when unknown), and
+    whether it was `deferred` (the store could not take the write: kept in memory)."""
 
     rowcount: int = -1
+    deferred: bool = False
 
 
 @functools.lru_cache(maxsize=512)

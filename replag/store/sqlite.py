@@ -63,7 +63,7 @@ class SqliteStore(Store):
 
     # --- the interface --------------------------------------------------------
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+    def _execute(self, sql: str, params: Sequence[Any]) -> Rows:
         with self._lock:
             return self._run(sql, params)
 
@@ -94,7 +94,8 @@ class SqliteStore(Store):
 
     def check_integrity(self) -> None:
         rows = self.execute("PRAGMA quick_check(1)")
-        verdict = str(rows[0][0]) if rows else "no answer"
+        lines = str(rows[0][0]).splitlines() if rows else ["no answer"]
+        verdict = "; ".join(line.strip() for line in lines if line.strip())
         if verdict != "ok":
             raise StoreDamaged(
                 f"damaged store (quick_check: {verdict}); restore a backup or move the file "

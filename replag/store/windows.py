@@ -86,11 +86,8 @@ class LagWindowTables:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         raise NotImplementedError
 
-    def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+    def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> bool:
         raise NotImplementedError
-
-    def append_windows(self, windows: Sequence[LagWindow]) -> None:
-        self.transaction(insert_window(w) for w in windows)
 
     def windows(
         self,
