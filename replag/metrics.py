@@ -24,6 +24,7 @@ from replag.histogram import LagHistogram, SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
 from replag.replication.state import PrimaryState, ReplicaState
 from replag.store import Store
+from replag.store.backlog import StoreHealth
 
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the
@@ -274,6 +275,8 @@ class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.store = StoreCollector()
+        r.register(self.store)
         self.lag = Histogram(
             "replag_lag_seconds",
             "Replication lag of probe writes, source to target region.",
@@ -355,8 +358,8 @@ class ServiceMetrics:
         )
 
     def watch_store(self, store: Store) -> None:
-        """Export the store's write health, read at each scrape (see `StoreCollector`)."""
-        self.registry.register(StoreCollector(store))
+        """Export `store`'s write health, read at each scrape (see `StoreCollector`)."""
+        self.store.store = store
 
     def observe_probe(
         self,
@@ -410,11 +413,11 @@ class ServiceMetrics:
 class StoreCollector(Collector):
     """Whether the results store takes writes, and what waits in memory when it does not."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        health = self.store.health
+        health = self.store.health if self.store is not None else StoreHealth()
         writable = GaugeMetricFamily(
             "replag_store_writable",
             "1 while the results store takes writes, 0 while they are kept in memory "
