@@ -7,6 +7,8 @@ Prints, from one run:
 - the bare ceiling: the fastest of two unsafe copies written with redis-py (SCAN,
   then pipelined DUMP + PTTL and RESTORE … REPLACE; or MGET + PTTL and pipelined
   SET [PX] for strings, DUMP/RESTORE for the rest), in a process of their own;
+- Redis's own full sync, timed: the emptied server made a replica of a peer
+  (REPLICAOF), then detached (the Dynomite-manager way, before its anti-entropy pass);
 - replag's rebuild alone (the bulk copy, and the anti-entropy pass after it), keys/s
   and the ratio to the ceiling;
 - the same with the safety harness's writers (`--writers`, default 12) writing to every
@@ -266,6 +268,32 @@ async def rebuild_line(config: Config, store: Store, ceiling: float, label: str)
     )
 
 
+async def full_sync_line(target: Endpoint, peer: Endpoint, ceiling: float) -> str:
+    """The Dynomite-manager way, timed: the emptied server a replica of a peer through
+    Redis's own full sync, then detached (no anti-entropy pass counted)."""
+    conn = await RespConnection.open(target, timeout_s=600)
+    try:
+        started = time.perf_counter()
+        conn.check(await conn.request(pack(b"REPLICAOF", peer.host, peer.port), 1))
+        while True:
+            (info,) = await conn.request(pack(b"INFO", b"replication"), 1)
+            text = bytes(info)
+            if b"master_link_status:up" in text and b"master_sync_in_progress:0" in text:
+                break
+            await asyncio.sleep(0.01)
+        seconds = time.perf_counter() - started
+        conn.check(await conn.request(pack(b"REPLICAOF", b"NO", b"ONE"), 1))
+        (keys,) = await conn.request(pack(b"DBSIZE"), 1)
+    finally:
+        await conn.close()
+    rate = keys / seconds
+    return (
+        f"Redis full sync (REPLICAOF a peer, then REPLICAOF NO ONE; no safety, every client "
+        f"write to the target refused or lost meanwhile): {keys:,} keys in {seconds:.1f} s = "
+        f"{rate:,.0f} keys/s = {100 * rate / ceiling:.0f} % of the bare ceiling"
+    )
+
+
 async def flush(endpoint: Endpoint) -> None:
     conn = await RespConnection.open(endpoint, timeout_s=60)
     try:
@@ -375,6 +403,8 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> None:
             f"{rates['dump_restore']:,.0f} keys/s; SCAN + MGET/PTTL + SET (DUMP/RESTORE for "
             f"the rest) {rates['mget_set']:,.0f} keys/s; best {ceiling:,.0f} keys/s"
         )
+        print(await full_sync_line(endpoints[2], endpoints[0], ceiling))
+        await flush(endpoints[2])
         config = make_config(endpoints, workdir, args.settle)
         store = Store(config.settings.store)
         print(await rebuild_line(config, store, ceiling, "alone"))
