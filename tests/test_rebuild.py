@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -13,8 +15,10 @@ from click.testing import CliRunner
 from replag.cli import main
 from replag.config import Config, render_config
 from replag.lab.server import RedisServer
+from replag.repair import check, list_runs, repair
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.rebuild import rebuild
+from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import Refill
 from replag.resp import RespConnection
 from replag.schemas import schema
@@ -23,7 +27,7 @@ from replag.topology import Endpoint
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
-from tests.helpers.waiting import until
+from tests.helpers.waiting import until, wait_until
 
 
 def config_file(tmp_path: Path, config: Config) -> Path:
@@ -160,3 +164,69 @@ def test_dry_run_prints_the_plan_and_writes_nothing(
     jsonschema.validate(json.loads(listed.output), schema("runs"))
     human = CliRunner().invoke(main, ["repair", "runs", "-c", str(path)])
     assert "rebuild n2" in human.output and "copied 400 keys" in human.output
+
+
+async def test_repair_run_refills_a_wiped_replica_in_bulk(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    """`repair run` itself takes the bulk path when a member lacks many keys its peers
+    agree on; what else differs goes through the key-by-key path as before."""
+    servers = [redis_factory("w") for _ in range(3)]
+    a, b, c = (s.client() for s in servers)
+    for client in (a, b):
+        fill(client, 3000)
+        write_every_type(client)
+        client.set("expiring", "x", px=900_000)
+        client.set("stale-on-c", "new")
+    c.set("stale-on-c", "old")  # the one key c holds: differs in value
+    a.set("only-on-a", "1")  # peers disagree: not bulk, quorum copies it key by key
+    config = group_config(tmp_path, servers)
+    report = await repair(config, store=Store(tmp_path / "replag.sqlite"))
+    group = report.to_dict()["groups"][0]
+    assert group["bulk_refilled"] >= 3000
+    assert report.to_dict()["repaired"] == group["bulk_refilled"] + 2  # + stale-on-c, only-on-a
+    assert report.to_dict()["counts"]["missing"] == group["bulk_refilled"] + 1
+    again = await check(config)
+    assert again.divergent == 0
+    assert c.get("stale-on-c") == b"new" and 0 < c.pttl("expiring") <= 900_000
+
+
+def test_kill_9_mid_rebuild_then_resume_ends_equal(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("k") for _ in range(3)]
+    a, b, c = (s.client() for s in servers)
+    for client in (a, b):
+        fill(client, 12_000, size=100)
+    path = config_file(tmp_path, group_config(tmp_path, servers))
+    args = ["repair", "rebuild", "-c", str(path), "-g", "g", "-r", "n2", "--rate", "2000"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "replag", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: int(c.dbsize()) >= 3000, "the rebuild copies", timeout_s=120)
+    finally:
+        process.kill()  # kill -9: no handler runs, nothing is saved on the way out
+        process.wait()
+    assert int(c.dbsize()) < 12_000
+    store = Store(tmp_path / "replag.sqlite")
+    (run,) = list_runs(store)
+    assert run["kind"] == "rebuild" and run["status"] == "running"
+    # A batch the crash left unverified whose key a client deleted meanwhile (the delete
+    # reached the target before the copy, the peers after): the resume deletes the copy.
+    raced = next(k for k in c.scan_iter(count=100))
+    a.delete(raced)
+    b.delete(raced)
+    RebuildLog(store, run["run_id"]).add_pending(10**6, [raced])
+    store.close()
+    result = CliRunner().invoke(
+        main, ["repair", "rebuild", "-c", str(path), "--resume", run["run_id"], "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    done = json.loads(result.output)
+    assert done["settled_on_resume"] >= 1 and done["closing"]["divergent"] == 0
+    assert c.exists(raced) == 0 and c.dbsize() == a.dbsize() == 11_999
+    keys = sorted(a.scan_iter(count=1000))
+    assert c.mget(keys) == a.mget(keys)

@@ -22,6 +22,13 @@ from replag.config import Config
 from replag.errors import AgentError
 from replag.repair import report as rp
 from replag.repair.apply import Applier, Refused, ReplicaLane
+from replag.repair.bulk import (
+    BULK_MIN,
+    bulk_allowed,
+    refill_members,
+    refill_plan,
+    settle_members,
+)
 from replag.repair.diff import Divergence, Kind, classify, differing_keys
 from replag.repair.observe import KeyState, key_to_json, observe_keys
 from replag.repair.pages import PageOptions
@@ -110,6 +117,7 @@ class GroupRun:
         key_sink: KeySink | None = None,
     ) -> None:
         s = config.settings
+        self.config = config
         self.group, self.params, self.policy, self.log = group, params, policy, log
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = progress, key_sink
@@ -169,6 +177,9 @@ class GroupRun:
             phase = self.log.group_phase(self.group.name) if self.log else None
             if phase is not None:
                 self._restore(phase[1])
+            if self.log is not None and self.params.kind == "repair":
+                # Bulk batches a crash left unverified are settled before anything is read.
+                await settle_members(self.config, self.group, self.log.store, self.log.run_id)
             if phase is None or phase[0] == "scanning":
                 await self._scan_and_verify()
             if self.params.kind == "repair":
@@ -202,6 +213,7 @@ class GroupRun:
                     stats.keys_scanned, stats.scan_s = row["keys_scanned"], row["scan_s"]
                     stats.busy_s, stats.writes = row["busy_s"], row["writes"]
         self.report.candidates = saved.get("candidates", 0)
+        self.report.bulk_refilled = saved.get("bulk_refilled", 0)
         self.report.changing = saved.get("changing_during_check", 0)
         self.report.undone = saved.get("undone", 0)
         self.report.undo_failed = saved.get("undo_failed", 0)
@@ -241,6 +253,9 @@ class GroupRun:
             outcomes[record.status] = outcomes.get(record.status, 0) + 1
             if len(shown) < rp.KEYS_SHOWN:
                 shown.append({**record.detail, "status": record.status, **key_to_json(key)})
+        if self.report.bulk_refilled:  # copied in bulk: missing keys, repaired, not listed
+            counts["missing"] = counts.get("missing", 0) + self.report.bulk_refilled
+            outcomes[rp.REPAIRED] = outcomes.get(rp.REPAIRED, 0) + self.report.bulk_refilled
         self.report.counts, self.report.outcomes, self.report.keys = counts, outcomes, shown
 
     # --- scan, diff, verify -------------------------------------------------
@@ -283,9 +298,12 @@ class GroupRun:
             if isinstance(tree, AgentTree):
                 stats.keys_scanned = tree.keys
         candidates = differing_keys(parts) if len(leaves) else []
+        plan = refill_plan(parts) if len(leaves) and self._bulk_possible() else {}
         del trees, parts
         self.report.scan_s += time.perf_counter() - started
         self.report.candidates = len(candidates)
+        if plan:
+            candidates = await self._bulk(plan, candidates)
         status = rp.FOUND if self.params.kind == "check" else rp.PENDING
 
         def record(divergent: list[Divergence], changing: list[_Changing]) -> None:
@@ -304,6 +322,40 @@ class GroupRun:
         self._save_phase("diffed")
         if self.log is not None:
             self.log.drop_scans(self.group.name)
+
+    def _bulk_possible(self) -> bool:
+        """A repair that writes, every member reached directly, a policy that copies."""
+        p = self.params
+        return p.kind == "repair" and not p.dry_run and not any(self.agents)
+
+    async def _bulk(self, plan: dict[int, list[bytes]], candidates: list[bytes]) -> list[bytes]:
+        """Members lacking many keys their peers agree on are refilled in bulk first
+        (`bulk`); the candidates left for the key-by-key path."""
+        n = len(self.group.members)
+        plan = {
+            t: keys
+            for t, keys in plan.items()
+            if bulk_allowed(self.policy, t, n, allow_deletes=self.params.allow_deletes)
+        }
+        if not any(len(keys) >= BULK_MIN for keys in plan.values()):
+            return candidates
+        if self.log is not None:
+            self.log.drop_scans(self.group.name)  # a crash from here rescans: the copies show
+        stood = await refill_members(
+            self.config,
+            self.group,
+            plan,
+            rate=self.params.rate,
+            store=self.log.store if self.log is not None else None,
+            run_id=self.log.run_id if self.log is not None else None,
+            progress=self.progress,
+        )
+        copied: set[bytes] = set()
+        for t, keys in stood.items():
+            self.stats[t].writes += len(keys)
+            copied |= keys
+        self.report.bulk_refilled += len(copied)
+        return [k for k in candidates if k not in copied]
 
     def _not_compared(self, exc: AgentError) -> AgentError:
         """The agent's failure, naming the members it left uncompared."""

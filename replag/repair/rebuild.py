@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
+from replag.repair.bulk import copy_batches, settle_pending
 from replag.repair.engine import repair
 from replag.repair.group_run import ProgressCallback, RepairProgress
-from replag.repair.observe import KeyState, observe_keys
 from replag.repair.pages import copy_big_keys
 from replag.repair.reachable import members_reachable
 from replag.repair.rebuild_log import RebuildLog
-from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
+from replag.repair.refill import BATCH, BatchResult, Refill
 from replag.repair.replica_role import replica_of, resync_advice
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
 from replag.repair.scan import without_prefix
@@ -282,44 +281,34 @@ class Rebuild:
         scan = await RespConnection.open(self.source, timeout_s=self.timeout_s)
         started = time.monotonic()
         done_before = self.counts.keys
-        inflight: deque[tuple[int, bytes, asyncio.Future[BatchResult]]] = deque()
-        batch_no = scanned = 0
         last_save = time.monotonic()
-        try:
+
+        async def batches() -> AsyncIterator[tuple[list[bytes], bytes]]:
+            at = cursor
             while True:
-                if self.rate:
-                    await asyncio.sleep(max(0.0, started + scanned / self.rate - time.monotonic()))
-                (cursor, keys), *_ = await scan.request(pack(b"SCAN", cursor, b"COUNT", BATCH), 1)
-                keys = without_prefix(keys, self.prefix)
-                scanned += len(keys)
-                batch_no += 1
-                if log is not None and keys:
-                    log.add_pending(batch_no, keys)
-                inflight.append((batch_no, cursor, asyncio.ensure_future(refill.copy(keys))))
-                while inflight and (len(inflight) >= IN_FLIGHT or cursor == b"0"):
-                    number, after, future = inflight.popleft()
-                    await self._finish(await future, refill)
-                    if log is not None:
-                        log.drop_pending(number)
-                        if time.monotonic() - last_save >= 1.0 or not inflight:
-                            log.save(after, self._stats())
-                            last_save = time.monotonic()
-                    self._report(plan, started, done_before)
-                if cursor == b"0":
-                    break
+                (at, keys), *_ = await scan.request(pack(b"SCAN", at, b"COUNT", BATCH), 1)
+                yield without_prefix(keys, self.prefix), at
+                if at == b"0":
+                    return
+
+        async def done(result: BatchResult, after: bytes) -> None:
+            nonlocal last_save
+            await self._finish(result)
+            if log is not None and (time.monotonic() - last_save >= 1.0 or after == b"0"):
+                log.save(after, self._stats())  # every batch before `after` is verified
+                last_save = time.monotonic()
+            self._report(plan, started, done_before)
+
+        try:
+            await copy_batches(refill, batches(), on_done=done, rate=self.rate, log=log)
         finally:
-            for _, _, future in inflight:
-                future.cancel()
-            await asyncio.gather(*(f for _, _, f in inflight), return_exceptions=True)
             await scan.close()
             await refill.close()
         return time.monotonic() - started
 
-    async def _finish(self, result: BatchResult, refill: Refill) -> None:
+    async def _finish(self, result: BatchResult) -> None:
         if result.big:
-            copied, left = await copy_big_keys(
-                self.config, self.peers, self.target, result.big, refill_source=0
-            )
+            copied, left = await copy_big_keys(self.config, self.peers, self.target, result.big)
             self.big_copied += copied
             result.changed += left
             result.big = []
@@ -369,52 +358,15 @@ class Rebuild:
         c.undo_failed = [b""] * stats["undo_failed"]
 
     async def settle_pending(self, log: RebuildLog) -> int:
-        """After a crash: keys of batches written but not verified. Where the peers agree
-        that such a key is gone (two reads `repair_settle` apart) and the target still
-        holds one same state, it is deleted there under WATCH: the batch's verification
-        would have undone that copy. Other differences are left to the anti-entropy pass.
-        How many keys were looked at."""
-        settled = 0
-        settle_s = self.config.settings.repair_settle
-        for batch, keys in log.pending():
-            first = await self._observe_all(keys)
-            await asyncio.sleep(settle_s)
-            second = await self._observe_all(keys)
-            for key in keys:
-                target_now = second[-1][key]
-                peers_now = [reads[key] for reads in second[:-1]]
-                stable = all(
-                    a[key].same_as(b[key], self.tolerance_ms)
-                    for a, b in zip(first, second, strict=True)
-                )
-                if stable and target_now.exists and not any(p.exists for p in peers_now):
-                    await self._delete_if_same(key, target_now)
-            settled += len(keys)
-            log.drop_pending(batch)
-        return settled
-
-    async def _observe_all(self, keys: list[bytes]) -> list[dict[bytes, KeyState]]:
-        async def one(member: Endpoint) -> dict[bytes, KeyState]:
-            conn = await RespConnection.open(member, timeout_s=self.timeout_s)
-            try:
-                return await observe_keys(conn, keys, keep=False)
-            finally:
-                await conn.close()
-
-        return list(await asyncio.gather(*(one(m) for m in (*self.peers, self.target))))
-
-    async def _delete_if_same(self, key: bytes, state: KeyState) -> None:
-        conn = await RespConnection.open(self.target, timeout_s=self.timeout_s)
-        try:
-            conn.check(await conn.request(pack(b"WATCH", key), 1))
-            now = (await observe_keys(conn, [key], keep=False))[key]
-            if not now.same_as(state, self.tolerance_ms):
-                conn.check(await conn.request(pack(b"UNWATCH"), 1))
-                return
-            replies = await conn.request(pack(b"MULTI") + pack(b"DEL", key) + pack(b"EXEC"), 3)
-            conn.check(replies[:1])
-        finally:
-            await conn.close()
+        """After a crash: the batches written but not verified (`bulk.settle_pending`)."""
+        return await settle_pending(
+            log,
+            self.peers,
+            self.target,
+            settle_s=self.config.settings.repair_settle,
+            tolerance_ms=self.tolerance_ms,
+            timeout_s=self.timeout_s,
+        )
 
 
 async def rebuild(

@@ -67,6 +67,7 @@ class BatchResult:
 
     keys: int = 0
     copied: int = 0  # written and stood
+    copied_keys: list[bytes] = field(default_factory=list)  # the same keys (not summed by add)
     bytes_copied: int = 0
     present: list[bytes] = field(default_factory=list)  # the target had them
     disagree: list[bytes] = field(default_factory=list)  # peers differ (or some lack it)
@@ -224,6 +225,7 @@ class Refill:
                     await self._verify_by_read(keys, moved, src, result)
                 written = [i for i in written if i not in set(moved)]
         result.copied += len(written)
+        result.copied_keys += [keys[i] for i in written]
         return result
 
     async def _moved(
@@ -327,6 +329,7 @@ class Refill:
             wrote = src.state(i)
             if all(states[key].same_as(wrote, self.tolerance_ms) for states in now):
                 result.copied += 1
+                result.copied_keys.append(key)
                 continue
             outcome = await self._undo(key, wrote, src.data.get(i))
             if outcome == "failed":

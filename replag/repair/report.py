@@ -77,6 +77,8 @@ class GroupReport:
     keys: list[dict[str, Any]] = field(default_factory=list)
     scan_s: float = 0.0
     repair_s: float = 0.0
+    # Missing keys copied by the bulk path (`bulk`): in counts and outcomes, not listed.
+    bulk_refilled: int = 0
 
     @property
     def divergent(self) -> int:
@@ -88,6 +90,7 @@ class GroupReport:
             "divergent": self.divergent,
             "counts": dict(self.counts),
             "candidates": self.candidates,
+            "bulk_refilled": self.bulk_refilled,
             "changing_during_check": self.changing,
             "undone": self.undone,
             "undo_failed": self.undo_failed,
