@@ -214,7 +214,15 @@ RUNS = obj(
                     "error": nullable(STR),
                     "resume": nullable(STR),
                 },
-                {"params": {"type": "object"}, "report": nullable({"type": "object"})},
+                {
+                    "params": {"type": "object"},
+                    "report": nullable({"type": "object"}),
+                    # The instance running it, its last heartbeat (UTC s, the store's clock),
+                    # and for a run still "running", whether that owner is alive.
+                    "owner": nullable(STR),
+                    "heartbeat": nullable(NUM),
+                    "owner_alive": nullable(BOOL),
+                },
             )
         ),
     }

@@ -80,6 +80,8 @@ def test_an_old_sqlite_store_is_adopted(tmp_path: Path) -> None:
 def test_unknown_schemes_are_refused_and_passwords_never_shown() -> None:
     with pytest.raises(ConfigError, match="unknown store scheme 'mysql'"):
         parse_location("mysql://u:secret@h/db")
+    with pytest.raises(ConfigError, match="without '//'"):
+        parse_location("postgresql:/replag@db/replag")
     shown = parse_location("postgresql://replag:secret@db:5432/replag").shown
     assert "secret" not in shown and shown == "postgresql://replag:***@db:5432/replag"
     assert parse_location("sqlite:///var/lib/replag.sqlite").target == "/var/lib/replag.sqlite"

@@ -19,7 +19,7 @@ from replag.repair import RepairProgress, RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
 from replag.repair.runs import resumable, resume_command
 from replag.schemas import versioned
-from replag.store import Store
+from replag.store import Store, parse_location
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
 _MATCH = click.option("--match", help="Only keys matching this SCAN MATCH pattern.")
@@ -219,15 +219,18 @@ def runs_command(config_path: Path, limit: int, as_json: bool) -> None:
             if resumable(run["status"])
             else None
         )
+    shown = parse_location(config.settings.store).shown
     if as_json:
-        document = {"store": str(config.settings.store), "runs": runs}
+        document = {"store": shown, "runs": runs}
         click.echo(json.dumps(versioned(document), indent=2))
         return
     if not runs:
-        click.echo(f"no runs in {config.settings.store}")
+        click.echo(f"no runs in {shown}")
     for run in runs:
         click.echo(_run_line(run))
-        if run["resume"]:
+        if run.get("owner_alive") is False:
+            click.echo(f"    {run['error']}")
+        elif run["resume"]:
             click.echo(f"    resume: {run['resume']}")
 
 

@@ -23,6 +23,8 @@ PASSWORD_ENV = "REPLAG_STORE_PASSWORD"
 PASSWORD_FILE_ENV = "REPLAG_STORE_PASSWORD_FILE"
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# `postgresql:/db`, `postgres:db`: a scheme with its slashes mistyped, not a file name.
+_SCHEME_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,12 @@ def parse_location(value: str | Path) -> StoreLocation:
     text = str(value)
     match = _SCHEME.match(text)
     if match is None:
+        typo = _SCHEME_LIKE.match(text)
+        if typo is not None:
+            raise ConfigError(
+                f"{redact(text)}: looks like a URL without '//' after {typo.group(1)}: "
+                "(a SQLite path, sqlite:///path, or postgresql://user@host:port/db)"
+            )
         return StoreLocation("sqlite", text)
     scheme = match.group(1).lower()
     if scheme in _POSTGRES_SCHEMES:
