@@ -30,6 +30,7 @@ from typing import Any
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
+from replag.tokens import ApiToken, all_tokens
 from replag.topology import Topology
 
 
@@ -39,6 +40,12 @@ class Config:
     settings: Settings
     topology: Topology
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    # Named [[api_tokens]], then settings.api_token as a full-scope token named api_token.
+    api_tokens: tuple[ApiToken, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.api_tokens and self.settings.api_token:
+            object.__setattr__(self, "api_tokens", all_tokens((), self.settings.api_token))
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -67,6 +74,7 @@ def config_from_dict(
 ) -> Config:
     """A Config from a file's parsed tables (`where` names the file in errors)."""
     # The tables (and msgspec) load when a file is read, not with replag: `--help` stays light.
+    from replag.config_security import EndpointDefaults, api_tokens
     from replag.config_tables import ConfigFile
     from replag.validation import validate
 
@@ -76,12 +84,15 @@ def config_from_dict(
     settings = resolve_settings(
         table if isinstance(table, Mapping) else {}, where=where, environ=environ
     )
+    defaults = EndpointDefaults.of(settings, environ, where=where)
     file = validate(ConfigFile, data, where=where, environ=environ)
+    named = api_tokens(file.api_tokens, environ, where=where)
     return Config(
         path=path,
         settings=settings,
-        topology=file.topology(environ),
+        topology=file.topology(environ, defaults),
         alerts=file.alerts.alerts(environ),
+        api_tokens=all_tokens(named, settings.api_token),
     )
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from replag.alerts.tables import AlertsTable
+from replag.config_security import AccessKeys, ApiTokenTable, EndpointDefaults
 from replag.topology import (
     Endpoint,
     EndpointKind,
@@ -26,7 +27,7 @@ from replag.topology import (
     Topology,
     sentinel_endpoint,
 )
-from replag.validation import AtKey, EnvVar, FileTable, Loc, NonEmptyStr
+from replag.validation import AtKey, FileTable, Loc, NonEmptyStr
 
 _SLOTS = 16384
 
@@ -67,8 +68,9 @@ class SentinelAddress(str):
         return cls(value)
 
 
-class EndpointTable(FileTable, frozen=True, kw_only=True):
-    """`{ name = …, url = …, local = …, rack = …, kind = …, password_env = … }`.
+class EndpointTable(AccessKeys, frozen=True, kw_only=True):
+    """`{ name = …, url = …, local = …, rack = …, kind = …, password_env = …, tls_ca = …, … }`
+    (the TLS and credential keys: `replag.config_security.AccessKeys`).
 
     `local` is the same server's address from inside its region, when `url` is how
     the prober reaches it from elsewhere (a WAN, a NAT): only host and port may differ.
@@ -80,25 +82,34 @@ class EndpointTable(FileTable, frozen=True, kw_only=True):
     local: str | None = None
     rack: str | None = None
     kind: EndpointKind | None = None  # None: where it is written decides
-    password_env: EnvVar | None = None
 
     def __post_init__(self) -> None:
         try:
             ep = Endpoint.from_url(self.url)
         except ValueError as exc:  # says what is wrong, the password hidden
             raise AtKey((), str(exc)) from None
+        self.check_access(tls=ep.tls is not None)
         if self.local is not None:
             _local_address(self.local, ep)
 
     def endpoint(
-        self, *, name: str, region: str | None, kind: EndpointKind, environ: Mapping[str, str]
+        self,
+        *,
+        name: str,
+        region: str | None,
+        kind: EndpointKind,
+        environ: Mapping[str, str],
+        defaults: EndpointDefaults,
     ) -> Endpoint:
         ep = Endpoint.from_url(
             self.url, name=self.name or name, kind=self.kind or kind, region=region, rack=self.rack
         )
         if self.local is not None:
             ep = replace(ep, local=_local_address(self.local, ep))
-        return replace(ep, password=environ[self.password_env]) if self.password_env else ep
+        # A Dynomite client port has no ACL users: file-wide credentials are for Redis.
+        return self.apply(
+            ep, url=self.url, defaults=defaults, environ=environ, use_defaults=ep.kind == "redis"
+        )
 
     @classmethod
     def of(cls, ep: Endpoint, *, redact: bool) -> EndpointTable:
@@ -106,7 +117,14 @@ class EndpointTable(FileTable, frozen=True, kw_only=True):
         if ep.local is not None:
             local = f"{'rediss' if ep.tls else 'redis'}://{ep.local[0]}:{ep.local[1]}"
         kind = ep.kind if ep.kind != "redis" else None
-        return cls(name=ep.name, url=ep.url(redact=redact), local=local, rack=ep.rack, kind=kind)
+        return cls(
+            name=ep.name,
+            url=ep.url(redact=redact),
+            local=local,
+            rack=ep.rack,
+            kind=kind,
+            **cls.written(ep),
+        )
 
 
 def _local_address(raw: str, ep: Endpoint) -> tuple[str, int]:
@@ -118,7 +136,7 @@ def _local_address(raw: str, ep: Endpoint) -> tuple[str, int]:
         raise AtKey(("local",), str(exc)) from None
     if local.username or local.password:
         raise AtKey(("local",), "credentials belong in `url` or `password_env`, not here")
-    if local.tls != ep.tls:
+    if (local.tls is None) != (ep.tls is None):
         raise AtKey(("local",), f"scheme differs from the url's ({ep.url()})")
     if local.db != ep.db and urlsplit(raw).path.strip("/"):
         raise AtKey(("local",), f"database {local.db} differs from the url's ({ep.db})")
@@ -135,26 +153,31 @@ def _table(raw: str | EndpointTable, key: Loc) -> EndpointTable:
         raise exc.under(*key) from None
 
 
-class SentinelTable(FileTable, frozen=True, kw_only=True):
-    """`sentinel = { master = NAME, sentinels = ["host:26379", …], password_env = … }`."""
+class SentinelTable(AccessKeys, frozen=True, kw_only=True):
+    """`sentinel = { master = NAME, sentinels = ["host:26379", …], password_env = … }`, with
+    the TLS and credential keys of an endpoint (file-wide credentials are not used: a
+    Sentinel has users of its own)."""
 
     noun: ClassVar[str] = "Sentinel"
     master: NonEmptyStr
     sentinels: list[SentinelAddress] = msgspec.field(default_factory=list)
-    password_env: EnvVar | None = None
 
-    def ref(self, environ: Mapping[str, str]) -> SentinelRef:
-        password = environ[self.password_env] if self.password_env else None
-        sentinels = (sentinel_endpoint(address) for address in self.sentinels)
-        return SentinelRef(
-            master=self.master,
-            sentinels=tuple(replace(ep, password=password or ep.password) for ep in sentinels),
+    def __post_init__(self) -> None:
+        schemes = {sentinel_endpoint(address).tls is not None for address in self.sentinels}
+        self.check_access(tls=True in schemes)
+
+    def ref(self, environ: Mapping[str, str], defaults: EndpointDefaults) -> SentinelRef:
+        sentinels = (
+            self.apply(ep, url=address, defaults=defaults, environ=environ, use_defaults=False)
+            for address, ep in ((a, sentinel_endpoint(a)) for a in self.sentinels)
         )
+        return SentinelRef(master=self.master, sentinels=tuple(sentinels))
 
     @classmethod
     def of(cls, ref: SentinelRef, *, redact: bool) -> SentinelTable:
         addresses = [SentinelAddress(s.url(redact=redact)) for s in ref.sentinels]
-        return cls(master=ref.master, sentinels=addresses)
+        tls = cls.written(ref.sentinels[0]) if ref.sentinels else {}
+        return cls(master=ref.master, sentinels=addresses, **tls)
 
 
 class RegionTable(FileTable, frozen=True, kw_only=True):
@@ -193,9 +216,11 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
         for j, raw in enumerate(self.replicas):
             yield ("replicas", j), _table(raw, ("replicas", j)), f"{self.name}-{j + 1}", "redis"
 
-    def region(self, environ: Mapping[str, str]) -> Region:
+    def region(self, environ: Mapping[str, str], defaults: EndpointDefaults) -> Region:
         endpoints = {
-            key: table.endpoint(name=name, region=self.name, kind=kind, environ=environ)
+            key: table.endpoint(
+                name=name, region=self.name, kind=kind, environ=environ, defaults=defaults
+            )
             for key, table, name, kind in self.endpoints()
         }
         return Region(
@@ -203,7 +228,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             write=endpoints.get(("write",)),
             replicas=tuple(ep for key, ep in endpoints.items() if key[0] == "replicas"),
             slots=tuple((start, end) for start, end in self.slots),
-            sentinel=self.sentinel.ref(environ) if self.sentinel else None,
+            sentinel=self.sentinel.ref(environ, defaults) if self.sentinel else None,
             agent=str(self.agent) if self.agent else None,
         )
 
@@ -241,12 +266,17 @@ class GroupTable(FileTable, frozen=True, kw_only=True):
             named = isinstance(raw, str) and "://" not in raw
             yield j, raw if named else _table(raw, ("members", j))
 
-    def group(self, declared: Mapping[str, Endpoint], environ: Mapping[str, str]) -> ReplicaGroup:
+    def group(
+        self,
+        declared: Mapping[str, Endpoint],
+        environ: Mapping[str, str],
+        defaults: EndpointDefaults,
+    ) -> ReplicaGroup:
         members = tuple(
             declared[member]
             if isinstance(member, str)
             else member.endpoint(name=f"{self.name}-{j + 1}", region=None, kind="redis",
-                                 environ=environ)
+                                 environ=environ, defaults=defaults)
             for j, member in self.written_members()
         )  # fmt: skip
         slots = tuple((start, end) for start, end in self.slots)
@@ -269,6 +299,7 @@ class ConfigFile(FileTable, frozen=True, kw_only=True):
     regions: list[RegionTable] = msgspec.field(default_factory=list)
     groups: list[GroupTable] = msgspec.field(default_factory=list)
     alerts: AlertsTable = msgspec.field(default_factory=AlertsTable)
+    api_tokens: list[ApiTokenTable] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.regions and not self.groups:
@@ -299,8 +330,11 @@ class ConfigFile(FileTable, frozen=True, kw_only=True):
                 kinds[name] = table.kind or kind
         return kinds
 
-    def topology(self, environ: Mapping[str, str]) -> Topology:
-        regions = tuple(table.region(environ) for table in self.regions)
+    def topology(
+        self, environ: Mapping[str, str], defaults: EndpointDefaults | None = None
+    ) -> Topology:
+        defaults = defaults or EndpointDefaults()
+        regions = tuple(table.region(environ, defaults) for table in self.regions)
         declared = {ep.name: ep for r in regions for ep in (r.write, *r.replicas) if ep}
-        groups = tuple(table.group(declared, environ) for table in self.groups)
+        groups = tuple(table.group(declared, environ, defaults) for table in self.groups)
         return Topology(regions=regions, groups=groups)

@@ -10,8 +10,11 @@ route) so the edge (CLI, API) can print one clear line::
     │   └── JobConflict         a check/repair of that group already runs
     ├── EndpointError           a Redis/Dynomite endpoint failed us
     │   ├── UnreachableError    connect refused / timed out / closed
-    │   ├── AuthError           wrong password or ACL refusal
-    │   ├── NotRedisError       it answered, but not in RESP (wrong port?)
+    │   ├── AuthError           wrong user or password
+    │   ├── MisconfiguredError  it answered, but not as configured
+    │   │   ├── NotRedisError       not in RESP (wrong port?)
+    │   │   ├── TlsError            certificate refused (expired, wrong name, unknown CA)
+    │   │   └── PermissionRefused   NOPERM: the ACL user lacks a command, key or channel
     │   ├── KeyRefused          a server refused a command on one key (that key's error)
     │   └── AgentError          a region agent failed, refused, or has no current tree
     ├── LabError                the local lab could not start or stop
@@ -70,9 +73,24 @@ class AuthError(EndpointError):
     """The endpoint refused our credentials."""
 
 
-class NotRedisError(EndpointError):
+class MisconfiguredError(EndpointError):
+    """The endpoint is there but not as configured: a configuration mistake, not an
+    outage to measure, so a probe run stops on it (exit 2) instead of counting losses."""
+
+
+class NotRedisError(MisconfiguredError):
     """The endpoint answered bytes that are not RESP: an HTTP listener, a TLS port, the
-    wrong service. A configuration mistake, not an outage to measure."""
+    wrong service."""
+
+
+class TlsError(MisconfiguredError):
+    """The TLS handshake failed: the server's certificate expired, names another host or
+    is signed by a CA we do not trust, or the server refused our client certificate."""
+
+
+class PermissionRefused(MisconfiguredError):
+    """NOPERM: the ACL user authenticated but may not run this command, touch this key
+    or subscribe to this channel (`replag acl` prints what each mode needs)."""
 
 
 class KeyRefused(EndpointError):

@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
 
-from replag.connections import NotRespError, not_resp, translate
-from replag.errors import EndpointError
+from replag.connections import (
+    NotRespError,
+    not_resp,
+    permission_refused,
+    server_name,
+    tls_context,
+    translate,
+    translate_where,
+)
+from replag.errors import EndpointError, PermissionRefused
 from replag.stamped_socket import StampedSocket, connect_stamped
 from replag.topology import Endpoint
 
@@ -257,14 +264,17 @@ class RespConnection:
         server pushes is handed to it with its arrival time, replies still answer requests.
         """
         loop = asyncio.get_running_loop()
+        context = tls_context(endpoint)
         try:
-            if endpoint.tls:
+            if context is not None:
                 _, protocol = await asyncio.wait_for(
                     loop.create_connection(
                         lambda: _Protocol(clock, on_push),
                         endpoint.host,
                         endpoint.port,
-                        ssl=ssl.create_default_context(),
+                        ssl=context,
+                        server_hostname=server_name(endpoint),
+                        ssl_handshake_timeout=timeout_s,
                     ),
                     timeout_s,
                 )
@@ -290,7 +300,7 @@ class RespConnection:
         """Write `payload` (holding `count` commands); the future gets (replies, arrival ns)."""
         protocol = self._protocol
         if protocol.lost is not None or protocol.transport is None:
-            lost = protocol.lost if isinstance(protocol.lost, NotRespError) else None
+            lost = protocol.lost if isinstance(protocol.lost, NotRespError | TimeoutError) else None
             raise translate(lost or ConnectionResetError("connection closed"), self.endpoint)
         future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
         try:
@@ -309,7 +319,17 @@ class RespConnection:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
             async with asyncio.timeout(timeout_s or self._timeout_s):
                 return await future
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError:
+            # A hung server: every other request on the connection fails the same way,
+            # not as "closed by the server" (it was us who closed it).
+            protocol = self._protocol
+            if protocol.failure is None:
+                protocol.failure = TimeoutError(
+                    f"no reply within {self._timeout_s:g}s (the server does not answer)"
+                )
+            self.abort()
+            raise translate(protocol.failure, self.endpoint) from None
+        except OSError as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
 
@@ -345,7 +365,7 @@ class RespConnection:
     async def checked(self, *args: Arg) -> Any:
         """`call`, raising an EndpointError on an error reply."""
         reply, _, _ = await self.call(*args)
-        self.check([reply])
+        check_replies([reply], self.endpoint, command=args[0])
         return reply
 
     async def min_rtt_ns(self, rounds: int = 9) -> int:
@@ -387,10 +407,20 @@ def setup_commands(endpoint: Endpoint) -> list[bytes]:
     return setup
 
 
-def check_replies(replies: Sequence[Any], endpoint: Endpoint) -> None:
-    """Raise the first error reply as an EndpointError naming `endpoint`."""
+def check_replies(
+    replies: Sequence[Any], endpoint: Endpoint, *, command: Arg | None = None
+) -> None:
+    """Raise the first error reply as an EndpointError naming `endpoint` (and, for a
+    permission refusal, `command` when the reply does not name it)."""
     for reply in replies:
         if isinstance(reply, hiredis.ReplyError):
+            text = str(reply)
+            if text.startswith("NOPERM"):
+                name = command.decode() if isinstance(command, bytes) else command
+                what = str(name).upper() if name is not None and "'" not in text else None
+                raise PermissionRefused(
+                    permission_refused(text, endpoint, what), where=translate_where(endpoint)
+                )
             raise translate(_as_redis_error(reply), endpoint)
 
 
@@ -398,7 +428,7 @@ def _as_redis_error(reply: Exception) -> Exception:
     from redis.exceptions import AuthenticationError, ResponseError
 
     text = str(reply)
-    if text.startswith(("WRONGPASS", "NOAUTH", "NOPERM")) or "invalid password" in text:
+    if text.startswith(("WRONGPASS", "NOAUTH")) or "invalid password" in text:
         return AuthenticationError(text)
     return ResponseError(text)
 

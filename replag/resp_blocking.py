@@ -4,7 +4,7 @@ A scan process does nothing but read one replica as fast as it answers, so
 asyncio's machinery (transports, futures, callbacks) and the kernel receive
 stamps of `RespConnection` are pure overhead there: this connection writes
 with `sendall` and reads replies one at a time through hiredis. It opens the
-way `RespConnection` does (TLS when the endpoint says so, then the same AUTH
+way `RespConnection` does (TLS with the endpoint's own context, then the same AUTH
 and SELECT: `setup_commands`), and fails the same way: every socket error,
 timeout (each read or write waits at most `timeout_s`), error reply or
 non-RESP answer is one `EndpointError` naming the endpoint.
@@ -13,12 +13,11 @@ non-RESP answer is one `EndpointError` naming the endpoint.
 from __future__ import annotations
 
 import socket
-import ssl
 from typing import Any
 
 import hiredis
 
-from replag.connections import not_resp, translate
+from replag.connections import not_resp, server_name, tls_context, translate
 from replag.errors import EndpointError
 from replag.resp import check_replies, setup_commands
 from replag.topology import Endpoint
@@ -39,15 +38,15 @@ class BlockingConnection:
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, timeout_s: float) -> BlockingConnection:
+        context = tls_context(endpoint)
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
         except OSError as exc:  # TimeoutError included
             raise translate(exc, endpoint) from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if endpoint.tls:
-                context = ssl.create_default_context()
-                sock = context.wrap_socket(sock, server_hostname=endpoint.host)
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=server_name(endpoint))
         except OSError as exc:  # ssl.SSLError included
             sock.close()
             raise translate(exc, endpoint) from exc

@@ -125,6 +125,9 @@ def _choice(*choices: str) -> Callable[[Any], str]:
 
 
 PROBE_MODES = ("auto", "push", "poll")
+TLS_VERIFY = ("full", "ca-only", "none")
+TLS_VERSIONS = ("1.2", "1.3")
+API_READS = ("open", "token")
 REPAIR_TTLS = ("compare", "ignore")
 DYNOMITE_CONSISTENCIES = ("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM")
 
@@ -293,7 +296,76 @@ class Settings:
         False, _bool, "Service: run `repair run` after a check finds divergence."
     )
     api_token: str | None = setting(
-        None, _optional_str, "Bearer token required by API calls that change data.", secret=True
+        None,
+        _optional_str,
+        "Bearer token required by API calls that change data (a token named api_token with "
+        "every scope; named tokens with narrower scopes go in [[api_tokens]]).",
+        secret=True,
+    )
+    api_reads: str = setting(
+        "open",
+        _choice(*API_READS),
+        "Service: open = the API's GET endpoints and /metrics answer anyone who can reach "
+        "them; token = they need a bearer token (any scope: every token may read).",
+        choices=API_READS,
+    )
+    allow_config_changes: bool = setting(
+        False,
+        _bool,
+        "May replag change a server's configuration? Only ever notify-keyspace-events "
+        "(CONFIG SET), to observe probes by push (mode auto) and to keep agents' trees: "
+        "false = never; auto mode then polls a replica whose notifications are off.",
+    )
+    username: str | None = setting(
+        None,
+        _optional_str,
+        "ACL user of every Redis endpoint whose URL or table names none.",
+    )
+    password_env: str | None = setting(
+        None,
+        _optional_str,
+        "Environment variable holding the password of every Redis endpoint that has none of "
+        "its own (Sentinels and Dynomite ports excepted).",
+    )
+    password_file: str | None = setting(
+        None,
+        _optional_str,
+        "File (a mounted secret) holding the password of every Redis endpoint that has none "
+        "of its own; one trailing newline is dropped.",
+    )
+    tls_ca: str | None = setting(
+        None,
+        _optional_str,
+        "rediss:// endpoints: CA certificate file (PEM), or a directory of hashed CA "
+        "certificates, to verify servers with (unset: the system's CAs).",
+    )
+    tls_cert: str | None = setting(
+        None,
+        _optional_str,
+        "rediss:// endpoints: client certificate (PEM) to present, for servers with "
+        "tls-auth-clients yes.",
+    )
+    tls_key: str | None = setting(
+        None, _optional_str, "rediss:// endpoints: private key (PEM) of tls_cert."
+    )
+    tls_server_name: str | None = setting(
+        None,
+        _optional_str,
+        "rediss:// endpoints: name sent in SNI and checked against the certificate "
+        "(unset: the URL's host).",
+    )
+    tls_verify: str = setting(
+        "full",
+        _choice(*TLS_VERIFY),
+        "rediss:// endpoints: full = the CA and the server's name; ca-only = the CA, any "
+        "name; none = no verification (an attacker on the path can read everything).",
+        choices=TLS_VERIFY,
+    )
+    tls_min_version: str = setting(
+        "1.2",
+        _choice(*TLS_VERSIONS),
+        "rediss:// endpoints: lowest TLS version accepted.",
+        choices=TLS_VERSIONS,
     )
     scan_count: int = setting(1000, _int, "SCAN COUNT hint used when scanning replicas.")
     repair_rate: float = setting(

@@ -11,11 +11,109 @@ meant for output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 EndpointKind = Literal["redis", "dynomite"]
+TlsVerify = Literal["full", "ca-only", "none"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsOptions:
+    """How a rediss:// endpoint's TLS is set up: every connection to it (the timing and
+    scan clients, redis-py's admin clients, scan processes, agents) builds its context
+    from these (`replag.connections.tls_context`).
+
+    `ca`: a CA file (PEM) or a directory of hashed CA certificates (None: the system's);
+    `cert`/`key`: the client certificate and its key, for `tls-auth-clients yes`;
+    `server_name`: sent in SNI and checked against the certificate (None: the host);
+    `verify`: full (CA and name), ca-only (CA, any name) or none.
+    """
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    verify: TlsVerify = "full"
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+    def changed(self) -> dict[str, str]:
+        """The options that differ from the defaults, by name (what a file writes)."""
+        default = TlsOptions()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
+# URL query options read into TlsOptions: replag's names, and redis-py's for the same
+# things (a URL copied from a redis-py application keeps working).
+_TLS_URL_OPTIONS = {
+    "tls_ca": "ca",
+    "tls_cert": "cert",
+    "tls_key": "key",
+    "tls_server_name": "server_name",
+    "tls_verify": "verify",
+    "tls_min_version": "min_version",
+    "ssl_ca_certs": "ca",
+    "ssl_ca_path": "ca",
+    "ssl_certfile": "cert",
+    "ssl_keyfile": "key",
+}
+_VERIFY = ("full", "ca-only", "none")
+_VERSIONS = {"1.2": "1.2", "1.3": "1.3", "TLSv1_2": "1.2", "TLSv1_3": "1.3"}
+
+
+def tls_from_query(query: str, *, tls: TlsOptions | None, url: str) -> TlsOptions | None:
+    """`tls` with the URL's query options applied; ValueError naming an unknown or
+    misplaced option (a redis:// URL takes none: TLS options would be silently unused)."""
+    if not query:
+        return tls
+    values: dict[str, str] = {}
+    cert_reqs = check_hostname = None
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if name in _TLS_URL_OPTIONS:
+            values[_TLS_URL_OPTIONS[name]] = value
+        elif name == "ssl_cert_reqs":
+            cert_reqs = value.lower()
+        elif name == "ssl_check_hostname":
+            check_hostname = value.lower()
+        elif name == "ssl_min_version":
+            values["min_version"] = value
+        else:
+            known = ", ".join([*_TLS_URL_OPTIONS, "ssl_cert_reqs", "ssl_check_hostname"])
+            raise ValueError(
+                f"unknown URL option {name!r} in {_redact_raw(url)!r} (a URL takes only TLS "
+                f"options: {known}; timeouts, users and passwords are settings or table keys)"
+            )
+    if cert_reqs is not None:
+        if cert_reqs not in ("required", "none"):
+            raise ValueError(
+                f"ssl_cert_reqs={cert_reqs} is not supported in {_redact_raw(url)!r}: "
+                "required or none (or tls_verify=full|ca-only|none)"
+            )
+        values.setdefault("verify", "none" if cert_reqs == "none" else "full")
+    if check_hostname is not None:
+        if check_hostname not in ("true", "false"):
+            raise ValueError(f"ssl_check_hostname must be true or false in {_redact_raw(url)!r}")
+        if check_hostname == "false" and values.get("verify", "full") == "full":
+            values["verify"] = "ca-only"
+    if tls is None:
+        raise ValueError(
+            f"TLS options on a redis:// URL: {_redact_raw(url)!r} (use rediss:// for TLS)"
+        )
+    if values.get("verify", tls.verify) not in _VERIFY:
+        raise ValueError(f"tls_verify must be one of {', '.join(_VERIFY)} in {_redact_raw(url)!r}")
+    if "min_version" in values:
+        if values["min_version"] not in _VERSIONS:
+            raise ValueError(f"TLS minimum version must be 1.2 or 1.3 in {_redact_raw(url)!r}")
+        values["min_version"] = _VERSIONS[values["min_version"]]
+    empty = [k for k, v in values.items() if not v]
+    if empty:
+        raise ValueError(f"URL option for {empty[0]} is empty in {_redact_raw(url)!r}")
+    return replace(tls, **values)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +126,8 @@ class Endpoint:
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    tls: bool = False
+    # None: plain TCP (redis://); rediss:// endpoints carry how to set TLS up.
+    tls: TlsOptions | None = None
     kind: EndpointKind = "redis"
     region: str | None = None
     rack: str | None = None
@@ -45,7 +144,8 @@ class Endpoint:
         region: str | None = None,
         rack: str | None = None,
     ) -> Endpoint:
-        """Parse redis://[user[:password]@]host[:port][/db] or rediss://…; ValueError if bad."""
+        """Parse redis://[user[:password]@]host[:port][/db] or rediss://…[?tls_ca=…];
+        ValueError if bad (an unknown query option included)."""
         if not isinstance(url, str):
             raise ValueError(f"expected a Redis URL string, got {type(url).__name__}")
         parts = urlsplit(url)
@@ -61,6 +161,8 @@ class Endpoint:
         if path and not path.isdigit():
             raise ValueError(f"Redis URL database must be a number: {_redact_raw(url)!r}")
         host = parts.hostname
+        tls = TlsOptions() if parts.scheme == "rediss" else None
+        tls = tls_from_query(parts.query, tls=tls, url=url)
         return cls(
             name=name or f"{host}:{port}",
             host=host,
@@ -68,7 +170,7 @@ class Endpoint:
             db=int(path) if path else 0,
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
-            tls=parts.scheme == "rediss",
+            tls=tls,
             kind=kind,
             region=region,
             rack=rack,

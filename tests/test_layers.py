@@ -1,9 +1,9 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
-    values         errors, durations, histogram, clock, clockbound, schemas
-    configuration  settings, topology, validation, config_tables, config (+ alerts.config
-                   and alerts.tables: the [alerts] values and tables; store.location: what
-                   settings.store names), `replag`
+    values         errors, durations, histogram, clock, clockbound, schemas, tokens
+    configuration  settings, topology, validation, config_security, config_tables, config
+                   (+ alerts.config and alerts.tables: the [alerts] values and tables;
+                   store.location: what settings.store names), `replag`
     io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.clock",
             "replag.clockbound",
             "replag.schemas",
+            "replag.tokens",
         ),
     ),
     (
@@ -46,6 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.validation",
             "replag.alerts.config",
             "replag.alerts.tables",
+            "replag.config_security",
             "replag.config_tables",
             "replag.config",
         ),

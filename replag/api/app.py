@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
 from replag import __version__
-from replag.api import dynomite, lag, replication, routes
+from replag.api import auth, dynomite, lag, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
 from replag.service import ReplagService
@@ -69,10 +69,12 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = svc
-    app.include_router(routes.router)
-    app.include_router(lag.router)
-    app.include_router(dynomite.router)
-    app.include_router(replication.router)
+    # Reads are open unless settings.api_reads says token (the dashboard then needs one).
+    readers = [Depends(auth.reader)]
+    app.include_router(routes.router, dependencies=readers)
+    app.include_router(lag.router, dependencies=readers)
+    app.include_router(dynomite.router, dependencies=readers)
+    app.include_router(replication.router, dependencies=readers)
     app.mount("/static/docs", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
@@ -100,7 +102,7 @@ def create_app(
     def dashboard() -> HTMLResponse:
         return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.get("/metrics", include_in_schema=False, dependencies=readers)
     def metrics() -> Response:
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

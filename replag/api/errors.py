@@ -20,7 +20,7 @@ _WHY = {
     400: "The request cannot be acted on: a body that is not JSON, a policy source that "
     "names several members.",
     401: "The bearer token is missing or wrong.",
-    403: "Data-changing calls are disabled: the server has no api_token.",
+    403: "The token lacks the scope this call needs, or the server has no token at all.",
     404: "A region, replica group, replica or run named in the request does not exist.",
     409: "A check or repair of that group (or of every group) is already running.",
 }

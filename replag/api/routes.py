@@ -2,26 +2,25 @@
 
 A thin layer over the service object. Read endpoints are plain functions, so
 FastAPI runs them in its thread pool, off the event loop the probes time their
-observations on. Anything that changes data needs the bearer token from
-`settings.api_token`.
+observations on. Anything that changes data needs a bearer token with the
+scope it takes (`replag.api.auth`), and is logged and stored under the token's
+name.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
+from replag.api.auth import Caller, caller_with, log_change
 from replag.api.errors import errors
 from replag.repair import count_runs, get_run, list_runs
 from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
-_bearer = HTTPBearer(auto_error=False, description="settings.api_token")
 
 
 async def service(request: Request) -> ReplagService:
@@ -30,26 +29,6 @@ async def service(request: Request) -> ReplagService:
 
 
 Service = Annotated[ReplagService, Depends(service)]
-
-
-def require_token(
-    svc: Service, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    expected = svc.settings.api_token
-    if not expected:
-        raise HTTPException(
-            403,
-            "data-changing calls are disabled: this server has no api_token configured "
-            "(set settings.api_token or REPLAG_API_TOKEN)",
-        )
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise HTTPException(
-            401,
-            "missing bearer token (Authorization: Bearer …)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise HTTPException(401, "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
 @router.get("/health")
@@ -113,18 +92,20 @@ class RepairRequest(BaseModel):
     )
 
 
-@router.post(
-    "/repairs",
-    status_code=202,
-    dependencies=[Depends(require_token)],
-    responses=errors(400, 401, 403, 404, 409),
-)
-async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
-    """Start a check or a repair in the background; poll `/repairs/{job_id}` for it.
+@router.post("/repairs", status_code=202, responses=errors(400, 401, 403, 404, 409))
+async def start_repair(
+    svc: Service,
+    body: RepairRequest,
+    request: Request,
+    caller: Annotated[Caller, Depends(caller_with("check"))],
+) -> dict[str, Any]:
+    """Start a check (token scope check) or a repair (scope repair) in the background;
+    poll `/repairs/{job_id}` for it. The job and its run record the token's name.
 
     An unknown group or a policy the groups cannot use (`source:` naming no member)
     is refused here with a 400, not left to fail in the background.
     """
+    caller.require(body.action, request)
     options: dict[str, Any] = {"ttls": body.ttls}
     if body.action == "repair":
         options |= {
@@ -132,7 +113,15 @@ async def start_repair(svc: Service, body: RepairRequest) -> dict[str, Any]:
             "dry_run": body.dry_run,
             "allow_deletes": body.allow_deletes,
         }
-    job = svc.start_job(body.action, body.group, **options)
+    job = svc.start_job(body.action, body.group, started_by=caller.started_by, **options)
+    log_change(
+        caller,
+        f"{body.action} of {body.group or 'every group'} started",
+        job=job.id,
+        policy=options.get("policy"),
+        dry_run=options.get("dry_run"),
+        allow_deletes=options.get("allow_deletes"),
+    )
     return job.to_dict()
 
 

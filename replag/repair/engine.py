@@ -211,9 +211,11 @@ async def check(
     on_run: Callable[[str], None] | None = None,
     key_sink: KeySink | None = None,
     ttls: str | None = None,
+    started_by: dict[str, str] | None = None,
 ) -> rp.RepairReport:
     """Find the keys on which the members of `group` (None = every group) differ
-    (`ttls`: "compare" or "ignore" expiries; default settings.repair_ttls).
+    (`ttls`: "compare" or "ignore" expiries; default settings.repair_ttls; `started_by`:
+    who asked through the API, stored with the run).
 
     `on_run(run_id)` is called once the run is recorded; `key_sink(group, key, dict)`
     with each divergent key as it is verified (resumed: those found before, first)."""
@@ -228,6 +230,7 @@ async def check(
         match=match,
         type_filter=type_filter,
         ttls=_ttls(config, ttls),
+        started_by=started_by,
     )
     return await _run(
         config,
@@ -256,9 +259,11 @@ async def repair(
     type_filter: str | None = None,
     on_run: Callable[[str], None] | None = None,
     ttls: str | None = None,
+    started_by: dict[str, str] | None = None,
 ) -> rp.RepairReport:
     """Find and repair divergence; see the module docstring of `policy` for the rules.
-    A resumed run first reads again every key it had repaired. `ttls` as for `check`."""
+    A resumed run first reads again every key it had repaired. `ttls` and `started_by`
+    as for `check`."""
     if rate is not None and rate < 0:
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
@@ -274,6 +279,7 @@ async def repair(
         match=match,
         type_filter=type_filter,
         ttls=_ttls(config, ttls),
+        started_by=started_by,
     )
     return await _run(config, params, store=store, resume=resume, progress=progress, on_run=on_run)
 

@@ -90,6 +90,8 @@ class RunParams:
     type_filter: str | None
     # "compare" or "ignore" (settings.repair_ttls); runs saved before it compared.
     ttls: str = "compare"
+    # Who started it through the API (token name, client address, job id); None otherwise.
+    started_by: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +47,9 @@ class RepairJob:
     run_id: str | None = None
     divergent: int | None = None
     error: str | None = None
+    # Who asked for it through the API: the token's name, the client's address, the job
+    # id (None: the service's own schedule). Stored with the run too.
+    started_by: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +62,7 @@ class RepairJob:
             "run_id": self.run_id,
             "divergent": self.divergent,
             "error": self.error,
+            "started_by": self.started_by,
         }
 
 
@@ -94,8 +99,16 @@ class JobRunner:
         # Group (None: every group) → the id of the job holding it.
         self._busy: dict[str | None, str] = {}
 
-    def start(self, action: JobAction, group: str | None, **options: Any) -> RepairJob:
-        """Start a check or repair in the background.
+    def start(
+        self,
+        action: JobAction,
+        group: str | None,
+        *,
+        started_by: Callable[[str], dict[str, str]] | None = None,
+        **options: Any,
+    ) -> RepairJob:
+        """Start a check or repair in the background; `started_by(job_id)` says who asked
+        (recorded on the job and stored with its run).
 
         Raises JobConflict while a job of the same group, or of every group, runs (a job
         of every group conflicts with any), and UsageError for an unknown group or a
@@ -105,8 +118,13 @@ class JobRunner:
             self.config.topology.group(group)  # UsageError naming the known groups
         if action == "repair":
             self._check_policy(group, options.get("policy", "quorum"))
+        job_id = uuid.uuid4().hex[:12]
         job = RepairJob(
-            id=uuid.uuid4().hex[:12], action=action, group=group, started_ns=time.time_ns()
+            id=job_id,
+            action=action,
+            group=group,
+            started_ns=time.time_ns(),
+            started_by=started_by(job_id) if started_by is not None else None,
         )
         with self.lock:
             running = [g for g in self._busy if group is None or g is None or g == group]
@@ -162,10 +180,20 @@ class JobRunner:
         try:
             if job.action == "check":
                 report = await check(
-                    self.job_config, group=job.group, store=self.store, ttls=options.get("ttls")
+                    self.job_config,
+                    group=job.group,
+                    store=self.store,
+                    ttls=options.get("ttls"),
+                    started_by=job.started_by,
                 )
             else:
-                report = await repair(self.job_config, group=job.group, store=self.store, **options)
+                report = await repair(
+                    self.job_config,
+                    group=job.group,
+                    store=self.store,
+                    started_by=job.started_by,
+                    **options,
+                )
             job.run_id, job.divergent = report.run_id, int(report.divergent)
             job.state = "done"
             self._observe(job, report)
