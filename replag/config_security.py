@@ -72,7 +72,7 @@ class TlsPath(str):
 class EndpointDefaults:
     """What every endpoint leaves unsaid comes from here (the file-wide settings)."""
 
-    tls: TlsOptions = TlsOptions()
+    tls: TlsOptions = field(default_factory=TlsOptions)
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
@@ -206,7 +206,8 @@ class ApiTokenTable(FileTable, frozen=True, kw_only=True):
         secret = environ[self.token_env] if self.token_env else self.token_file.secret  # type: ignore[union-attr]
         if len(secret) < MIN_LENGTH:
             raise ConfigError(
-                f"token {self.name!r} is shorter than {MIN_LENGTH} characters", where=f"{where}.{key}"
+                f"token {self.name!r} is shorter than {MIN_LENGTH} characters",
+                where=f"{where}.{key}",
             )
         return ApiToken(name=self.name, scopes=frozenset(self.scopes), secret=secret)
 

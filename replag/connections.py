@@ -58,7 +58,9 @@ def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as exc:
         what = getattr(exc, "tls_what", "TLS files")
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"cannot load {what}: {reason}", where=translate_where(endpoint)) from None
+        raise ConfigError(
+            f"cannot load {what}: {reason}", where=translate_where(endpoint)
+        ) from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -235,7 +237,7 @@ def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
 
 
 def permission_refused(text: str, endpoint: Endpoint, command: str | None = None) -> str:
-    """"permission refused: GET (user replag)" from a NOPERM reply: the ACL user exists and
+    """ "permission refused: GET (user replag)" from a NOPERM reply: the ACL user exists and
     authenticated, it is only not allowed this command, key or channel."""
     what = command or _refused_command(text)
     user = endpoint.username or "default"
@@ -291,6 +293,14 @@ def describe_tls_failure(exc: ssl.SSLError, endpoint: Endpoint) -> str:
             trusted = f"the CA in {ca}" if ca else "the system's CAs (set tls_ca)"
             return f"TLS: the server's certificate is signed by an unknown CA (not {trusted})"
         return f"TLS: the server's certificate was refused: {message}"
+    if isinstance(exc, ssl.SSLEOFError) or "EOF OCCURRED" in str(exc).upper():
+        has_cert = endpoint.tls is not None and endpoint.tls.cert is not None
+        why = (
+            "it may have refused our client certificate"
+            if has_cert
+            else "does it require a client certificate? set tls_cert and tls_key"
+        )
+        return f"TLS: the server closed the connection during the handshake ({why})"
     reason = (exc.reason or str(exc)).upper()
     if "CERTIFICATE_REQUIRED" in reason:
         return "TLS: the server requires a client certificate (set tls_cert and tls_key)"

@@ -113,7 +113,7 @@ def tls_from_query(query: str, *, tls: TlsOptions | None, url: str) -> TlsOption
     empty = [k for k, v in values.items() if not v]
     if empty:
         raise ValueError(f"URL option for {empty[0]} is empty in {_redact_raw(url)!r}")
-    return replace(tls, **values)
+    return replace(tls, **values)  # type: ignore[arg-type]  # checked above
 
 
 @dataclass(frozen=True, kw_only=True)

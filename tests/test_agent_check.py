@@ -67,6 +67,8 @@ def agents_lab(redis_factory: RedisFactory, tmp_path: Path) -> Iterator[AgentsLa
             "store": str(tmp_path / "replag.sqlite"),
             "repair_settle": "20ms",
             "agent_state_dir": str(tmp_path / "agents"),
+            # The servers start with notifications off: the agents turn them on.
+            "allow_config_changes": True,
             # Generous: the agents build their trees while the check starts (a starved
             # machine can take minutes); the wait ends as soon as the trees are current.
             "agent_wait": "300s",

@@ -218,7 +218,8 @@ def test_cli_options_take_help_and_choices_from_the_settings_table() -> None:
          "regions[0].write.kind", "expected one of redis, dynomite, got 'proxy'"),
         ({"regions": [{"name": "a", "write": {"url": "redis://h", "port": 1}}]},
          "regions[0].write", "unknown key 'port' (expected kind, local, name, password_env, "
-         "rack, url)"),
+         "password_file, rack, tls_ca, tls_cert, tls_key, tls_min_version, tls_server_name, "
+         "tls_verify, url, username)"),
         ({"regions": [{"name": "a", "write": "redis://h", "slots": [[9, 1]]}]},
          "regions[0].slots[0]", "bad slot range [9, 1]"),
         ({"regions": [{"name": "a", "write": "redis://h", "slots": [[0, 16384]]}]},
@@ -258,7 +259,7 @@ def test_cli_options_take_help_and_choices_from_the_settings_table() -> None:
         ({"regions": [{"name": "a", "write": "redis://h"}], "alerts": 5}, "alerts",
          "expected a table, got an integer"),
         ({"regions": [{"name": "a", "write": "redis://h"}], "sinks": []}, "",
-         "unknown key 'sinks' (expected alerts, groups, regions, settings)"),
+         "unknown key 'sinks' (expected alerts, api_tokens, groups, regions, settings)"),
         ({}, "", "no [[regions]] and no [[groups]]"),
     ],
 )  # fmt: skip

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ async def test_injected_80ms_is_measured_near_80ms(lab_factory: LabFactory) -> N
     assert far.uncertainty_ms["p50"] is not None and far.uncertainty_ms["p50"] > 0
 
 
-async def test_auto_turns_notifications_on_where_config_allows(
+async def test_auto_turns_notifications_on_only_where_allowed(
     server_kind: str,
     lab_factory: LabFactory,
 ) -> None:
@@ -67,6 +68,14 @@ async def test_auto_turns_notifications_on_where_config_allows(
     with redis.Redis(port=replica["port"]) as r:
         r.config_set("notify-keyspace-events", "")
         config = load_config(Path(state["dir"]) / "topology.toml")
+        # By default replag changes no server's configuration: it polls that replica.
+        report = await run_probe(config, count=20, rate=0, mode="auto")
+        assert r.config_get("notify-keyspace-events")["notify-keyspace-events"] == ""
+        pair_b = next(p for p in report.pairs if p.target == "b")
+        assert pair_b.observed_by == "poll" and pair_b.seen == 20
+        assert any("allow_config_changes = true" in n for n in report.notes), report.notes
+        allowed = config.settings.replace(allow_config_changes=True)
+        config = dataclasses.replace(config, settings=allowed)
         report = await run_probe(config, count=20, rate=0, mode="auto")
         # Left on: a concurrent probe (cron beside the service) may still be watching.
         assert set(r.config_get("notify-keyspace-events")["notify-keyspace-events"]) >= {

@@ -30,6 +30,7 @@ async def test_a_copy_changed_in_place_before_an_undo_through_an_agent_is_report
             "store": str(tmp_path / "replag.sqlite"),
             "repair_settle": "300ms",
             "agent_state_dir": str(tmp_path / "agents"),
+            "allow_config_changes": True,
         },
         "regions": [
             {"name": "a", "replicas": [{"name": "a-1", "url": servers["a"].url}]},

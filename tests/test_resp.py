@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from replag.errors import AuthError, ReplagError
+from replag.errors import PermissionRefused, ReplagError
 from replag.probes.observers import PushObserver
 from replag.resp import RespConnection
 from replag.topology import Endpoint
@@ -74,8 +74,11 @@ async def test_a_refused_subscription_names_the_replica(redis_factory: RedisFact
                            commands=["+@all"], reset_channels=True)  # fmt: skip
     url = f"redis://probe:s3cret@127.0.0.1:{server.port}"
     observer = PushObserver(Endpoint.from_url(url, name="r1"), pattern=b"*", rtt_ns=0, timeout_s=5)
-    with pytest.raises(AuthError, match="push subscription failed") as raised:
+    with pytest.raises(PermissionRefused, match="push subscription failed") as raised:
         await observer.start()
+    # A permission refusal, not an authentication failure: the user did log in.
+    assert "permission refused: PSUBSCRIBE (user probe)" in str(raised.value)
+    assert "authentication" not in str(raised.value)
     assert raised.value.where is not None and raised.value.where.startswith("r1 (")
     assert "s3cret" not in str(raised.value)
     assert observer.conn is not None and observer.conn.endpoint.name == "r1"

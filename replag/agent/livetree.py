@@ -365,7 +365,9 @@ class LiveTree:
             return
         if not self.manage_notifications:
             raise AgentError(
-                f"notify-keyspace-events is {flags!r}: needs K and g$lshzxet (or KA)",
+                f"notify-keyspace-events is {flags!r}: needs K and g$lshzxet (or KA), and "
+                "replag may not change server configuration (turn them on, or set "
+                "allow_config_changes = true)",
                 where=self.endpoint.name,
             )
         wanted = notifications_with_ours(flags)

@@ -99,6 +99,7 @@ class RegionAgent:
                 depth=DEFAULT_DEPTH,
                 state_dir=state_dir,
                 poll_s=poll_s,
+                manage_notifications=self.settings.allow_config_changes,
             )
             for m in members
         }

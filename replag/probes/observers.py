@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from replag.errors import EndpointError, ReplagError
+from replag.errors import EndpointError, PermissionRefused, ReplagError
 from replag.resp import RespConnection, error_text
 from replag.topology import Endpoint
 
@@ -71,10 +71,22 @@ class Observer:
 class PushObserver(Observer):
     mode = "push"
 
-    def __init__(self, replica: Endpoint, *, pattern: bytes, rtt_ns: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        replica: Endpoint,
+        *,
+        pattern: bytes,
+        rtt_ns: int,
+        timeout_s: float,
+        subscribe: bytes | None = None,
+    ) -> None:
+        """`pattern`: the run's keys (a glob ending in *); `subscribe`: the key glob
+        subscribed to, the probe prefix's (fixed, so an ACL user can be granted exactly
+        that channel pattern: Redis compares PSUBSCRIBE patterns with ACL ones literally)."""
         super().__init__(replica)
         self.channel_prefix = f"__keyspace@{replica.db}__:".encode()
-        self.pattern = self.channel_prefix + pattern
+        self.pattern = self.channel_prefix + (subscribe or pattern)
+        self.keys_prefix = pattern.rstrip(b"*")  # other runs' keys publish here too
         self.rtt_ns = rtt_ns
         self.timeout_s = timeout_s
         self.conn: RespConnection | None = None
@@ -90,7 +102,7 @@ class PushObserver(Observer):
         """The event reached us at `arrived_ns`, or between `earliest_ns` and then when it
         was read together with later events (see `replag.stamped_socket`)."""
         key = channel[len(self.channel_prefix) :]
-        if key in self.arrivals:
+        if key in self.arrivals or not key.startswith(self.keys_prefix):
             return
         earliest = min(earliest_ns, arrived_ns)
         # The replica published when it applied the write, a one-way trip (half the
@@ -207,19 +219,31 @@ async def open_observer(
     poll_interval_s: float,
     timeout_s: float,
     notes: list[str],
+    subscribe: bytes | None = None,
+    may_configure: bool = False,
 ) -> Observer:
     """Push where `mode` allows it and the replica can publish, else poll on `conn`.
 
-    The push observer is started (subscribed); a poll observer starts with the run.
-    What was decided and why goes to `notes`. EndpointError when `mode` is push and
-    the replica cannot publish (--mode push insists rather than quietly polling).
+    The push observer is started (subscribed to `subscribe`, default `pattern`); a
+    poll observer starts with the run. What was decided and why goes to `notes`.
+    EndpointError when `mode` is push and the replica cannot publish (--mode push
+    insists rather than quietly polling); in auto mode a refused subscription (an
+    ACL user without the channel) polls, as refused notifications do.
     """
     rtt = await conn.min_rtt_ns()
-    if await push_allowed(conn, replica, mode, notes):
-        observer: Observer = PushObserver(replica, pattern=pattern, rtt_ns=rtt, timeout_s=timeout_s)
-        await observer.start()
-        return observer
-    if mode == "push":
+    if await push_allowed(conn, replica, mode, notes, may_configure=may_configure):
+        observer: Observer = PushObserver(
+            replica, pattern=pattern, rtt_ns=rtt, timeout_s=timeout_s, subscribe=subscribe
+        )
+        try:
+            await observer.start()
+        except PermissionRefused as exc:
+            if mode == "push":
+                raise
+            notes.append(f"{replica.name}: subscription refused ({exc.message}); polling")
+        else:
+            return observer
+    elif mode == "push":
         raise EndpointError(
             "push mode: keyspace notifications are off and cannot be turned on "
             "(use --mode auto or poll)",
@@ -229,9 +253,15 @@ async def open_observer(
 
 
 async def push_allowed(
-    conn: RespConnection, replica: Endpoint, mode: str, notes: list[str]
+    conn: RespConnection,
+    replica: Endpoint,
+    mode: str,
+    notes: list[str],
+    *,
+    may_configure: bool = False,
 ) -> bool:
-    """Push where keyspace notifications are on or can be turned on.
+    """Push where keyspace notifications are on, or can be and `may_configure`
+    (settings.allow_config_changes) lets replag turn them on.
 
     Once turned on they are left on: restoring them at the end of a run would cut
     off another probe (cron beside the service) still watching the same replica,
@@ -247,6 +277,13 @@ async def push_allowed(
     flags = answer[1].decode()
     if "K" in flags and ("$" in flags or "A" in flags):
         return True
+    if not may_configure:
+        notes.append(
+            f"{replica.name}: keyspace notifications off (notify-keyspace-events {flags!r}) "
+            "and replag may not change server configuration; polling (set "
+            "allow_config_changes = true to let it turn on K$, or set them on the server)"
+        )
+        return False
     reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
     if error_text(reply) is not None:
         notes.append(

@@ -376,6 +376,8 @@ async def _open_target(
             poll_interval_s=settings.poll_interval,
             timeout_s=settings.connect_timeout,
             notes=report.notes,
+            subscribe=settings.prefix.encode() + b"*",
+            may_configure=settings.allow_config_changes,
         )
         target.observer = observer
     except ReplagError as exc:  # down, refusing, or not Redis at all: reported per replica

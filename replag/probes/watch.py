@@ -108,6 +108,8 @@ class ArrivalWatch:
                 poll_interval_s=self.settings.poll_interval,
                 timeout_s=self.settings.connect_timeout,
                 notes=replica.notes,
+                subscribe=self.settings.prefix.encode() + b"*",
+                may_configure=self.settings.allow_config_changes,
             )
         except ReplagError as exc:
             replica.error = str(exc)
