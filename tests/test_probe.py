@@ -378,7 +378,7 @@ async def test_a_replica_at_the_write_endpoints_address_gets_a_note(
         f'{{ name = "a-replica", url = "{replica.url}" }}]\n'
     )
     report = await run_probe(load_config(path), count=10, rate=0)
-    assert [(p.replica, p.seen) for p in report.pairs] == [("a-replica", 10)]
+    assert [(p.replica, p.seen) for p in report.pairs] == [("a-replica", 10)], report.notes
     [note] = [n for n in report.notes if "a-self" in n]
     assert note.startswith("replica a-self (a) is the write endpoint's own address")
     assert f"note: {note}" in report.render()

@@ -11,7 +11,6 @@ raised; only a source whose write endpoint fails raises (exit 2 at the CLI).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -24,7 +23,7 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import ReplagError, UsageError
+from replag.errors import ReplagError, TlsError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -64,6 +63,8 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
+    # A certificate refused: a configuration error, not an outage: the run stops (exit 2).
+    tls_failure: TlsError | None = None
 
 
 @dataclass(kw_only=True)
@@ -99,10 +100,15 @@ class _ProbeRun:
                 if t.observer is None
             )
         )
+        for target in self.targets:
+            if target.tls_failure is not None:
+                raise target.tls_failure
         if writer.endpoint.kind == "redis":
-            with contextlib.suppress(ReplagError):
+            try:
                 offset = await estimate_offset(lambda: _time(writer), endpoint=writer.endpoint.name)
                 report.clock.insert(0, offset)
+            except ReplagError as exc:
+                report.notes.append(_no_clock(writer.endpoint.name, exc))
         await self.replication.sample_start()
         live = [t.observer for t in self.targets if t.observer is not None]
         for obs in live:
@@ -334,6 +340,12 @@ async def _cluster_consistency(settings: Settings, report: ProbeReport) -> None:
             return
 
 
+def _no_clock(endpoint: str, exc: ReplagError) -> str:
+    """The note for a server whose clock could not be read (TIME refused: an ACL user
+    without it, a proxy that lacks it): its offset is missing from `clock`, not zero."""
+    return f"{endpoint}: clock offset unknown (TIME failed: {exc.message})"
+
+
 async def _time(conn: RespConnection) -> tuple[int, int]:
     seconds, micros = await conn.checked("TIME")
     return int(seconds), int(micros)
@@ -366,8 +378,10 @@ async def _open_target(
         if target.cluster:
             # A Redis Cluster replica redirects reads to its primary unless told READONLY.
             await conn.checked("READONLY")
-        with contextlib.suppress(ReplagError):
+        try:
             report.clock.append(await estimate_offset(lambda: _time(conn), endpoint=replica.name))
+        except ReplagError as exc:
+            report.notes.append(_no_clock(replica.name, exc))
         observer = await open_observer(
             replica,
             conn,
@@ -380,6 +394,8 @@ async def _open_target(
             may_configure=settings.allow_config_changes,
         )
         target.observer = observer
+    except TlsError as exc:
+        target.tls_failure = exc
     except ReplagError as exc:  # down, refusing, or not Redis at all: reported per replica
         target.error = exc.message
         report.unreachable.append(
