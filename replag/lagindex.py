@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +30,8 @@ _LOAD_CHUNK = 500  # ids per SELECT … IN (…); SQLite allows 999 parameters b
 # Under the service, queries look for new windows at most this often: each look is a
 # SELECT, and on a busy host getting the GIL back after one took milliseconds.
 _QUERY_REFRESH_S = 0.1
+# On PostgreSQL, the service's refreshes re-read this many ids below the highest seen.
+_ID_LOOKBACK = 256
 _CHUNK = 64  # windows merged ahead into one cached part (about an hour of one-minute windows)
 
 
@@ -117,6 +119,9 @@ class LagIndex:
         self._computing: dict[Hashable, threading.Event] = {}
         self._max_answers = max_cached_answers
         self._last_id = 0
+        # The last ids indexed, so a look back (see refresh) adds none twice.
+        self._recent_order: deque[int] = deque()
+        self._recent_ids: set[int] = set()
         self._lock = threading.RLock()
         self._refreshing = threading.Lock()
         self._recent: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
@@ -151,11 +156,16 @@ class LagIndex:
         try:
             self._refreshed = time.monotonic()
             query = "SELECT id, source, target, end_ns FROM lag_windows WHERE id > ? ORDER BY id"
+            after = self._last_id
+            if wait and self.store.backend == "postgresql":
+                # Ids are handed out at insert, not at commit: with several writers a
+                # window can become visible after a higher id did. Look back a little.
+                after = max(0, after - _ID_LOOKBACK)
             try:
                 if wait:
-                    rows = self.store.execute(query, (self._last_id,))
+                    rows = self.store.execute(query, (after,))
                 else:
-                    found = self.store.try_execute(query, (self._last_id,))
+                    found = self.store.try_execute(query, (after,))
                     if found is None:
                         return
                     rows = found
@@ -165,8 +175,14 @@ class LagIndex:
             self.load_error = None
             with self._lock:
                 for window_id, source, target, end_ns in rows:
+                    if window_id <= self._last_id and window_id in self._recent_ids:
+                        continue
                     self._pairs.setdefault((source, target), _PairWindows()).add(end_ns, window_id)
-                    self._last_id = window_id
+                    self._last_id = max(self._last_id, window_id)
+                    self._recent_order.append(window_id)
+                    self._recent_ids.add(window_id)
+                    if len(self._recent_order) > 4 * _ID_LOOKBACK:
+                        self._recent_ids.discard(self._recent_order.popleft())
             if self.store.unsaved_generation != self._unsaved_generation:
                 self._follow_unsaved()
         finally:

@@ -268,3 +268,34 @@ def _forget_version(location: str, version: int) -> None:
         return
     with psycopg.connect(location, autocommit=True) as conn:
         conn.execute("DELETE FROM schema_migrations WHERE version = %s", (version,))
+
+
+def test_the_lag_index_sees_a_window_committed_after_a_higher_id(postgres_url: str) -> None:
+    """On PostgreSQL ids are handed out at insert, not at commit: another instance's
+    window can become visible after one with a higher id. The index still gets it."""
+    from replag.lagindex import LagIndex
+    from replag.store import LagWindow
+    from replag.store.windows import insert_window
+    from tests.helpers.postgres import empty_database
+
+    Store(postgres_url).close()
+    empty_database(postgres_url)
+
+    def window(run: str) -> LagWindow:
+        w = LagWindow(run_id=run, source="a", target="b", replica="b-1", start_ns=1, end_ns=2,
+                      sent=1, seen=1)  # fmt: skip
+        w.lag.record_us(1000)
+        return w
+
+    with Store(postgres_url) as mine, Store(postgres_url) as theirs:
+        index = LagIndex(mine)
+        with theirs.begin() as tx:
+            sql, params = insert_window(window("slow"))
+            tx.execute(sql, params)  # its id is taken now, its row visible at commit
+            mine.append_windows([window("fast")])
+            index.refresh()
+            assert index.summary("a", "b").sent == 1
+        index.refresh()
+        assert index.summary("a", "b").sent == 2
+        index.refresh()
+        assert index.summary("a", "b").sent == 2  # looking back adds nothing twice
