@@ -105,6 +105,15 @@ def _optional_str(value: Any) -> str | None:
     return _str(value)
 
 
+def _optional_http_url(value: Any) -> str | None:
+    url = _optional_str(value)
+    if url is None:
+        return None
+    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    return url.rstrip("/")
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -366,6 +375,12 @@ class Settings:
         _choice(*TLS_VERSIONS),
         "rediss:// endpoints: lowest TLS version accepted.",
         choices=TLS_VERSIONS,
+    )
+    public_url: str | None = setting(
+        None,
+        _optional_http_url,
+        "Service: the URL users reach the dashboard at (behind a proxy or load balancer), "
+        "used for links in alert notifications; unset = http://HOST:PORT that serve binds.",
     )
     scan_count: int = setting(1000, _int, "SCAN COUNT hint used when scanning replicas.")
     repair_rate: float = setting(

@@ -117,3 +117,13 @@ def log_change(caller: Caller, what: str, **details: Any) -> None:
     """One audit line for a data-changing request: what, the token's name, the client."""
     extra = " ".join(f"{k}={v}" for k, v in details.items() if v is not None)
     audit.info("%s by token %r from %s %s", what, caller.name, caller.client, extra)
+
+
+async def refusal(request: Request, svc: ReplagService, scope: Scope) -> HTTPException | None:
+    """The 401/403 this request would get for `scope`, None if its token has it: for
+    answers given before the route's own dependencies run (a body that is not JSON)."""
+    try:
+        _authenticate(svc, request, await _bearer(request), scope)
+    except HTTPException as exc:
+        return exc
+    return None

@@ -11,12 +11,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from replag.api import models
 from replag.api.routes import Service
 
 router = APIRouter(prefix="/api/v1")
 
 
-@router.get("/dynomite")
+@router.get("/dynomite", response_model=models.Dynomite)
 def dynomite(svc: Service) -> dict[str, Any]:
     """Dynomite nodes from `settings.dynomite_stats_urls`.
 

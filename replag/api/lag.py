@@ -23,6 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour
+from replag.api import models
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
@@ -94,7 +95,7 @@ def _check_region(svc: ReplagService, name: str | None, *, param: str) -> None:
         raise NotFound(f"{param}: unknown region {name!r} (known: {', '.join(known)})")
 
 
-@router.get("/lag", responses=errors(404))
+@router.get("/lag", response_model=models.Lag, responses=errors(404))
 async def lag(
     svc: Service,
     source: Region = None,
@@ -133,7 +134,7 @@ async def lag(
     )
 
 
-@router.get("/lag/matrix")
+@router.get("/lag/matrix", response_model=models.Matrix)
 async def lag_matrix(svc: Service, since: Time = None) -> Response:
     """Region × region p50/p99/loss since `since` (default 15m), each cell with its colour
     (the worse of p99 and loss against the rules covering that pair) and bands;
@@ -189,7 +190,7 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
     return _json(head, body)
 
 
-@router.get("/lag/series", responses=errors(404))
+@router.get("/lag/series", response_model=models.Series, responses=errors(404))
 async def lag_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],

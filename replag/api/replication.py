@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from replag.api import models
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
@@ -17,7 +18,7 @@ from replag.replication import history
 router = APIRouter(prefix="/api/v1")
 
 
-@router.get("/replication")
+@router.get("/replication", response_model=models.Replication)
 def replication(svc: Service) -> dict[str, Any]:
     """Per primary (region or shard): offset, write rate, backlog, resyncs, read skew, and
     per replica: bytes behind (± the bytes written while reading), link, backlog headroom;
@@ -26,7 +27,7 @@ def replication(svc: Service) -> dict[str, Any]:
     return svc.replication_status()
 
 
-@router.get("/replication/series", responses=errors(404))
+@router.get("/replication/series", response_model=models.ReplicationSeries, responses=errors(404))
 def replication_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
+from replag.api import models
 from replag.api.auth import Caller, caller_with, log_change
 from replag.api.errors import errors
 from replag.repair import count_runs, get_run, list_runs
@@ -31,19 +32,19 @@ async def service(request: Request) -> ReplagService:
 Service = Annotated[ReplagService, Depends(service)]
 
 
-@router.get("/health")
+@router.get("/health", response_model=models.Health)
 def health(svc: Service) -> dict[str, Any]:
     """Liveness and the last probe outcome of every source."""
     return {"version": __version__, **svc.health()}
 
 
-@router.get("/topology")
+@router.get("/topology", response_model=models.TopologyOut)
 def topology(svc: Service) -> dict[str, Any]:
     """Regions, replicas and groups; passwords and tokens are never included."""
     return {**svc.config.topology.to_dict(), "settings": svc.settings.public()}
 
 
-@router.get("/repairs")
+@router.get("/repairs", response_model=models.RepairList)
 def repairs(
     svc: Service,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -61,7 +62,12 @@ def repairs(
     }
 
 
-@router.get("/repairs/{run_id}", responses=errors(404))
+@router.get(
+    "/repairs/{run_id}",
+    response_model=models.RepairRunOrJob,
+    response_model_exclude_unset=True,
+    responses=errors(404),
+)
 def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> dict[str, Any]:
     """One repair run by its run id (or a service job by its job id)."""
     if run_id in svc.jobs:
@@ -92,7 +98,12 @@ class RepairRequest(BaseModel):
     )
 
 
-@router.post("/repairs", status_code=202, responses=errors(400, 401, 403, 404, 409))
+@router.post(
+    "/repairs",
+    status_code=202,
+    response_model=models.Job,
+    responses=errors(400, 401, 403, 404, 409),
+)
 async def start_repair(
     svc: Service,
     body: RepairRequest,
@@ -125,7 +136,7 @@ async def start_repair(
     return job.to_dict()
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=models.Alerts)
 def alerts(svc: Service, history: Annotated[int, Query(ge=0, le=1000)] = 50) -> dict[str, Any]:
     """Active alerts, recent state changes, and each sink's last delivery status."""
     return {

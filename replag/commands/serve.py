@@ -91,9 +91,8 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
         # Checks fork a scan process per replica: from a small server, not from this
         # process (its heap and the API's thread; see replag.repair.scan_process).
         fork_scans_from_server()
-        app = create_app(
-            config, external_url=f"http://{host}:{sock.getsockname()[1]}", freeze_heap=True
-        )
+        bound = f"http://{host}:{sock.getsockname()[1]}"
+        app = create_app(config, external_url=config.settings.public_url or bound, freeze_heap=True)
         # The modules and the app live as long as the process: out of the collector's
         # passes from here on (the service freezes again once its index is warm).
         freeze_long_lived("start-up")
