@@ -278,11 +278,15 @@ def _finish(run: _ProbeRun) -> None:
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
 
 
-def _exclude_syncing(report: ProbeReport, syncing: set[str]) -> None:
+def _exclude_syncing(report: ProbeReport, syncing: tuple[set[str], set[str]]) -> None:
     """A replica in a resync during the run: its samples time the sync (or are lost to
-    it), so they are flagged and kept out of the figures, and a note says why."""
+    it), so they are flagged and kept out of the figures, and a note says why. Syncing
+    when the run started: every sample waited for the sync. Only when it ended: the
+    sync began during the run, which matters where it cost probes."""
+    at_start, at_end = syncing
     for pair in report.pairs:
-        if pair.replica in syncing and pair.sent:
+        during = pair.replica in at_start or (pair.replica in at_end and pair.lost > 0)
+        if during and pair.sent:
             count = pair.sent
             pair.exclude("syncing")
             report.samples = [s for s in report.samples if s.replica != pair.replica]

@@ -108,15 +108,10 @@ class ProbeReplication:
         snapshot.notes += self.target_notes
         self.snapshot = snapshot
 
-    def syncing(self) -> set[str]:
+    def syncing(self) -> tuple[set[str], set[str]]:
         """Replicas that were syncing with their primary (a full or initial resync, the
-        snapshot's transfer and load) when the run started or ended: their samples time
-        the sync, not replication."""
-        names = set()
-        for snapshot in (self.start_snapshot, self.snapshot):
-            for primary in snapshot.primaries if snapshot else ():
-                names |= {r.replica for r in primary.replicas if r.status == "syncing"}
-        return names
+        snapshot's transfer and load) when the run started, and when it ended."""
+        return _syncing(self.start_snapshot), _syncing(self.snapshot)
 
     async def close(self) -> None:
         if self._own:
@@ -146,3 +141,8 @@ class ProbeReplication:
                     )
         if self.event is not None:
             history.record_failover(store, self.event.to_dict())
+
+
+def _syncing(snapshot: ReplicationSnapshot | None) -> set[str]:
+    primaries = snapshot.primaries if snapshot is not None else []
+    return {r.replica for p in primaries for r in p.replicas if r.status == "syncing"}
