@@ -22,7 +22,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 
@@ -157,8 +157,9 @@ class _Protocol(asyncio.Protocol):
         self.bytes_received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TLS transport (under `serve` and agents) is no asyncio.Transport subclass,
+        # but has every method used here.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         """From asyncio's transport (TLS): stamped now, as read."""
