@@ -21,6 +21,7 @@ from replag.config_security import AccessKeys, ApiTokenTable, EndpointDefaults
 from replag.topology import (
     Endpoint,
     EndpointKind,
+    GroupKind,
     Region,
     ReplicaGroup,
     SentinelRef,
@@ -252,6 +253,9 @@ class GroupTable(FileTable, frozen=True, kw_only=True):
 
     noun: ClassVar[str] = "group"
     name: NonEmptyStr
+    # How repair treats the members (docs/repair/kinds.md): replication, dynomite, peers,
+    # or auto (replication when the roles say so at the run's start, else peers).
+    kind: GroupKind = "auto"
     members: list[str | EndpointTable]
     slots: list[SlotRange] = msgspec.field(default_factory=list)
 
@@ -280,7 +284,7 @@ class GroupTable(FileTable, frozen=True, kw_only=True):
             for j, member in self.written_members()
         )  # fmt: skip
         slots = tuple((start, end) for start, end in self.slots)
-        return ReplicaGroup(name=self.name, members=members, slots=slots)
+        return ReplicaGroup(name=self.name, members=members, slots=slots, kind=self.kind)
 
     @classmethod
     def of(cls, group: ReplicaGroup, *, declared: set[str], redact: bool) -> GroupTable:
@@ -289,7 +293,12 @@ class GroupTable(FileTable, frozen=True, kw_only=True):
             m.name if m.name in declared else EndpointTable.of(m, redact=redact)
             for m in group.members
         ]
-        return cls(name=group.name, members=members, slots=[SlotRange(s) for s in group.slots])
+        return cls(
+            name=group.name,
+            kind=group.kind,
+            members=members,
+            slots=[SlotRange(s) for s in group.slots],
+        )
 
 
 class ConfigFile(FileTable, frozen=True, kw_only=True):

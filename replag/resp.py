@@ -398,13 +398,16 @@ class RespConnection:
 
 
 def setup_commands(endpoint: Endpoint) -> list[bytes]:
-    """What a new connection sends first: AUTH and SELECT as the endpoint says."""
+    """What a new connection sends first: AUTH and SELECT as the endpoint says, and READONLY
+    to a Redis Cluster node (reads on a replica; harmless on a primary)."""
     setup: list[bytes] = []
     if endpoint.password is not None:
         auth = (endpoint.username, endpoint.password) if endpoint.username else (endpoint.password,)
         setup.append(pack(b"AUTH", *auth))
     if endpoint.db:
         setup.append(pack(b"SELECT", endpoint.db))
+    if endpoint.cluster:
+        setup.append(pack(b"READONLY"))
     return setup
 
 

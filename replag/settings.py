@@ -428,6 +428,13 @@ class Settings:
         "plus 1 s per 10 MB it carries; a command that takes longer fails naming its key, "
         "its replica and this setting.",
     )
+    repair_outage_window: float = setting(
+        "24h",
+        _positive_duration,
+        "A Dynomite group's default repair (majority) decides a key only while the probes "
+        "saw at most one rack miss writes (lost probes) in this window before the run; with "
+        "two or more cut off, each divergent key is a conflict for an explicit --policy.",
+    )
     scan_parallel: int = setting(
         0,
         _int,

@@ -5,7 +5,8 @@ client port) and the replicas to observe there. An endpoint's URL is how the
 prober reaches it; `local` is its address inside its own region where that
 differs (behind a WAN, a NAT, a load balancer): a region's agent uses it. A
 `ReplicaGroup` is a set of Redis servers that should hold the same data; repair
-compares them. Endpoints keep their password out of every repr and every dict
+compares them, and its kind (a replication group, Dynomite racks, independent
+peers) decides how it repairs them. Endpoints keep their password out of every repr and every dict
 meant for output.
 """
 
@@ -116,6 +117,14 @@ def tls_from_query(query: str, *, tls: TlsOptions | None, url: str) -> TlsOption
     return replace(tls, **values)  # type: ignore[arg-type]  # checked above
 
 
+# replication: a primary and its replicas (a Cluster shard, a Sentinel master's set): the
+# primary is the truth. dynomite: the racks holding one token. peers: independent
+# servers kept alike by something else. auto: replication when a member is a replica
+# (INFO replication, read when a run starts), else peers.
+GroupKind = Literal["auto", "replication", "dynomite", "peers"]
+GROUP_KINDS: tuple[GroupKind, ...] = ("auto", "replication", "dynomite", "peers")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
     """One Redis-protocol server. `kind="dynomite"` marks a proxy client port."""
@@ -133,6 +142,9 @@ class Endpoint:
     rack: str | None = None
     # (host, port) of the same server as seen from inside its region, when not the URL's.
     local: tuple[str, int] | None = None
+    # A Redis Cluster node (found when a run starts, never configured): connections send
+    # READONLY, so a replica serves reads of its primary's slots instead of MOVED.
+    cluster: bool = False
 
     @classmethod
     def from_url(
@@ -285,9 +297,14 @@ class ReplicaGroup:
     name: str
     members: tuple[Endpoint, ...]
     slots: tuple[tuple[int, int], ...] = ()
+    kind: GroupKind = "auto"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "members": [m.to_dict() for m in self.members]}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "members": [m.to_dict() for m in self.members],
+        }
         if self.slots:
             out["slots"] = [list(r) for r in self.slots]
         return out

@@ -39,7 +39,7 @@ async def test_refused_writes_are_each_keys_error_and_the_run_goes_on(
         cu.set("stale", "new")
         cb.config_set("maxmemory", 1)  # noeviction: every write to b is refused (OOM)
     await _replicated(ro, ["agreed", "fine", "stale"])
-    config = group_config(tmp_path, [a, b, ro], repair_settle="20ms")
+    config = group_config(tmp_path, [a, b, ro], kind="peers", repair_settle="20ms")
     report = (await repair(config)).to_dict()
     assert report["errors"] == 2 and report["repaired"] == 0, report
     by_key = {k["key"]: k for k in report["divergent_keys"]}

@@ -84,7 +84,7 @@ class ObserveRequest(BaseModel):
 
 class WriteSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    op: Literal["delete", "restore", "expire", "undo"]
+    op: Literal["delete", "restore", "expire", "undo", "purge"]
     payload: str | None = None  # base64
     pttl: int = -1
 

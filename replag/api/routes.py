@@ -85,11 +85,13 @@ class RepairRequest(BaseModel):
 
     action: Literal["check", "repair"] = "check"
     group: str | None = Field(default=None, max_length=200, description="default: every group")
-    policy: str = Field(
-        default="quorum",
+    policy: str | None = Field(
+        default=None,
         max_length=200,
-        pattern=r"^(quorum|source:.+|newest:.+)$",
-        description="quorum, source:REPLICA_OR_REGION or newest:FIELD",
+        pattern=r"^(primary|majority|quorum|source:.+|newest:.+)$",
+        description="primary, majority, quorum, source:REPLICA_OR_REGION or newest:FIELD "
+        "(default: each group's kind's: primary for replication groups, majority for "
+        "Dynomite, quorum for independent peers)",
     )
     dry_run: bool = False
     allow_deletes: bool = False

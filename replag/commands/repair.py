@@ -239,7 +239,9 @@ def _run_line(run: dict[str, Any]) -> str:
     params = run["params"]
     what = f"group {params['group']}" if params.get("group") else "every group"
     if run["kind"] == "repair":
-        what += f", policy {params['policy']}" + (", dry run" if params["dry_run"] else "")
+        what += f", policy {params['policy'] or 'by kind'}" + (
+            ", dry run" if params["dry_run"] else ""
+        )
     report = run["report"]
     if run["kind"] == "rebuild":
         what = f"group {params['group']}, rebuild {params['replica']}"
@@ -267,15 +269,22 @@ def _left(report: dict[str, Any]) -> int:
 @_GROUP
 @click.option(
     "--policy",
-    default="quorum",
-    show_default=True,
-    help="quorum | source:REPLICA_OR_REGION | newest:FIELD (see docs/repair/policies.md).",
+    default=None,
+    help="Who wins, for every group of the run: primary | majority | quorum | "
+    "source:REPLICA_OR_REGION | newest:FIELD. Default: the group's kind's. A replication "
+    "group (a primary and its replicas, a Cluster shard): primary, its state wins both "
+    "ways, written only on the primary for replication to carry. A Dynomite group: "
+    "majority, the racks' majority wins both ways (copy or delete); a tie, or two racks "
+    "cut off in the probes' record, is a conflict. Independent peers: quorum, the "
+    "majority value wins, a key some lack is copied (deleted only with --allow-deletes). "
+    "See docs/repair/kinds.md.",
 )
 @click.option("--dry-run", is_flag=True, help="Decide everything, write nothing.")
 @click.option(
     "--allow-deletes",
     is_flag=True,
-    help="Let the policy delete keys (quorum: where a majority lacks the key).",
+    help="Let quorum or source: delete keys (quorum: where a majority lacks the key). "
+    "primary and majority delete without it.",
 )
 @setting_option("repair_rate", "--rate", type=click.FloatRange(0))
 @setting_option("max_inflight", type=click.IntRange(1))
@@ -293,7 +302,7 @@ def _left(report: dict[str, Any]) -> int:
 def run_command(
     config_path: Path,
     group: str | None,
-    policy: str,
+    policy: str | None,
     dry_run: bool,
     allow_deletes: bool,
     rate: float | None,

@@ -222,7 +222,12 @@ def cluster_topology(
         comments[shard.name] = f"shard holding slots {ranges} ({len(replicas)} replicas)"
         if replicas:
             groups.append(
-                ReplicaGroup(name=shard.name, members=(primary, *replicas), slots=shard.slots)
+                ReplicaGroup(
+                    name=shard.name,
+                    members=(primary, *replicas),
+                    slots=shard.slots,
+                    kind="replication",
+                )
             )
     covered = sum(b - a + 1 for s in shards for a, b in s.slots)
     header = [f"Discovered from {command} of Redis Cluster node {seed.url()}."]

@@ -323,7 +323,8 @@ def _token_groups(
         if len(holders) < 2:
             continue  # one copy: nothing to compare it with
         name = f"token-{token}"
-        groups.append(ReplicaGroup(name=name, members=tuple(backends[n] for n in holders)))
+        members = tuple(backends[n] for n in holders)
+        groups.append(ReplicaGroup(name=name, members=members, kind="dynomite"))
         comments[name] = f"token {token}: held by " + ", ".join(n.label for n in holders)
     return groups
 

@@ -152,7 +152,9 @@ def replication_topology(
         "leads to (lag per replica)",
     }
     if replicas:
-        groups = (ReplicaGroup(name="replication", members=(primary, *replicas)),)
+        groups = (
+            ReplicaGroup(name="replication", members=(primary, *replicas), kind="replication"),
+        )
         comments["replication"] = "the primary and every replica: they should hold the same data"
     header = [f"Discovered from INFO replication, starting at {source}."]
     if not replicas:

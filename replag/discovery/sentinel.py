@@ -101,7 +101,7 @@ async def _discover(
             f"Sentinel master {name} (the probe follows its failovers through the Sentinels)"
         )
         if replicas:
-            groups.append(ReplicaGroup(name=name, members=(primary, *replicas)))
+            groups.append(ReplicaGroup(name=name, members=(primary, *replicas), kind="replication"))
     header = (
         f"Discovered from Sentinel {sentinel.address}: {len(regions)} master(s).\n"
         "Data nodes are written without a password: add password_env where they need one."

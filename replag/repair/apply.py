@@ -73,7 +73,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 from replag.errors import EndpointError, KeyRefused
@@ -102,7 +102,7 @@ Outcome = Literal["repaired", "changed", "dry_run"] | Refused
 _CHUNK = 1000
 _T = TypeVar("_T")
 logger = logging.getLogger(__name__)
-WriteOp = Literal["delete", "restore", "expire", "undo"]
+WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,10 @@ class Write:
         """The commands to run now; None when nothing valid is left (the source expired)."""
         if self.op == "delete":
             return [pack(b"DEL", key)]
+        if self.op == "purge":
+            # On a primary lacking the key: a DEL of a missing key is not replicated, a
+            # SET then DEL in one transaction is, and removes the key from its replicas.
+            return [pack(b"SET", key, b""), pack(b"DEL", key)]
         left = self.pttl - elapsed_ms if self.pttl >= 0 else 0  # 0: no expiry
         if self.op == "undo":
             if self.payload is None or (self.pttl >= 0 and left <= 0):
@@ -388,6 +392,9 @@ class _Attempt:
     written: list[_Written]
     complete: bool  # every target was written (none had changed or refused)
     refused: Refused | None = None  # a target refused its write
+    # Members that must hold `expected` for the repair to stand (None: every one).
+    check: tuple[int, ...] | None = None
+    undo: bool = True  # False: the write re-asserted the state it replaced
     stood: bool = False  # re-verified: every replica held `expected`
     expected_data: Data | None = None  # the copied collection's elements, to merge an undo
 
@@ -415,6 +422,9 @@ class Applier:
         self.chunk = chunk
         self.undone = 0  # target writes put back because the repair did not stand
         self.undo_failed: list[bytes] = []  # keys a client changed in place before the undo
+        # Keys whose primary held the written state at re-verification while these
+        # replicas did not: they did not follow within `settle_s` (lagging, or stuck).
+        self.unfollowed: dict[bytes, list[str]] = {}
 
     async def apply_batch(
         self, items: Sequence[tuple[bytes, Decision, Sequence[KeyState]]]
@@ -442,7 +452,10 @@ class Applier:
             return "changed"
         if attempt.written:
             await asyncio.sleep(self.settle_s)
-            await self._settle(attempt, await self._observe([key]))
+            now = await self._observe([key])
+            await self._settle(attempt, now)
+            if not attempt.stood and decision.via is not None:
+                self._note_unfollowed(attempt, decision.via, now)
         if attempt.refused is not None:
             return attempt.refused
         return "repaired" if attempt.stood else "changed"
@@ -472,11 +485,13 @@ class Applier:
         self, key: bytes, decision: Decision, states: Sequence[KeyState]
     ) -> _Attempt | None:
         """Write every target (steps 1 and 2); None if the winner changed first."""
+        if decision.via is not None:
+            return await self._attempt_via(key, decision, states)
         if decision.action == "delete":
             now = time.monotonic()
             results = await asyncio.gather(
                 *(
-                    _refusal_kept(self._write(t, key, states[t], Write("delete"), now))
+                    _refusal_kept(self._write, t, key, states[t], Write("delete"), now)
                     for t in decision.targets
                 )
             )
@@ -490,9 +505,15 @@ class Applier:
         results = await asyncio.gather(
             *(
                 _refusal_kept(
-                    self._copy(
-                        t, key, states[t], decision.winner, winner_state, payload, pttl, read_at
-                    )
+                    self._copy,
+                    t,
+                    key,
+                    states[t],
+                    decision.winner,
+                    winner_state,
+                    payload,
+                    pttl,
+                    read_at,
                 )
                 for t in decision.targets
             )
@@ -500,6 +521,64 @@ class Applier:
         attempt = _attempt(key, winner_state, results)
         attempt.expected_data = data
         return attempt
+
+    async def _attempt_via(
+        self, key: bytes, decision: Decision, states: Sequence[KeyState]
+    ) -> _Attempt | None:
+        """Steps 1 and 2 in a replication group: one write, on the primary `via`, which
+        replication carries to the targets; it stands when every member but those `left`
+        (not following the primary) holds the decided state."""
+        via = decision.via
+        assert via is not None
+        check = tuple(i for i in range(len(self.lanes)) if i not in decision.left)
+        if decision.action == "delete":
+            write = Write("delete") if states[via].exists else Write("purge")
+            result = await _refusal_kept(
+                self._write, via, key, states[via], write, time.monotonic()
+            )
+            return replace(_attempt(key, ABSENT, [result]), check=check)
+        assert decision.winner is not None
+        winner_state = states[decision.winner]
+        source = await self._read_winner(decision.winner, key, winner_state)
+        if source is None:
+            return None
+        payload, pttl, read_at, data = source
+        reasserted = via not in decision.targets
+        if not reasserted:
+            result = await _refusal_kept(
+                self._copy,
+                via,
+                key,
+                states[via],
+                decision.winner,
+                winner_state,
+                payload,
+                pttl,
+                read_at,
+            )
+        else:
+            # The primary holds the state already: written again, as RESTORE of its own
+            # DUMP (a no-op write such as PERSIST of a persistent key replicates nothing).
+            again = Write("restore", payload, pttl)
+            result = await _refusal_kept(self._write, via, key, states[via], again, read_at)
+        attempt = _attempt(key, winner_state, [result])
+        attempt.expected_data = data
+        return replace(attempt, check=check, undo=not reasserted)
+
+    def _note_unfollowed(
+        self, attempt: _Attempt, via: int, now: list[dict[bytes, KeyState]]
+    ) -> None:
+        """The primary holds what was written, some replicas do not: remember which."""
+        key, expected = attempt.key, attempt.expected
+        if not now[via][key].same_as(expected, self.tolerance_ms):
+            return  # the primary moved: a client's write, rechecked as any change
+        behind = [
+            self.lanes[i].name
+            for i in attempt.check or range(len(self.lanes))
+            if not now[i][key].same_as(expected, self.tolerance_ms)
+        ]
+        if behind:
+            self.unfollowed[key] = behind
 
     async def _observe(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
         async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
@@ -513,12 +592,14 @@ class Applier:
 
     async def _settle(self, attempt: _Attempt, now: list[dict[bytes, KeyState]]) -> None:
         """Step 3: keep the writes if every replica holds the winner's state, else undo them."""
+        checked = now if attempt.check is None else [now[i] for i in attempt.check]
         if attempt.complete and all(
-            reads[attempt.key].same_as(attempt.expected, self.tolerance_ms) for reads in now
+            reads[attempt.key].same_as(attempt.expected, self.tolerance_ms) for reads in checked
         ):
             attempt.stood = True
             return
-        await asyncio.gather(*(self._undo(attempt, w) for w in attempt.written))
+        if attempt.undo:
+            await asyncio.gather(*(self._undo(attempt, w) for w in attempt.written))
 
     async def _undo(self, attempt: _Attempt, written: _Written) -> None:
         """Put one target back (`undo.undo`); a key that keeps moving is retried a few
@@ -685,11 +766,14 @@ def _elapsed_ms(since: float) -> int:
     return int((time.monotonic() - since) * 1000)
 
 
-async def _refusal_kept(write: Awaitable[_Written | None]) -> _Written | Refused | None:
-    """A target's write; its refusal as a value, so the other targets' writes are still
-    re-verified (and undone) with it."""
+async def _refusal_kept(
+    write: Callable[..., Awaitable[_Written | None]], *args: Any
+) -> _Written | Refused | None:
+    """`write(*args)`, a target's write; its refusal as a value, so the other targets'
+    writes are still re-verified (and undone) with it. (The coroutine is made here: one
+    made by the caller would never be awaited if this task were cancelled first.)"""
     try:
-        return await write
+        return await write(*args)
     except KeyRefused as exc:
         return Refused(exc.where or "?", exc.message)
 

@@ -24,7 +24,7 @@ import numpy as np
 from replag.config import Config
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.pages import copy_big_keys
-from replag.repair.policy import Policy, Quorum, Source
+from replag.repair.policy import Majority, Policy, Quorum, Source
 from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
 from replag.repair.scan import ScanIndex
@@ -33,7 +33,7 @@ from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
 
 if TYPE_CHECKING:
-    from replag.repair.group_run import ProgressCallback
+    from replag.repair.progress import ProgressCallback
 
 BULK_MIN = 1000
 _Tag = TypeVar("_Tag")
@@ -69,7 +69,10 @@ def refill_plan(parts: Sequence[ScanIndex]) -> dict[int, list[bytes]]:
 def bulk_allowed(policy: Policy, target: int, members: int, *, allow_deletes: bool) -> bool:
     """Whether the policy copies a key that only `target` lacks from the others: quorum
     does (unless deletes are allowed and the one absent member is a majority), a source
-    policy does for any target but its source; `newest` decides on values, so never."""
+    policy does for any target but its source; majority does with 3+ members while the
+    probes saw at most one of them cut off; `newest` decides on values, so never."""
+    if isinstance(policy, Majority):
+        return 2 * (members - 1) > members and len(policy.cut_off) <= 1
     if isinstance(policy, Quorum):
         absent = 1
         return not (allow_deletes and 2 * absent > members)
@@ -231,7 +234,7 @@ async def _refill_member(
     log: RebuildLog | None,
     progress: ProgressCallback | None,
 ) -> set[bytes]:
-    from replag.repair.group_run import RepairProgress  # (group_run imports this module)
+    from replag.repair.progress import RepairProgress
 
     s = config.settings
     target = group.members[t]

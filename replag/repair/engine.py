@@ -15,19 +15,17 @@ import time
 from collections.abc import Callable, Iterator
 
 from replag.config import Config
+from replag.durations import format_span
 from replag.errors import EndpointError, RepairError, ReplagError, StoreError, UsageError
 from replag.repair import report as rp
-from replag.repair.group_run import (
-    GroupRun,
-    KeySink,
-    ProgressCallback,
-    RepairProgress,
-    RunParams,
-)
+from replag.repair.group_run import GroupRun, KeySink, RunParams
 from replag.repair.observe import key_from_json
-from replag.repair.policy import parse_policy
+from replag.repair.outages import cut_off_replicas
+from replag.repair.policy import Policy, parse_policy
+from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.reachable import members_reachable
 from replag.repair.remote import AgentPool
+from replag.repair.roles import GroupShape, group_shape
 from replag.repair.runs import (
     DONE,
     FAILED,
@@ -40,7 +38,7 @@ from replag.repair.runs import (
 )
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
-from replag.topology import ReplicaGroup
+from replag.topology import Endpoint, ReplicaGroup
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +63,8 @@ async def _run(
     if resume is not None:
         log, params = _resumed(config, params.kind, store, resume)
         groups = _groups(config, params.group, check=False)
-    policies = [parse_policy(params.policy, g.members) for g in groups]
+    for g in groups:  # a policy the groups cannot use is refused before the run is recorded
+        parse_policy(params.policy, g.members, kind=g.kind)
     if log is not None:
         log.set_status(RUNNING)
     elif store is not None:
@@ -77,22 +76,37 @@ async def _run(
     reports: list[rp.GroupReport] = []
     agents = AgentPool(config)
     beating = asyncio.create_task(_heartbeat(log)) if log is not None else None
+
+    def through_agent(member: Endpoint) -> bool:
+        # (a --match/--type run scans every member here: see GroupRun)
+        return (
+            config.topology.agent_of(member) is not None
+            and params.match is None
+            and params.type_filter is None
+        )
+
     try:
         with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
             # Every member answers first, or nothing is scanned (the run is recorded as failed).
             await members_reachable(
-                groups,
-                timeout_s=config.settings.connect_timeout,
-                # (a --match/--type run scans every member here: see GroupRun)
-                through_agent=lambda m: (
-                    config.topology.agent_of(m) is not None
-                    and params.match is None
-                    and params.type_filter is None
-                ),
+                groups, timeout_s=config.settings.connect_timeout, through_agent=through_agent
             )
-            for g, policy in zip(groups, policies, strict=True):
+            for g in groups:
+                direct = [not through_agent(m) for m in g.members]
+                shape = await group_shape(
+                    g, timeout_s=config.settings.connect_timeout, direct=direct
+                )
+                policy = _policy(config, params, g, shape, store)
                 run = GroupRun(
-                    config, g, params, policy, log, progress, agents=agents, key_sink=key_sink
+                    config,
+                    g,
+                    params,
+                    policy,
+                    log,
+                    progress,
+                    agents=agents,
+                    key_sink=key_sink,
+                    shape=shape,
                 )
                 reports.append(await run.run())
     finally:
@@ -104,7 +118,7 @@ async def _run(
         run_id=run_id,
         kind=params.kind,
         group=params.group,
-        policy=params.policy if params.kind == "repair" else None,
+        policy=(params.policy or "by group kind") if params.kind == "repair" else None,
         dry_run=params.dry_run,
         allow_deletes=params.allow_deletes,
         status=DONE,
@@ -127,6 +141,25 @@ async def _heartbeat(log: RunLog) -> None:
         except StoreError as exc:
             logger.warning("run %s: heartbeat not stored: %s", log.run_id, exc)
         await asyncio.sleep(HEARTBEAT_S)
+
+
+def _policy(
+    config: Config, params: RunParams, group: ReplicaGroup, shape: GroupShape, store: Store | None
+) -> Policy:
+    """The group's policy: --policy, or its kind's default, bound to what the run found (the
+    primary; for Dynomite's majority, the members the probes saw cut off)."""
+    window = config.settings.repair_outage_window
+    since_ns = time.time_ns() - int(window * 1e9)
+    names = {m.name for m in group.members}
+    cut_off = tuple(sorted(names & cut_off_replicas(store, since_ns))) if store else ()
+    return parse_policy(
+        params.policy,
+        group.members,
+        kind=shape.kind,
+        primary=shape.primary or 0,
+        cut_off=cut_off,
+        window=format_span(window),
+    )
 
 
 def _ttls(config: Config, ttls: str | None) -> str:
@@ -222,7 +255,7 @@ async def check(
     params = RunParams(
         kind="check",
         group=group,
-        policy="quorum",
+        policy=None,
         dry_run=True,
         allow_deletes=False,
         rate=None,
@@ -247,7 +280,7 @@ async def repair(
     config: Config,
     *,
     group: str | None = None,
-    policy: str = "quorum",
+    policy: str | None = None,
     dry_run: bool = False,
     allow_deletes: bool = False,
     rate: float | None = None,
@@ -261,7 +294,8 @@ async def repair(
     ttls: str | None = None,
     started_by: dict[str, str] | None = None,
 ) -> rp.RepairReport:
-    """Find and repair divergence; see the module docstring of `policy` for the rules.
+    """Find and repair divergence; see the module docstring of `policy` for the rules
+    (`policy` None: each group's kind's default: primary, majority or quorum).
     A resumed run first reads again every key it had repaired. `ttls` and `started_by`
     as for `check`."""
     if rate is not None and rate < 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,59 +28,33 @@ from replag.repair.bulk import (
     refill_plan,
     settle_members,
 )
-from replag.repair.diff import Divergence, Kind, classify, differing_keys
-from replag.repair.observe import KeyState, key_to_json, observe_keys
+from replag.repair.diff import Divergence, differing_keys
+from replag.repair.findings import findings, per_replica, plan
+from replag.repair.observe import key_to_json
 from replag.repair.pages import PageOptions
-from replag.repair.policy import Decision, Newest, Policy
+from replag.repair.policy import Decision, Policy, through_primary
+from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
+from replag.repair.roles import GroupShape, cluster_members
 from replag.repair.runs import RunLog
 from replag.repair.scan import ScanOptions, ScanProgress
 from replag.repair.scan_process import WorkerTree
+from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
+from replag.repair.verify import VERIFY_BATCH, Changing, Verifier
 from replag.repair.walk import AgentTree, MemberTree, differing_leaves
 from replag.topology import ReplicaGroup
 
-VERIFY_BATCH = 256
-# Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.
-AGENT_VERIFY_BATCH = 4096
-# Verification batches read at once: their waits of `repair_settle` overlap.
-VERIFY_IN_FLIGHT = 4
 RECHECK_ROUNDS = 3
-# A key whose replicas changed between the two reads, with how they differed at the
-# second (None: they agreed then).
-_Changing = tuple[bytes, Divergence | None]
-# Every member's reads of a batch of keys, twice.
-_Reads = tuple[list[dict[bytes, KeyState]], list[dict[bytes, KeyState]]]
 # Receives (group, key, the divergent key's dict) as a check finds each one.
 KeySink = Callable[[str, bytes, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class RepairProgress:
-    """A progress event: `done` of `total` (None = unknown) in `phase` of `replica`."""
-
-    group: str
-    replica: str
-    phase: str
-    done: int
-    total: int | None
-    rate: float
-
-    @property
-    def eta_s(self) -> float | None:
-        if self.total is None or self.rate <= 0:
-            return None
-        return max(0.0, (self.total - self.done) / self.rate)
-
-
-ProgressCallback = Callable[[RepairProgress], None]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunParams:
     kind: str
     group: str | None
-    policy: str
+    policy: str | None  # None: each group's kind's default
     dry_run: bool
     allow_deletes: bool
     rate: float | None
@@ -117,10 +90,15 @@ class GroupRun:
         progress: ProgressCallback | None,
         agents: AgentPool | None = None,
         key_sink: KeySink | None = None,
+        shape: GroupShape | None = None,
     ) -> None:
         s = config.settings
         self.config = config
+        self.shape = shape if shape is not None else GroupShape("peers")
+        group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, log
+        # A replication group's primary: the reference, and the only member written.
+        self.primary = self.shape.primary if self.shape.kind == "replication" else None
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = progress, key_sink
         self.timeout_s = s.connect_timeout
@@ -167,8 +145,28 @@ class GroupRun:
             # Nothing reads TTLs. An agent's tree holds expiries: with one in the group,
             # the scans keep them too, or every expiring key would differ in the walk.
             self.options = replace(self.options, ttls="none")
+        self.verifier = Verifier(
+            group=group.name,
+            names=self.names,
+            lanes=self.lanes,
+            agents=self.agents,
+            policy=policy,
+            settle_s=self.settle_s,
+            chunk=self.options.count,
+            tolerance_ms=self.tolerance_ms,
+            compare_ttls=self.compare_ttls,
+            progress=progress,
+            not_compared=self._not_compared,
+        )
         self.records: dict[bytes, _KeyRecord] = {}
-        self.report = rp.GroupReport(group.name, self.stats)
+        self.report = rp.GroupReport(
+            group.name,
+            self.stats,
+            kind=self.shape.kind,
+            kind_why=self.shape.why,
+            primary=group.members[self.primary].name if self.primary is not None else None,
+            policy=policy.name if params.kind == "repair" else None,
+        )
 
     @property
     def names(self) -> list[str]:
@@ -223,6 +221,9 @@ class GroupRun:
         self.report.repair_s = saved.get("repair_s", 0.0)
         self.report.reverified = saved.get("reverified", 0)
         self.report.differed_again = saved.get("differed_again", 0)
+        self.report.slots_not_compared = [
+            (int(a), int(b)) for a, b in saved.get("slots_not_compared", [])
+        ]
         assert self.log is not None
         for key, kind, status, detail in self.log.keys(self.group.name):
             self.records[key] = _KeyRecord(kind, status, detail)
@@ -259,12 +260,18 @@ class GroupRun:
             counts["missing"] = counts.get("missing", 0) + self.report.bulk_refilled
             outcomes[rp.REPAIRED] = outcomes.get(rp.REPAIRED, 0) + self.report.bulk_refilled
         self.report.counts, self.report.outcomes, self.report.keys = counts, outcomes, shown
+        self.report.per_replica = per_replica(
+            self.names, ((r.status, r.detail) for r in self.records.values())
+        )
 
     # --- scan, diff, verify -------------------------------------------------
 
     async def _scan_and_verify(self) -> None:
         started = time.perf_counter()
         slots = asyncio.Semaphore(self.scan_parallel)
+        # A Cluster shard's slots, to name those that move while it is checked.
+        slot_map = await self._slot_map() if self.shape.cluster else None
+        held: list[tuple[bytes, dict[str, Any]]] = []  # sink output held until then
 
         async def one(i: int) -> MemberTree:
             member, client = self.group.members[i], self.agents[i]
@@ -308,27 +315,43 @@ class GroupRun:
             candidates = await self._bulk(plan, candidates)
         status = rp.FOUND if self.params.kind == "check" else rp.PENDING
 
-        def record(divergent: list[Divergence], changing: list[_Changing]) -> None:
+        def record(divergent: list[Divergence], changing: list[Changing]) -> None:
             self.report.changing += len(changing)
             if self.params.kind == "repair":
                 # Being written, and differing when last read: the repair rounds recheck
                 # them; one still moving after the last round is reported busy.
                 divergent = divergent + [d for _, d in changing if d is not None]
-            self._set({d.key: _KeyRecord(d.kind, status, d.to_dict()) for d in divergent})
+            self._set({d.key: _KeyRecord(d.kind, status, self._detail(d)) for d in divergent})
             if self.key_sink is not None:
                 for d in divergent:
-                    self.key_sink(self.group.name, d.key, d.to_dict())
+                    if slot_map is not None:
+                        held.append((d.key, self._detail(d)))
+                    else:
+                        self.key_sink(self.group.name, d.key, self._detail(d))
 
         self.report.changing = 0
-        await self._verify(candidates, phase="verify", on_batch=record)
+        await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        if slot_map is not None:
+            skipped = not_compared(slot_map, await self._slot_map()) | self.verifier.moved_slots
+            self._forget_slots(skipped)
+            if self.key_sink is not None:
+                for key, detail in held:
+                    if key in self.records:
+                        self.key_sink(self.group.name, key, detail)
         self._save_phase("diffed")
         if self.log is not None:
             self.log.drop_scans(self.group.name)
 
     def _bulk_possible(self) -> bool:
-        """A repair that writes, every member reached directly, a policy that copies."""
+        """A repair that writes, every member reached directly, a policy that copies; never
+        in a replication group (a bulk refill writes the member that lacks keys: a replica)."""
         p = self.params
-        return p.kind == "repair" and not p.dry_run and not any(self.agents)
+        return (
+            p.kind == "repair"
+            and not p.dry_run
+            and not any(self.agents)
+            and self.shape.kind != "replication"
+        )
 
     async def _bulk(self, plan: dict[int, list[bytes]], candidates: list[bytes]) -> list[bytes]:
         """Members lacking many keys their peers agree on are refilled in bulk first
@@ -358,6 +381,27 @@ class GroupRun:
             copied |= keys
         self.report.bulk_refilled += len(copied)
         return [k for k in candidates if k not in copied]
+
+    async def _slot_map(self) -> SlotMap:
+        return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
+
+    def _forget_slots(self, skipped: set[int]) -> None:
+        """Keys of slots that moved during the check were not compared: drop what was
+        found in them (never a false positive) and name the slots instead."""
+        self.report.slots_not_compared = ranges(skipped)
+        if not skipped:
+            return
+        dropped = [k for k in self.records if key_slot(k) in skipped]
+        for key in dropped:
+            del self.records[key]
+        if self.log is not None and dropped:
+            self.log.drop_keys(self.group.name, dropped)
+
+    def _detail(self, divergence: Divergence) -> dict[str, Any]:
+        """The key's record: its states, and per member what differs there (`findings`)."""
+        states = [divergence.states[name] for name in self.names]
+        found = findings(self.names, states, self.primary, self.tolerance_ms)
+        return {**divergence.to_dict(), "findings": found}
 
     def _not_compared(self, exc: AgentError) -> AgentError:
         """The agent's failure, naming the members it left uncompared."""
@@ -405,137 +449,6 @@ class GroupRun:
                 )
             )
 
-    @property
-    def _stamp_fields(self) -> tuple[bytes, ...]:
-        """newest:FIELD decides on one hash field: read just that, not the whole hash."""
-        return (self.policy.field.encode(),) if isinstance(self.policy, Newest) else ()
-
-    async def _observe(self, i: int, keys: Sequence[bytes]) -> dict[bytes, KeyState]:
-        """One read of `keys` on member `i`: here, or by its agent."""
-        client, lane = self.agents[i], self.lanes[i]
-        if client is not None:
-            return await client.observe_once(lane.name, keys, **self._agent_reads)
-        async with lane.connection() as conn:
-            return await observe_keys(
-                conn, keys, chunk=self.options.count, fields=self._stamp_fields
-            )
-
-    @property
-    def _agent_reads(self) -> dict[str, Any]:
-        # What an agent sends back besides type, digest and expiry: a newest:FIELD policy
-        # needs string values (JSON timestamps) and the field of hashes; nothing else does.
-        newest = isinstance(self.policy, Newest)
-        return {"keep": newest, "fields": self._stamp_fields}
-
-    async def _observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
-        """One read of `keys` on every member."""
-        try:
-            reads = await asyncio.gather(*(self._observe(i, keys) for i in range(len(self.lanes))))
-        except AgentError as exc:
-            raise self._not_compared(exc) from exc
-        return list(reads)
-
-    async def _observe_twice(
-        self, keys: Sequence[bytes]
-    ) -> tuple[list[dict[bytes, KeyState]], list[dict[bytes, KeyState]]]:
-        """Every member's reads of `keys`, twice, `settle_s` apart: through a member's agent
-        (both reads in its region, one round trip), else here."""
-
-        async def one(i: int) -> tuple[dict[bytes, KeyState], dict[bytes, KeyState]]:
-            client, lane = self.agents[i], self.lanes[i]
-            if client is not None:
-                return await client.observe_twice(
-                    lane.name, keys, self.settle_s, **self._agent_reads
-                )
-            first = await self._observe(i, keys)
-            await asyncio.sleep(self.settle_s)
-            return first, await self._observe(i, keys)
-
-        try:
-            pairs = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
-        except AgentError as exc:
-            raise self._not_compared(exc) from exc
-        return [p[0] for p in pairs], [p[1] for p in pairs]
-
-    async def _verify(
-        self,
-        keys: Sequence[bytes],
-        *,
-        phase: str,
-        on_batch: Callable[[list[Divergence], list[_Changing]], None] | None = None,
-    ) -> tuple[list[Divergence], list[_Changing]]:
-        """Divergent keys (stable over two reads `settle_s` apart) and keys still changing,
-        each with how it differed at the second read (None: the replicas agreed then).
-        `on_batch(divergent, changing)` is called with each batch's share, in order.
-
-        Up to `VERIFY_IN_FLIGHT` batches are read at once, so their waits between the
-        two reads overlap instead of adding up."""
-        divergent: list[Divergence] = []
-        changing: list[_Changing] = []
-        started = time.perf_counter()
-        size = AGENT_VERIFY_BATCH if any(self.agents) else VERIFY_BATCH
-        batches = [keys[start : start + size] for start in range(0, len(keys), size)]
-        reads: deque[asyncio.Future[_Reads]] = deque()
-        done = 0
-        try:
-            for i, batch in enumerate(batches):
-                while len(reads) < VERIFY_IN_FLIGHT and i + len(reads) < len(batches):
-                    upcoming = batches[i + len(reads)]
-                    reads.append(asyncio.ensure_future(self._observe_twice(upcoming)))
-                first, second = await reads.popleft()
-                found_before, changing_before = len(divergent), len(changing)
-                self._judge(batch, first, second, divergent, changing)
-                if on_batch is not None:
-                    on_batch(divergent[found_before:], changing[changing_before:])
-                done += len(batch)
-                if self.progress is not None:
-                    elapsed = time.perf_counter() - started
-                    rate = done / elapsed if elapsed > 0 else 0.0
-                    self.progress(
-                        RepairProgress(self.group.name, "*", phase, done, len(keys), rate)
-                    )
-        finally:
-            for pending in reads:
-                pending.cancel()
-            await asyncio.gather(*reads, return_exceptions=True)
-        return divergent, changing
-
-    def _judge(
-        self,
-        batch: Sequence[bytes],
-        first: list[dict[bytes, KeyState]],
-        second: list[dict[bytes, KeyState]],
-        divergent: list[Divergence],
-        changing: list[_Changing],
-    ) -> None:
-        """Sort a batch read twice into `divergent` and `changing`."""
-        now_ms = time.time_ns() // 1_000_000
-        for key in batch:
-            states = [reads[key] for reads in second]
-            stable = all(
-                self._same(a[key], b) and b.readable for a, b in zip(first, states, strict=True)
-            )
-            kind = self._classify(states, now_ms) if all(s.readable for s in states) else "value"
-            found = (
-                Divergence(key, kind, dict(zip(self.names, states, strict=True)))
-                if kind is not None
-                else None
-            )
-            if not stable:
-                changing.append((key, found))
-            elif found is not None:
-                divergent.append(found)
-
-    def _same(self, a: KeyState, b: KeyState) -> bool:
-        if self.compare_ttls:
-            return a.same_as(b, self.tolerance_ms)
-        return a.same_value(b)
-
-    def _classify(self, states: Sequence[KeyState], now_ms: int) -> Kind | None:
-        return classify(
-            states, tolerance_ms=self.tolerance_ms, now_ms=now_ms, ttls=self.compare_ttls
-        )
-
     async def _reverify_repaired(self) -> int:
         """Read again every key recorded as repaired (one read per replica, digests
         compared); those that differ now are pending again. How many differ."""
@@ -544,15 +457,15 @@ class GroupRun:
         now_ms = time.time_ns() // 1_000_000
         for start in range(0, len(keys), VERIFY_BATCH):
             batch = keys[start : start + VERIFY_BATCH]
-            reads = await self._observe_all(batch)
+            reads = await self.verifier.observe_all(batch)
             for key in batch:
                 states = [r[key] for r in reads]
-                kind = self._classify(states, now_ms)
+                kind = self.verifier.classify(states, now_ms)
                 if kind is not None or not all(s.readable for s in states):
                     found = Divergence(
                         key, kind or "value", dict(zip(self.names, states, strict=True))
                     )
-                    differ[key] = _KeyRecord(found.kind, rp.PENDING, found.to_dict())
+                    differ[key] = _KeyRecord(found.kind, rp.PENDING, self._detail(found))
         self._set(differ)
         self.report.reverified += len(keys)
         self.report.differed_again += len(differ)
@@ -577,7 +490,7 @@ class GroupRun:
             if round_:
                 # Give writers a moment; a key still changing after the last round is busy.
                 await asyncio.sleep(max(self.settle_s * 4, 0.2) * round_)
-            divergent, changing = await self._verify(todo, phase="repair")
+            divergent, changing = await self.verifier.verify(todo, phase="repair")
             deferred = [key for key, _ in changing]
             found = {d.key for d in divergent}
             self._set(
@@ -593,9 +506,7 @@ class GroupRun:
             todo = sorted(deferred)
         self.report.undone += applier.undone
         self.report.undo_failed += len(set(applier.undo_failed))
-        self._set(
-            {k: _KeyRecord(self.records[k].kind, rp.BUSY, self.records[k].detail) for k in todo}
-        )
+        self._set({k: self._left_moving(k, applier.unfollowed.get(k)) for k in todo})
         # A copy a client changed in place before it could be undone: whatever later
         # rounds saw, the key needs a look.
         reason = "a client changed the repair's copy in place before it could be undone"
@@ -608,16 +519,46 @@ class GroupRun:
             }
         )
 
+    def _left_moving(self, key: bytes, behind: list[str] | None) -> _KeyRecord:
+        """A key still divergent after the last round: busy (clients kept writing it), or,
+        where its primary held what was written and replicas did not, left for a resync."""
+        record = self.records[key]
+        if not behind:
+            return _KeyRecord(record.kind, rp.BUSY, record.detail)
+        reason = (
+            f"{', '.join(behind)} did not take the primary's write within repair_settle "
+            f"({self.settle_s * 1000:.0f} ms) in {RECHECK_ROUNDS + 1} rounds: lagging more "
+            "than that, or not applying the stream; a resync fixes it"
+        )
+        return _KeyRecord(record.kind, rp.RESYNC, {**record.detail, "reason": reason})
+
+    def _decide(self, divergence: Divergence) -> Decision:
+        """The policy's decision, as the group's kind carries it out."""
+        states = [divergence.states[name] for name in self.names]
+        if self.shape.no_primary is not None:
+            return Decision("resync", reason=f"not repaired: {self.shape.no_primary}")
+        decision: Decision = self.policy.decide(
+            states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
+        )
+        if self.primary is None:
+            return decision
+        return through_primary(
+            decision,
+            states,
+            primary=self.primary,
+            unfollowing=self.shape.unfollowing,
+            names=self.names,
+        )
+
     async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:
         """Decide and apply a batch of verified divergent keys; the keys that moved."""
         updates: dict[bytes, _KeyRecord] = {}
         to_apply: list[tuple[Divergence, Decision]] = []
         for divergence in batch:
-            states = [divergence.states[name] for name in self.names]
-            decision: Decision = self.policy.decide(
-                states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
-            )
-            if decision.action == "conflict":
+            decision = self._decide(divergence)
+            if decision.action == "resync":
+                updates[divergence.key] = self._record(divergence, rp.RESYNC, decision.reason)
+            elif decision.action == "conflict":
                 updates[divergence.key] = self._record(divergence, rp.CONFLICT, decision.reason)
             elif decision.action == "keep" or not decision.targets:
                 updates[divergence.key] = self._record(divergence, rp.KEPT, decision.reason)
@@ -636,13 +577,24 @@ class GroupRun:
                 moved.append(divergence.key)
                 continue
             status = rp.DRY_RUN if outcome == "dry_run" else rp.REPAIRED
-            updates[divergence.key] = self._record(divergence, status, decision.reason)
+            if status == rp.REPAIRED and decision.left:
+                status = rp.RESYNC  # fixed where the primary's write reaches; not the rest
+            updates[divergence.key] = self._record(divergence, status, decision.reason, decision)
         self._set(updates)
         return moved
 
-    @staticmethod
-    def _record(divergence: Divergence, status: str, reason: str) -> _KeyRecord:
-        detail = divergence.to_dict()
+    def _record(
+        self,
+        divergence: Divergence,
+        status: str,
+        reason: str,
+        decision: Decision | None = None,
+    ) -> _KeyRecord:
+        detail = self._detail(divergence)
         if reason:
             detail["reason"] = reason
+        if decision is not None:
+            detail["plan"] = plan(self.names, decision)
+            if decision.via is not None:
+                detail["via"] = self.names[decision.via]
         return _KeyRecord(divergence.kind, status, detail)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replag.repair.digest import string_digest
+from replag.repair.slots import is_moved
 from replag.repair.values import Data, read_values
 from replag.resp import RespConnection, error_text, pack
 
@@ -30,10 +31,12 @@ class KeyState:
     data: Data | None = field(default=None, compare=False, repr=False)  # a string's value
     # Hash fields read alongside (a `newest:FIELD` policy's timestamp), not the whole hash.
     fields: dict[bytes, bytes] | None = field(default=None, compare=False, repr=False)
+    # A Redis Cluster node answered MOVED/ASK: the key's slot is served elsewhere (now).
+    moved: bool = field(default=False, compare=False)
 
     @property
     def readable(self) -> bool:
-        return not self.exists or self.digest is not None
+        return not self.moved and (not self.exists or self.digest is not None)
 
     def same_value(self, other: KeyState) -> bool:
         return (self.exists, self.type, self.digest) == (other.exists, other.type, other.digest)
@@ -52,6 +55,8 @@ class KeyState:
         return self.expiry_ms - (now_ms if now_ms is not None else time.time_ns() // 1_000_000)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.moved:
+            return {"exists": None, "moved": True}
         if not self.exists:
             return {"exists": False}
         return {
@@ -63,6 +68,7 @@ class KeyState:
 
 
 ABSENT = KeyState(exists=False)
+MOVED = KeyState(exists=True, moved=True)
 
 
 def key_to_json(key: bytes) -> dict[str, str]:
@@ -115,6 +121,9 @@ async def observe_keys(
     expiries: dict[bytes, int | None] = {}
     for i, key in enumerate(keys):
         type_reply, ttl, value = replies[3 * i : 3 * i + 3]
+        if is_moved(type_reply) or is_moved(ttl):
+            out[key] = MOVED  # a Cluster slot that moved: not this node's to answer
+            continue
         conn.check([type_reply, ttl])
         type_name = type_reply.decode() if isinstance(type_reply, bytes) else str(type_reply)
         if type_name == "none" or ttl == -2:

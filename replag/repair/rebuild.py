@@ -25,8 +25,8 @@ from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
 from replag.repair.bulk import copy_batches, settle_pending
 from replag.repair.engine import repair
-from replag.repair.group_run import ProgressCallback, RepairProgress
 from replag.repair.pages import copy_big_keys
+from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.reachable import members_reachable
 from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import BATCH, BatchResult, Refill

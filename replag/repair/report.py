@@ -19,9 +19,12 @@ KEPT = "kept"  # policy wanted a delete that --allow-deletes did not allow
 DRY_RUN = "would_repair"
 AGREED = "agreed"  # replicas agreed by the time we came to repair it
 ERROR = "error"  # a server refused the key's read or write (READONLY, NOPERM, OOM…)
-OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING, ERROR)
+# Replication groups: a replica the primary's write does not reach (link down, another
+# primary, or it did not follow within repair_settle): only a resync fixes it.
+RESYNC = "resync"
+OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING, ERROR, RESYNC)
 # Outcomes that leave a key divergent.
-LEFT = (CONFLICT, BUSY, KEPT, PENDING, ERROR)
+LEFT = (CONFLICT, BUSY, KEPT, PENDING, ERROR, RESYNC)
 
 
 def _size(count: int) -> str:
@@ -66,6 +69,15 @@ class ReplicaStats:
 class GroupReport:
     group: str
     replicas: list[ReplicaStats]
+    kind: str = "peers"  # how the run treated the group: replication, dynomite, peers
+    kind_why: str = ""  # how that was decided (configured, or the roles read)
+    primary: str | None = None  # a replication group's primary when the run started
+    policy: str | None = None  # the policy that decided (repair runs)
+    # Per member: missing, extra, different; copy, delete, leave (see `findings`).
+    per_replica: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Redis Cluster: slots that moved (or were migrating) during the check: their keys
+    # were not compared, and nothing found in them is reported.
+    slots_not_compared: list[tuple[int, int]] = field(default_factory=list)
     candidates: int = 0
     changing: int = 0
     undone: int = 0  # target writes put back because the winner moved before they stood
@@ -87,6 +99,10 @@ class GroupReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
+            "kind": self.kind,
+            "kind_why": self.kind_why,
+            "primary": self.primary,
+            "policy": self.policy,
             "divergent": self.divergent,
             "counts": dict(self.counts),
             "candidates": self.candidates,
@@ -100,6 +116,8 @@ class GroupReport:
             "scan_s": round(self.scan_s, 3),
             "repair_s": round(self.repair_s, 3),
             "replicas": [r.to_dict() for r in self.replicas],
+            "per_replica": self.per_replica,
+            "slots_not_compared": [list(r) for r in self.slots_not_compared],
             "bytes_by_region": self.bytes_by_region(),
         }
 
@@ -160,6 +178,7 @@ class RepairReport:
             "differed_again": sum(g.differed_again for g in self.groups),
             "kept": self._total(KEPT),
             "errors": self._total(ERROR),
+            "resync": self._total(RESYNC),
             "would_repair": self._total(DRY_RUN),
             "agreed": self._total(AGREED),
             "pending": self._total(PENDING),
@@ -196,6 +215,7 @@ class RepairReport:
                 "would_repair",
                 "kept",
                 "errors",
+                "resync",
                 "agreed",
                 "pending",
                 "undone",
@@ -225,6 +245,7 @@ class RepairReport:
                     f"{r.replica:<24} {r.via:>6} {r.keys_scanned:>10} {rate} "
                     f"{r.busy_s:>8.2f} {r.writes:>7} {_size(r.bytes_fetched):>10}"
                 )
+        lines += self._per_replica()
         left = [(g.group, k) for g in self.groups for k in g.keys if k.get("status") in LEFT]
         if left:
             lines += ["", "not fixed (first 10; --json lists up to 100, check --keys-out all):"]
@@ -234,3 +255,31 @@ class RepairReport:
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
         return "\n".join(lines)
+
+    def _per_replica(self) -> list[str]:
+        """Per group, how it was treated, and per member what differs there and what the
+        run did (a dry run: would do) about it."""
+        lines: list[str] = []
+        dry = "would " if self.dry_run else ""
+        for g in self.groups:
+            how = f"group {g.group}: {g.kind}"
+            if g.primary:
+                how += f", primary {g.primary}"
+            if g.policy and self.kind == "repair":
+                how += f", policy {g.policy}"
+            lines += ["", how + (f" ({g.kind_why})" if g.kind_why else "")]
+            if g.slots_not_compared:
+                moved = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in g.slots_not_compared)
+                lines.append(f"  slots not compared (moved during the run; check again): {moved}")
+            if not g.divergent:
+                continue
+            head = f"  {'replica':<24} {'missing':>8} {'extra':>8} {'different':>10}"
+            if self.kind == "repair":
+                head += f"   {dry}copy, {dry}delete, left"
+            lines.append(head)
+            for name, c in g.per_replica.items():
+                row = f"  {name:<24} {c['missing']:>8} {c['extra']:>8} {c['different']:>10}"
+                if self.kind == "repair":
+                    row += f"   {c['copy']}, {c['delete']}, {c['leave']}"
+                lines.append(row)
+        return lines

@@ -167,6 +167,16 @@ class RunLog:
             for key, kind, status, detail in rows
         )
 
+    def drop_keys(self, group: str, keys: Iterable[bytes]) -> None:
+        """Forget keys found before it was known they could not be compared."""
+        self.store.transaction(
+            (
+                "DELETE FROM repair_keys WHERE run_id = ? AND group_name = ? AND key = ?",
+                (self.run_id, group, key),
+            )
+            for key in keys
+        )
+
     def keys(
         self, group: str, *, status: str | None = None
     ) -> list[tuple[bytes, str, str, dict[str, Any]]]:

@@ -13,6 +13,11 @@ INFO says the database holds no key with an expiry; else one script call
 per batch that returns only the keys whose PTTL is not -1 (no expiry), which
 spares the server a command and this side a reply per key; else, where
 scripts are refused (ACLs, Redis Cluster's one-slot rule), one PTTL per key.
+
+A Redis Cluster node (`Endpoint.cluster`) gets one MGET per slot of a batch
+(`slots.slot_groups`: CROSSSLOT otherwise), read with READONLY; a slot that
+answers MOVED or ASK (moved, or migrating, since SCAN named its keys) is left
+out of the index, as keys gone are: the check names such slots (`slots`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy.typing as npt
 from replag.errors import RepairError, ReplagError
 from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.native import hash_each, string_index
+from replag.repair.slots import is_moved, slot_groups
 from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.values import read_values
 from replag.resp import (
@@ -231,6 +237,8 @@ class ReplicaScanner:
         # How TTLs are read: chosen per replica when a scan starts (see the module).
         self.ttl_source: TtlSource = "pttl"
         self._script_sha = b""
+        # A Redis Cluster node: batches are read one MGET per slot (`fetch_request`).
+        self.cluster = endpoint.cluster
 
     async def run(self, state: ScanProgress) -> ScanIndex:
         return ScanIndex.concat(await self.run_parts(state))
@@ -350,6 +358,8 @@ class ReplicaScanner:
             source = ttl_source_from_info(keyspace, cluster, self.endpoint.db) or "script"
         if source != "script":
             return source
+        if self.cluster:
+            return "pttl"  # a script's keys must share one slot there
         loaded = await conn.request(LOAD_TTL_SCRIPT, 1)
         return self.script_loaded(loaded[0])
 
@@ -362,13 +372,51 @@ class ReplicaScanner:
 
     def fetch_request(self, keys: list[bytes], source: TtlSource) -> tuple[bytes, int]:
         """One pipelined write (and how many replies it gets): MGET of the batch and its
-        TTLs as `source` says."""
+        TTLs as `source` says; on a Cluster node one MGET per slot (`batch_replies` puts
+        their replies back together)."""
+        if self.cluster:
+            groups = slot_groups(keys)
+            payload = b"".join(pack_over_keys([keys[i] for i in g], (b"MGET",)) for g in groups)
+            if source == "none":
+                return payload, len(groups)
+            return payload + pack_per_key(b"PTTL", keys), len(groups) + len(keys)
         if source == "pttl":
             return pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys)
         if source == "none":
             return pack_over_keys(keys, (b"MGET",)), 1
         heads = ((b"MGET",), (b"EVALSHA", self._script_sha, len(keys)))
         return pack_over_keys(keys, *heads), 2
+
+    def batch_replies(
+        self, keys: list[bytes], replies: list[Any], source: TtlSource
+    ) -> tuple[list[bytes], list[Any]]:
+        """A batch's keys and replies as one MGET and its TTLs give them: on a Cluster node
+        the per-slot MGETs joined in key order, and the keys of a slot that answered MOVED
+        or ASK (served elsewhere now) left out, as keys gone are."""
+        if not self.cluster:
+            return keys, replies
+        groups = slot_groups(keys)
+        values: list[Any] = [None] * len(keys)
+        ttls = replies[len(groups) :]
+        kept = [True] * len(keys)
+        for group, reply in zip(groups, replies[: len(groups)], strict=True):
+            if is_moved(reply):
+                for i in group:
+                    kept[i] = False
+                continue
+            if error_text(reply) is not None:
+                return keys, [reply]  # any other error: the caller's check raises it
+            for i, value in zip(group, reply, strict=True):
+                values[i] = value
+        if source == "pttl":
+            for i, ttl in enumerate(ttls):
+                if not isinstance(ttl, int):  # MOVED between the MGET and the PTTL
+                    kept[i] = False
+        if all(kept):
+            return keys, [values, *ttls]
+        picked = [i for i, keep in enumerate(kept) if keep]
+        out_ttls = [ttls[i] for i in picked] if source == "pttl" else ttls
+        return [keys[i] for i in picked], [[values[i] for i in picked], *out_ttls]
 
     def _fetch(
         self, conn: RespConnection, keys: list[bytes], source: TtlSource
@@ -383,8 +431,9 @@ class ReplicaScanner:
         arrived_ns: int,
         source: TtlSource | None = None,
     ) -> ScanIndex:
-        conn.check(replies[:1])
         source = self.ttl_source if source is None else source
+        keys, replies = self.batch_replies(keys, replies, source)
+        conn.check(replies[:1])
         ttls = batch_ttls(replies, len(keys), source, self.endpoint)
         values: list[bytes | None] = replies[0]  # type: ignore[assignment]
         return await self.index_values(conn, keys, values, ttls, arrived_ns // 1_000_000)
@@ -424,7 +473,7 @@ class ReplicaScanner:
         typed: list[tuple[bytes, str]] = []
         for i, name in zip(unread, names, strict=True):
             type_name = name.decode() if isinstance(name, bytes) else str(name)
-            if type_name == "none":
+            if type_name == "none" or is_moved(name):
                 keep[i] = False  # deleted between SCAN and MGET
                 continue
             types[i] = TYPE_CODES.get(type_name, 0)

@@ -150,6 +150,8 @@ class BlockingScan:
             source = ttl_source_from_info(keyspace, cluster, self.endpoint.db) or "script"
         if source != "script":
             return source
+        if self.scanner.cluster:
+            return "pttl"  # a script's keys must share one slot there
         return self.scanner.script_loaded(conn.request(LOAD_TTL_SCRIPT, 1)[0])
 
     def _index(self, conn: BlockingConnection, batch: _Batch, state: ScanProgress) -> None:
@@ -158,6 +160,7 @@ class BlockingScan:
         if keys:
             replies = conn.replies(count)
             now_ms = time.time_ns() // 1_000_000
+            keys, replies = self.scanner.batch_replies(keys, replies, self._source)
             conn.check(replies[:1])
             ttls = batch_ttls(replies, len(keys), self._source, self.endpoint)
             values = replies[0]

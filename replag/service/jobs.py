@@ -117,7 +117,7 @@ class JobRunner:
         if group is not None:
             self.config.topology.group(group)  # UsageError naming the known groups
         if action == "repair":
-            self._check_policy(group, options.get("policy", "quorum"))
+            self._check_policy(group, options.get("policy"))
         job_id = uuid.uuid4().hex[:12]
         job = RepairJob(
             id=job_id,
@@ -149,11 +149,11 @@ class JobRunner:
         future.add_done_callback(finished)
         return job
 
-    def _check_policy(self, group: str | None, policy: str) -> None:
+    def _check_policy(self, group: str | None, policy: str | None) -> None:
         """Parse `policy` for every group the job covers, as the repair will (UsageError)."""
         groups = [self.config.topology.group(group)] if group else self.config.topology.groups
         for g in groups:
-            parse_policy(policy, g.members)
+            parse_policy(policy, g.members, kind=g.kind)
 
     async def wait(self, job_id: str) -> RepairJob:
         """Wait (from any loop) for a started job to end; a cancelled wait leaves it running."""

@@ -39,14 +39,17 @@ def make_config(tmp_path: Path, *, token: str | None = TOKEN, **extra: Any) -> C
     return config_from_dict(data, where="replag.toml", environ={})
 
 
-def group_config(tmp_path: Path, servers: Sequence[RedisServer], **settings: Any) -> Config:
-    """A topology with one region and one replica per server, all in replica group "g"."""
+def group_config(
+    tmp_path: Path, servers: Sequence[RedisServer], *, kind: str = "auto", **settings: Any
+) -> Config:
+    """A topology with one region and one replica per server, all in replica group "g"
+    (of `kind`)."""
     data = {
         "settings": {"store": str(tmp_path / "replag.sqlite"), "repair_settle": "10ms", **settings},
         "regions": [
             {"name": f"r{i}", "replicas": [{"name": f"n{i}", "url": s.url}]}
             for i, s in enumerate(servers)
         ],
-        "groups": [{"name": "g", "members": [f"n{i}" for i in range(len(servers))]}],
+        "groups": [{"name": "g", "kind": kind, "members": [f"n{i}" for i in range(len(servers))]}],
     }
     return config_from_dict(data, where="test")

@@ -1,0 +1,137 @@
+"""Repair of a real primary and its replicas: the primary is the truth, and the only one written.
+
+A writable replica (`replica-read-only no`) holding a stray key, a changed value
+and a changed TTL is fixed through the primary: the primary re-asserts its value
+(RESTORE of its own DUMP) and removes the stray key with a SET and DEL in one
+transaction (a DEL of a key it lacks would replicate nothing), and replication
+carries both. MONITOR on the replicas shows no write command from any client but
+the replication link. A replica that follows another primary is reported for a
+resync, never written, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from replag.cli import main
+from replag.config import Config, config_from_dict, render_config
+from replag.lab.server import RedisServer
+from replag.repair import check, repair
+from tests.helpers.monitor import Monitor, writes_by_clients
+from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.waiting import until
+
+
+def _config(tmp_path: Path, members: list[RedisServer], **group: Any) -> Config:
+    """Members named by role; the primary deliberately not first (found by role)."""
+    data = {
+        "settings": {"store": str(tmp_path / "s.sqlite"), "repair_settle": "100ms"},
+        "groups": [{"name": "g", "members": [{"name": n.name, "url": n.url} for n in members],
+                    **group}],
+    }  # fmt: skip
+    return config_from_dict(data, where="test")
+
+
+async def _same(servers: list[RedisServer], key: str) -> None:
+    def agree() -> bool:
+        dumps = []
+        for server in servers:
+            with server.client() as client:
+                dumps.append((client.dump(key), client.ttl(key) > 0))
+        return len(set(dumps)) == 1
+
+    await until(lambda: asyncio.to_thread(agree), f"{key} alike on every server")
+
+
+async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written(
+    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    primary = redis_factory("p")
+    writable = replica_of(redis_factory, primary, "w")
+    with writable.client() as w:
+        w.config_set("replica-read-only", "no")
+    readonly = replica_of(redis_factory, primary, "ro")
+    wait_listed(primary, [writable, readonly])
+    everyone = [primary, writable, readonly]
+    with primary.client() as p:
+        for i in range(5):
+            p.set(f"k{i}", f"v{i}")
+        p.hset("h", mapping={"a": "1", "b": "2"})
+    for key in ("k4", "h"):
+        await _same(everyone, key)
+    with writable.client() as w:
+        w.set("stray", "only on the writable replica")
+        w.set("k1", "changed on the replica")
+        w.expire("k2", 3600)
+        w.hset("h", "c", "3")
+    config = _config(tmp_path, [writable, primary, readonly])
+
+    found = (await check(config)).to_dict()
+    assert found["divergent"] == 4 and found["groups"][0]["kind"] == "replication"
+    assert found["groups"][0]["primary"] == primary.name
+    assert found["groups"][0]["per_replica"][writable.name] | {} == {
+        "missing": 0, "extra": 1, "different": 3, "copy": 0, "delete": 0, "leave": 4,
+    }  # fmt: skip
+
+    # The dry run says, per replica, what it would do; the CLI exits 1 (divergence remains).
+    dry = (await repair(config, dry_run=True)).to_dict()
+    per = dry["groups"][0]["per_replica"]
+    assert per[writable.name]["copy"] == 3 and per[writable.name]["delete"] == 1
+    assert per[readonly.name] == dict.fromkeys(per[readonly.name], 0)
+    path = tmp_path / "replag.toml"
+    path.write_text(render_config(config.topology, settings={"store": str(tmp_path / "c.db")}))
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, main, ["repair", "run", "-c", str(path), "--dry-run"]
+    )
+    assert shown.exit_code == 1, shown.output
+    assert f"primary {primary.name}, policy primary" in shown.output
+    row = next(line for line in shown.output.splitlines()
+               if line.strip().startswith(writable.name) and line.count(",") == 2)  # fmt: skip
+    assert row.split()[1:] == ["0", "1", "3", "3,", "1,", "0"], shown.output
+
+    monitors = [Monitor(writable.port), Monitor(readonly.port)]
+    try:
+        report = (await repair(config)).to_dict()
+    finally:
+        seen = [m.stop() for m in monitors]
+    assert report["repaired"] == 4 and report["errors"] == report["resync"] == 0, report
+    assert (await check(config)).divergent == 0
+    with primary.client() as p, writable.client() as w:
+        assert p.exists("stray") == 0 and w.exists("stray") == 0
+        assert w.get("k1") == b"v1" and w.ttl("k2") == -1 and w.hlen("h") == 2
+        for server, lines in zip((writable, readonly), seen, strict=True):
+            assert writes_by_clients(lines, p, primary_port=primary.port) == [], server.name
+        # Replag did read both replicas (the monitors saw it), and wrote only the primary,
+        # whose link carried the fixes (the filter would have caught them from anyone else).
+        assert all(any('"TYPE"' in line for line in lines) for lines in seen)
+        from_link = writes_by_clients(seen[0], p, primary_port=-1)
+        assert any('"DEL" "stray"' in line for line in from_link), from_link
+        assert any('"RESTORE" "k1"' in line for line in from_link), from_link
+    assert report["replicas"][0]["writes"] == 0 and report["replicas"][2]["writes"] == 0
+
+
+async def test_a_replica_of_another_primary_is_left_for_a_resync(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    primary, elsewhere = redis_factory("p"), redis_factory("x")
+    follower = replica_of(redis_factory, primary, "f")
+    lost = replica_of(redis_factory, elsewhere, "lost")  # read-only, follows another primary
+    wait_listed(primary, [follower])
+    wait_listed(elsewhere, [lost])
+    with primary.client() as p, elsewhere.client() as x:
+        p.set("k", "truth")
+        x.set("k", "other")
+    await _same([primary, follower], "k")
+    await _same([elsewhere, lost], "k")
+    config = _config(tmp_path, [primary, follower, lost], kind="replication")
+    report = (await repair(config)).to_dict()
+    assert report["resync"] == 1 and report["errors"] == 0, report
+    (key,) = report["divergent_keys"]
+    assert key["status"] == "resync" and f"{lost.name}: it replicates from another" in key["reason"]
+    assert report["replicas"][2]["writes"] == 0
+    with lost.client() as c:
+        assert c.get("k") == b"other"
