@@ -242,7 +242,13 @@ def equal_line(counts: dict[str, int]) -> str:
 def make_config(endpoints: list[Endpoint], workdir: Path, settle: str) -> Config:
     return config_from_dict(
         {
-            "settings": {"store": str(workdir / "replag.sqlite"), "repair_settle": settle},
+            # The machine is shared: a scan's batch can wait seconds for a busy core.
+            "settings": {
+                "store": str(workdir / "replag.sqlite"),
+                "repair_settle": settle,
+                "connect_timeout": "10s",
+                "repair_command_timeout": "20s",
+            },
             "regions": [
                 {"name": f"r{i}", "replicas": [{"name": e.name, "url": e.url(redact=False)}]}
                 for i, e in enumerate(endpoints)

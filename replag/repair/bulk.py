@@ -27,6 +27,7 @@ from replag.repair.pages import copy_big_keys
 from replag.repair.policy import Majority, Policy, Quorum, Source
 from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
+from replag.repair.replica_role import replica_of
 from replag.repair.scan import ScanIndex
 from replag.resp import RespConnection, pack
 from replag.store import Store
@@ -215,7 +216,11 @@ async def refill_members(
     stood."""
     stood: dict[int, set[bytes]] = {}
     for t, keys in plan.items():
-        if len(keys) >= BULK_MIN:
+        # A Redis replica refuses writes and is refilled by its primary's sync: its keys
+        # stay with the key-by-key path, which knows replication groups.
+        if len(keys) >= BULK_MIN and not await replica_of(
+            group.members[t], config.settings.repair_command_timeout
+        ):
             log = (
                 pending_log(store, run_id, group.name, group.members[t].name)
                 if store is not None and run_id is not None

@@ -260,6 +260,8 @@ async def _swap(
     target.check(await target.request(pack(b"WATCH", key), 1))
     now = (await observe_keys(target, [key], chunk=options.page, keep=False))[key]
     left = pttl - int((time.monotonic() - read_at) * 1000) if pttl >= 0 else 0
+    # PEXPIREAT, not PEXPIRE: the expiry stays the winner's however long the swap waits.
+    expire_at = time.time_ns() // 1_000_000 + left
     if not now.same_as(target_expected, options.tolerance_ms) or (pttl >= 0 and left <= 0):
         await target.request(pack(b"UNWATCH") + pack(b"UNLINK", temp), 2)
         return None
@@ -268,7 +270,7 @@ async def _swap(
     if backup is not None:
         body += [pack(b"RENAME", key, backup), pack(b"PEXPIRE", backup, SAFETY_TTL_MS)]
     body.append(pack(b"RENAME", temp, key))
-    body.append(pack(b"PEXPIRE", key, left) if pttl >= 0 else pack(b"PERSIST", key))
+    body.append(pack(b"PEXPIREAT", key, expire_at) if pttl >= 0 else pack(b"PERSIST", key))
     body.append(pack(b"EXEC"))
     replies = await target.request(b"".join(body), len(body))
     target.check(replies[:1])

@@ -149,6 +149,7 @@ class Refill:
         self.compare_ttls = compare_ttls
         self.scratch_prefix = scratch_prefix
         self._batches = 0
+        self._absolute: bool | None = None
 
     @property
     def bytes_received(self) -> int:
@@ -255,12 +256,24 @@ class Refill:
                     moved.add(i)
         return sorted(moved)
 
+    async def _absolute_expiry(self) -> bool:
+        """Whether the target takes absolute expiry times (SET … PXAT, RESTORE … ABSTTL:
+        Redis 6.2 on). A relative TTL counts from when the server runs the command,
+        which a busy server, or many batches in flight, can put seconds after the read;
+        an absolute one is exact (up to the hosts' clocks)."""
+        if self._absolute is None:
+            async with self.target.connection() as conn:
+                (info,) = await conn.request(pack(b"INFO", b"server"), 1)
+            self._absolute = server_version(info) >= (6, 2)
+        return self._absolute
+
     async def _write(
         self, keys: list[bytes], copies: list[int], src: PeerRead, result: BatchResult
     ) -> tuple[list[int], float]:
         """Step 2: one pipelined write of every copy; the indexes written, and when."""
         if not copies:
             return [], time.monotonic()
+        absolute = await self._absolute_expiry()
         now_ms = time.time_ns() // 1_000_000
         commands: list[bytes] = []
         sent: list[int] = []
@@ -272,14 +285,19 @@ class Refill:
                 continue
             value = src.values[i]
             if value is not None:
-                if expiry >= 0:
-                    commands.append(pack(b"SET", keys[i], value, b"PX", left, b"NX"))
-                else:
+                if expiry < 0:
                     commands.append(pack(b"SET", keys[i], value, b"NX"))
+                elif absolute:
+                    commands.append(pack(b"SET", keys[i], value, b"PXAT", expiry, b"NX"))
+                else:
+                    commands.append(pack(b"SET", keys[i], value, b"PX", left, b"NX"))
                 result.bytes_copied += len(value)
             else:
                 dump = src.dumps[i]
-                commands.append(pack(b"RESTORE", keys[i], left, dump))
+                if expiry >= 0 and absolute:
+                    commands.append(pack(b"RESTORE", keys[i], expiry, dump, b"ABSTTL"))
+                else:
+                    commands.append(pack(b"RESTORE", keys[i], left, dump))
                 result.bytes_copied += len(dump)
             sent.append(i)
         if not sent:
@@ -391,6 +409,19 @@ class Refill:
             src.canonical.add(i)
             if type_name in MERGEABLE:
                 src.data[i] = data
+
+
+def server_version(info: object) -> tuple[int, ...]:
+    """redis_version from an INFO reply ((0,) when it cannot be read)."""
+    if not isinstance(info, bytes):
+        return (0,)
+    for line in info.splitlines():
+        if line.startswith(b"redis_version:"):
+            try:
+                return tuple(int(x) for x in line.split(b":", 1)[1].strip().split(b".")[:3])
+            except ValueError:
+                return (0,)
+    return (0,)
 
 
 def _same_expiry(a: int, b: int, refill: Refill) -> bool:
