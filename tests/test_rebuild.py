@@ -16,7 +16,9 @@ from replag.cli import main
 from replag.config import Config, render_config
 from replag.lab.server import RedisServer
 from replag.repair import check, list_runs, repair
+from replag.repair.bulk import bulk_allowed
 from replag.repair.observe import KeyState, observe_keys
+from replag.repair.policy import Majority, Newest, Quorum, Source
 from replag.repair.rebuild import rebuild
 from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import Refill
@@ -230,3 +232,13 @@ def test_kill_9_mid_rebuild_then_resume_ends_equal(
     assert c.exists(raced) == 0 and c.dbsize() == a.dbsize() == 11_999
     keys = sorted(a.scan_iter(count=1000))
     assert c.mget(keys) == a.mget(keys)
+
+
+def test_which_policies_take_the_bulk_path() -> None:
+    assert bulk_allowed(Quorum(), 2, 3, allow_deletes=True)
+    assert bulk_allowed(Majority(), 2, 3, allow_deletes=False)
+    assert not bulk_allowed(Majority(), 1, 2, allow_deletes=False)  # two racks: a tie
+    assert not bulk_allowed(Majority(cut_off=("r1", "r2")), 2, 3, allow_deletes=False)
+    assert bulk_allowed(Source(0, "n0"), 2, 3, allow_deletes=False)
+    assert not bulk_allowed(Source(2, "n2"), 2, 3, allow_deletes=False)
+    assert not bulk_allowed(Newest("ts"), 2, 3, allow_deletes=False)

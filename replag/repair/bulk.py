@@ -79,6 +79,10 @@ def bulk_allowed(policy: Policy, target: int, members: int, *, allow_deletes: bo
         return not (allow_deletes and 2 * absent > members)
     if isinstance(policy, Source):
         return policy.index != target
+    if isinstance(policy, Majority):
+        # One rack of three or more lacking a key the others hold: a copy, unless the
+        # probes saw several racks cut off (then every such key is a conflict).
+        return members >= 3 and len(policy.cut_off) <= 1
     return False
 
 
