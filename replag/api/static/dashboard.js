@@ -108,9 +108,9 @@ function drawMatrix(data) {
   state.replication = new Map((data.replication || []).map((r) => [`${r.source}→${r.target}`, r]));
   const bands = data.thresholds_ms, loss = data.loss_thresholds;
   document.getElementById("legend").replaceChildren(
-    el("span", {}, el("span", { class: "swatch sw-ok" }), `p99 < ${fmtMs(bands.warning)}`),
-    el("span", {}, el("span", { class: "swatch sw-warning" }), `≥ ${fmtMs(bands.warning)} or > ${fmtPct(loss.warning)} lost`),
-    el("span", {}, el("span", { class: "swatch sw-critical" }), `≥ ${fmtMs(bands.critical)} or > ${fmtPct(loss.critical)} lost`),
+    el("span", {}, el("span", { class: "swatch sw-ok" }), `p99 < ${fmtMs(bands.warning)}, ≤ ${fmtPct(loss.warning)} lost`),
+    el("span", {}, el("span", { class: "swatch sw-warning" }), amberLegend(bands, loss)),
+    el("span", {}, el("span", { class: "swatch sw-critical" }), `p99 ≥ ${fmtMs(bands.critical)}, > ${fmtPct(loss.critical)} lost, or unreachable`),
     el("span", { class: "muted", title: "Each pair is coloured by the worse of its p99 and its loss against the alert rules whose source/target cover it (hover a tile for its bands); these are the bands of the rules that cover every pair." }, "· rules per pair (hover a tile)"),
   );
   const host = document.getElementById("matrix");
@@ -127,11 +127,17 @@ function drawMatrix(data) {
     if (!c) return el("td", { class: "cell sev-none" }, "–");
     const pairNow = now.get(`${s}→${t}`);
     const [figure, unit] = c.p99_ms === null ? ["no data", ""] : splitMs(c.p99_ms);
-    const loss = c.sent ? `${fmtPct(c.loss_ratio)} lost` : "no probes";
-    const flag = pairNow && pairNow.state === "not_replicating" ? el("div", { class: "flag" }, "not replicating")
+    // A pair that saw none of its probes lost them all, whatever the windows' lost count.
+    const ratio = c.sent && c.seen === 0 ? 1 : c.loss_ratio;
+    const loss = c.sent ? `${fmtPct(ratio)} lost` : "no probes";
+    const down = unreachableIn(s, t);
+    const flag = down.length ? el("div", { class: "flag", title: down.map((u) => `${u.replica}: ${u.error}`).join("\n") },
+      `unreachable: ${whyUnreachable(down[0].error)}`)
+      : pairNow && pairNow.state === "not_replicating" ? el("div", { class: "flag" }, "not replicating")
       : pairNow && pairNow.state === "lossy" ? el("div", { class: "flag flag-soft" }, "losing probes now") : null;
+    const colour = down.length ? "critical" : c.colour;
     return el("td", {
-      class: `cell sev-${c.colour}${flag ? " now-bad" : ""}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
+      class: `cell sev-${colour}${flag ? " now-bad" : ""}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
       "data-loss": c.loss_ratio,
       title: `${s} → ${t} over ${state.range}\np50 ${fmtMs(c.p50_ms)} · p99 ${fmtMs(c.p99_ms)} · max ${fmtMs(c.max_ms)}\n` +
         `${c.seen}/${c.sent} probes seen (${c.lost} lost)\nbands: p99 ${fmtMs(c.lag_ms.warning)} / ${fmtMs(c.lag_ms.critical)}, ` +
@@ -142,6 +148,31 @@ function drawMatrix(data) {
       el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicationLine(s, t), ...(flag ? [flag] : []));
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+}
+
+// Amber is what lies between the warning and the critical limits; where the rules put both
+// at the same value there is no amber band for that figure, and the legend says so.
+function amberLegend(bands, loss) {
+  const parts = [];
+  if (bands.warning < bands.critical) parts.push(`p99 ${fmtMs(bands.warning)} – ${fmtMs(bands.critical)}`);
+  if (loss.warning < loss.critical) parts.push(`${fmtPct(loss.warning)} – ${fmtPct(loss.critical)} lost`);
+  return parts.length ? parts.join(" or ") : "none (the rules' warning and critical limits are equal)";
+}
+
+// Replicas the source's latest probe could not reach in `target`, and why in a few words.
+function unreachableIn(source, target) {
+  const probe = ((state.health || {}).probes || {})[source];
+  return ((probe && probe.unreachable) || []).filter((u) => u.region === target);
+}
+
+function whyUnreachable(error) {
+  const text = String(error || "");
+  if (/authentication failed|WRONGPASS|NOAUTH|invalid password|invalid username/i.test(text)) return "auth failed";
+  if (/permission refused|NOPERM/i.test(text)) return "permission refused";
+  if (/not a Redis server/i.test(text)) return "not Redis";
+  if (/certificate|TLS|SSL/i.test(text)) return "TLS failed";
+  if (/timed out/i.test(text)) return "timed out";
+  return "no answer";
 }
 
 // Beside the lag: the target's worst replica in bytes behind and backlog headroom (latest).
@@ -189,6 +220,19 @@ function yAxis(maxMs) {
   return { max: ticks[ticks.length - 1], ticks, label };
 }
 
+// "UTC", "UTC+1", "UTC-03:30": the offset of the browser's time zone, which the axes use.
+function tzLabel(at = new Date()) {
+  const minutes = -at.getTimezoneOffset();
+  if (!minutes) return "UTC";
+  const sign = minutes > 0 ? "+" : "-", abs = Math.abs(minutes);
+  return `UTC${sign}${Math.floor(abs / 60)}${abs % 60 ? `:${String(abs % 60).padStart(2, "0")}` : ""}`;
+}
+
+function tzName() {
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  return zone ? `${zone} (${tzLabel()})` : tzLabel();
+}
+
 const TICK_STEPS_S = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800];
 
 function timeTicks(sinceNs, untilNs, width) {
@@ -211,7 +255,7 @@ function timeTicks(sinceNs, untilNs, width) {
 }
 
 function drawChart(series, bands, width) {
-  const W = Math.max(300, Math.round(width)), H = 220, L = 62, R = 12, T = 10, B = 50;
+  const W = Math.max(300, Math.round(width)), H = 236, L = 62, R = 12, T = 10, B = 66;
   const plotBottom = H - B, stripTop = plotBottom + 12, stripH = 10;
   const sinceNs = series.since_ns, untilNs = series.until_ns;
   const root = svg("svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-points": series.points.length });
@@ -230,9 +274,11 @@ function drawChart(series, bands, width) {
   const time = timeTicks(sinceNs, untilNs, W - L - R);
   for (const t of time.ticks) {
     root.append(svg("line", { class: "tick", x1: x(t), x2: x(t), y1: plotBottom, y2: stripTop + stripH + 2 }));
-    root.append(svg("text", { class: "axis", x: x(t), y: H - 4, "text-anchor": "middle" }, time.label(t)));
+    root.append(svg("text", { class: "axis", x: x(t), y: H - 20, "text-anchor": "middle" }, time.label(t)));
   }
   root.append(svg("text", { class: "axis strip-label", x: L - 6, y: stripTop + stripH - 1, "text-anchor": "end" }, "loss"));
+  // The times below are the browser's local time: say which.
+  root.append(svg("text", { class: "axis tz", x: W - R, y: H - 4, "text-anchor": "end" }, `time (${tzLabel()})`));
   root.append(svg("rect", { class: "strip", x: L, y: stripTop, width: W - L - R, height: stripH }));
   const mid = (p) => x(p.t_ns + step / 2);
   const bucketW = Math.max(1.5, x(sinceNs + step) - x(sinceNs));
@@ -310,7 +356,11 @@ function chartTitle(series) {
   const last = series.points.length ? series.points[series.points.length - 1] : null;
   const pairNow = ((state.health || {}).pairs || []).find((p) => p.source === series.source && p.target === series.target);
   let now;
-  if (pairNow && pairNow.state === "not_replicating") {
+  const down = unreachableIn(series.source, series.target);
+  if (down.length) {
+    now = el("span", { class: "now bad", title: down.map((u) => `${u.replica}: ${u.error}`).join("\n") },
+      `unreachable: ${whyUnreachable(down[0].error)}`);
+  } else if (pairNow && pairNow.state === "not_replicating") {
     now = el("span", { class: "now bad", title: "none of the latest run's probes arrived" },
       `not replicating · last seen ${pairNow.last_seen_ns ? fmtClock(pairNow.last_seen_ns) : "never"}`);
   } else if (last && last.p99_ms !== null) {
@@ -597,8 +647,20 @@ for (const button of document.querySelectorAll("#range button")) {
     refresh();
   });
 }
-const wanted = new URLSearchParams(location.search).get("range");
-if (wanted && RANGES[wanted]) selectRange(wanted);
-document.getElementById("refresh-s").textContent = String(REFRESH_MS / 1000);
-refresh();
-setInterval(refresh, REFRESH_MS);
+// Without ?range=, a service up for less than 15 minutes (a new install) starts on 15m, so
+// its few minutes of data are not squeezed into the corner of an hour.
+async function start() {
+  const wanted = new URLSearchParams(location.search).get("range");
+  if (wanted && RANGES[wanted]) selectRange(wanted);
+  else {
+    try {
+      const health = await getJSON("/api/v1/health");
+      if (health.uptime_s < RANGES["15m"]) selectRange("15m");
+    } catch (err) { /* refresh() reports the API error */ }
+  }
+  document.getElementById("refresh-s").textContent = String(REFRESH_MS / 1000);
+  document.getElementById("tz").textContent = tzName();
+  await refresh();
+  setInterval(refresh, REFRESH_MS);
+}
+start();

@@ -1,0 +1,107 @@
+"""The dashboard on a phone (390 CSS px, on call): no sideways scroll, every control
+reachable; and what it says about a replica that refuses our password."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from replag.lab.server import free_port
+from tests.helpers.browser import CHROMIUM, chromium, evaluate_when_loaded
+from tests.helpers.redis_servers import primary_and_replicas
+from tests.helpers.waiting import wait_until
+from tests.test_dashboard import serve_dashboard
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+
+PHONE = 390
+LAYOUT = """(() => {
+  const width = document.documentElement.clientWidth;
+  const controls = [...document.querySelectorAll("button, a, select, input")]
+    .filter((e) => getComputedStyle(e).display !== "none" && !e.closest("[hidden]"))
+    .map((e) => { const r = e.getBoundingClientRect();
+      return { text: e.textContent.trim().slice(0, 24), left: r.left, right: r.right,
+               width: r.width, height: r.height }; });
+  const axes = [...document.querySelectorAll("svg.chart text.tz")].map((e) => e.textContent);
+  const legend = [...document.querySelectorAll("#legend > span")].map((e) => e.textContent);
+  return { width, scrollWidth: document.documentElement.scrollWidth,
+           bodyWidth: document.body.scrollWidth, controls, axes, legend,
+           range: document.querySelector("#range button.active").dataset.range };
+})()"""
+
+
+@pytest.fixture
+def dashboard_url(tmp_path: Path) -> Iterator[str]:
+    yield from serve_dashboard(tmp_path)
+
+
+async def test_usable_at_390_px(dashboard_url: str, tmp_path: Path) -> None:
+    page = await evaluate_when_loaded(tmp_path, dashboard_url, LAYOUT, width=PHONE)
+    assert page["width"] == PHONE
+    # Nothing wider than the screen: the page never scrolls sideways.
+    assert page["scrollWidth"] <= PHONE and page["bodyWidth"] <= PHONE, page
+    # Every control on screen and of a size a thumb can hit (the range picker was 2 px).
+    assert len(page["controls"]) >= 9  # 5 ranges, 4 footer links
+    off = [c for c in page["controls"] if c["left"] < 0 or c["right"] > PHONE + 0.5]
+    tiny = [c for c in page["controls"] if c["width"] < 12 or c["height"] < 12]
+    assert off == [] and tiny == [], (off, tiny)
+    ranges = [c for c in page["controls"] if c["text"] in ("15m", "1h", "6h", "24h", "7d")]
+    assert len(ranges) == 5 and all(c["width"] >= 40 and c["height"] >= 30 for c in ranges)
+    # Times on the axes say their zone; amber and red say different things.
+    assert page["axes"] and all(
+        re.fullmatch(r"time \(UTC([+-]\d+(:\d\d)?)?\)", a) for a in page["axes"]
+    )
+    assert len(set(page["legend"][:3])) == 3, page["legend"]
+    # Data from 90 minutes ago on a service up for seconds: 15 minutes by default (a new
+    # install's few minutes of data would fill a corner of the hour).
+    assert page["range"] == "15m"
+
+
+def test_a_replica_refusing_the_password_is_unreachable_auth_failed(tmp_path: Path) -> None:
+    with primary_and_replicas(tmp_path / "redis", replicas=1) as (primary, replica):
+        with replica.client() as client:
+            client.config_set("requirepass", "not-the-one-we-have")
+        config = tmp_path / "replag.toml"
+        config.write_text(
+            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\ncount = 10\nrate = 0\n'
+            'timeout = "1s"\nprobe_interval = "1s"\n'
+            f'[[regions]]\nname = "home"\nwrite = "{primary.url}"\n'
+            f'[[regions]]\nname = "far"\nreplicas = ["{replica.url}"]\n'
+        )
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(
+                lambda: _unreachable(base, proc), "a probe round finding the replica", timeout_s=90
+            )
+            dom = chromium(tmp_path, "--dump-dom", base + "/?range=15m")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    (tile,) = re.findall(
+        r'(<td class="cell sev-\w+[^"]*" data-source="home" data-target="far".*?</td>)', dom, re.S
+    )
+    assert "sev-critical" in tile and "unreachable: auth failed" in tile
+    # It saw none of its probes: 100 % lost, as its chart says (not "0% lost").
+    assert "· 100% lost" in tile
+
+
+def _unreachable(base: str, proc: subprocess.Popen[Any]) -> bool:
+    assert proc.poll() is None, "replag serve exited"
+    try:
+        health = httpx.get(base + "/api/v1/health").json()
+    except httpx.TransportError:
+        return False
+    probe = health["probes"].get("home") or {}
+    return bool(probe.get("unreachable")) and bool(health["pairs"])
