@@ -138,6 +138,10 @@ def test_rebuild_of_a_redis_replica_says_how_redis_resyncs_it(
     assert result.exit_code == 2
     assert "Redis replica of" in result.output and "REPLICAOF NO ONE" in result.output
     assert "Traceback" not in result.output
+    # A group declared a replication group: no member of it is rebuilt by copying.
+    path.write_text(path.read_text().replace('name = "g"', 'name = "g"\nkind = "replication"'))
+    result = CliRunner().invoke(main, ["repair", "rebuild", "-c", str(path), "-g", "g", "-r", "n0"])
+    assert result.exit_code == 2 and "replication group" in result.output, result.output
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(

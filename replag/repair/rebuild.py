@@ -394,6 +394,12 @@ async def rebuild(
         source, rate = params.get("source"), params.get("rate")
         closing_pass = params.get("closing_pass", True)
     replica_group = config.topology.group(group)
+    if replica_group.kind == "replication":
+        raise UsageError(
+            f"group {group} is a replication group: its replicas are rebuilt by Redis's own "
+            f"full sync from the primary, not by replag (`replag repair rebuild` on a replica "
+            f"says how to trigger one); see the runbook 'Rebuilding a replica'"
+        )
     if len(replica_group.members) < 2:
         raise UsageError(f"replica group {group!r} has no peers to rebuild {replica} from")
     target = _member(replica_group, replica, "--replica")
