@@ -52,6 +52,9 @@ class WorkloadSpec:
     # replicas never miss one (a source:REPLICA policy trusts its source).
     drop_share: float = 0.15
     protected: tuple[int, ...] = ()
+    # Key indexes never written: divergence injected there stays for the repair to find,
+    # however late it starts.
+    untouched: tuple[int, ...] = ()
     timeout_s: float = 10.0
 
     def to_json(self) -> str:
@@ -60,7 +63,7 @@ class WorkloadSpec:
     @classmethod
     def from_json(cls, text: str) -> WorkloadSpec:
         data = json.loads(text)
-        for name in ("ports", "hot", "protected"):
+        for name in ("ports", "hot", "protected", "untouched"):
             data[name] = tuple(data[name])
         return cls(**data)
 
@@ -117,8 +120,9 @@ class _Writer:
         self.spec, self.versions = spec, versions
         self.rng = random.Random(spec.seed * 1000 + index)
         self.keyspace = Keyspace(spec.keys, spec.keyspace_seed)
-        self.mine = [k for k in range(spec.keys) if k % spec.writers == index]
-        self.hot = [k for k in spec.hot if k % spec.writers == index]
+        left = set(spec.untouched)
+        self.mine = [k for k in range(spec.keys) if k % spec.writers == index and k not in left]
+        self.hot = [k for k in spec.hot if k % spec.writers == index and k not in left]
         self.conns: list[RespConnection] = []
         self.addresses: list[str] = []  # as the servers name these connections (CLIENT INFO)
         self.ops: list[Op] = []
