@@ -206,8 +206,12 @@ def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int], pids: list[
                     continue
                 m, found, false_pos = run
                 runs[what].append(run)
+                inside = json.loads(m.stdout)
+                scans = max(r["scan_s"] for r in inside["replicas"])
                 print(
-                    f"{prefix} {LABELS[what]} {m.seconds:.2f} s, CPU {m.cpu_s:.1f} s, "
+                    f"{prefix} {LABELS[what]} {m.seconds:.2f} s (in the process: run "
+                    f"{inside['seconds']:.2f} s, slowest scan {scans:.2f} s; the rest is "
+                    f"start-up and exit), CPU {m.cpu_s:.1f} s, "
                     f"{servers_used}, disk {m.disk_write_mb:.1f} MB written; "
                     f"found {found}/{len(truth[what])}, false positives {false_pos} "
                     f"(load {load:.2f})"
