@@ -28,6 +28,9 @@ Every reader runs at the same CPU priority: the check's scan processes at
 `scan_nice = 0` (the setting's default is 10, which would let the ceilings'
 readers, at 0, take the cores first on a shared host), the ceilings' at nice 0.
 Each verdict line carries what the check found against the injected truth.
+The ceilings' readers are started and connected before their clock starts; a
+check is timed from its command's start to its exit, and its line also shows
+its in-process run and slowest scan, so the start-up's share can be read off.
 
     python benchmarks/check_ceiling.py [--keys 1000000] [--rounds 3] [--replicas 2,3]
 """
