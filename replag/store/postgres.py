@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-_CONNECT_TIMEOUT_S = 10
+_TRY_WAIT_S = 0.05  # try_execute's longest wait for a free connection
 # SQLSTATE classes: 53 insufficient resources (disk full, out of memory), 08 connection
 # exception, 57P0x the server shutting down or restarting, 25006 read-only transaction.
 _UNWRITABLE_STATES = ("53", "08", "57P", "25006")
@@ -89,8 +89,18 @@ class PostgresStore(Store):
             return self._run(conn, sql, params)
 
     def try_execute(self, sql: str, params: Sequence[Any] = ()) -> Rows | None:
-        # No lock to wait on: PostgreSQL serves readers beside writers.
-        return self._execute(sql, params)
+        """`execute` if a pooled connection is free at once; None if not (every one busy,
+        or PostgreSQL away and none left): callers on an event loop must not wait."""
+        from psycopg_pool import PoolTimeout
+
+        try:
+            conn = self._pool.getconn(timeout=_TRY_WAIT_S)
+        except PoolTimeout:
+            return None
+        try:
+            return self._run(conn, sql, params)
+        finally:
+            self._pool.putconn(conn)
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[_PostgresTransaction]:
