@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
@@ -27,6 +28,7 @@ from replag.store.schema import ddl_for
 from replag.store.windows import LagWindow, LagWindowTables, insert_window
 
 log = logging.getLogger(__name__)
+_RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
 # While writes fail, the deferred ones are tried again at most this often.
 FLUSH_RETRY_S = 1.0
 
@@ -121,10 +123,12 @@ class Store(LagWindowTables):
 
         A write the store cannot take now (StoreUnwritable: a full disk, a read-only
         file, PostgreSQL away) is kept in memory and written later (see
-        `replag.store.backlog`); its Rows are empty with `deferred` set. Reads, and
-        writes inside `begin()`, raise as they fail.
+        `replag.store.backlog`); its Rows are empty with `deferred` set. Reads, writes
+        with RETURNING and writes inside `begin()` raise as they fail.
         """
-        if not is_write(sql):
+        if not is_write(sql) or _RETURNING.search(sql):
+            # A write whose caller reads its result (a claim, a compare-and-set) is never
+            # deferred: it must hear that it failed.
             return self._execute(sql, params)
         return self._write(((sql, tuple(params)),), single=True)
 
