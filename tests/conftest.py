@@ -6,7 +6,11 @@ Only fixtures live here; what tests import (the factories' types, helpers) is in
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,13 @@ from tests.helpers.postgres import (
 )
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
+
+# The tests never touch the real home: a command run without settings.store opens the
+# default store, ~/.local/state/replag/replag.sqlite, and one left there by another
+# checkout's tests (migrated further) would be refused, or its rows read, by this one.
+_HOME = tempfile.mkdtemp(prefix="replag-test-home-")
+os.environ["HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 
 
 @pytest.fixture
