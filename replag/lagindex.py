@@ -3,10 +3,11 @@
 `LagHistogram.summary_ms()` walks 23,552 HDR buckets in Python (~50 ms), and a
 day of one-minute windows is 1,440 histograms per pair, so answering
 `/api/v1/lag/matrix` from scratch per request cannot meet a 20 ms budget.
-`LagIndex` keeps, in memory, the (end_ns, id) of every window per pair, each
-window's histograms as sparse numpy arrays (decoded once), and an LRU of
-finished answers keyed by the exact set of windows they cover. The figures are
-the same as `replag.store.summarize` gives (a test checks it).
+`LagIndex` keeps, in memory, the (end_ns, id) of every window per pair and per
+replica (a pair's figures are its region roll-up: every replica's windows
+merged), each window's histograms as sparse numpy arrays (decoded once), and an
+LRU of finished answers keyed by the exact set of windows they cover. The
+figures are the same as `replag.store.summarize` gives (a test checks it).
 """
 
 from __future__ import annotations
@@ -68,8 +69,12 @@ def summarize_stats(
     )
 
 
+# (source, target, replica): a replica's windows; replica None: the pair's, every replica's.
+SeriesKey = tuple[str, str, str | None]
+
+
 class _PairWindows:
-    """Windows of one (source, target), sorted by (end_ns, id)."""
+    """Windows of one (source, target[, replica]), sorted by (end_ns, id)."""
 
     def __init__(self) -> None:
         self.keys: list[tuple[int, int]] = []
@@ -113,7 +118,7 @@ class LagIndex:
 
     def __init__(self, store: Store, *, max_cached_answers: int = 16384) -> None:
         self.store = store
-        self._pairs: dict[tuple[str, str], _PairWindows] = {}
+        self._pairs: dict[SeriesKey, _PairWindows] = {}
         self._stats: dict[int, WindowStats] = {}
         self._answers: OrderedDict[Hashable, Any] = OrderedDict()
         self._computing: dict[Hashable, threading.Event] = {}
@@ -155,7 +160,10 @@ class LagIndex:
             return
         try:
             self._refreshed = time.monotonic()
-            query = "SELECT id, source, target, end_ns FROM lag_windows WHERE id > ? ORDER BY id"
+            query = (
+                "SELECT id, source, target, replica, end_ns FROM lag_windows WHERE id > ? "
+                "ORDER BY id"
+            )
             after = self._last_id
             if wait and self.store.backend == "postgresql":
                 # Ids are handed out at insert, not at commit: with several writers a
@@ -174,10 +182,11 @@ class LagIndex:
                 raise
             self.load_error = None
             with self._lock:
-                for window_id, source, target, end_ns in rows:
+                for window_id, source, target, replica, end_ns in rows:
                     if window_id <= self._last_id and window_id in self._recent_ids:
                         continue
-                    self._pairs.setdefault((source, target), _PairWindows()).add(end_ns, window_id)
+                    for key in ((source, target, None), (source, target, replica)):
+                        self._pairs.setdefault(key, _PairWindows()).add(end_ns, window_id)
                     self._last_id = max(self._last_id, window_id)
                     self._recent_order.append(window_id)
                     self._recent_ids.add(window_id)
@@ -203,9 +212,8 @@ class LagIndex:
                 window_id = self._unsaved[key] = self._next_unsaved_id
                 self._next_unsaved_id -= 1
                 self._stats[window_id] = _stats_of(w.sent, w.seen, w.lost, w.lag, w.uncertainty)
-                self._pairs.setdefault((w.source, w.target), _PairWindows()).add(
-                    w.end_ns, window_id
-                )
+                for pair in ((w.source, w.target, None), (w.source, w.target, w.replica)):
+                    self._pairs.setdefault(pair, _PairWindows()).add(w.end_ns, window_id)
             self._unsaved_generation = generation
             if windows:
                 self._answers.clear()
@@ -215,18 +223,23 @@ class LagIndex:
     def forget_before(self, end_ns: int) -> int:
         """Drop windows ending before `end_ns` (pruned from the store); return how many."""
         with self._lock:
-            dropped = [i for w in self._pairs.values() for i in w.drop_before(end_ns)]
-            for window_id in dropped:
-                self._stats.pop(window_id, None)
-            if dropped:
+            # Every window is in its pair's list and its replica's: count the pairs' only.
+            dropped = {key: w.drop_before(end_ns) for key, w in self._pairs.items() if w.keys}
+            for ids in dropped.values():
+                for window_id in ids:
+                    self._stats.pop(window_id, None)
+            gone = sum(len(ids) for key, ids in dropped.items() if key[2] is None)
+            if gone:
                 self._answers.clear()
-            return len(dropped)
+            return gone
 
     def forget_ids(self, ids: Sequence[int]) -> int:
         """Drop windows replaced by compaction (their merged window arrives on refresh)."""
         gone = set(ids)
         with self._lock:
-            dropped = sum(w.drop_ids(gone) for w in self._pairs.values())
+            dropped = sum(w.drop_ids(gone) for k, w in self._pairs.items() if k[2] is None)
+            for w in [w for k, w in self._pairs.items() if k[2] is not None]:
+                w.drop_ids(gone)
             for window_id in gone:
                 self._stats.pop(window_id, None)
             if dropped:
@@ -236,25 +249,42 @@ class LagIndex:
     def pairs(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[tuple[str, str]]:
-        self.refresh(wait=False)
-        with self._lock:
-            spans = {pair: w.span(since_ns, until_ns) for pair, w in self._pairs.items()}
-        return sorted(pair for pair, (lo, hi) in spans.items() if hi > lo)
+        """(source, target) pairs with a window ending within the range."""
+        return [(s, t) for s, t, r in self._keys(since_ns, until_ns) if r is None]
 
-    def latest_end_ns(self, source: str, target: str) -> int | None:
-        """When the pair's newest window ended (its source's latest run), if it has one."""
+    def replicas(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[tuple[str, str, str]]:
+        """(source, target, replica) with a window ending within the range."""
+        return [(s, t, r) for s, t, r in self._keys(since_ns, until_ns) if r is not None]
+
+    def _keys(self, since_ns: int | None, until_ns: int | None) -> list[SeriesKey]:
         self.refresh(wait=False)
         with self._lock:
-            pair = self._pairs.get((source, target))
+            spans = {key: w.span(since_ns, until_ns) for key, w in self._pairs.items()}
+        return sorted(
+            (key for key, (lo, hi) in spans.items() if hi > lo),
+            key=lambda k: (k[0], k[1], k[2] or ""),
+        )
+
+    def latest_end_ns(self, source: str, target: str, replica: str | None = None) -> int | None:
+        """When the pair's (or its replica's) newest window ended, if it has one."""
+        self.refresh(wait=False)
+        with self._lock:
+            pair = self._pairs.get((source, target, replica))
             return pair.keys[-1][0] if pair is not None and pair.keys else None
 
-    def last_seen_end_ns(self, source: str, target: str) -> int | None:
-        """The end of the newest window of the pair in which a probe was seen."""
-        rows = self.store.execute(
+    def last_seen_end_ns(self, source: str, target: str, replica: str | None = None) -> int | None:
+        """The end of the newest window of the pair (or replica) in which a probe was seen."""
+        query = (
             "SELECT MAX(end_ns) AS last_ns FROM lag_windows "
-            "WHERE source = ? AND target = ? AND seen > 0",
-            (source, target),
+            "WHERE source = ? AND target = ? AND seen > 0"
         )
+        params: tuple[str, ...] = (source, target)
+        if replica is not None:
+            query += " AND replica = ?"
+            params += (replica,)
+        rows = self.store.execute(query, params)
         return rows[0].last_ns if rows else None
 
     def summary(
@@ -266,37 +296,39 @@ class LagIndex:
         until_ns: int | None = None,
         replica: str | None = None,
     ) -> LagSummary:
-        """Merged percentiles of the windows ending within [since_ns, until_ns)."""
-        if replica is not None:
-            # Per-replica queries are rare (CLI drill-down): read them straight from the store.
-            windows = self.store.windows(
-                source=source, target=target, replica=replica, since_ns=since_ns, until_ns=until_ns
-            )
-            stats = [_stats_of(w.sent, w.seen, w.lost, w.lag, w.uncertainty) for w in windows]
-            return summarize_stats(stats, source=source, target=target, replica=replica)
+        """Merged percentiles of the windows ending within [since_ns, until_ns): the pair's
+        (every replica's windows), or one `replica`'s."""
         self.refresh(wait=False)
         with self._lock:
-            pair = self._pairs.get((source, target), _PairWindows())
+            pair = self._pairs.get((source, target, replica), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)
-            key = ("summary", source, target, pair.generation, lo, hi)
+            key = ("summary", source, target, replica, pair.generation, lo, hi)
             keys = pair.keys
 
         def compute() -> LagSummary:
             parts = self._chunked([window_id for _, window_id in keys], lo, hi)
-            return summarize_stats(parts, source=source, target=target, replica=None)
+            return summarize_stats(parts, source=source, target=target, replica=replica)
 
         return self._answer(key, compute)
 
     def series(
-        self, source: str, target: str, *, since_ns: int, until_ns: int, step_ns: int
+        self,
+        source: str,
+        target: str,
+        *,
+        since_ns: int,
+        until_ns: int,
+        step_ns: int,
+        replica: str | None = None,
     ) -> list[tuple[int, LagSummary]]:
-        """(bucket start, summary) per epoch-aligned step-long bucket holding a window's end."""
+        """(bucket start, summary) per epoch-aligned step-long bucket holding a window's end,
+        of the pair (every replica) or of one `replica`."""
         self.refresh(wait=False)
         with self._lock:
-            pair = self._pairs.get((source, target), _PairWindows())
+            pair = self._pairs.get((source, target, replica), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)
             all_keys = pair.keys
-            key = ("series", source, target, pair.generation, lo, hi, step_ns)
+            key = ("series", source, target, replica, pair.generation, lo, hi, step_ns)
 
         def compute() -> list[tuple[int, LagSummary]]:
             keys = all_keys[lo:hi]
@@ -313,12 +345,17 @@ class LagIndex:
 
             def bucket(ids: list[int]) -> LagSummary:
                 parts = [stats[i] for i in ids]
-                return summarize_stats(parts, source=source, target=target, replica=None)
+                return summarize_stats(parts, source=source, target=target, replica=replica)
 
             # A new window changes one bucket: the others come from the cache, so a series
             # costs one merge per probe round, not one per bucket of the range.
             return [
-                (start, self._answer(("bucket", source, target, tuple(ids)), partial(bucket, ids)))
+                (
+                    start,
+                    self._answer(
+                        ("bucket", source, target, replica, tuple(ids)), partial(bucket, ids)
+                    ),
+                )
                 for start, ids in sorted(buckets.items())
             ]
 
@@ -329,9 +366,14 @@ class LagIndex:
         start), so the first dashboard load after a restart is not the one that pays."""
         self.refresh()
         with self._lock:
-            ids = [i for w in self._pairs.values() for _, i in w.keys[w.span(since_ns, None)[0] :]]
+            ids = {
+                i
+                for (_, _, replica), w in self._pairs.items()
+                if replica is None
+                for _, i in w.keys[w.span(since_ns, None)[0] :]
+            }
         try:
-            return len(self._load(ids))
+            return len(self._load(sorted(ids)))
         except StoreError as exc:
             self.load_error = f"warm-up: {exc}"
             raise
@@ -339,12 +381,16 @@ class LagIndex:
     def signature(
         self, *, since_ns: int | None, until_ns: int | None
     ) -> tuple[tuple[str, str, int, int, int], ...]:
-        """Names the exact set of windows in range per pair: equal signatures, equal answers."""
+        """Names the exact set of windows in range per pair: equal signatures, equal answers
+        (also per replica: a pair's windows are its replicas' windows)."""
         self.refresh(wait=False)
         with self._lock:
             return tuple(
                 (source, target, windows.generation, *windows.span(since_ns, until_ns))
-                for (source, target), windows in sorted(self._pairs.items())
+                for (source, target, _), windows in sorted(
+                    ((k, w) for k, w in self._pairs.items() if k[2] is None),
+                    key=lambda kw: kw[0][:2],
+                )
             )
 
     def answer(self, key: Hashable, compute: Callable[[], _T], *, may_compute: bool = True) -> _T:

@@ -3,8 +3,10 @@
 Lag is observed per probe sample into buckets 4.9 % apart (48 per decade, 0.1 ms
 to 10 s), so `histogram_quantile()` over `replag_lag_seconds` reads within
 5 % of the exact percentiles the API computes from the stored HDR windows.
-Every series of a pair exists from its first probe on (lost probes at 0), so a
-lost/sent ratio is 0, not empty, for a healthy pair. Dynomite's /info
+Lag, sent and lost are per replica (labels source, target, replica, and rack
+for a Dynomite rack, else empty): a region is a `sum by (source, target)`.
+Every series of every replica the topology names exists from the start (lost
+probes at 0), so a lost/sent ratio is 0, not empty, for a healthy replica. Dynomite's /info
 figures are exported as they were last read, one series per node
 (`replag_dynomite_*`, labels dc, rack, node), µs converted to seconds.
 Replication state (`replag_replication_*`) is the latest sample of every
@@ -22,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from replag.histogram import LagHistogram, SparseHistogram
 from replag.monitoring.dynomite_figures import FIGURES, DynomiteStats, Figure
+from replag.probes.targets import ObservedReplica
 from replag.replication.state import PrimaryState, ReplicaState
 from replag.store import Store
 from replag.store.backlog import StoreHealth
@@ -29,12 +32,14 @@ from replag.store.backlog import StoreHealth
 # Lag: 48 buckets per decade from 0.1 ms to 10 s (241 bounds, each 4.9 % above the last).
 # histogram_quantile() interpolates linearly inside a bucket, so its error is at most the
 # bucket's width: 1-2.5-5 buckets read 79 ms for a p99 of 57 ms. The cost is ~240 series
-# per (source, target) pair, which a Prometheus server holds easily for a fleet's regions.
+# per (source, target, replica), which a Prometheus server holds easily for a fleet's replicas.
 LAG_BUCKETS_PER_DECADE = 48
 LAG_BUCKETS_S = tuple(
     float(f"{10 ** (k / LAG_BUCKETS_PER_DECADE - 4):.4g}")
     for k in range(5 * LAG_BUCKETS_PER_DECADE + 1)
 )
+# The labels of every lag, sent and lost series: one replica (a Dynomite rack's `rack`).
+REPLICA_LABELS = ("source", "target", "replica", "rack")
 # Write acknowledgements: 1-2.5-5 per decade, 0.1 ms to 1 s (an alerting aid, not a measurement).
 WRITE_BUCKETS_S = (*(m * 10.0**e for e in range(-4, 0) for m in (1, 2.5, 5)), 1.0)
 
@@ -274,26 +279,28 @@ class _ReplicationFamilies:
 class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # (source, target, replica) → its rack label ("" when not a Dynomite rack).
+        self._racks: dict[tuple[str, str, str], str] = {}
         r = self.registry
         self.store = StoreCollector()
         r.register(self.store)
         self.lag = Histogram(
             "replag_lag_seconds",
-            "Replication lag of probe writes, source to target region.",
-            ["source", "target"],
+            "Replication lag of probe writes, source region to one replica of the target.",
+            REPLICA_LABELS,
             buckets=LAG_BUCKETS_S,
             registry=r,
         )
         self.probes_sent = Counter(
             "replag_probes_sent",
-            "Probe writes expected on each target region's replicas.",
-            ["source", "target"],
+            "Probe writes expected on the replica.",
+            REPLICA_LABELS,
             registry=r,
         )
         self.probes_lost = Counter(
             "replag_probes_lost",
-            "Probe writes not seen on a replica before the timeout.",
-            ["source", "target"],
+            "Probe writes not seen on the replica before the timeout.",
+            REPLICA_LABELS,
             registry=r,
         )
         self.write_latency = Histogram(
@@ -361,11 +368,25 @@ class ServiceMetrics:
         """Export `store`'s write health, read at each scrape (see `StoreCollector`)."""
         self.store.store = store
 
+    def expect_replicas(self, replicas: Iterable[ObservedReplica]) -> None:
+        """Create every lag, sent and lost series of `replicas` (at 0) now, before any probe."""
+        for o in replicas:
+            self._create_series(o.source, o.target, o.replica, o.rack)
+            for outcome in ("ok", "error"):
+                self.probe_runs.labels(o.source, outcome)
+
+    def _create_series(self, source: str, target: str, replica: str, rack: str | None) -> None:
+        labels = (source, target, replica, rack or "")
+        self.probes_sent.labels(*labels)
+        self.probes_lost.labels(*labels)
+        self.lag.labels(*labels)
+        self._racks[(source, target, replica)] = rack or ""
+
     def observe_probe(
         self,
         *,
         source: str,
-        targets: Iterable[str] = (),
+        replicas: Iterable[tuple[str, str, str | None]] = (),
         samples: Iterable[Any],
         write: LagHistogram,
         unreachable: int,
@@ -373,28 +394,34 @@ class ServiceMetrics:
     ) -> None:
         """Record one finished probe run (samples: ProbeSample-like objects).
 
-        Every series of each probed target is created (at 0) even without a sample or a
-        loss, so rates and ratios over them exist from the first probe on.
+        `replicas`: (target, replica, rack) of every replica the run observed; each one's
+        series are created (at 0) even without a sample or a loss.
         """
         samples = list(samples)
-        for target in {*targets, *(s.target for s in samples)}:
-            self.probes_sent.labels(source, target)
-            self.probes_lost.labels(source, target)
-            self.lag.labels(source, target)
+        for target, replica, rack in replicas:
+            self._create_series(source, target, replica, rack)
         for outcome in ("ok", "error"):
             self.probe_runs.labels(source, outcome)
         for sample in samples:
-            self.probes_sent.labels(source, sample.target).inc()
+            labels = self._labels(source, sample.target, sample.replica)
+            self.probes_sent.labels(*labels).inc()
             if sample.lag_ns is None:
-                self.probes_lost.labels(source, sample.target).inc()
+                self.probes_lost.labels(*labels).inc()
             else:
-                self.lag.labels(source, sample.target).observe(max(sample.lag_ns, 0) / 1e9)
+                self.lag.labels(*labels).observe(max(sample.lag_ns, 0) / 1e9)
         for value_us, count in SparseHistogram.from_lag_histogram(write).values_us():
             for _ in range(count):
                 self.write_latency.labels(source).observe(value_us / 1e6)
         self.unreachable.labels(source).set(unreachable)
         self.probe_runs.labels(source, "ok").inc()
         self.last_success.labels("probe", source).set(finished_s)
+
+    def _labels(self, source: str, target: str, replica: str) -> tuple[str, str, str, str]:
+        rack = self._racks.get((source, target, replica))
+        if rack is None:
+            self._create_series(source, target, replica, None)
+            rack = ""
+        return source, target, replica, rack
 
     def observe_dynomite(
         self, *, samples: Sequence[DynomiteStats], errors: Iterable[str], finished_s: float

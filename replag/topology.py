@@ -227,6 +227,10 @@ class Endpoint:
         return out
 
 
+def _same_server(a: Endpoint, b: Endpoint) -> bool:
+    return (a.host, a.port, a.db) == (b.host, b.port, b.db)
+
+
 def _redact_raw(url: str) -> str:
     parts = urlsplit(url)
     if parts.password:
@@ -347,6 +351,31 @@ class Topology:
             master = source.sentinel.master
             return [r for r in self.regions if r.sentinel and r.sentinel.master == master]
         return list(self.regions)
+
+    def reached_from(
+        self, source: Region, write: Endpoint
+    ) -> tuple[list[tuple[Region, Endpoint]], list[Endpoint]]:
+        """(region, server) pairs a write through `write` in `source` should reach, and the
+        configured replicas left out because they are `write` itself.
+
+        Under Sentinel the configured write endpoint is one server of the set like the
+        others: once demoted by a failover it is a replica, and observed as one.
+        """
+        out: list[tuple[Region, Endpoint]] = []
+        skipped: list[Endpoint] = []
+        for region in self.observed_from(source):
+            servers = list(region.replicas)
+            if region.sentinel is not None and region.write is not None:
+                servers.append(region.write)
+            for ep in servers:
+                if any(_same_server(ep, seen) for _, seen in out):
+                    continue
+                if _same_server(ep, write):
+                    if ep in region.replicas:
+                        skipped.append(ep)
+                    continue
+                out.append((region, ep))
+        return out, skipped
 
     def endpoints(self) -> list[Endpoint]:
         """Every distinct endpoint, write endpoints first."""

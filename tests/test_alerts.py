@@ -130,7 +130,7 @@ def test_p99_rule_goes_pending_then_firing_then_resolved(tmp_path: Path) -> None
     assert history[0]["value"] == pytest.approx(22, rel=0.01)  # the value that resolved it
     assert history[0]["summary"] == (
         f"resolved after 1h08m of firing (since {clock(t0 + 2 * MIN)}): "
-        "us-east→eu-west: p99 lag 22.0 ms over the last 300 s (limit 100.0 ms)"
+        "us-east→eu-west replica eu-west-1: p99 lag 22.0 ms over the last 300 s (limit 100.0 ms)"
     )
 
 
@@ -314,7 +314,9 @@ def test_a_partition_is_no_data_for_the_lag_rule(
     )
     assert book.active() == []
     lines = [r.getMessage() for r in caplog.records if r.name == "replag.alerts.state"]
-    assert lines[1].startswith("alert lag firing: us-east→eu-west: p99 lag 275.2 ms")
+    assert lines[1].startswith(
+        "alert lag firing: us-east→eu-west replica eu-west-1: p99 lag 275.2 ms"
+    )
     assert any(line.startswith("alert loss resolved: resolved after 13m") for line in lines)
     if no_data == "keep_firing":
         assert any(line.startswith("alert lag firing, kept (no data): ") for line in lines)

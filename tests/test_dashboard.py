@@ -212,3 +212,34 @@ def test_headroom_bars_take_the_colours_of_the_headroom_rules(tmp_path: Path) ->
         assert bars == {"us-west-1": "fill-low", "eu-west-1": "fill-ok"}
         assert 'class="repl repl-down repl-low" data-bytes-behind="2048"' in dom
         assert "red under 90%" in dom
+
+
+def test_a_silent_replica_is_red_in_its_regions_tile_and_has_its_own_chart(
+    tmp_path: Path,
+) -> None:
+    """eu-west has three replicas; eu-west-3 sees none of us-east's probes. The region
+    loses a third of them (amber by the loss bands alone), but the tile is red and says
+    which replica: one row per replica, each in its own colour, and a chart each."""
+    store = Store(tmp_path / "s.sqlite")
+    for name in ("eu-west-2", "eu-west-3"):
+        add_windows(store, pairs=[("us-east", "eu-west", 160.0)], minutes=90, replica=name,
+                    silent=name == "eu-west-3")  # fmt: skip
+    store.close()
+    for url in serve_dashboard(tmp_path):
+        dom = chromium(tmp_path, "--dump-dom", url)
+        assert 'data-loaded="true"' in dom
+        assert re.search(r'class="cell sev-critical" data-source="us-east" data-target="eu-west"',
+                         dom)  # fmt: skip
+        rows = {name: sev for sev, name in re.findall(
+            r'class="replica-row sev-(\w+)[^"]*" data-replica="([^"]+)"', dom)}  # fmt: skip
+        assert rows == {"eu-west-1": "warning", "eu-west-2": "warning", "eu-west-3": "critical"}
+        charts = re.findall(r'class="chart-card[^"]*" data-pair="([^"]+)"', dom)
+        assert {c for c in charts if "/" in c} == {
+            f"us-east→eu-west/eu-west-{i}" for i in (1, 2, 3)
+        }
+        assert len(charts) == 3 + 3
+        assert "no probe seen: 100% lost" in dom  # eu-west-3's chart is dark throughout
+        if os.environ.get("REPLAG_SCREENSHOT"):
+            shot = tmp_path / "replicas.png"
+            chromium(tmp_path, f"--screenshot={shot}", url)
+            shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"].replace(".png", "-replicas.png"))

@@ -134,18 +134,18 @@ async def test_histogram_quantile_reads_within_5_percent_of_the_api(app: FastAPI
     assert worst[0] <= 0.05, worst[1]
 
 
-def test_every_series_of_a_pair_exists_from_its_first_probe(app: FastAPI) -> None:
+def test_every_series_of_a_replica_exists_from_its_first_probe(app: FastAPI) -> None:
     metrics = app.state.service.metrics
     metrics.observe_probe(
         source="us-west",
-        targets=["eu-west"],
+        replicas=[("eu-west", "eu-west-1", None)],
         samples=[],
         write=LagHistogram(),
         unreachable=0,
         finished_s=time.time(),
     )
     text = metrics.render().decode()
-    labels = 'source="us-west",target="eu-west"'
+    labels = 'rack="",replica="eu-west-1",source="us-west",target="eu-west"'
     assert f"replag_probes_lost_total{{{labels}}} 0.0" in text
     assert f"replag_probes_sent_total{{{labels}}} 0.0" in text
     assert f"replag_lag_seconds_count{{{labels}}} 0.0" in text

@@ -212,8 +212,9 @@ async def test_a_partition_under_serve(lab_factory: LabFactory, tmp_path: Path, 
     assert float(lag["annotations"]["value"]) <= 100  # the p99 that resolved it
     assert float(lag["annotations"]["duration"].rstrip("s")) > 3 * OVER
     assert re.match(
-        r"resolved after \d+s of firing \(since [\d-]+ [\d:]+Z\): us-east→eu-west: p99 lag "
-        r"[\d.]+ ms over the last 2 s \(limit 100\.0 ms\)",
+        r"resolved after \d+s of firing \(since [\d-]+ [\d:]+Z\): "
+        r"us-east→eu-west replica eu-west-1: p99 lag [\d.]+ ms "
+        r"over the last 2 s \(limit 100\.0 ms\)",
         lag["annotations"]["summary"],
     ), lag["annotations"]["summary"]
     loss = hook.of("loss", "resolved")[0]
@@ -224,7 +225,7 @@ async def test_a_partition_under_serve(lab_factory: LabFactory, tmp_path: Path, 
         "alert lag firing: us-east→eu-west",
         "alert loss firing: us-east→eu-west",
         "replica eu-west-1 saw none of 20 probes within 1s: reachable but not replicating",
-        "alert lag firing, kept (no data): us-east→eu-west: no lag measured",
+        "alert lag firing, kept (no data): us-east→eu-west replica eu-west-1: no lag measured",
         "replica eu-west-1 replicating again",
         "alert lag resolved: resolved after",
         "alert loss resolved: resolved after",

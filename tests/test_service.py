@@ -71,8 +71,11 @@ def test_serve_subprocess_shows_probe_data_and_stops_on_sigterm(
         lag = _poll(base, "/api/v1/lag?since=5m", measured, proc)
         pair = next(p for p in lag.json()["pairs"] if p["target"] == "eu-west")
         assert pair["lag_ms"]["p50"] >= 15  # the relay holds bytes 20 ms one way
-        metrics = _poll(base, "/metrics", lambda r: 'replag_lag_seconds_count{source="us-east",'
-                        'target="eu-west"}' in r.text, proc).text  # fmt: skip
+        labels = 'rack="",replica="eu-west-1",source="us-east",target="eu-west"'
+        series = f"replag_lag_seconds_count{{{labels}}}"
+        metrics = _poll(
+            base, "/metrics", lambda r: series in r.text and f"{series} 0.0" not in r.text, proc
+        ).text
         assert 'replag_last_success_timestamp_seconds{name="us-east",task="probe"}' in metrics
         health = httpx.get(base + "/api/v1/health").json()
         assert health["probes"]["us-east"]["last_success_ns"]

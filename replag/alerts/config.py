@@ -23,8 +23,9 @@
     over = "5m"                   # lag_p99 / probe_loss: the range of windows merged;
                                   # dynomite_dropped_writes: how far back growth counts
     severity = "critical"         # critical | warning | info
-    source = "us-east"            # optional filters: source, target (regions), group
-    target = "eu-west"
+    source = "us-east"            # optional filters: source, target (regions), replica
+    target = "eu-west"            # (a replica's name, or a Dynomite rack's), group
+    replica = "eu-west-2"
     no_data = "keep_firing"       # when the rule has nothing to judge (every probe lost, no
                                   # probe sent, the check failed, the node silent):
                                   # keep_firing: the alert stays as it is (default; a partition
@@ -83,8 +84,17 @@ class AlertRule:
     severity: Severity = "warning"
     source: str | None = None
     target: str | None = None
+    replica: str | None = None
     group: str | None = None
     no_data: NoData = "keep_firing"
+
+    def covers(self, source: str, target: str, replica: str | None = None) -> bool:
+        """Whether the rule's filters let (source, target[, replica]) through."""
+        return (
+            self.source in (None, source)
+            and self.target in (None, target)
+            and self.replica in (None, replica)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +106,7 @@ class AlertRule:
             "severity": self.severity,
             "source": self.source,
             "target": self.target,
+            "replica": self.replica,
             "group": self.group,
             "no_data": self.no_data,
         }

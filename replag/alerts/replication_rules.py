@@ -81,7 +81,7 @@ def _replica_conditions(rule: AlertRule, ctx: RuleContext, judge: Judge) -> list
         else:
             judged = [(r.replica, r.region, r) for r in primary.replicas]
         for name, region, r in judged:
-            if rule.target not in (None, region):
+            if not rule.covers(primary.source, region, name):
                 continue
             labels = {"source": primary.source, "region": region, "replica": name}
             where = f"{name} ({region}) of {primary.primary}"

@@ -43,29 +43,33 @@ def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Cond
     return out
 
 
-def _lag_pairs(rule: AlertRule, ctx: RuleContext) -> list[tuple[str, str]]:
-    """Pairs measured within `over`, and pairs measured before whose source still probes
-    and whose target is still configured (they have no data now: that is news too)."""
+def _lag_replicas(rule: AlertRule, ctx: RuleContext) -> list[tuple[str, str, str]]:
+    """Replicas measured within `over`, and replicas measured before whose source still
+    probes and whose target is still configured (they have no data now: that is news
+    too). Each replica is its own subject: a region's other replicas never hide it."""
     regions = ctx.config.topology.regions
     sources = {r.name for r in regions if r.write is not None}
     targets = {r.name for r in regions}
-    recent = set(ctx.index.pairs(since_ns=ctx.since_ns(rule)))
-    known = {(s, t) for s, t in ctx.index.pairs() if s in sources and t in targets}
-    return sorted(
-        (s, t) for s, t in recent | known if rule.source in (None, s) and rule.target in (None, t)
-    )
+    recent = set(ctx.index.replicas(since_ns=ctx.since_ns(rule)))
+    known = {(s, t, r) for s, t, r in ctx.index.replicas() if s in sources and t in targets}
+    return sorted(k for k in recent | known if rule.covers(*k))
+
+
+def _where(source: str, target: str, replica: str) -> str:
+    return f"{source}→{target} replica {replica}"
 
 
 def lag_p99_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
-    """p99 lag over the windows of the last `over` against `threshold` (ms).
+    """p99 lag of each replica over the windows of the last `over` against `threshold` (ms).
 
     No sample seen in that range (every probe lost, or none sent) is no data: a
     partitioned replica has no p99, which is not a healthy one.
     """
     out = []
-    for source, target in _lag_pairs(rule, ctx):
-        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule))
-        labels = {"source": source, "target": target}
+    for source, target, replica in _lag_replicas(rule, ctx):
+        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule), replica=replica)
+        labels = {"source": source, "target": target, "replica": replica}
+        where = _where(source, target, replica)
         p99 = summary.lag_ms["p99"]
         if p99 is None:
             out.append(
@@ -75,7 +79,7 @@ def lag_p99_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                     value=None,
                     active=False,
                     no_data=True,
-                    summary=f"{source}→{target}: no lag measured in the last {rule.over_s:g} s: "
+                    summary=f"{where}: no lag measured in the last {rule.over_s:g} s: "
                     + (
                         f"all {summary.sent} probes lost"
                         if summary.sent
@@ -90,7 +94,7 @@ def lag_p99_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                 labels=labels,
                 value=p99,
                 active=p99 > rule.threshold,
-                summary=f"{source}→{target}: p99 lag {format_ms(p99)} ms over the last "
+                summary=f"{where}: p99 lag {format_ms(p99)} ms over the last "
                 f"{rule.over_s:g} s (limit {format_ms(rule.threshold)} ms)",
             )
         )
@@ -98,11 +102,13 @@ def lag_p99_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
 
 
 def probe_loss_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
-    """lost/sent over the last `over` against `threshold` (a ratio); no probe sent is no data."""
+    """Each replica's lost/sent over the last `over` against `threshold` (a ratio); no probe
+    sent is no data."""
     out = []
-    for source, target in _lag_pairs(rule, ctx):
-        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule))
-        labels = {"source": source, "target": target}
+    for source, target, replica in _lag_replicas(rule, ctx):
+        summary = ctx.index.summary(source, target, since_ns=ctx.since_ns(rule), replica=replica)
+        labels = {"source": source, "target": target, "replica": replica}
+        where = _where(source, target, replica)
         ratio = summary.loss_ratio
         if not summary.sent:
             out.append(
@@ -112,8 +118,7 @@ def probe_loss_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                     value=None,
                     active=False,
                     no_data=True,
-                    summary=f"{source}→{target}: no probe sent from {source} in the last "
-                    f"{rule.over_s:g} s",
+                    summary=f"{where}: no probe sent from {source} in the last {rule.over_s:g} s",
                 )
             )
             continue
@@ -123,7 +128,7 @@ def probe_loss_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                 labels=labels,
                 value=ratio,
                 active=ratio > rule.threshold,
-                summary=f"{source}→{target}: lost {summary.lost}/{summary.sent} probes "
+                summary=f"{where}: lost {summary.lost}/{summary.sent} probes "
                 f"({ratio:.2%}, limit {rule.threshold:.2%})",
             )
         )
@@ -167,7 +172,7 @@ def unreachable_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]
             continue
         for item in health.unreachable:
             region, replica = item.get("region", ""), item.get("replica", "")
-            if rule.target not in (None, region):
+            if not rule.covers(source, region, replica):
                 continue
             out.append(
                 Condition(
@@ -288,7 +293,7 @@ def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     for source, target, replica, sent, lost in (
         (r.source, r.target, r.replica, int(r.sent), int(r.lost)) for r in rows
     ):
-        if source not in dynomite or not lost:
+        if source not in dynomite or not lost or not rule.covers(source, target, replica):
             continue
         out.append(
             Condition(

@@ -80,6 +80,7 @@ class RuleTable(FileTable, frozen=True, kw_only=True):
     severity: Severity = "warning"
     source: NonEmptyStr | None = None
     target: NonEmptyStr | None = None
+    replica: NonEmptyStr | None = None
     group: NonEmptyStr | None = None
     no_data: NoData = "keep_firing"
 
@@ -104,6 +105,7 @@ class RuleTable(FileTable, frozen=True, kw_only=True):
             severity=self.severity,
             source=self.source,
             target=self.target,
+            replica=self.replica,
             group=self.group,
             no_data=self.no_data,
         )

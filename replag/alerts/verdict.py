@@ -2,12 +2,14 @@
 
 Judged from the latest probe run of every source (the freshest evidence), not
 from a range: a replica that answers but saw none of the last run's probes is
-not replicating, whatever its p99 was an hour ago. `GET /api/v1/health` and the
-dashboard's badge show this verdict; `pairs` lets the matrix mark each pair.
+not replicating, whatever its p99 was an hour ago, and whatever its siblings in
+the same region do. `GET /api/v1/health` and the dashboard's badge show this
+verdict; `pairs` lets the matrix mark each pair and, in its `replicas`, each
+replica (a pair's state is its worst replica's).
 
 Critical (failing): a source whose probe failed or is stale, an unreachable
-replica, a pair that saw none of its probes. Warning (degraded): a pair that
-lost more than `max_loss` of them, alerts firing.
+replica, a replica that saw none of its probes. Warning (degraded): a replica
+that lost more than `max_loss` of them, alerts firing.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ class HealthProblem:
         }
 
 
+_STATE_ORDER: tuple[PairState, ...] = ("ok", "lossy", "not_replicating")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PairHealth:
-    """One (source, target) in its source's latest run."""
+    """One (source, target) — or one replica of it — in its source's latest run.
+
+    A pair's figures are its replicas' summed, its state the worst of theirs."""
 
     source: str
     target: str
@@ -62,17 +69,23 @@ class PairHealth:
     sent: int
     lost: int
     last_seen_ns: int | None  # end of the last run in which a probe was seen
+    replica: str | None = None
+    replicas: tuple[PairHealth, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "source": self.source,
             "target": self.target,
+            "replica": self.replica,
             "state": self.state,
             "run_end_ns": self.run_end_ns,
             "sent": self.sent,
             "lost": self.lost,
             "last_seen_ns": self.last_seen_ns,
         }
+        if self.replica is None:
+            out["replicas"] = [r.to_dict() for r in self.replicas]
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +121,16 @@ def replication_health(
     for source in sources:
         problems += _source_problems(health.get(source), source, now_ns=now_ns, stale_s=stale_s)
     pairs = []
+    replicas: dict[tuple[str, str], list[str]] = {}
+    for source, target, replica in index.replicas():
+        replicas.setdefault((source, target), []).append(replica)
     for source, target in index.pairs():
         if source not in sources or target not in targets:
             continue
-        pair = _pair_health(index, source, target)
+        pair = _pair_health(index, source, target, replicas.get((source, target), []))
         pairs.append(pair)
-        problems += _pair_problems(pair, max_loss=settings.max_loss or 0.0, now_ns=now_ns)
+        for one in pair.replicas:
+            problems += _pair_problems(one, max_loss=settings.max_loss or 0.0, now_ns=now_ns)
     if alerts_firing:
         problems.append(
             HealthProblem(
@@ -166,20 +183,46 @@ def _source_problems(
     return out
 
 
-def _pair_health(index: LagIndex, source: str, target: str) -> PairHealth:
+def _pair_health(index: LagIndex, source: str, target: str, replicas: list[str]) -> PairHealth:
+    """The pair in its source's latest run, with each replica that run observed."""
     run_end = index.latest_end_ns(source, target)
     assert run_end is not None  # the pair is listed, so it has a window
-    latest = index.summary(source, target, since_ns=run_end)
+    # A replica no longer observed (it became the write endpoint, it left the config)
+    # has no window in the latest run: its old state is history, not health.
+    latest = [
+        _replica_health(index, source, target, r, run_end)
+        for r in replicas
+        if index.latest_end_ns(source, target, r) == run_end
+    ]
+    total = index.summary(source, target, since_ns=run_end)
+    seen = [r.last_seen_ns for r in latest if r.last_seen_ns is not None]
+    return PairHealth(
+        source=source,
+        target=target,
+        state=max((r.state for r in latest), key=_STATE_ORDER.index, default="ok"),
+        run_end_ns=run_end,
+        sent=total.sent,
+        lost=total.lost,
+        last_seen_ns=max(seen) if seen else None,
+        replicas=tuple(latest),
+    )
+
+
+def _replica_health(
+    index: LagIndex, source: str, target: str, replica: str, run_end: int
+) -> PairHealth:
+    latest = index.summary(source, target, since_ns=run_end, replica=replica)
     if latest.sent and not latest.seen:
         state: PairState = "not_replicating"
     elif latest.lost:
         state = "lossy"
     else:
         state = "ok"
-    last_seen = run_end if latest.seen else index.last_seen_end_ns(source, target)
+    last_seen = run_end if latest.seen else index.last_seen_end_ns(source, target, replica)
     return PairHealth(
         source=source,
         target=target,
+        replica=replica,
         state=state,
         run_end_ns=run_end,
         sent=latest.sent,
@@ -189,7 +232,7 @@ def _pair_health(index: LagIndex, source: str, target: str) -> PairHealth:
 
 
 def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[HealthProblem]:
-    where = f"{pair.source}→{pair.target}"
+    where = f"{pair.source}→{pair.target}" + (f" replica {pair.replica}" if pair.replica else "")
     if pair.state == "not_replicating":
         seen = (
             f"last probe seen {_ago(now_ns, pair.last_seen_ns)}"
@@ -202,6 +245,7 @@ def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[He
                 severity="critical",
                 source=pair.source,
                 target=pair.target,
+                replica=pair.replica,
                 message=f"{where}: none of {pair.sent} probes seen in the latest run "
                 f"(reachable, not replicating); {seen}",
             )
@@ -213,6 +257,7 @@ def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[He
                 severity="warning",
                 source=pair.source,
                 target=pair.target,
+                replica=pair.replica,
                 message=f"{where}: lost {pair.lost}/{pair.sent} probes in the latest run "
                 f"(limit {max_loss:.1%})",
             )

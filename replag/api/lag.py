@@ -1,5 +1,10 @@
 """The lag endpoints: merged percentiles, the region matrix, and chart series.
 
+The replica is the unit: every pair (source region → target region) carries its
+replicas' own figures (`replicas`), and is their roll-up (every replica's
+windows merged), coloured never better than its worst replica; a series is a
+pair's or, with `replica`, one replica's.
+
 Answers are cached as JSON bytes keyed by the exact set of windows they cover
 (`LagIndex.signature`), so a dashboard polling "the last 24 h" costs a cache
 lookup until a window arrives or ages out. A cache hit is served on the event
@@ -22,17 +27,21 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour
+from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour, worst
 from replag.api import models
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
 from replag.errors import NotFound
-from replag.lagindex import LagIndex, NotCached
+from replag.lagindex import LagIndex, LagSummary, NotCached
 from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
 Region = Annotated[str | None, Query(max_length=200, description="a region name")]
+Replica = Annotated[
+    str | None,
+    Query(max_length=200, description="a replica's name (or a Dynomite rack's), as in `replicas`"),
+]
 
 
 # Where the service's schedules run (`LagIndex.serve_recent`), a cache miss is waited
@@ -95,33 +104,63 @@ def _check_region(svc: ReplagService, name: str | None, *, param: str) -> None:
         raise NotFound(f"{param}: unknown region {name!r} (known: {', '.join(known)})")
 
 
+def _replicas_of(svc: ReplagService) -> dict[tuple[str, str], list[str]]:
+    """(source, target) → its replicas with a window ever. A new replica comes with a new
+    window of its pair, so the pair's signature (the cache key) covers them too."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for source, target, replica in svc.index.replicas():
+        out.setdefault((source, target), []).append(replica)
+    return out
+
+
+def _check_replica(svc: ReplagService, name: str | None) -> None:
+    if name is None:
+        return
+    known = sorted({r for _, _, r in svc.index.replicas()})
+    if name not in known:
+        raise NotFound(f"replica: unknown replica {name!r} (known: {', '.join(known) or 'none'})")
+
+
 @router.get("/lag", response_model=models.Lag, responses=errors(404))
 async def lag(
     svc: Service,
     source: Region = None,
     target: Region = None,
+    replica: Replica = None,
     since: Time = None,
     until: Time = None,
 ) -> Response:
-    """Merged percentiles, count and loss per (source, target) over the range (default 15m)."""
+    """Merged percentiles, count and loss per (source, target) over the range (default 15m),
+    each with `replicas`: the same figures per replica (`replica` keeps that one only)."""
     _check_region(svc, source, param="source")
     _check_region(svc, target, param="target")
+    _check_replica(svc, replica)
     span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=900)
     signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
+    replicas = _replicas_of(svc)
     chosen = [
-        (s, t)
+        (s, t, [r for r in replicas.get((s, t), []) if replica in (None, r)])
         for s, t, _, lo, hi in signature
         if hi > lo and source in (None, s) and target in (None, t)
     ]
 
     def build() -> bytes:
-        pairs = [
-            svc.index.summary(s, t, since_ns=span.since_ns, until_ns=span.until_ns).to_dict()
-            for s, t in chosen
-        ]
+        pairs = []
+        for s, t, names in chosen:
+            per_replica = [
+                svc.index.summary(
+                    s, t, since_ns=span.since_ns, until_ns=span.until_ns, replica=r
+                ).to_dict()
+                for r in names
+            ]
+            per_replica = [r for r in per_replica if r["sent"]]
+            if replica is not None and not per_replica:
+                continue
+            pair = svc.index.summary(s, t, since_ns=span.since_ns, until_ns=span.until_ns)
+            pairs.append({**pair.to_dict(), "replicas": per_replica})
         return _members({"pairs": pairs})
 
-    family = ("lag", source, target, since, until)
+    family = ("lag", source, target, replica, since, until)
     body, fresh = await _cached(svc.index, (*family, signature), family, build)
     return _json(
         {
@@ -144,27 +183,26 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
     signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
 
     def build() -> bytes:
+        replicas = _replicas_of(svc)
         cells = []
         for source, target, _, lo, hi in signature:
             if hi <= lo:
                 continue
             s = svc.index.summary(source, target, since_ns=span.since_ns, until_ns=span.until_ns)
-            cells.append(
-                {
-                    "source": source,
-                    "target": target,
-                    "p50_ms": s.lag_ms["p50"],
-                    "p99_ms": s.lag_ms["p99"],
-                    "max_ms": s.lag_ms["max"],
-                    "sent": s.sent,
-                    "seen": s.seen,
-                    "lost": s.lost,
-                    "loss_ratio": round(s.loss_ratio, 6),
-                    **pair_colour(
-                        svc.config, source, target, p99_ms=s.lag_ms["p99"], sent=s.sent, lost=s.lost
-                    ),
-                }
-            )
+            per_replica = [
+                _cell(svc, summary, replica=r)
+                for r in replicas.get((source, target), [])
+                if (
+                    summary := svc.index.summary(
+                        source, target, since_ns=span.since_ns, until_ns=span.until_ns, replica=r
+                    )
+                ).sent
+            ]
+            cell = _cell(svc, s, replica=None)
+            # A region is never greener than its worst replica: one silent rack of three
+            # loses a third of the probes, and is red all the same.
+            cell["colour"] = worst([cell["colour"], *(r["colour"] for r in per_replica)])
+            cells.append({**cell, "replicas": per_replica})
         return _members(
             {
                 "regions": _regions(svc),
@@ -190,18 +228,47 @@ async def lag_matrix(svc: Service, since: Time = None) -> Response:
     return _json(head, body)
 
 
+def _cell(svc: ReplagService, s: LagSummary, *, replica: str | None) -> dict[str, Any]:
+    """One matrix cell (a pair, or one replica of it) with its colour and bands."""
+    out: dict[str, Any] = {"source": s.source, "target": s.target}
+    if replica is not None:
+        out["replica"] = replica
+    return {
+        **out,
+        "p50_ms": s.lag_ms["p50"],
+        "p99_ms": s.lag_ms["p99"],
+        "max_ms": s.lag_ms["max"],
+        "sent": s.sent,
+        "seen": s.seen,
+        "lost": s.lost,
+        "loss_ratio": round(s.loss_ratio, 6),
+        **pair_colour(
+            svc.config,
+            s.source,
+            s.target,
+            p99_ms=s.lag_ms["p99"],
+            sent=s.sent,
+            lost=s.lost,
+            replica=replica,
+        ),
+    }
+
+
 @router.get("/lag/series", response_model=models.Series, responses=errors(404))
 async def lag_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],
     target: Annotated[str, Query(max_length=200)],
+    replica: Replica = None,
     since: Time = None,
     until: Time = None,
     step: Step = None,
 ) -> Response:
-    """Percentiles per epoch-aligned step (default range 1h) for charts."""
+    """Percentiles per epoch-aligned step (default range 1h) for charts: the pair's, or with
+    `replica` that replica's."""
     _check_region(svc, source, param="source")
     _check_region(svc, target, param="target")
+    _check_replica(svc, replica)
     span = TimeRange.parse(since, until, now_ns=time.time_ns(), default_since_s=3600)
     step_ns = span.step_ns(step, minimum_s=svc.settings.window)
     signature = [
@@ -212,7 +279,12 @@ async def lag_series(
 
     def build() -> bytes:
         series = svc.index.series(
-            source, target, since_ns=span.since_ns, until_ns=span.until_ns, step_ns=step_ns
+            source,
+            target,
+            since_ns=span.since_ns,
+            until_ns=span.until_ns,
+            step_ns=step_ns,
+            replica=replica,
         )
         points = [
             {
@@ -228,10 +300,16 @@ async def lag_series(
             for start, s in series
         ]
         return _members(
-            {"source": source, "target": target, "step_s": step_ns / 1e9, "points": points}
+            {
+                "source": source,
+                "target": target,
+                "replica": replica,
+                "step_s": step_ns / 1e9,
+                "points": points,
+            }
         )
 
-    family = ("series", source, target, since, until, step_ns)
+    family = ("series", source, target, replica, since, until, step_ns)
     body, fresh = await _cached(svc.index, (*family, tuple(signature)), family, build)
     return _json(
         {

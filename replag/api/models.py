@@ -30,14 +30,32 @@ class HealthProblem(Open):
     replica: str | None = None
 
 
-class PairHealth(Open):
+class ReplicaHealth(Open):
     source: str
     target: str
+    replica: str
     state: str = Field(description="ok, lossy or not_replicating in the source's latest run")
     run_end_ns: int
     sent: int
     lost: int
     last_seen_ns: int | None = None
+
+
+class PairHealth(Open):
+    source: str
+    target: str
+    replica: None = None
+    state: str = Field(
+        description="ok, lossy or not_replicating in the source's latest run: the worst of "
+        "its replicas'"
+    )
+    run_end_ns: int
+    sent: int
+    lost: int
+    last_seen_ns: int | None = None
+    replicas: list[ReplicaHealth] = Field(
+        default=[], description="each replica the source's latest run observed"
+    )
 
 
 class ProbeHealth(Open):
@@ -274,7 +292,7 @@ class Percentiles(Open):
     max: float | None = None
 
 
-class LagPair(Open):
+class LagSummary(Open):
     source: str
     target: str
     replica: str | None = None
@@ -285,6 +303,12 @@ class LagPair(Open):
     lag_ms: Percentiles
     uncertainty_ms: dict[str, float | None]
     out_of_range: int
+
+
+class LagPair(LagSummary):
+    replicas: list[LagSummary] = Field(
+        default=[], description="the same figures per replica (the pair is their roll-up)"
+    )
 
 
 class Ranged(Open):
@@ -302,9 +326,10 @@ class Bands(Open):
     critical: float
 
 
-class MatrixCell(Open):
+class MatrixReplica(Open):
     source: str
     target: str
+    replica: str
     p50_ms: float | None = None
     p99_ms: float | None = None
     max_ms: float | None = None
@@ -315,6 +340,22 @@ class MatrixCell(Open):
     colour: str = Field(description="green, amber or red")
     lag_ms: Bands
     loss: Bands
+
+
+class MatrixCell(Open):
+    source: str
+    target: str
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    sent: int
+    seen: int
+    lost: int
+    loss_ratio: float
+    colour: str = Field(description="green, amber or red; never better than its worst replica")
+    lag_ms: Bands
+    loss: Bands
+    replicas: list[MatrixReplica] = Field(default=[], description="each replica's own cell")
 
 
 class Matrix(Ranged):
@@ -339,5 +380,6 @@ class SeriesPoint(Open):
 class Series(Ranged):
     source: str
     target: str
+    replica: str | None = Field(default=None, description="the replica's series; None: the pair's")
     step_s: float
     points: list[SeriesPoint]

@@ -35,6 +35,7 @@ class PairResult:
     target: str
     replica: str
     observed_by: str
+    rack: str | None = None  # the Dynomite rack the replica is (or is in)
     sent: int = 0
     lag: LagHistogram = field(default_factory=LagHistogram)
     uncertainty: LagHistogram = field(default_factory=LagHistogram)
@@ -69,6 +70,7 @@ class PairResult:
     def to_dict(self) -> dict[str, Any]:
         out = self.summary.to_dict()
         out["consistency"] = self.consistency
+        out["rack"] = self.rack
         out["observed_by"] = self.observed_by
         out["negative"] = {
             "count": self.lag.negative,

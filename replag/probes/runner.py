@@ -27,6 +27,7 @@ from replag.errors import ReplagError, TlsError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
+from replag.probes.targets import unit_key, unit_label
 from replag.replication.alongside import ProbeReplication
 from replag.replication.sampler import ReplicationSampler
 from replag.resp import RespConnection, pack
@@ -246,19 +247,15 @@ def _targets(
     config: Config, region: Region, write_ep: Endpoint, report: ProbeReport
 ) -> list[_Target]:
     """Every replica a write in `region` should reach, but the write endpoint itself."""
-    targets = []
-    for r in config.topology.observed_from(region):
-        for rep in r.replicas:
-            if (rep.host, rep.port, rep.db) == (write_ep.host, write_ep.port, write_ep.db):
-                # Probe keys are written there directly: it holds them at once, which
-                # says nothing about replication. Say so rather than drop it silently.
-                report.notes.append(
-                    f"replica {rep.name} ({r.name}) is the write endpoint's own address "
-                    f"({rep.host}:{rep.port}/{rep.db}): not observed"
-                )
-                continue
-            targets.append(_Target(region=r.name, replica=rep, cluster=bool(r.slots)))
-    return targets
+    servers, skipped = config.topology.reached_from(region, write_ep)
+    for rep in skipped:
+        # Probe keys are written there directly: it holds them at once, which
+        # says nothing about replication. Say so rather than drop it silently.
+        report.notes.append(
+            f"replica {rep.name} ({rep.region or region.name}) is the write endpoint's own "
+            f"address ({rep.host}:{rep.port}/{rep.db}): not observed"
+        )
+    return [_Target(region=r.name, replica=rep, cluster=bool(r.slots)) for r, rep in servers]
 
 
 def _finish(run: _ProbeRun) -> None:
@@ -524,8 +521,7 @@ def _observation_units(targets: list[_Target], *, by_rack: bool) -> list[list[_T
     """
     units: dict[tuple[str, str], list[_Target]] = {}
     for t in targets:
-        label = t.replica.rack if by_rack and t.replica.rack else t.replica.name
-        units.setdefault((t.region, label), []).append(t)
+        units.setdefault(unit_key(t.region, t.replica, by_rack=by_rack), []).append(t)
     return list(units.values())
 
 
@@ -538,13 +534,14 @@ def _collect(
 ) -> None:
     for unit in _observation_units(targets, by_rack=by_rack):
         first = unit[0]
-        label = first.replica.rack if len(unit) > 1 and first.replica.rack else first.replica.name
+        label, rack = unit_label([t.replica for t in unit], by_rack=by_rack)
         observers = [t.observer for t in unit if t.observer is not None]
         errors = [t for t in unit if t.error]
         pair = PairResult(
             source=report.source,
             target=first.region,
-            replica=str(label),
+            replica=label,
+            rack=rack,
             observed_by=observers[0].mode if observers else "-",
             sent=len(writes),
             error="; ".join(str(t.error) for t in errors) or None,

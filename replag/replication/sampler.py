@@ -64,12 +64,7 @@ def replication_targets(
         if write.kind == "dynomite":
             notes.append(f"{region.name} {DYNOMITE_NOTE}")
             continue
-        replicas = tuple(
-            (r.name, ep)
-            for r in topology.observed_from(region)
-            for ep in r.replicas
-            if (ep.host, ep.port, ep.db) != (write.host, write.port, write.db)
-        )
+        replicas = tuple((r.name, ep) for r, ep in topology.reached_from(region, write)[0])
         targets.append(SampleTarget(source=region.name, primary=write, replicas=replicas))
     return targets, notes
 

@@ -19,6 +19,7 @@ from replag.config import Config
 from replag.errors import EndpointError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
+from replag.probes.targets import observed_replicas
 from replag.service.replication import ReplicationState
 from replag.store import Store
 
@@ -56,6 +57,9 @@ class ProbeRound:
         self.evaluate_alerts = evaluate_alerts
         # Replicas whose last probe saw nothing: logged once per spell.
         self._silent: set[str] = set()
+        # Every replica's lag, sent and lost series exist from the start, at 0.
+        topology = config.topology
+        metrics.expect_replicas(observed_replicas(topology, topology.region(source)))
 
     async def run(self) -> ProbeReport | None:
         """Probe, then evaluate the alerts (what the scheduler runs)."""
@@ -100,7 +104,7 @@ class ProbeRound:
             log.warning("%s", event.render())
         self.metrics.observe_probe(
             source=source,
-            targets=[p.target for p in report.pairs],
+            replicas=[(p.target, p.replica, p.rack) for p in report.pairs],
             samples=report.samples,
             write=report.write,
             unreachable=len(report.unreachable),

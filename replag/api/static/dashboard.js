@@ -133,8 +133,7 @@ function drawMatrix(data) {
     const down = unreachableIn(s, t);
     const flag = down.length ? el("div", { class: "flag", title: down.map((u) => `${u.replica}: ${u.error}`).join("\n") },
       `unreachable: ${whyUnreachable(down[0].error)}`)
-      : pairNow && pairNow.state === "not_replicating" ? el("div", { class: "flag" }, "not replicating")
-      : pairNow && pairNow.state === "lossy" ? el("div", { class: "flag flag-soft" }, "losing probes now") : null;
+      : pairFlag(pairNow, (c.replicas || []).length);
     const colour = down.length ? "critical" : c.colour;
     return el("td", {
       class: `cell sev-${colour}${flag ? " now-bad" : ""}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
@@ -145,7 +144,7 @@ function drawMatrix(data) {
       onclick: () => focusPair(s, t),
     },
       el("div", { class: "p99" }, figure, el("span", { class: "unit" }, unit)),
-      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicationLine(s, t), ...(flag ? [flag] : []));
+      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicaRows(c, pairNow), ...replicationLine(s, t), ...(flag ? [flag] : []));
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
@@ -175,6 +174,29 @@ function whyUnreachable(error) {
   return "no answer";
 }
 
+// The pair's state now; with several replicas, which of them is not replicating.
+function pairFlag(pairNow, replicaCount) {
+  if (!pairNow || pairNow.state === "ok") return null;
+  const bad = (pairNow.replicas || []).filter((r) => r.state === pairNow.state).map((r) => r.replica);
+  const which = replicaCount > 1 && bad.length && bad.length < replicaCount ? `: ${bad.join(", ")}` : "";
+  return pairNow.state === "not_replicating" ? el("div", { class: "flag" }, `not replicating${which}`)
+    : el("div", { class: "flag flag-soft" }, `losing probes now${which}`);
+}
+
+// A region of several replicas (Dynomite racks, a primary's replicas): one row each, in its
+// own colour, so one silent replica is not averaged away by its healthy siblings.
+function replicaRows(c, pairNow) {
+  if (!c.replicas || c.replicas.length < 2) return [];
+  const states = new Map(((pairNow || {}).replicas || []).map((r) => [r.replica, r.state]));
+  return [el("div", { class: "replicas" }, ...c.replicas.map((r) => el("div", {
+    class: `replica-row sev-${r.colour}${states.get(r.replica) === "not_replicating" ? " now-bad" : ""}`,
+    "data-replica": r.replica, "data-p99": r.p99_ms ?? "", "data-loss": r.loss_ratio,
+    title: `${c.source} → ${c.target}, replica ${r.replica} over ${state.range}\np50 ${fmtMs(r.p50_ms)} · p99 ${fmtMs(r.p99_ms)}\n${r.seen}/${r.sent} probes seen (${r.lost} lost)`,
+    onclick: (ev) => { ev.stopPropagation(); focusPair(c.source, c.target, r.replica); },
+  }, el("span", { class: "name" }, r.replica), el("span", {}, r.p99_ms === null ? "no lag" : fmtMs(r.p99_ms)),
+  el("span", {}, r.sent ? `${fmtPct(r.seen === 0 ? 1 : r.loss_ratio)} lost` : "no probes"))))];
+}
+
 // Beside the lag: the target's worst replica in bytes behind and backlog headroom (latest).
 function replicationLine(source, target) {
   const r = state.replication.get(`${source}→${target}`);
@@ -189,8 +211,12 @@ function replicationLine(source, target) {
   el("div", {}, `headroom ${headroom}${!r.links_down ? "" : r.links_down === r.replicas ? " · link down" : ` · ${r.links_down}/${r.replicas} links down`}`))];
 }
 
-function focusPair(source, target) {
-  state.focus = `${source}→${target}`;
+function chartKey(source, target, replica) {
+  return replica ? `${source}→${target}/${replica}` : `${source}→${target}`;
+}
+
+function focusPair(source, target, replica = null) {
+  state.focus = chartKey(source, target, replica);
   for (const card of document.querySelectorAll(".chart-card")) {
     const on = card.dataset.pair === state.focus;
     card.classList.toggle("focus", on);
@@ -354,7 +380,8 @@ function hideTip() { tip.style.display = "none"; }
 
 function chartTitle(series) {
   const last = series.points.length ? series.points[series.points.length - 1] : null;
-  const pairNow = ((state.health || {}).pairs || []).find((p) => p.source === series.source && p.target === series.target);
+  const pair = ((state.health || {}).pairs || []).find((p) => p.source === series.source && p.target === series.target);
+  const pairNow = series.replica ? ((pair || {}).replicas || []).find((r) => r.replica === series.replica) : pair;
   let now;
   const down = unreachableIn(series.source, series.target);
   if (down.length) {
@@ -368,28 +395,33 @@ function chartTitle(series) {
   } else {
     now = el("span", { class: "now" }, last ? "latest: no probe seen" : "no data in this range");
   }
-  return el("div", { class: "chart-title" }, el("strong", {}, `${series.source} → ${series.target}`), now);
+  const name = `${series.source} → ${series.target}${series.replica ? ` · ${series.replica}` : ""}`;
+  return el("div", { class: "chart-title" }, el("strong", {}, name), now);
 }
 
 function renderCharts() {
   const host = document.getElementById("charts");
   if (!state.lastSeries.length) { host.replaceChildren(el("p", { class: "empty" }, "No series yet.")); return; }
   const cards = state.lastSeries.map((series) => {
-    const pair = `${series.source}→${series.target}`;
-    return el("div", { class: `chart-card${state.focus === pair ? " focus" : ""}`, "data-pair": pair }, chartTitle(series));
+    const key = chartKey(series.source, series.target, series.replica);
+    return el("div", { class: `chart-card${series.replica ? " chart-replica" : ""}${state.focus === key ? " focus" : ""}`, "data-pair": key }, chartTitle(series));
   });
   host.replaceChildren(...cards);
   cards.forEach((card, i) => {
     const series = state.lastSeries[i];
     const cell = state.cells.get(`${series.source}→${series.target}`);
-    card.append(drawChart(series, cell ? cell.lag_ms : null, card.clientWidth - 24));
+    const own = cell && series.replica ? (cell.replicas || []).find((r) => r.replica === series.replica) : cell;
+    card.append(drawChart(series, own ? own.lag_ms : null, card.clientWidth - 24));
   });
 }
 
-async function drawCharts(pairs) {
+// One chart per pair and, where the pair has several replicas, one per replica after it.
+async function drawCharts(cells) {
   const step = RANGE_STEP[state.range];
-  state.lastSeries = await Promise.all(pairs.map(([s, t]) => getJSON(
-    `/api/v1/lag/series?source=${encodeURIComponent(s)}&target=${encodeURIComponent(t)}&since=${state.range}&step=${step}`)));
+  const wanted = cells.flatMap((c) => [[c.source, c.target, null],
+    ...((c.replicas || []).length > 1 ? c.replicas.map((r) => [c.source, c.target, r.replica]) : [])]);
+  state.lastSeries = await Promise.all(wanted.map(([s, t, r]) => getJSON(
+    `/api/v1/lag/series?source=${encodeURIComponent(s)}&target=${encodeURIComponent(t)}${r ? `&replica=${encodeURIComponent(r)}` : ""}&since=${state.range}&step=${step}`)));
   renderCharts();
 }
 
@@ -624,7 +656,7 @@ async function refresh() {
     drawDynomite(dynomite);
     await drawReplication(replication);
     document.getElementById("range-note").textContent = `over the last ${state.range}`;
-    await drawCharts(matrix.cells.map((c) => [c.source, c.target]));
+    await drawCharts(matrix.cells);
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
     document.body.dataset.loaded = "true";
   } catch (err) {
