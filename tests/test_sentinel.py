@@ -17,12 +17,12 @@ from replag.config import config_from_dict, load_config
 from replag.errors import ConfigError, EndpointError
 from replag.lab.cluster import lab_failover, lab_fault, lab_status
 from replag.lab.sentinel import master_port as sentinel_master_port
-from replag.lab.server import pid_alive
+from replag.lab.server import RedisServer, pid_alive
 from replag.probes.runner import run_probe
 from replag.replication import history
 from replag.store import Store
 from tests.helpers.lab import LabFactory
-from tests.helpers.waiting import until
+from tests.helpers.waiting import until, wait_until
 
 
 def sentinel_lab(lab_factory: LabFactory, **spec: Any) -> dict[str, Any]:
@@ -256,3 +256,84 @@ def test_sentinel_regions_observe_only_their_master() -> None:
     assert [r.name for r in topology.observed_from(topology.region("m2"))] == ["m2"]
     ref = topology.region("m1").sentinel
     assert ref is not None and ref.sentinels[0].port == 26379  # the default Sentinel port
+
+
+def test_failover_check_right_after_a_failover_checks_the_new_primary(
+    lab_factory: LabFactory,
+) -> None:
+    """failover-check asks the Sentinels where the master is: right after a failover it
+    samples the promoted replica (the config still names the old primary), and the demoted
+    old primary is one of its candidates."""
+    state = sentinel_lab(lab_factory)
+    lab_dir = Path(state["dir"])
+    result = lab_failover(lab_dir)
+    config = ["--config", str(lab_dir / "topology.toml")]
+
+    def check() -> Any:
+        return CliRunner().invoke(main, ["failover-check", *config])
+
+    first = check()
+    assert first.exit_code in (0, 1), first.output  # an answer, not "role slave" (exit 2)
+    (primary,) = json.loads(first.stdout)["primaries"]
+    assert primary["primary"] == result["new"]["name"]
+    assert any(
+        "resolved through Sentinel" in n for n in json.loads(first.stdout)["replication"]["notes"]
+    )
+    old = next(p["name"] for p in state["processes"] if p["role"] == "primary")
+    assert old in {c["replica"] for c in primary["candidates"]}
+
+    def safe() -> bool:
+        return check().exit_code == 0  # once the replicas follow the new primary
+
+    wait_until(safe, "failover-check finds a safe candidate of the new primary", timeout_s=60)
+
+
+async def test_the_old_primary_is_observed_again_once_it_rejoins(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    """A killed primary is failed over; while it is down the probe reports it unreachable,
+    and once it comes back (as a replica of the new primary) the probe observes it again."""
+    state = sentinel_lab(lab_factory)
+    lab_dir = Path(state["dir"])
+    config = load_config(lab_dir / "topology.toml", environ={})
+    store = Store(tmp_path / "store.sqlite")
+    old = next(p for p in state["processes"] if p["role"] == "primary")
+    first = sentinel_ports(state)[0]
+    rejoined = None
+    try:
+        await run_probe(config, count=10, store=store)
+        os.kill(old["pid"], signal.SIGKILL)
+
+        def moved() -> bool:
+            try:
+                return sentinel_master_port(first) != old["port"]
+            except redis.RedisError:
+                return False
+
+        await until(moved, "Sentinel promotes a replica", timeout_s=60)
+
+        async def followed() -> bool:
+            try:
+                return bool((await run_probe(config, count=10, store=store)).failovers)
+            except EndpointError:
+                return False
+
+        await until(followed, "the probe writes to the new primary", timeout_s=60)
+        down = await run_probe(config, count=10, store=store)
+        assert old["name"] in {u["replica"] for u in down.unreachable}
+        new_port = sentinel_master_port(first)
+        rejoined = RedisServer(
+            name=old["name"], port=old["port"], workdir=tmp_path / "rejoined",
+            extra_args=("--replicaof", "127.0.0.1", str(new_port)),
+        ).start()  # fmt: skip
+
+        async def observed() -> bool:
+            report = await run_probe(config, count=10, store=store)
+            pair = next((p for p in report.pairs if p.replica == old["name"]), None)
+            return pair is not None and pair.seen == pair.sent
+
+        await until(observed, "the old primary observed again as a replica", timeout_s=60)
+    finally:
+        store.close()
+        if rejoined is not None:
+            rejoined.stop()

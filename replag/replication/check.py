@@ -7,6 +7,7 @@ primary that cannot be read is an error (exit 2), not an answer.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from replag.config import Config
 from replag.errors import UnreachableError, UsageError
 from replag.histogram import LagHistogram
+from replag.replication.follow import sentinel_primary
 from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from replag.replication.state import ReplicationSnapshot
@@ -78,9 +80,23 @@ async def failover_check(
     max_lag_s: float | None = None,
     store: Store | None = None,
 ) -> FailoverCheck:
-    """Sample the primaries of `source` (default: every region writing to a Redis primary)."""
-    sources = [config.topology.region(source)] if source else None
-    targets, notes = replication_targets(config.topology, sources=sources)
+    """Sample the primaries of `source` (default: every region writing to a Redis primary).
+
+    A region under Sentinel is checked at the primary its Sentinels name now (after a
+    failover, the promoted replica), not at the config's write endpoint."""
+    topology = config.topology
+    sources, resolved = [topology.region(source)] if source else list(topology.regions), []
+    notes: list[str] = []
+    for region in sources:
+        if region.sentinel is not None and region.write is not None:
+            write, found = await sentinel_primary(
+                topology, region, timeout_s=config.settings.connect_timeout
+            )
+            region = dataclasses.replace(region, write=write)
+            notes += found
+        resolved.append(region)
+    targets, target_notes = replication_targets(topology, sources=resolved)
+    notes += target_notes
     if not targets:
         why = "; ".join(notes) or "no region has a write endpoint"
         raise UsageError(f"no Redis primary to check: {why}")

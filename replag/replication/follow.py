@@ -105,6 +105,36 @@ def endpoint_at(topology: Topology, region: Region, host: str, port: int) -> End
     return replace(region.write, name=f"{region.name}-primary@{host}:{port}", host=host, port=port)
 
 
+async def sentinel_primary(
+    topology: Topology, region: Region, *, timeout_s: float
+) -> tuple[Endpoint, list[str]]:
+    """Where `region`'s Sentinels say its master is now, read-only (nothing is recorded):
+    the configured endpoint there, and notes. The config's write endpoint, with a note,
+    when no Sentinel answers; DiscoveryError when they know no such master."""
+    ref = region.sentinel
+    assert ref is not None and region.write is not None
+    try:
+        found = await master_address(ref.sentinels, ref.master, timeout_s=timeout_s)
+    except UnreachableError as exc:
+        return region.write, [
+            f"{region.name}: Sentinels unreachable ({exc.message}); checking the configured "
+            f"primary {region.write.address}"
+        ]
+    if found is None:
+        raise DiscoveryError(
+            f"the Sentinels do not know a master named {ref.master!r}",
+            where=f"region {region.name}",
+        )
+    endpoint = endpoint_at(topology, region, *found)
+    notes = []
+    if home(endpoint) != home(region.write):
+        notes.append(
+            f"{region.name}: primary resolved through Sentinel: {endpoint.name} "
+            f"({home(endpoint)}); the config names {home(region.write)}"
+        )
+    return endpoint, notes
+
+
 async def resolve_write(
     topology: Topology,
     region: Region,
