@@ -275,6 +275,14 @@ class Settings:
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
     )
+    lease_time: float = setting(
+        "20s",
+        _positive_duration,
+        "Service: how long an instance owns a scheduled unit (a region's probe round, "
+        "replication sampling, Dynomite stats, alert evaluation) without renewing it; "
+        "renewed every third of it. A dead instance's units are taken over within about "
+        "1.33 times this; several `serve` on one store share the units.",
+    )
     replication_interval: float = setting(
         "10s",
         _positive_duration,

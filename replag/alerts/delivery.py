@@ -6,6 +6,12 @@ backoff with jitter. Failures are logged, counted and stored per sink
 (`/api/v1/alerts` shows them); they never propagate to the caller. In the
 service every sink has its own queue and worker task, so a slow sink delays
 neither the other sinks nor probing.
+
+Where several instances share the store, a notification is sent only while the
+sender's `Fence` (its lease on alert evaluation) is valid, checked before each
+request; a batch every sink took (or gave up on) is marked delivered in the
+outbox. One the fence stopped stays undelivered, for the next owner to send:
+delivery is at least once, with the alert's fingerprint as the dedup key.
 """
 
 from __future__ import annotations
@@ -19,18 +25,42 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from replag.alerts import payloads
 from replag.alerts.config import AlertSink
 from replag.alerts.state import AlertEvent
-from replag.store import Row, Store
+from replag.store import Row, Store, Transaction
 
 log = logging.getLogger(__name__)
 
 _QUEUE_SIZE = 1000
+
+
+class Fence(Protocol):
+    """A lease as the sender sees it (`replag.service.leasing.Fence`)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def valid(self) -> bool: ...
+
+    def guard(self, tx: Transaction) -> None: ...
+
+
+class FenceLost(Exception):
+    """The sender's lease ended before a request: the notification stays in the outbox."""
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Events queued for every sink; `remaining` sinks still to finish with it."""
+
+    events: Sequence[AlertEvent]
+    fence: Fence | None
+    remaining: int
 
 
 class DeliveryFailed(Exception):
@@ -62,15 +92,17 @@ class AlertSender:
         *,
         external_url: str = "",
         on_result: Callable[[DeliveryResult], None] | None = None,
+        on_delivered: Callable[[Sequence[AlertEvent]], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.sinks = tuple(sinks)
         self.store = store
         self.external_url = external_url
         self._on_result = on_result
+        self._on_delivered = on_delivered
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
-        self._queues: dict[str, asyncio.Queue[Sequence[AlertEvent]]] = {}
+        self._queues: dict[str, asyncio.Queue[_Batch]] = {}
         self._workers: list[asyncio.Task[None]] = []
 
     async def deliver(self, events: Sequence[AlertEvent]) -> list[DeliveryResult]:
@@ -79,10 +111,12 @@ class AlertSender:
             return []
         return list(await asyncio.gather(*(self._deliver(s, events) for s in self.sinks)))
 
-    def submit(self, events: Sequence[AlertEvent]) -> None:
-        """Queue `events` for every sink and return at once (the service's path)."""
+    def submit(self, events: Sequence[AlertEvent], *, fence: Fence | None = None) -> None:
+        """Queue `events` for every sink and return at once (the service's path); sent
+        only while `fence` is valid."""
         if not events:
             return
+        batch = _Batch(events, fence, len(self.sinks))
         for sink in self.sinks:
             queue = self._queues.get(sink.name)
             if queue is None:
@@ -91,8 +125,9 @@ class AlertSender:
                     asyncio.create_task(self._work(sink, queue), name=f"alert-sink-{sink.name}")
                 )
             try:
-                queue.put_nowait(events)
+                queue.put_nowait(batch)
             except asyncio.QueueFull:
+                self._finished(batch)
                 log.error(
                     "alert sink %s: %d notifications queued, dropping this one",
                     sink.name,
@@ -129,18 +164,37 @@ class AlertSender:
 
     # --- one sink ------------------------------------------------------------
 
-    async def _work(self, sink: AlertSink, queue: asyncio.Queue[Sequence[AlertEvent]]) -> None:
+    async def _work(self, sink: AlertSink, queue: asyncio.Queue[_Batch]) -> None:
         while True:
-            events = await queue.get()
-            await self._deliver(sink, events)
+            batch = await queue.get()
+            try:
+                await self._deliver(sink, batch.events, fence=batch.fence)
+            except FenceLost:
+                log.warning(
+                    "alert sink %s: %d notifications not sent: this instance no longer "
+                    "owns alert evaluation (the next owner sends them)",
+                    sink.name,
+                    len(batch.events),
+                )
+                continue
+            self._finished(batch)
 
-    async def _deliver(self, sink: AlertSink, events: Sequence[AlertEvent]) -> DeliveryResult:
+    def _finished(self, batch: _Batch) -> None:
+        batch.remaining -= 1
+        if batch.remaining == 0 and self._on_delivered is not None:
+            self._on_delivered(batch.events)
+
+    async def _deliver(
+        self, sink: AlertSink, events: Sequence[AlertEvent], *, fence: Fence | None = None
+    ) -> DeliveryResult:
         requests = self._requests(sink, events)
         attempts, error = 0, None
         for attempt in range(sink.retries + 1):
             attempts += 1
             try:
                 for send in requests:
+                    if fence is not None and not fence.valid():
+                        raise FenceLost
                     await send()
                 error = None
                 break

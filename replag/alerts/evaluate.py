@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replag.alerts.delivery import AlertSender, DeliveryResult
 from replag.alerts.health import record_probe
@@ -17,6 +17,9 @@ from replag.alerts.state import AlertBook, AlertEvent
 from replag.config import Config
 from replag.lagindex import LagIndex
 from replag.store import Store
+
+if TYPE_CHECKING:
+    from replag.alerts.delivery import Fence
 
 __all__ = [
     "AlertBook",
@@ -64,6 +67,7 @@ async def evaluate_and_notify(
     index: LagIndex | None = None,
     sender: AlertSender | None = None,
     now_ns: int | None = None,
+    fence: Fence | None = None,
 ) -> AlertOutcome:
     """Evaluate every rule, move alert states, and notify the sinks.
 
@@ -83,23 +87,37 @@ async def evaluate_and_notify(
     now_ns = now_ns or time.time_ns()
     index = index or LagIndex(store)
     conditions = evaluate_rules(config, index, now_ns=now_ns)
-    events = AlertBook(store).apply(
+    book = AlertBook(store)
+    if fence is not None and sender is not None:
+        # Decided under an older epoch (an instance that died or lost its lease before
+        # sending): this owner sends them (at least once; the fingerprint deduplicates).
+        orphans = book.pending_outbox(before_epoch=fence.epoch)
+        if orphans:
+            book.adopt_outbox([i for i, _ in orphans], epoch=fence.epoch)
+            sender.submit([e for _, e in orphans], fence=fence)
+    events = book.apply(
         conditions,
         now_ns=now_ns,
         repeat_interval_s=config.alerts.repeat_interval_s,
         send_resolved=config.alerts.send_resolved,
+        guard=None if fence is None else fence.guard,
+        epoch=0 if fence is None else fence.epoch,
     )
     outcome = AlertOutcome(conditions=conditions, events=events)
-    if not events or not config.alerts.sinks:
+    if not events:
+        return outcome
+    if not config.alerts.sinks:
+        book.mark_delivered(events, now_ns=time.time_ns())
         return outcome
     if sender is not None:
-        sender.submit(events)
+        sender.submit(events, fence=fence)
         return outcome
     own = AlertSender(config.alerts.sinks, store)
     try:
         outcome.deliveries = await own.deliver(events)
     finally:
         await own.close()
+    book.mark_delivered(events, now_ns=time.time_ns())
     return outcome
 
 

@@ -17,20 +17,29 @@ rule's `no_data`:
 * `ok`: no data counts as healthy: the alert resolves (clears if pending).
 
 Every change of state is logged.
+
+Several service instances may evaluate against one store: each change is a
+compare-and-set on the row's `updated_ns` as it was read, and every
+notification it decides is an `alert_outbox` row written in the same
+transaction. An evaluation that lost a race (a row changed since it read it)
+writes nothing and notifies nothing; the next one starts from the new state.
+So a change is decided, and its notification queued, exactly once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from replag.alerts.rules import Condition
 from replag.durations import format_span
-from replag.store import Store
+from replag.errors import StoreUnwritable
+from replag.store import Store, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,20 @@ _UPSERT_STATE = (
     "ON CONFLICT (fingerprint) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c != "fingerprint")
 )
+_INSERT_STATE = (
+    f"INSERT INTO alert_state ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+    "ON CONFLICT (fingerprint) DO NOTHING"
+)
+# Compare-and-set: only where the row is still as this evaluation read it.
+_UPDATE_STATE = (
+    "UPDATE alert_state SET "
+    + ", ".join(f"{c} = ?" for c in _COLUMNS if c != "fingerprint")
+    + " WHERE fingerprint = ? AND updated_ns = ?"
+)
+
+
+class AlertStateMoved(Exception):
+    """Another evaluation changed an alert's state since this one read it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +99,8 @@ class AlertEvent:
     ends_ns: int | None = None
     repeat: bool = False
     nodata: bool = False
+    # When the evaluation that decided it ran (its outbox row's created_ns).
+    decided_ns: int = 0
 
     @property
     def severity(self) -> str:
@@ -120,19 +145,29 @@ class AlertBook:
         now_ns: int,
         repeat_interval_s: float,
         send_resolved: bool = True,
+        guard: Callable[[Transaction], None] | None = None,
+        epoch: int = 0,
     ) -> list[AlertEvent]:
         """Move each alert along its state machine; return what must be notified.
 
         An alert whose condition is inactive now, or that has no condition at all (its
         subject went away, or its rule was removed from the config), is cleared if
         pending and resolved if firing or without data. No data follows the rule's
-        `no_data` (see the module docstring).
+        `no_data` (see the module docstring). `guard` runs first in the transaction
+        (the service's lease check: LeaseLost rolls it back); `epoch` is the lease's,
+        recorded on the outbox rows. Returns no events when another evaluation moved
+        a state meanwhile (nothing written).
         """
+        read_ns = {
+            r.fingerprint: r.updated_ns
+            for r in self.store.execute("SELECT fingerprint, updated_ns FROM alert_state")
+        }
         step = _Step(
             current={row["fingerprint"]: row for row in self._unresolved()},
             now_ns=now_ns,
             repeat_ns=int(repeat_interval_s * 1e9),
             send_resolved=send_resolved,
+            read_ns=read_ns,
         )
         seen: set[str] = set()
         for cond in conditions:
@@ -149,12 +184,63 @@ class AlertBook:
                 step.inactive(cond.fingerprint, cond)
         for fp in step.current.keys() - seen:
             step.inactive(fp, None)
-        if not self.store.transaction(step.writes):
-            # The store cannot take writes now: remember the new states, so the next
-            # evaluation carries on from them (not from the stored ones) until it can.
-            for fp, row in step.changed.items():
-                self.store.remember("alert_state", fp, row)
-        return step.events
+        events = [dataclasses.replace(e, decided_ns=now_ns) for e in step.events]
+        outbox = [
+            (
+                """INSERT INTO alert_outbox (fingerprint, event_json, created_ns, epoch)
+                   VALUES (?, ?, ?, ?)""",
+                (e.fingerprint, json.dumps(_outbox_dict(e)), now_ns, epoch),
+            )
+            for e in events
+        ]
+        try:
+            with self.store.begin() as tx:
+                if guard is not None:
+                    guard(tx)
+                for sql, params, must_change in step.writes:
+                    changed = tx.execute(sql, params).rowcount
+                    if must_change and changed == 0:
+                        raise AlertStateMoved(sql)
+                for sql, params in outbox:
+                    tx.execute(sql, params)
+        except AlertStateMoved:
+            log.info("alert states moved by another evaluation meanwhile: decided there")
+            return []
+        except StoreUnwritable:
+            # The store cannot take writes now: alerting goes on. The new states are
+            # written (plain upserts) when it can, and remembered meanwhile, so the next
+            # evaluation carries on from them (not from the stored ones).
+            plain = [*step.plain_writes(), *outbox]
+            if not self.store.transaction(plain):
+                for fp, row in step.changed.items():
+                    self.store.remember("alert_state", fp, row)
+        return events
+
+    def pending_outbox(self, *, before_epoch: int) -> list[tuple[int, AlertEvent]]:
+        """Notifications decided under an older epoch and never delivered (their
+        instance died or lost its lease first): (outbox id, event)."""
+        rows = self.store.execute(
+            """SELECT id, event_json FROM alert_outbox
+               WHERE delivered_ns IS NULL AND epoch < ? ORDER BY id""",
+            (before_epoch,),
+        )
+        return [(int(r.id), event_from_dict(json.loads(r.event_json))) for r in rows]
+
+    def adopt_outbox(self, ids: Sequence[int], *, epoch: int) -> None:
+        self.store.transaction(
+            ("UPDATE alert_outbox SET epoch = ? WHERE id = ?", (epoch, i)) for i in ids
+        )
+
+    def mark_delivered(self, events: Sequence[AlertEvent], *, now_ns: int) -> None:
+        """The outbox rows of `events` were sent to every sink (or given up on)."""
+        self.store.transaction(
+            (
+                """UPDATE alert_outbox SET delivered_ns = ?
+                   WHERE fingerprint = ? AND created_ns = ? AND delivered_ns IS NULL""",
+                (now_ns, e.fingerprint, e.decided_ns),
+            )
+            for e in events
+        )
 
     def active(self) -> list[dict[str, Any]]:
         return [_public(r) for r in self._unresolved()]
@@ -218,14 +304,17 @@ class _Step:
         now_ns: int,
         repeat_ns: int,
         send_resolved: bool,
+        read_ns: dict[str, int],
     ) -> None:
         self.current = current
         self.now_ns = now_ns
         self.repeat_ns = repeat_ns
         self.send_resolved = send_resolved
-        self.writes: list[tuple[str, Sequence[Any]]] = []
+        # (statement, parameters, must change a row: a compare-and-set)
+        self.writes: list[tuple[str, Sequence[Any], bool]] = []
         self.changed: dict[str, dict[str, Any] | None] = {}  # fingerprint → new row, or deleted
         self.events: list[AlertEvent] = []
+        self.read_ns = read_ns
 
     def active(self, cond: Condition) -> None:
         now, row = self.now_ns, self.current.get(cond.fingerprint)
@@ -298,8 +387,14 @@ class _Step:
             else "no longer evaluated (its subject or rule left the config)"
         )
         if row["status"] == "pending":
-            self.writes.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
             self.changed[fp] = None
+            self.writes.append(
+                (
+                    "DELETE FROM alert_state WHERE fingerprint = ? AND updated_ns = ?",
+                    (fp, self.read_ns[fp]),
+                    True,
+                )
+            )
             self._record(row, "cleared", cond)
             self._log(logging.INFO, row["rule"], "cleared before firing", what)
             return
@@ -346,8 +441,26 @@ class _Step:
 
     def _upsert(self, row: dict[str, Any]) -> None:
         row["updated_ns"] = self.now_ns
-        self.writes.append((_UPSERT_STATE, tuple(row[c] for c in _COLUMNS)))
         self.changed[row["fingerprint"]] = dict(row)
+        fp = row["fingerprint"]
+        if fp in self.read_ns:
+            values = tuple(row[c] for c in _COLUMNS if c != "fingerprint")
+            self.writes.append((_UPDATE_STATE, (*values, fp, self.read_ns[fp]), True))
+        else:
+            self.writes.append((_INSERT_STATE, tuple(row[c] for c in _COLUMNS), True))
+
+    def plain_writes(self) -> list[tuple[str, Sequence[Any]]]:
+        """This step's writes without the compare-and-set (a store that cannot take
+        writes now keeps them for later: there is no state to compare with meanwhile)."""
+        out: list[tuple[str, Sequence[Any]]] = [
+            (sql, params) for sql, params, must_change in self.writes if not must_change
+        ]
+        for fp, row in self.changed.items():
+            if row is None:
+                out.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
+            else:
+                out.append((_UPSERT_STATE, tuple(row[c] for c in _COLUMNS)))
+        return out
 
     def _record(self, row: dict[str, Any], status: str, cond: Condition | None) -> None:
         self.writes.append(
@@ -363,6 +476,7 @@ class _Step:
                     row["value"] if status == "resolved" else (cond.value if cond else None),
                     row["summary"] if status == "resolved" else (cond.summary if cond else ""),
                 ),
+                False,
             )
         )
 
@@ -409,3 +523,24 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
         "nodata_since_ns": row["nodata_since_ns"],
         "last_notified_ns": row["last_notified_ns"],
     }
+
+
+def _outbox_dict(event: AlertEvent) -> dict[str, Any]:
+    return {**event.to_dict(), "nodata": event.nodata, "decided_ns": event.decided_ns}
+
+
+def event_from_dict(data: dict[str, Any]) -> AlertEvent:
+    """An event as its outbox row keeps it."""
+    return AlertEvent(
+        fingerprint=data["fingerprint"],
+        rule=data["rule"],
+        status=data["status"],
+        labels=dict(data["labels"]),
+        value=data["value"],
+        summary=data["summary"],
+        starts_ns=int(data["starts_ns"]),
+        ends_ns=data["ends_ns"],
+        repeat=bool(data["repeat"]),
+        nodata=bool(data["nodata"]),
+        decided_ns=int(data["decided_ns"]),
+    )

@@ -80,6 +80,7 @@ class _ProbeRun:
     targets: list[_Target]
     config: Config
     progress: ProgressCallback | None = None
+    fence: Callable[[], None] | None = None  # raises once the service's lease is lost
     # Regions whose agent watches their replicas (lag through agents), and the clock
     # round trips to those agents that run while the keys are written.
     watches: list[RegionWatch] = field(default_factory=list)
@@ -116,7 +117,9 @@ class _ProbeRun:
             await obs.start()
         # The agents' clocks are compared with ours while the keys are written.
         self.clock_rounds += [asyncio.create_task(w.sample_clock()) for w in self.watches]
-        writes = await _write_keys(writer, self.keys, settings, live, report, progress)
+        writes = await _write_keys(
+            writer, self.keys, settings, live, report, progress, fence=self.fence
+        )
         units = [
             [t.observer for t in unit if t.observer is not None and t.replica.name not in remote]
             for unit in _observation_units(self.targets, by_rack=self.by_rack)
@@ -134,6 +137,8 @@ class _ProbeRun:
             await obs.stop()
         await self.replication.sample_end()
         _collect(report, self.targets, writes, by_rack=self.by_rack)
+        if self.fence is not None:
+            self.fence()
         await _cleanup(writer, [self.keys.key(seq) for seq in writes], report)
 
     async def _open_watches(self) -> set[str]:
@@ -185,10 +190,13 @@ async def run_probe(
     store: Store | None = None,
     sampler: ReplicationSampler | None = None,
     progress: ProgressCallback | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> ProbeReport:
     """Probe from `source` (default: the first region with a write endpoint) to every replica.
 
-    `progress`, when given, is called as keys are written and as they arrive.
+    `progress`, when given, is called as keys are written and as they arrive. `fence`
+    (the service's lease on this source) is called before every write to Redis and
+    before the results are stored, and raises (LeaseLost) once the lease is gone.
     """
     settings = config.settings.replace(count=count, rate=rate, mode=mode, timeout=timeout_s)
     region = config.topology.region(source) if source else config.topology.default_source()
@@ -218,6 +226,7 @@ async def run_probe(
         targets=_targets(config, region, writer.endpoint, report),
         config=config,
         progress=progress,
+        fence=fence,
     )
     try:
         await run.measure()
@@ -225,6 +234,8 @@ async def run_probe(
         await run.close()
     _finish(run)
     if store is not None:
+        if fence is not None:
+            fence()
         save_report(store, report)
         replication.save(store, region)
     return report
@@ -411,6 +422,8 @@ async def _write_keys(
     observers: list[Observer],
     report: ProbeReport,
     progress: ProgressCallback | None = None,
+    *,
+    fence: Callable[[], None] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Write the run's keys at `settings.rate`; return seq -> (sent_ns, acked_ns)."""
     writes: dict[int, tuple[int, int]] = {}
@@ -425,6 +438,8 @@ async def _write_keys(
             if delay > 0:
                 await asyncio.sleep(delay)
         key = keys.key(seq)
+        if fence is not None:
+            fence()
         try:
             reply, t_a, t_b = await writer.call(
                 "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms

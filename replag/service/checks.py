@@ -14,12 +14,16 @@ from collections.abc import Awaitable, Callable
 
 from replag.errors import JobConflict, ReplagError
 from replag.service.jobs import JobRunner
+from replag.service.leasing import Fence
+from replag.service.scheduler import Claim
 
 log = logging.getLogger("replag.service")
 
 
 class ScheduledCheck:
     """Checks one group through the job runner (auto-repairing when the settings say so)."""
+
+    claim: Claim = "slot"  # one instance per check_interval slot
 
     def __init__(
         self,
@@ -36,7 +40,7 @@ class ScheduledCheck:
         self.turns = turns
         self.evaluate_alerts = evaluate_alerts
 
-    async def run(self) -> None:
+    async def run(self, fence: Fence | None = None) -> None:
         async with self.turns:
             await self.check()
         await self.evaluate_alerts()

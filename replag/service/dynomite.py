@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -12,7 +13,9 @@ from replag.alerts.rules import dropped_writes_since
 from replag.config import Config
 from replag.metrics import ServiceMetrics
 from replag.monitoring.dynomite_figures import FIGURES
-from replag.monitoring.dynomite_stats import collect_dynomite_stats, recent_stats
+from replag.monitoring.dynomite_stats import collect_dynomite_stats, recent_stats, record_stats
+from replag.service.leasing import Fence
+from replag.service.scheduler import Claim
 from replag.store import Store
 
 log = logging.getLogger("replag.service")
@@ -27,6 +30,7 @@ class DynomiteStatsRound:
     """
 
     name = "dynomite-stats"
+    claim: Claim = "lease"
 
     def __init__(
         self,
@@ -48,12 +52,16 @@ class DynomiteStatsRound:
         self.collected_ns: int | None = None
         self.errors: dict[str, str] = {}
 
-    async def run(self) -> None:
+    async def run(self, fence: Fence | None = None) -> None:
         collection = await collect_dynomite_stats(
             self.settings.dynomite_stats_urls,
-            store=self.store,
+            store=None,
             timeout_s=self.settings.connect_timeout,
         )
+        if fence is not None:
+            await asyncio.to_thread(fence.confirm)  # a paused instance stores nothing
+        if collection.samples:
+            await asyncio.to_thread(record_stats, self.store, collection.samples)
         for url, error in collection.errors.items():
             if self.errors.get(url) != error:
                 log.warning("Dynomite stats from %s: %s", url, error)

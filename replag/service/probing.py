@@ -20,7 +20,9 @@ from replag.errors import EndpointError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
 from replag.probes.targets import observed_replicas
+from replag.service.leasing import Fence
 from replag.service.replication import ReplicationState
+from replag.service.scheduler import Claim
 from replag.store import Store
 
 log = logging.getLogger("replag.service")
@@ -30,6 +32,8 @@ ProbeFunction = Callable[..., Awaitable[ProbeReport]]
 
 class ProbeRound:
     """Probes from one source region every `probe_interval`."""
+
+    claim: Claim = "lease"
 
     def __init__(
         self,
@@ -61,17 +65,19 @@ class ProbeRound:
         topology = config.topology
         metrics.expect_replicas(observed_replicas(topology, topology.region(source)))
 
-    async def run(self) -> ProbeReport | None:
+    async def run(self, fence: Fence | None = None) -> ProbeReport | None:
         """Probe, then evaluate the alerts (what the scheduler runs)."""
-        report = await self.probe()
+        report = await self.probe(fence)
         await self.evaluate_alerts()
         return report
 
-    async def probe(self) -> ProbeReport | None:
-        """One probe run from this source; None when its write endpoint failed."""
+    async def probe(self, fence: Fence | None = None) -> ProbeReport | None:
+        """One probe run from this source; None when its write endpoint failed. Under a
+        `fence`, every probe write and the stored results wait on it (`LeaseLost`)."""
         source = self.source
+        fenced = {} if fence is None else {"fence": fence.check}
         try:
-            report = await self._probe(self.config, source=source, store=self.store)
+            report = await self._probe(self.config, source=source, store=self.store, **fenced)
         except EndpointError as exc:
             self.counters["probe errors"] += 1
             self.metrics.probe_runs.labels(source, "ok")  # the series exists, at 0

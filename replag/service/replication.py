@@ -27,6 +27,8 @@ from replag.replication.follow import endpoint_at
 from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, SampleTarget, replication_targets
 from replag.replication.state import PrimaryState, ReplicationSnapshot
+from replag.service.leasing import Fence, LeaseKeeper
+from replag.service.scheduler import Claim
 from replag.store import Store
 
 log = logging.getLogger("replag.service")
@@ -48,6 +50,7 @@ class ReplicationState:
         self._cells_rebuilding = False
         self._lock = threading.Lock()
         self.rebuild_on: BackgroundLoop | None = None
+        self.keeper: LeaseKeeper | None = None  # set while several instances may run
         self.metrics.replication.expect(
             (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
             for t in self.targets()
@@ -97,8 +100,9 @@ class ReplicationState:
         return assess_failover(primary, lag_p99_ms=lag)
 
     def latest_primaries(self) -> list[PrimaryState]:
-        """The latest sample of every primary: this service's, else the store's (cron's)."""
-        if self.latest:
+        """The latest sample of every primary: this service's while it samples them, else
+        the store's (another instance's, or cron's)."""
+        if self.latest and (self.keeper is None or self.keeper.holds(ReplicationSampling.name)):
             latest = list(self.latest.values())
         else:
             latest = replication_history.latest_primaries(self.store)
@@ -217,6 +221,7 @@ class ReplicationSampling:
     """Samples every primary and its replicas, stores and exports it, then alerts."""
 
     name = "replication"
+    claim: Claim = "lease"
 
     def __init__(
         self,
@@ -231,8 +236,10 @@ class ReplicationSampling:
         self.interval_s = state.settings.replication_interval
         self.sampler = ReplicationSampler(timeout_s=state.settings.connect_timeout)
 
-    async def run(self) -> None:
+    async def run(self, fence: Fence | None = None) -> None:
         snapshot = await self.sampler.sample(self.state.targets())
+        if fence is not None:
+            await asyncio.to_thread(fence.confirm)  # a paused instance stores nothing
         await asyncio.to_thread(replication_history.record_snapshot, self.state.store, snapshot)
         self.counters["replication samples"] += 1
         for primary in snapshot.primaries:

@@ -10,6 +10,8 @@ from replag.alerts.state import AlertBook
 from replag.lagindex import LagIndex
 from replag.monitoring.dynomite_stats import prune_stats
 from replag.replication import history as replication_history
+from replag.service.leasing import Fence
+from replag.service.scheduler import Claim
 from replag.settings import Settings
 from replag.store import Store
 
@@ -20,6 +22,7 @@ class RetentionRound:
     """Compacts windows older than `compact_after`, drops rows older than `retention`."""
 
     name = "retention"
+    claim: Claim = "slot"
     interval_s = 3600.0
 
     def __init__(
@@ -30,7 +33,7 @@ class RetentionRound:
         self.index = index
         self.alert_book = alert_book
 
-    async def run(self) -> None:
+    async def run(self, fence: Fence | None = None) -> None:
         """Compact old windows, and keep the store (and the in-memory index) to `retention`."""
         now = time.time_ns()
         merged, written, removed = await asyncio.to_thread(

@@ -1,11 +1,23 @@
 """Scheduled units and the scheduler that runs them.
 
 A `ScheduledUnit` is one piece of periodic work with a name of its own (each
-source region's probe round, replication sampling, Dynomite stats, each
-group's scheduled check, retention): what it needs is given to it when it is
-built, `interval_s` says when it runs, `run()` does one round. The
-`Scheduler` runs every unit on the loop it is started on, each on its own
-timer, keeping each alive through a failed round.
+source region's probe round, replication sampling, Dynomite stats, alert
+evaluation, each group's scheduled check, retention): what it needs is given
+to it when it is built, `interval_s` says when it runs, `run(fence)` does one
+round, and `claim` says how an instance comes to own it when several share
+one store:
+
+- `"lease"`: continuous ownership through a lease in the store
+  (`replag.service.leasing`), renewed while the instance lives; another
+  instance takes it when it expires. The unit checks its `Fence` before acting
+  outside the store.
+- `"slot"`: periodic work claimed per time slot (`floor(database time /
+  interval)`) with a unique insert: whichever instance inserts the slot's row
+  runs that slot; no scheduler is elected.
+
+Without a `LeaseKeeper` (a library user's service, one process) every unit
+simply runs on its timer. The scheduler keeps each unit alive through a failed
+round.
 """
 
 from __future__ import annotations
@@ -16,16 +28,23 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from replag.errors import ReplagError
+from replag.errors import LeaseLost, ReplagError, StoreError
+
+if TYPE_CHECKING:
+    from replag.service.leasing import Fence, LeaseKeeper
+    from replag.service.slots import SlotClaims
 
 log = logging.getLogger("replag.service")
+
+Claim = Literal["lease", "slot"]
 
 
 class ScheduledUnit(Protocol):
     """One unit of periodic work. `name` is stable across instances and restarts
-    (`probe:REGION`, `replication`, `dynomite-stats`, `check:GROUP`, `retention`)."""
+    (`probe:REGION`, `replication`, `dynomite-stats`, `alerts`, `check:GROUP`,
+    `retention`)."""
 
     @property
     def name(self) -> str: ...
@@ -33,22 +52,41 @@ class ScheduledUnit(Protocol):
     @property
     def interval_s(self) -> float: ...
 
-    async def run(self) -> Any: ...
+    @property
+    def claim(self) -> Claim: ...
+
+    async def run(self, fence: Fence | None = None) -> Any: ...
 
 
 class Scheduler:
     """Runs units every `interval_s`, from `start()` (on the caller's loop) to `stop()`."""
 
-    def __init__(self, units: Sequence[ScheduledUnit], *, counters: Counter[str]) -> None:
+    def __init__(
+        self,
+        units: Sequence[ScheduledUnit],
+        *,
+        counters: Counter[str],
+        keeper: LeaseKeeper | None = None,
+        slots: SlotClaims | None = None,
+    ) -> None:
         self.units = list(units)
         self.counters = counters
+        self.keeper = keeper
+        self.slots = slots
         self.tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
     def start(self) -> None:
         self._stopping.clear()
+        if self.keeper is not None:
+            self.spawn("leases", self._keep_leases(self.keeper))
         for unit in self.units:
-            self.spawn(unit.name, self._every(unit))
+            if self.keeper is not None and unit.claim == "lease":
+                self.spawn(unit.name, self._leased(unit, self.keeper))
+            elif self.slots is not None and unit.claim == "slot":
+                self.spawn(unit.name, self._per_slot(unit, self.slots))
+            else:
+                self.spawn(unit.name, self._every(unit))
 
     def spawn(self, name: str, coro: Awaitable[Any]) -> None:
         """Run `coro` as a named task of this scheduler (cancelled by the loop's stop)."""
@@ -58,18 +96,79 @@ class Scheduler:
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _sleep(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), max(0.0, delay_s))
+
     async def _every(self, unit: ScheduledUnit) -> None:
         """Run `unit` now and then every `interval_s`, keeping it alive through failures."""
         while not self._stopping.is_set():
             started = time.monotonic()
             await self.run_once(unit)
-            delay = max(0.0, unit.interval_s - (time.monotonic() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+            await self._sleep(unit.interval_s - (time.monotonic() - started))
 
-    async def run_once(self, unit: ScheduledUnit) -> None:
+    async def _leased(self, unit: ScheduledUnit, keeper: LeaseKeeper) -> None:
+        """Run `unit` every `interval_s` while this instance holds its lease; else try to
+        take it every third of the lease time (an expired lease is taken within that)."""
+        retry_s = keeper.ttl_s / 3
+        while not self._stopping.is_set():
+            fence = keeper.fence(unit.name)
+            if fence is not None and keeper.over_share():
+                await asyncio.to_thread(keeper.release, unit.name)  # between rounds only
+                held = len(keeper.held_names())
+                log.info("%s: given up to share the work (%d held)", unit.name, held)
+                await self._sleep(retry_s)
+                continue
+            if fence is None:
+                if keeper.held(unit.name) is not None:
+                    keeper.forget(unit.name)
+                    disown = getattr(unit, "disown", None)
+                    if disown is not None:
+                        disown()
+                if keeper.may_take_more():
+                    try:
+                        fence = await asyncio.to_thread(keeper.try_acquire, unit.name)
+                    except StoreError as exc:
+                        log.warning("%s: lease not taken (%s)", unit.name, exc)
+                if fence is None:
+                    await self._sleep(retry_s)
+                    continue
+            started = time.monotonic()
+            await self.run_once(unit, fence)
+            await self._sleep(unit.interval_s - (time.monotonic() - started))
+
+    async def _per_slot(self, unit: ScheduledUnit, slots: SlotClaims) -> None:
+        """Try to claim each `interval_s` slot of `unit`; run it where the claim succeeds."""
+        poll_s = min(unit.interval_s / 4, 5.0)
+        while not self._stopping.is_set():
+            try:
+                claimed = await asyncio.to_thread(slots.claim, unit.name, unit.interval_s)
+            except StoreError as exc:
+                log.warning("%s: slot not claimed (%s)", unit.name, exc)
+                claimed = False
+            if claimed:
+                await self.run_once(unit)
+            await self._sleep(poll_s)
+
+    async def _keep_leases(self, keeper: LeaseKeeper) -> None:
+        """Renew every third of the lease time; hold this instance's own lease."""
+        while not self._stopping.is_set():
+            try:
+                await asyncio.to_thread(keeper.heartbeat)
+                await asyncio.to_thread(keeper.renew_all)
+            except StoreError as exc:
+                log.warning("leases: not renewed (%s)", exc)
+            except Exception:
+                self.counters["crashed rounds"] += 1
+                log.exception("leases: renewal failed; retrying")
+            await self._sleep(keeper.ttl_s / 3)
+
+    async def run_once(self, unit: ScheduledUnit, fence: Fence | None = None) -> None:
         try:
-            await unit.run()
+            await unit.run(fence)
+        except LeaseLost as exc:
+            self.counters["rounds stopped by a lost lease"] += 1
+            log.warning("%s: stopped: %s", unit.name, exc)
         except ReplagError as exc:
             log.warning("%s: %s", unit.name, exc)
         except Exception:

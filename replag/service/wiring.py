@@ -36,11 +36,14 @@ from replag.service.alerting import AlertEvaluation
 from replag.service.checks import ScheduledCheck
 from replag.service.dynomite import DynomiteStatsRound
 from replag.service.jobs import JobAction, JobRunner, RepairJob
+from replag.service.leasing import INSTANCE_PREFIX, LeaseKeeper
 from replag.service.probing import ProbeFunction, ProbeRound
 from replag.service.replication import ReplicationSampling, ReplicationState
 from replag.service.retention import RetentionRound
 from replag.service.scheduler import ScheduledUnit, Scheduler
-from replag.store import Store
+from replag.service.slots import SlotClaims
+from replag.store import Store, leases
+from replag.store.leases import instance_id
 
 log = logging.getLogger("replag.service")
 
@@ -85,7 +88,7 @@ class ReplagService:
             config, store=self.store, metrics=self.metrics, counters=self.counters
         )
         self.replication = ReplicationState(config, store=self.store, metrics=self.metrics)
-        evaluate = self.alerts.evaluate
+        evaluate = self.alerts.after_round
         self.probe_rounds = [
             ProbeRound(
                 config,
@@ -122,6 +125,8 @@ class ReplagService:
             self.settings, store=self.store, index=self.index, alert_book=self.alerts.book
         )
         self.scheduler = Scheduler(self.units(), counters=self.counters)
+        self.instance = instance_id()
+        self.keeper: LeaseKeeper | None = None  # from start() to stop()
         # Own event loops in own threads (replag.background), from start() to stop(): the
         # scheduled units (with alert evaluation and delivery), and the checks and repairs.
         self._schedules: BackgroundLoop | None = None
@@ -129,7 +134,12 @@ class ReplagService:
 
     def units(self) -> list[ScheduledUnit]:
         """Every unit this service's configuration calls for."""
-        units: list[ScheduledUnit] = [*self.probe_rounds, *self.checks, self.retention]
+        units: list[ScheduledUnit] = [
+            *self.probe_rounds,
+            self.alerts,
+            *self.checks,
+            self.retention,
+        ]
         if self.replication.targets():
             units.append(self.replication_sampling)
         if self.settings.dynomite_stats_urls:
@@ -144,6 +154,17 @@ class ReplagService:
         self.index.serve_recent = True
         self._jobs_loop = BackgroundLoop("replag-jobs").start()
         self.job_runner.loop = self.replication.rebuild_on = self._jobs_loop
+        # Several instances may share the store: every scheduled unit is owned through a
+        # lease or claimed per slot (replag.service.scheduler).
+        units = self.scheduler.units
+        self.keeper = LeaseKeeper(
+            self.store,
+            holder=self.instance,
+            ttl_s=self.settings.lease_time,
+            units=sum(u.claim == "lease" for u in units),
+        )
+        self.scheduler.keeper = self.alerts.keeper = self.replication.keeper = self.keeper
+        self.scheduler.slots = SlotClaims(self.store, holder=self.instance)
         self._schedules = BackgroundLoop("replag-schedules").start()
         await self._schedules.call(self._start_schedules)
 
@@ -185,6 +206,10 @@ class ReplagService:
                 await background.stop()
         self._schedules = self._jobs_loop = None
         self.job_runner.loop = self.replication.rebuild_on = None
+        if self.keeper is not None:  # others take over at once, not after the lease time
+            await asyncio.to_thread(self.keeper.release_all)
+            self.keeper = self.scheduler.keeper = self.alerts.keeper = None
+            self.replication.keeper = None
         await self.job_runner.cancel_local()
         self.scheduler.tasks.clear()
         await self._close_clients()
@@ -285,4 +310,19 @@ class ReplagService:
             "auto_repair": self.settings.auto_repair,
             "probes": probes,
             "jobs_running": self.job_runner.running_count(),
+            "instance": self.instance,
+            "instances": self.instances(),
         }
+
+    def instances(self) -> list[dict[str, Any]]:
+        """Every live instance on this store and the units it owns (from the leases)."""
+        owned: dict[str, list[str]] = {}
+        for lease in leases.current(self.store):
+            if lease.name.startswith(INSTANCE_PREFIX):
+                owned.setdefault(lease.holder, [])
+            else:
+                owned.setdefault(lease.holder, []).append(lease.name)
+        return [
+            {"instance": holder, "this": holder == self.instance, "owns": sorted(names)}
+            for holder, names in sorted(owned.items())
+        ]

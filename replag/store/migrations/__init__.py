@@ -6,11 +6,16 @@ list below; one that has shipped is never edited.
 
 from __future__ import annotations
 
-from replag.store.migrations import m0001_initial, m0002_leases_and_run_owners, m0003_rebuilds
+from replag.store.migrations import (
+    m0001_initial,
+    m0002_leases_and_run_owners,
+    m0003_rebuilds,
+    m0004_service_ha,
+)
 from replag.store.schema import Migration, numbered
 
 MIGRATIONS: tuple[Migration, ...] = tuple(
-    numbered([m0001_initial, m0002_leases_and_run_owners, m0003_rebuilds])
+    numbered([m0001_initial, m0002_leases_and_run_owners, m0003_rebuilds, m0004_service_ha])
 )
 
 

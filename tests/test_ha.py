@@ -1,0 +1,350 @@
+"""Several `replag serve` processes on one PostgreSQL store: leases, takeover, fencing,
+one notification per state change across a failover, a PostgreSQL restart.
+
+Real parts only: the lab's Redis servers and relay, a PostgreSQL the suite starts,
+`replag serve` subprocesses, a real webhook receiver. Lease times are short here
+(settings); nothing asserts how fast a thing happened except the bound the issue
+sets on a takeover (2 × lease_time between probe runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+
+from replag.lab.cluster import lab_fault
+from replag.lab.server import free_port
+from replag.store import Store
+from tests.helpers.lab import LabFactory
+from tests.helpers.postgres import LocalPostgres, empty_database
+from tests.helpers.waiting import wait_until
+
+LEASE_S = 6.0
+FAST = {
+    "count": 20,
+    "rate": 0,
+    "timeout": "2s",
+    "probe_interval": "300ms",
+    "replication_interval": "1s",
+    "check_interval": "1h",
+    "lease_time": f"{LEASE_S}s",
+}
+
+
+class Instance:
+    """One `replag serve` subprocess and its API."""
+
+    def __init__(self, config: Path, log_dir: Path, name: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replag", "serve", "--config", str(config),
+             "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def get(self, path: str) -> Any:
+        return httpx.get(self.base + path, timeout=10).json()
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            return dict(self.get("/api/v1/health"))
+        except (httpx.TransportError, ValueError):
+            return None
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with_signal(self.proc, signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+
+
+def owner_of(instances: list[Instance], unit: str) -> Instance | None:
+    """The instance holding `unit`'s lease, as any live instance's health says."""
+    for inst in instances:
+        if inst.proc.poll() is not None:
+            continue
+        health = inst.health()
+        if health is None:
+            continue
+        for entry in health["instances"]:
+            if unit in entry["owns"]:
+                pid = int(entry["instance"].split(":")[1])
+                return next((i for i in instances if i.pid == pid), None)
+        return None
+    return None
+
+
+def probe_starts(url: str, source: str) -> list[int]:
+    with Store(url) as store:
+        rows = store.execute(
+            "SELECT started_ns FROM probe_runs WHERE source = ? ORDER BY started_ns", (source,)
+        )
+    return [int(r.started_ns) for r in rows]
+
+
+def probe_runs_counted(inst: Instance, source: str) -> float:
+    text = httpx.get(inst.base + "/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("replag_probe_runs_total{") and f'source="{source}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture
+def ha_store(postgres_url: str) -> str:
+    Store(postgres_url).close()
+    empty_database(postgres_url)
+    return postgres_url
+
+
+def write_config(lab: dict[str, Any], tmp_path: Path, url: str, **extra: Any) -> Path:
+    data = __import__("tomllib").loads((Path(lab["dir"]) / "topology.toml").read_text())
+    data.setdefault("settings", {}).update(FAST, store=url)
+    data.update(extra)
+    path = tmp_path / "replag.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[list[Instance]]:
+    started: list[Instance] = []
+    yield started
+    for inst in started:
+        inst.stop()
+
+
+def start(fleet: list[Instance], config: Path, tmp_path: Path, n: int) -> None:
+    for _ in range(n):
+        fleet.append(Instance(config, tmp_path, f"serve-{len(fleet)}"))
+    wait_until(
+        lambda: all((h := i.health()) is not None and len(h["instances"]) == n for i in fleet),
+        f"{n} instances see each other",
+        timeout_s=90,
+        every_s=0.3,
+    )
+
+
+def test_three_instances_share_one_store_and_a_killed_owner_is_replaced(
+    lab_factory: LabFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={"eu-west": 5})
+    start(fleet, write_config(lab, tmp_path, ha_store), tmp_path, 3)
+    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
+    # Every instance answers with the same instances and owners.
+    views = [sorted(map(json.dumps, i.health()["instances"])) for i in fleet]  # type: ignore[index]
+    owned = [u for entry in fleet[0].health()["instances"] for u in entry["owns"]]  # type: ignore[index]
+    assert len(owned) == len(set(owned))  # no unit has two owners
+    wait_until(lambda: len(probe_starts(ha_store, "us-east")) >= 5, "probe runs", timeout_s=60)
+    assert len({tuple(v) for v in views}) >= 1
+    victim = owner_of(fleet, "probe:us-east")
+    assert victim is not None
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    killed_ns = time.time_ns()
+    survivors = [i for i in fleet if i is not victim]
+    wait_until(
+        lambda: any(s > killed_ns for s in probe_starts(ha_store, "us-east")),
+        "another instance probes us-east",
+        timeout_s=4 * LEASE_S + 30,
+        every_s=0.3,
+    )
+    new_owner = owner_of(survivors, "probe:us-east")
+    assert new_owner is not None and new_owner is not victim
+    starts = probe_starts(ha_store, "us-east")
+    longest_gap_s = max(b - a for a, b in zip(starts, starts[1:], strict=False)) / 1e9
+    assert longest_gap_s <= 2 * LEASE_S, f"lag series gap of {longest_gap_s:.1f}s"
+    # The dead instance's lease on itself expires: health no longer names it.
+    wait_until(
+        lambda: all(
+            str(victim.pid) not in json.dumps(s.health()["instances"])  # type: ignore[index]
+            for s in survivors
+        ),
+        "the dead instance leaves the list",
+        timeout_s=4 * LEASE_S,
+        every_s=0.5,
+    )
+
+
+def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
+    lab_factory: LabFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+    # Long probe runs (2 s of writes): the pause most likely lands between two writes.
+    config = write_config(lab, tmp_path, ha_store)
+    data = __import__("tomllib").loads(config.read_text())
+    data["settings"].update(count=40, rate=20)
+    config.write_text(tomli_w.dumps(data))
+    start(fleet, config, tmp_path, 2)
+    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
+    paused = owner_of(fleet, "probe:us-east")
+    assert paused is not None
+    other = next(i for i in fleet if i is not paused)
+    wait_until(lambda: probe_runs_counted(paused, "us-east") >= 1, "a first run", timeout_s=60)
+    time.sleep(0.5)  # inside the next run's writes
+    before = probe_runs_counted(paused, "us-east")
+    paused.proc.send_signal(signal.SIGSTOP)
+    stopped_ns = time.time_ns()
+    try:
+        wait_until(
+            lambda: any(s > stopped_ns for s in probe_starts(ha_store, "us-east")),
+            "the other instance takes over",
+            timeout_s=4 * LEASE_S + 30,
+            every_s=0.3,
+        )
+        assert owner_of([other], "probe:us-east") is other
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    resumed_ns = time.time_ns()
+    wait_until(lambda: paused.health() is not None, "the paused instance answers again")
+    time.sleep(LEASE_S / 2)  # its loops wake and find their fences gone
+    # The run it was in when paused neither wrote on nor stored its results.
+    assert probe_runs_counted(paused, "us-east") == before
+    log = paused.log()
+    assert "no longer held" in log or "lease lost" in log, log[-3000:]
+    # Every run stored since the resume is the new owner's (one run at a time).
+    starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
+    assert all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    assert owner_of([paused, other], "probe:us-east") is other
+
+
+class _Receiver(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("Content-Length", 0))
+                receiver.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def statuses(self, alertname: str) -> list[str]:
+        return [
+            a["status"]
+            for body in self.bodies
+            for a in body.get("alerts", [])
+            if a["labels"].get("alertname") == alertname
+        ]
+
+
+@pytest.fixture
+def receiver() -> Iterator[_Receiver]:
+    server = _Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_partition_notifies_once_and_resolves_once_across_a_failover(
+    lab_factory: LabFactory,
+    ha_store: str,
+    tmp_path: Path,
+    fleet: list[Instance],
+    receiver: _Receiver,
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+    alerts = {
+        "repeat_interval": "1h",
+        "rules": [{"name": "eu-west-lost", "kind": "probe_loss", "threshold": 0.5, "over": "2s",
+                   "target": "eu-west", "no_data": "ok"}],
+        "sinks": [{"name": "hook", "kind": "webhook",
+                   "url": f"http://127.0.0.1:{receiver.server_address[1]}/"}],
+    }  # fmt: skip
+    start(fleet, write_config(lab, tmp_path, ha_store, alerts=alerts), tmp_path, 2)
+    wait_until(lambda: owner_of(fleet, "alerts") is not None, "an evaluator", timeout_s=60)
+    lab_fault(Path(lab["dir"]), "eu-west", "partition")
+    wait_until(lambda: receiver.statuses("eu-west-lost") == ["firing"], "firing", timeout_s=90)
+    with Store(ha_store) as store:  # delivered, and marked so in the outbox
+        wait_until(
+            lambda: not store.execute("SELECT id FROM alert_outbox WHERE delivered_ns IS NULL"),
+            "the outbox drained",
+        )
+    evaluator = owner_of(fleet, "alerts")
+    assert evaluator is not None
+    evaluator.proc.send_signal(signal.SIGKILL)
+    evaluator.proc.wait()
+    survivor = next(i for i in fleet if i is not evaluator)
+    wait_until(
+        lambda: owner_of([survivor], "alerts") is survivor,
+        "the survivor evaluates",
+        timeout_s=4 * LEASE_S + 30,
+        every_s=0.5,
+    )
+    lab_fault(Path(lab["dir"]), "eu-west", "heal")
+    wait_until(
+        lambda: receiver.statuses("eu-west-lost") == ["firing", "resolved"],
+        "resolved once",
+        timeout_s=90,
+        every_s=0.3,
+    )
+    time.sleep(2 * 0.3 + 1)  # a few more evaluations: nothing more is sent
+    assert receiver.statuses("eu-west-lost") == ["firing", "resolved"]
+
+
+def test_postgresql_restarted_under_running_instances(
+    lab_factory: LabFactory,
+    postgres_server: LocalPostgres,
+    ha_store: str,
+    tmp_path: Path,
+    fleet: list[Instance],
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+    start(fleet, write_config(lab, tmp_path, ha_store), tmp_path, 2)
+    wait_until(lambda: len(probe_starts(ha_store, "us-east")) >= 3, "probe runs", timeout_s=60)
+    before = probe_starts(ha_store, "us-east")
+    postgres_server.restart()
+    restarted_ns = time.time_ns()
+    wait_until(
+        lambda: any(s > restarted_ns for s in probe_starts(ha_store, "us-east")),
+        "probing goes on after the restart",
+        timeout_s=90,
+        every_s=0.5,
+    )
+    after = probe_starts(ha_store, "us-east")
+    assert set(before) <= set(after)  # nothing written before the restart was lost
+    assert all(i.proc.poll() is None for i in fleet)
+    assert all(i.health() is not None for i in fleet)
