@@ -9,6 +9,7 @@ sets on a takeover (2 × lease_time between probe runs).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -133,7 +135,7 @@ def ha_store(postgres_url: str) -> str:
 
 
 def write_config(lab: dict[str, Any], tmp_path: Path, url: str, **extra: Any) -> Path:
-    data = __import__("tomllib").loads((Path(lab["dir"]) / "topology.toml").read_text())
+    data = tomllib.loads((Path(lab["dir"]) / "topology.toml").read_text())
     data.setdefault("settings", {}).update(FAST, store=url)
     data.update(extra)
     path = tmp_path / "replag.toml"
@@ -187,7 +189,7 @@ def test_three_instances_share_one_store_and_a_killed_owner_is_replaced(
     new_owner = owner_of(survivors, "probe:us-east")
     assert new_owner is not None and new_owner is not victim
     starts = probe_starts(ha_store, "us-east")
-    longest_gap_s = max(b - a for a, b in zip(starts, starts[1:], strict=False)) / 1e9
+    longest_gap_s = max(b - a for a, b in itertools.pairwise(starts)) / 1e9
     assert longest_gap_s <= 2 * LEASE_S, f"lag series gap of {longest_gap_s:.1f}s"
     # The dead instance's lease on itself expires: health no longer names it.
     wait_until(
@@ -207,7 +209,7 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
     # Long probe runs (2 s of writes): the pause most likely lands between two writes.
     config = write_config(lab, tmp_path, ha_store)
-    data = __import__("tomllib").loads(config.read_text())
+    data = tomllib.loads(config.read_text())
     data["settings"].update(count=40, rate=20)
     config.write_text(tomli_w.dumps(data))
     start(fleet, config, tmp_path, 2)
@@ -239,7 +241,7 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     assert "no longer held" in log or "lease lost" in log, log[-3000:]
     # Every run stored since the resume is the new owner's (one run at a time).
     starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
-    assert all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(starts))
     assert owner_of([paused, other], "probe:us-east") is other
 
 
@@ -249,7 +251,7 @@ class _Receiver(ThreadingHTTPServer):
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 receiver.bodies.append(json.loads(self.rfile.read(length)))
                 self.send_response(200)
