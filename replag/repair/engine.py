@@ -13,11 +13,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from replag.config import Config
 from replag.durations import format_span
-from replag.errors import EndpointError, RepairError, ReplagError, StoreError, UsageError
+from replag.errors import (
+    EndpointError,
+    JobConflict,
+    RepairError,
+    ReplagError,
+    StoreError,
+    UsageError,
+)
 from replag.repair import report as rp
+from replag.repair.exclusive import LEASE_S as EXCLUSIVE_LEASE_S
+from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
 from replag.repair.observe import key_from_json
 from replag.repair.outages import cut_off_replicas
@@ -38,6 +48,7 @@ from replag.repair.runs import (
 )
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
+from replag.store.leases import Lease
 from replag.topology import Endpoint, ReplicaGroup
 
 logger = logging.getLogger(__name__)
@@ -57,7 +68,49 @@ async def _run(
     on_run: Callable[[str], None] | None = None,
     key_sink: KeySink | None = None,
 ) -> rp.RepairReport:
-    """Run `params` (or resume run `resume`): every member must answer first."""
+    """Run `params` (or resume run `resume`): every member must answer first; no other
+    check or repair of its groups may run meanwhile (`replag.repair.exclusive`)."""
+    groups = _groups(config, params.group)
+    if resume is not None:
+        _, saved = _resumed(config, params.kind, store, resume)
+        groups = _groups(config, saved.group, check=False)
+    if store is None:
+        return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
+    held = await asyncio.to_thread(take_groups, store, [g.name for g in groups])
+    keeper = asyncio.create_task(_keep_groups(store, held, asyncio.current_task()))
+    try:
+        return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await asyncio.to_thread(release_groups, store, held)
+
+
+async def _keep_groups(store: Store, held: list[Lease], run: asyncio.Task[Any] | None) -> None:
+    """Renew the run's group leases; a lost one (this process was paused past it and
+    another run took the group) stops the run before its next write."""
+    while True:
+        await asyncio.sleep(EXCLUSIVE_LEASE_S / 4)
+        try:
+            held[:] = await asyncio.to_thread(renew_groups, store, held)
+        except StoreError as exc:
+            logger.warning("group leases not renewed: %s", exc)
+        except JobConflict as exc:
+            logger.error("%s; stopping this run", exc)
+            if run is not None:
+                run.cancel()
+            return
+
+
+async def _run_exclusive(
+    config: Config,
+    params: RunParams,
+    store: Store | None,
+    resume: str | None,
+    progress: ProgressCallback | None,
+    on_run: Callable[[str], None] | None,
+    key_sink: KeySink | None,
+) -> rp.RepairReport:
     groups = _groups(config, params.group)
     log: RunLog | None = None
     if resume is not None:

@@ -1,0 +1,63 @@
+"""Two checks or repairs of one group never run at once, whatever runs them (the CLI, a
+service's job) and whatever the store (SQLite or PostgreSQL): the second is refused
+naming the holder, and the group is free again once the first ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import tomli_w
+
+from replag.config import load_config
+from replag.repair.exclusive import LEASE_S, lease_name
+from replag.service import ReplagService
+from replag.store import Store, leases
+from tests.helpers.redis_servers import RedisFactory
+
+
+def _config(path: Path, store: str, urls: list[str]) -> Path:
+    data = {
+        "settings": {"store": store, "repair_settle": "10ms"},
+        "regions": [{"name": f"r{i}", "replicas": [{"name": f"n{i}", "url": u}]}
+                    for i, u in enumerate(urls)],
+        "groups": [{"name": "g", "members": [f"n{i}" for i in range(len(urls))]}],
+    }  # fmt: skip
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def _repair_run(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replag", "repair", "run", "--config", str(config), "-g", "g"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+async def test_a_second_run_of_a_group_is_refused_naming_the_holder(
+    redis_factory: RedisFactory, store_location: str, tmp_path: Path
+) -> None:
+    a, b = redis_factory("a"), redis_factory("b")
+    a.client().set("k", "1")
+    config = _config(tmp_path / "replag.toml", store_location, [a.url, b.url])
+    with Store(store_location) as store:
+        # Another instance (its holder name) runs a repair of g.
+        other = "other-host:4242:abcdef"
+        held = leases.acquire(store, lease_name("g"), holder=other, ttl_s=LEASE_S)
+        assert held is not None
+        try:
+            cli = _repair_run(config)
+            assert cli.returncode == 2, cli.stderr
+            assert "already running" in cli.stderr and other in cli.stderr
+            assert len(cli.stderr.strip().splitlines()) == 1  # one line, no traceback
+            assert not b.client().exists("k")  # nothing was repaired
+            service = ReplagService(load_config(config), store=store)
+            job = await service.wait_job(service.start_job("repair", "g").id)
+            await service.stop()
+            assert job.state == "failed" and other in (job.error or "")
+        finally:
+            leases.release(store, held)
+    cli = _repair_run(config)  # free again: it runs
+    assert cli.returncode == 0, cli.stderr
+    assert b.client().get("k") == b"1"
