@@ -26,8 +26,10 @@ from replag.config import Config
 from replag.errors import JobConflict, ReplagError
 from replag.metrics import ServiceMetrics
 from replag.repair import RepairReport, check, repair
+from replag.repair.exclusive import lease_name
 from replag.repair.policy import parse_policy
-from replag.store import Store
+from replag.store import Store, leases
+from replag.store.leases import instance_id
 
 log = logging.getLogger("replag.service")
 
@@ -126,6 +128,7 @@ class JobRunner:
             started_ns=time.time_ns(),
             started_by=started_by(job_id) if started_by is not None else None,
         )
+        self._refuse_if_held_elsewhere(group)
         with self.lock:
             running = [g for g in self._busy if group is None or g is None or g == group]
             if running:
@@ -148,6 +151,20 @@ class JobRunner:
 
         future.add_done_callback(finished)
         return job
+
+    def _refuse_if_held_elsewhere(self, group: str | None) -> None:
+        """JobConflict (HTTP 409) now when another process runs a check or repair of the
+        group (its lease, `replag.repair.exclusive`); the run itself checks again."""
+        names = {lease_name(g.name) for g in self.config.topology.groups}
+        if group is not None:
+            names = {lease_name(group)}
+        me = instance_id()
+        for lease in leases.current(self.store, prefix="repair:"):
+            if lease.name in names and lease.holder != me:
+                raise JobConflict(
+                    f"a check or repair of group {lease.name.removeprefix('repair:')} is "
+                    f"already running (held by {lease.holder})"
+                )
 
     def _check_policy(self, group: str | None, policy: str | None) -> None:
         """Parse `policy` for every group the job covers, as the repair will (UsageError)."""
