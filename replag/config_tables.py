@@ -193,6 +193,9 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
     replicas: list[str | EndpointTable] = msgspec.field(default_factory=list)
     slots: list[SlotRange] = msgspec.field(default_factory=list)
     sentinel: SentinelTable | None = None
+    # The cluster (replication tree, estate member) the region belongs to: a probe from it
+    # is observed only on regions of the same cluster. Unset: the file is one cluster.
+    cluster: NonEmptyStr | None = None
 
     def __post_init__(self) -> None:
         if not list(self.endpoints()):  # bare URLs are checked as they are read
@@ -231,6 +234,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             slots=tuple((start, end) for start, end in self.slots),
             sentinel=self.sentinel.ref(environ, defaults) if self.sentinel else None,
             agent=str(self.agent) if self.agent else None,
+            cluster=self.cluster,
         )
 
     @classmethod
@@ -244,6 +248,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             replicas=[EndpointTable.of(ep, redact=redact) for ep in region.replicas],
             slots=[SlotRange(s) for s in region.slots],
             sentinel=SentinelTable.of(region.sentinel, redact=redact) if region.sentinel else None,
+            cluster=region.cluster,
         )
 
 

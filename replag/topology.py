@@ -278,6 +278,8 @@ class Region:
     sentinel: SentinelRef | None = None
     # URL of the region's `replag agent` (http:// or https://), if one runs there.
     agent: str | None = None
+    # The cluster the region belongs to, where one service watches many (None: the only one).
+    cluster: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -291,6 +293,8 @@ class Region:
             out["sentinel"] = self.sentinel.to_dict()
         if self.agent:
             out["agent"] = self.agent
+        if self.cluster:
+            out["cluster"] = self.cluster
         return out
 
 
@@ -342,15 +346,16 @@ class Topology:
         """Regions whose replicas receive what is written in `source`.
 
         A Redis Cluster shard's keys reach only its own replicas, a Sentinel master's
-        only the regions naming that master; elsewhere every region's replicas (the
-        source's own racks included) should receive them.
+        only the regions naming that master, a cluster's only its own regions; elsewhere
+        every region's replicas (the source's own racks included) should receive them.
         """
         if source.slots:
             return [source]
+        regions = [r for r in self.regions if r.cluster == source.cluster]
         if source.sentinel is not None:
             master = source.sentinel.master
-            return [r for r in self.regions if r.sentinel and r.sentinel.master == master]
-        return list(self.regions)
+            return [r for r in regions if r.sentinel and r.sentinel.master == master]
+        return regions
 
     def reached_from(
         self, source: Region, write: Endpoint
