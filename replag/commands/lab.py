@@ -120,6 +120,13 @@ def command() -> None:
     is_flag=True,
     help="Also start 3 Sentinels (quorum 2) monitoring the primary; `lab failover` forces one.",
 )
+@click.option(
+    "--fleet",
+    type=click.IntRange(1, 500),
+    default=None,
+    help="Instead: N small clusters (a primary and 2 replicas each, each its own cluster "
+    "and replica group), for one service watching an estate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
 def up(
     lab_dir: Path,
@@ -134,9 +141,20 @@ def up(
     agent_clock_offset: str,
     clock_error_bound: str | None,
     sentinel: bool,
+    fleet: int | None,
     as_json: bool,
 ) -> None:
     """Start the lab and return once every replication link is up."""
+    if fleet is not None:
+        from replag.lab.fleet import fleet_up
+
+        state = fleet_up(lab_dir, fleet)
+        if as_json:
+            click.echo(json.dumps(state, indent=2))
+            return
+        click.echo(f"fleet lab up in {lab_dir.resolve()}: {fleet} clusters of 3 servers")
+        click.echo(f"topology: {lab_dir.resolve() / 'topology.toml'}")
+        return
     if wan is not None and delay:
         raise UsageError("--delay and --wan: give one (--wan sets the replication links too)")
     out_ms, back_ms = parse_paths(
