@@ -30,8 +30,10 @@ import tomli_w
 from replag.lab.cluster import lab_fault
 from replag.lab.server import free_port
 from replag.store import Store
+from tests.helpers.configs import TOKEN
 from tests.helpers.lab import LabFactory
 from tests.helpers.postgres import LocalPostgres, empty_database
+from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import wait_until
 
 LEASE_S = 6.0
@@ -350,3 +352,69 @@ def test_postgresql_restarted_under_running_instances(
     assert set(before) <= set(after)  # nothing written before the restart was lost
     assert all(i.proc.poll() is None for i in fleet)
     assert all(i.health() is not None for i in fleet)
+
+
+def test_a_repair_whose_instance_is_killed_is_resumed_by_another(
+    redis_factory: RedisFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
+) -> None:
+    a, b = redis_factory("a"), redis_factory("b")
+    keys = 3000
+    pipe = a.client().pipeline(transaction=False)
+    for i in range(keys):
+        pipe.set(f"k{i}", f"v{i}")
+    pipe.execute()
+    data = {
+        "settings": {**FAST, "store": ha_store, "api_token": TOKEN, "repair_settle": "10ms",
+                     "repair_rate": 300, "service_scan_rate": 0},
+        "regions": [{"name": "r0", "replicas": [{"name": "n0", "url": a.url}]},
+                    {"name": "r1", "replicas": [{"name": "n1", "url": b.url}]}],
+        "groups": [{"name": "g", "members": ["n0", "n1"]}],
+    }  # fmt: skip
+    config = tmp_path / "replag.toml"
+    config.write_text(tomli_w.dumps(data))
+    start(fleet, config, tmp_path, 2)
+    first, second = fleet
+    answers: list[httpx.Response] = []
+
+    def post() -> bool:  # 409 while the scheduled check of g (a slot) runs somewhere
+        answers.append(httpx.post(
+            first.base + "/api/v1/repairs",
+            json={"action": "repair", "group": "g", "policy": "source:n0"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        ))  # fmt: skip
+        return answers[-1].status_code != 409
+
+    wait_until(post, "the repair accepted", timeout_s=60, every_s=0.5)
+    assert answers[-1].status_code == 202, answers[-1].text
+    job_id = answers[-1].json()["job_id"]
+
+    def job_row() -> Any:
+        with Store(ha_store) as store:
+            rows = store.execute("SELECT * FROM service_jobs WHERE id = ?", (job_id,))
+        return rows[0] if rows else None
+
+    # Killed part-way: some keys repaired, not all.
+    wait_until(
+        lambda: (row := job_row()) is not None and row.run_id and b.client().dbsize() >= 200,
+        "the repair under way",
+        timeout_s=120,
+        every_s=0.1,
+    )
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    assert b.client().dbsize() < keys
+    run_id = job_row().run_id
+    wait_until(
+        lambda: (row := job_row()) is not None and row.state != "running",
+        "another instance finishes the job",
+        timeout_s=4 * LEASE_S + 180,
+        every_s=0.5,
+    )
+    row = job_row()
+    assert row.state == "done", row
+    assert row.resumed == 1 and row.owner != "" and str(first.pid) not in row.owner
+    assert row.run_id == run_id  # the same run, resumed from its checkpoint
+    assert "resuming run" in second.log()
+    assert b.client().dbsize() == keys
+    assert all(b.client().get(f"k{i}") == f"v{i}".encode() for i in range(0, keys, 97))

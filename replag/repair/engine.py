@@ -26,7 +26,6 @@ from replag.errors import (
     UsageError,
 )
 from replag.repair import report as rp
-from replag.repair.exclusive import LEASE_S as EXCLUSIVE_LEASE_S
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
 from replag.repair.observe import key_from_json
@@ -76,8 +75,9 @@ async def _run(
         groups = _groups(config, saved.group, check=False)
     if store is None:
         return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
-    held = await asyncio.to_thread(take_groups, store, [g.name for g in groups])
-    keeper = asyncio.create_task(_keep_groups(store, held, asyncio.current_task()))
+    ttl_s = config.settings.lease_time
+    held = await asyncio.to_thread(take_groups, store, [g.name for g in groups], ttl_s=ttl_s)
+    keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, asyncio.current_task()))
     try:
         return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
     finally:
@@ -86,13 +86,15 @@ async def _run(
         await asyncio.to_thread(release_groups, store, held)
 
 
-async def _keep_groups(store: Store, held: list[Lease], run: asyncio.Task[Any] | None) -> None:
+async def _keep_groups(
+    store: Store, held: list[Lease], ttl_s: float, run: asyncio.Task[Any] | None
+) -> None:
     """Renew the run's group leases; a lost one (this process was paused past it and
     another run took the group) stops the run before its next write."""
     while True:
-        await asyncio.sleep(EXCLUSIVE_LEASE_S / 4)
+        await asyncio.sleep(ttl_s / 4)
         try:
-            held[:] = await asyncio.to_thread(renew_groups, store, held)
+            held[:] = await asyncio.to_thread(renew_groups, store, held, ttl_s=ttl_s)
         except StoreError as exc:
             logger.warning("group leases not renewed: %s", exc)
         except JobConflict as exc:

@@ -2,10 +2,10 @@
 
 A run takes the lease `repair:GROUP` of every group it covers before it starts
 (`replag.store.leases`: expiry on the database's clock, renewal scoped to the
-holder), renews it with its heartbeat, and gives it up when it ends. A second
-run of the same group, from the CLI or any service instance, on SQLite or
-PostgreSQL, is refused naming the holder; a holder that died leaves a lease that
-expires after `LEASE_S`.
+holder), renews it every quarter of `settings.lease_time`, and gives it up when
+it ends. A second run of the same group, from the CLI or any service instance,
+on SQLite or PostgreSQL, is refused naming the holder; a holder that died leaves
+a lease that expires after `lease_time`.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from replag.store import Store, leases
 from replag.store.leases import Lease, instance_id
 
 log = logging.getLogger(__name__)
-LEASE_S = 60.0
+LEASE_S = 20.0  # when no settings say (tests, library callers)
 
 
 def lease_name(group: str) -> str:
     return f"repair:{group}"
 
 
-def take_groups(store: Store, groups: Sequence[str]) -> list[Lease]:
+def take_groups(store: Store, groups: Sequence[str], *, ttl_s: float = LEASE_S) -> list[Lease]:
     """Lease every group in `groups` for this process, or none: JobConflict naming the
     holder when another process holds one."""
     taken: list[Lease] = []
     me = instance_id()
     for group in groups:
-        lease = leases.acquire(store, lease_name(group), holder=me, ttl_s=LEASE_S)
+        lease = leases.acquire(store, lease_name(group), holder=me, ttl_s=ttl_s)
         if lease is None:
             release_groups(store, taken)
             holder = next(
@@ -46,11 +46,11 @@ def take_groups(store: Store, groups: Sequence[str]) -> list[Lease]:
     return taken
 
 
-def renew_groups(store: Store, held: list[Lease]) -> list[Lease]:
+def renew_groups(store: Store, held: list[Lease], *, ttl_s: float = LEASE_S) -> list[Lease]:
     """Renew `held`; raise JobConflict if one was lost (the run must stop)."""
     renewed = []
     for lease in held:
-        again = leases.renew(store, lease, ttl_s=LEASE_S)
+        again = leases.renew(store, lease, ttl_s=ttl_s)
         if again is None:
             raise JobConflict(f"lost the lease on {lease.name}: another process took it over")
         renewed.append(again)

@@ -23,11 +23,13 @@ from typing import Any, Literal
 from replag.alerts.health import record_check
 from replag.background import BackgroundLoop
 from replag.config import Config
-from replag.errors import JobConflict, ReplagError
+from replag.errors import JobConflict, ReplagError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.repair import RepairReport, check, repair
 from replag.repair.exclusive import lease_name
 from replag.repair.policy import parse_policy
+from replag.service.job_table import JobTable
+from replag.service.scheduler import Claim
 from replag.store import Store, leases
 from replag.store.leases import instance_id
 
@@ -98,6 +100,8 @@ class JobRunner:
         self._tasks: dict[str, concurrent.futures.Future[None] | asyncio.Future[None]] = {}
         self.lock = threading.Lock()  # start() runs on the API's and the schedules' loops
         self.loop: BackgroundLoop | None = None
+        # The job table in the store, while the service runs (several instances may).
+        self.table: JobTable | None = None
         # Group (None: every group) → the id of the job holding it.
         self._busy: dict[str | None, str] = {}
 
@@ -107,10 +111,13 @@ class JobRunner:
         group: str | None,
         *,
         started_by: Callable[[str], dict[str, str]] | None = None,
+        job_id: str | None = None,
+        resume: str | None = None,
         **options: Any,
     ) -> RepairJob:
         """Start a check or repair in the background; `started_by(job_id)` says who asked
-        (recorded on the job and stored with its run).
+        (recorded on the job and stored with its run). `job_id` and `resume`: a job of a
+        dead instance, resumed here from its run's checkpoint.
 
         Raises JobConflict while a job of the same group, or of every group, runs (a job
         of every group conflicts with any), and UsageError for an unknown group or a
@@ -120,13 +127,14 @@ class JobRunner:
             self.config.topology.group(group)  # UsageError naming the known groups
         if action == "repair":
             self._check_policy(group, options.get("policy"))
-        job_id = uuid.uuid4().hex[:12]
+        job_id = job_id or uuid.uuid4().hex[:12]
         job = RepairJob(
             id=job_id,
             action=action,
             group=group,
             started_ns=time.time_ns(),
             started_by=started_by(job_id) if started_by is not None else None,
+            run_id=resume,
         )
         self._refuse_if_held_elsewhere(group)
         with self.lock:
@@ -137,7 +145,9 @@ class JobRunner:
             self._busy[group] = job.id
             self.jobs[job.id] = job
             self._prune()
-        coro = self._run(job, options)
+        if self.table is not None:
+            self.table.started(job.id, action, group, options, created_ns=job.started_ns)
+        coro = self._run(job, options, resume=resume)
         future: concurrent.futures.Future[None] | asyncio.Future[None] = (
             self.loop.submit(coro) if self.loop is not None else asyncio.ensure_future(coro)
         )
@@ -191,16 +201,35 @@ class JobRunner:
     def running_count(self) -> int:
         return sum(j.state == "running" for j in self.jobs.values())
 
-    async def _run(self, job: RepairJob, options: dict[str, Any]) -> None:
+    async def _run(
+        self, job: RepairJob, options: dict[str, Any], *, resume: str | None = None
+    ) -> None:
         """Run `job` (its group is already claimed in `_busy`), then an auto-repair if due."""
         group_label = job.group or "all"
+        table = self.table
+
+        def recorded(run_id: str) -> None:
+            job.run_id = run_id
+            if table is not None:
+                table.run_recorded(job.id, run_id)
+
         try:
             if job.action == "check":
                 report = await check(
                     self.job_config,
-                    group=job.group,
+                    group=None if resume else job.group,
                     store=self.store,
                     ttls=options.get("ttls"),
+                    resume=resume,
+                    on_run=recorded,
+                    started_by=job.started_by,
+                )
+            elif resume is not None:
+                report = await repair(
+                    self.job_config,
+                    store=self.store,
+                    resume=resume,
+                    on_run=recorded,
                     started_by=job.started_by,
                 )
             else:
@@ -208,6 +237,7 @@ class JobRunner:
                     self.job_config,
                     group=job.group,
                     store=self.store,
+                    on_run=recorded,
                     started_by=job.started_by,
                     **options,
                 )
@@ -227,6 +257,7 @@ class JobRunner:
             return
         finally:
             job.finished_ns = time.time_ns()
+            self._store_outcome(job)
         self.counters[f"{job.action}s"] += 1
         outcome = "divergent" if job.divergent else "clean"
         self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
@@ -242,6 +273,21 @@ class JobRunner:
             with self.lock:
                 self.jobs[follow.id] = follow
             await self._run(follow, {})
+
+    def _store_outcome(self, job: RepairJob) -> None:
+        """The job's row says how it ended (a cancelled job stays running: resumable)."""
+        if self.table is None or job.state == "running" or job.finished_ns is None:
+            return
+        try:
+            self.table.finished(
+                job.id,
+                state=job.state,
+                finished_ns=job.finished_ns,
+                divergent=job.divergent,
+                error=job.error,
+            )
+        except StoreError as exc:
+            log.warning("job %s: outcome not stored (%s)", job.id, exc)
 
     def _failed(self, job: RepairJob, error: str) -> None:
         job.state, job.error = "failed", error
@@ -268,3 +314,38 @@ class JobRunner:
         finished = [j for j in self.jobs.values() if j.state != "running"]
         for job in finished[: max(0, len(self.jobs) - keep)]:
             del self.jobs[job.id]
+
+
+class OrphanAdoption:
+    """Every instance, every third of `lease_time`: claim a job whose instance died and
+    resume its run from its checkpoint (`replag.service.job_table`)."""
+
+    name = "jobs"
+    claim: Claim = "every"
+
+    def __init__(self, jobs: JobRunner) -> None:
+        self.jobs = jobs
+        self.interval_s = jobs.settings.lease_time / 3
+
+    async def run(self, fence: object = None) -> None:
+        table = self.jobs.table
+        if table is None:
+            return
+        orphan = await asyncio.to_thread(table.claim_orphan)
+        if orphan is None:
+            return
+        log.warning(
+            "job %s (%s of %s) was %s's, which died: resuming %s",
+            orphan.id,
+            orphan.action,
+            orphan.group or "every group",
+            orphan.previous_owner,
+            f"run {orphan.run_id} from its checkpoint" if orphan.run_id else "it from the start",
+        )
+        self.jobs.counters["jobs resumed"] += 1
+        action: JobAction = "repair" if orphan.action == "repair" else "check"
+        options = {} if orphan.run_id else orphan.options
+        job = self.jobs.start(
+            action, orphan.group, job_id=orphan.id, resume=orphan.run_id, **options
+        )
+        await self.jobs.wait(job.id)

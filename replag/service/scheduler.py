@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("replag.service")
 
-Claim = Literal["lease", "slot"]
+# "every": each instance runs it (work whose own claims are in the store, the job table).
+Claim = Literal["lease", "slot", "every"]
 
 
 class ScheduledUnit(Protocol):

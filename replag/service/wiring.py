@@ -35,7 +35,8 @@ from replag.replication.state import PrimaryState
 from replag.service.alerting import AlertEvaluation
 from replag.service.checks import ScheduledCheck
 from replag.service.dynomite import DynomiteStatsRound
-from replag.service.jobs import JobAction, JobRunner, RepairJob
+from replag.service.job_table import JobTable
+from replag.service.jobs import JobAction, JobRunner, OrphanAdoption, RepairJob
 from replag.service.leasing import INSTANCE_PREFIX, LeaseKeeper
 from replag.service.probing import ProbeFunction, ProbeRound
 from replag.service.replication import ReplicationSampling, ReplicationState
@@ -139,6 +140,7 @@ class ReplagService:
             self.alerts,
             *self.checks,
             self.retention,
+            OrphanAdoption(self.job_runner),
         ]
         if self.replication.targets():
             units.append(self.replication_sampling)
@@ -165,6 +167,7 @@ class ReplagService:
         )
         self.scheduler.keeper = self.alerts.keeper = self.replication.keeper = self.keeper
         self.scheduler.slots = SlotClaims(self.store, holder=self.instance)
+        self.job_runner.table = JobTable(self.store, holder=self.instance)
         self._schedules = BackgroundLoop("replag-schedules").start()
         await self._schedules.call(self._start_schedules)
 
@@ -209,6 +212,7 @@ class ReplagService:
         if self.keeper is not None:  # others take over at once, not after the lease time
             await asyncio.to_thread(self.keeper.release_all)
             self.keeper = self.scheduler.keeper = self.alerts.keeper = None
+            self.job_runner.table = None
             self.replication.keeper = None
         await self.job_runner.cancel_local()
         self.scheduler.tasks.clear()
