@@ -11,6 +11,8 @@ a lease that expires after `lease_time`.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Sequence
 
 from replag.errors import JobConflict, StoreError
@@ -32,6 +34,8 @@ def take_groups(store: Store, groups: Sequence[str], *, ttl_s: float = LEASE_S) 
     me = instance_id()
     for group in groups:
         lease = leases.acquire(store, lease_name(group), holder=me, ttl_s=ttl_s)
+        if lease is None and _expire_if_dead(store, lease_name(group)):
+            lease = leases.acquire(store, lease_name(group), holder=me, ttl_s=ttl_s)
         if lease is None:
             release_groups(store, taken)
             holder = next(
@@ -44,6 +48,35 @@ def take_groups(store: Store, groups: Sequence[str], *, ttl_s: float = LEASE_S) 
             )
         taken.append(lease)
     return taken
+
+
+def _expire_if_dead(store: Store, name: str) -> bool:
+    """End `name`'s lease now if its holder is a process of this host that no longer runs
+    (a run killed a moment ago, resumed at once): True when it did."""
+    for lease in leases.current(store, prefix=name):
+        host, _, rest = lease.holder.partition(":")
+        pid_text = rest.partition(":")[0]
+        if lease.name != name or host != socket.gethostname() or not pid_text.isdigit():
+            continue
+        if _alive(int(pid_text)):
+            return False
+        store.execute(
+            "UPDATE leases SET expires_ns = 0 WHERE name = ? AND holder = ? AND epoch = ?",
+            (name, lease.holder, lease.epoch),
+        )
+        log.info("%s: its holder %s is no longer running; taken over", name, lease.holder)
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def renew_groups(store: Store, held: list[Lease], *, ttl_s: float = LEASE_S) -> list[Lease]:

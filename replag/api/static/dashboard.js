@@ -73,8 +73,19 @@ function ago(ns) {
 
 // --- status and problems -----------------------------------------------------
 
+// Every live instance on the store and the units it owns (leases), this one marked.
+function drawInstances(health) {
+  const rows = (health.instances || []).map((i) => el("tr", { "data-instance": i.instance },
+    el("td", {}, i.instance, i.this ? el("span", { class: "muted" }, " (this one)") : ""),
+    el("td", {}, i.owns.length ? i.owns.join(", ") : el("span", { class: "muted" }, "nothing yet"))));
+  document.getElementById("instances").replaceChildren(rows.length
+    ? el("table", { class: "instances" }, el("thead", {}, el("tr", {}, el("th", {}, "instance"), el("th", {}, "owns"))), el("tbody", {}, ...rows))
+    : el("p", { class: "empty" }, "No instance holds a lease (schedules not running)."));
+}
+
 function drawStatus(health) {
   state.health = health;
+  drawInstances(health);
   const node = document.getElementById("status");
   const probes = Object.values(health.probes);
   const last = Math.max(0, ...probes.map((p) => p.last_success_ns || 0));
