@@ -365,7 +365,7 @@ def test_a_repair_whose_instance_is_killed_is_resumed_by_another(
     pipe.execute()
     data = {
         "settings": {**FAST, "store": ha_store, "api_token": TOKEN, "repair_settle": "10ms",
-                     "repair_rate": 300, "service_scan_rate": 0},
+                     "repair_rate": 200, "service_scan_rate": 0},
         "regions": [{"name": "r0", "replicas": [{"name": "n0", "url": a.url}]},
                     {"name": "r1", "replicas": [{"name": "n1", "url": b.url}]}],
         "groups": [{"name": "g", "members": ["n0", "n1"]}],
@@ -385,7 +385,7 @@ def test_a_repair_whose_instance_is_killed_is_resumed_by_another(
         ))  # fmt: skip
         return answers[-1].status_code != 409
 
-    wait_until(post, "the repair accepted", timeout_s=60, every_s=0.5)
+    wait_until(post, "the repair accepted", timeout_s=240, every_s=0.5)
     assert answers[-1].status_code == 202, answers[-1].text
     job_id = answers[-1].json()["job_id"]
 
@@ -398,7 +398,7 @@ def test_a_repair_whose_instance_is_killed_is_resumed_by_another(
     wait_until(
         lambda: (row := job_row()) is not None and row.run_id and b.client().dbsize() >= 200,
         "the repair under way",
-        timeout_s=120,
+        timeout_s=300,
         every_s=0.1,
     )
     first.proc.send_signal(signal.SIGKILL)
