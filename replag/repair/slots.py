@@ -1,14 +1,13 @@
-"""Redis Cluster hash slots, for a scan a Cluster node accepts and a check that sees slots move.
+"""Redis Cluster hash slots: which slot a key is in, and which slots moved while a group
+was checked.
 
-A Cluster node refuses a multi-key command whose keys lie in different slots
-(CROSSSLOT), so a scan batch is read with one MGET per slot it holds
-(`slot_groups`): on servers whose SCAN walks the keyspace slot by slot (Redis
-7.2+ and Valkey keep one table per slot) a batch is one or two MGETs; on older
-ones a batch holds about one key per slot and this is one read per key. A
-group's slots may move while it is checked (a reshard, a failover elsewhere):
+A group's slots may move while it is checked (a reshard, a failover elsewhere):
 `SlotMap` reads which slots the group's nodes serve, and which are migrating
 or importing, from `CLUSTER NODES` on each member, at the start and the end;
-the slots that were not the group's throughout are named as not compared.
+the slots that were not the group's throughout, and those of keys a member
+answered MOVED or ASK for, are named as not compared (`not_compared`), and
+nothing found in them is reported. (`slot_groups` serves the benchmark that
+measured one MGET per slot against a GET per key for scans: see `scan`.)
 """
 
 from __future__ import annotations
