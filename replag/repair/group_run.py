@@ -28,11 +28,12 @@ from replag.repair.bulk import (
     refill_plan,
     settle_members,
 )
+from replag.repair.decide import GroupDecisions, KeyRecord
 from replag.repair.diff import Divergence, differing_keys
-from replag.repair.findings import findings, per_replica, plan
+from replag.repair.findings import per_replica
 from replag.repair.observe import key_to_json
 from replag.repair.pages import PageOptions
-from replag.repair.policy import Decision, Policy, through_primary
+from replag.repair.policy import Decision, Policy
 from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
 from replag.repair.roles import GroupShape, cluster_members
@@ -70,13 +71,6 @@ class RunParams:
         return dict(self.__dict__)
 
 
-@dataclass
-class _KeyRecord:
-    kind: str
-    status: str
-    detail: dict[str, Any]
-
-
 class GroupRun:
     """One group within one run."""
 
@@ -99,6 +93,13 @@ class GroupRun:
         self.group, self.params, self.policy, self.log = group, params, policy, log
         # A replication group's primary: the reference, and the only member written.
         self.primary = self.shape.primary if self.shape.kind == "replication" else None
+        self.decisions = GroupDecisions(
+            self.names,
+            policy,
+            self.shape,
+            allow_deletes=params.allow_deletes,
+            tolerance_ms=int(s.ttl_tolerance * 1000),
+        )
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = progress, key_sink
         self.timeout_s = s.connect_timeout
@@ -158,7 +159,7 @@ class GroupRun:
             progress=progress,
             not_compared=self._not_compared,
         )
-        self.records: dict[bytes, _KeyRecord] = {}
+        self.records: dict[bytes, KeyRecord] = {}
         self.report = rp.GroupReport(
             group.name,
             self.stats,
@@ -226,7 +227,7 @@ class GroupRun:
         ]
         assert self.log is not None
         for key, kind, status, detail in self.log.keys(self.group.name):
-            self.records[key] = _KeyRecord(kind, status, detail)
+            self.records[key] = KeyRecord(kind, status, detail)
             if self.key_sink is not None and status == rp.FOUND:
                 self.key_sink(self.group.name, key, detail)
 
@@ -240,7 +241,7 @@ class GroupRun:
             row["writes"] += lane.writes
         self.log.set_group_phase(self.group.name, phase, stats)
 
-    def _set(self, updates: dict[bytes, _KeyRecord]) -> None:
+    def _set(self, updates: dict[bytes, KeyRecord]) -> None:
         self.records.update(updates)
         if self.log is not None and updates:
             self.log.add_keys(
@@ -321,13 +322,15 @@ class GroupRun:
                 # Being written, and differing when last read: the repair rounds recheck
                 # them; one still moving after the last round is reported busy.
                 divergent = divergent + [d for _, d in changing if d is not None]
-            self._set({d.key: _KeyRecord(d.kind, status, self._detail(d)) for d in divergent})
+            self._set(
+                {d.key: KeyRecord(d.kind, status, self.decisions.detail(d)) for d in divergent}
+            )
             if self.key_sink is not None:
                 for d in divergent:
                     if slot_map is not None:
-                        held.append((d.key, self._detail(d)))
+                        held.append((d.key, self.decisions.detail(d)))
                     else:
-                        self.key_sink(self.group.name, d.key, self._detail(d))
+                        self.key_sink(self.group.name, d.key, self.decisions.detail(d))
 
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
@@ -397,12 +400,6 @@ class GroupRun:
         if self.log is not None and dropped:
             self.log.drop_keys(self.group.name, dropped)
 
-    def _detail(self, divergence: Divergence) -> dict[str, Any]:
-        """The key's record: its states, and per member what differs there (`findings`)."""
-        states = [divergence.states[name] for name in self.names]
-        found = findings(self.names, states, self.primary, self.tolerance_ms)
-        return {**divergence.to_dict(), "findings": found}
-
     def _not_compared(self, exc: AgentError) -> AgentError:
         """The agent's failure, naming the members it left uncompared."""
         lost = [
@@ -453,7 +450,7 @@ class GroupRun:
         """Read again every key recorded as repaired (one read per replica, digests
         compared); those that differ now are pending again. How many differ."""
         keys = sorted(k for k, r in self.records.items() if r.status == rp.REPAIRED)
-        differ: dict[bytes, _KeyRecord] = {}
+        differ: dict[bytes, KeyRecord] = {}
         now_ms = time.time_ns() // 1_000_000
         for start in range(0, len(keys), VERIFY_BATCH):
             batch = keys[start : start + VERIFY_BATCH]
@@ -465,7 +462,7 @@ class GroupRun:
                     found = Divergence(
                         key, kind or "value", dict(zip(self.names, states, strict=True))
                     )
-                    differ[key] = _KeyRecord(found.kind, rp.PENDING, self._detail(found))
+                    differ[key] = KeyRecord(found.kind, rp.PENDING, self.decisions.detail(found))
         self._set(differ)
         self.report.reverified += len(keys)
         self.report.differed_again += len(differ)
@@ -495,7 +492,7 @@ class GroupRun:
             found = {d.key for d in divergent}
             self._set(
                 {
-                    k: _KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
+                    k: KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
                     for k in todo
                     if k not in found and k not in deferred
                 }
@@ -506,62 +503,43 @@ class GroupRun:
             todo = sorted(deferred)
         self.report.undone += applier.undone
         self.report.undo_failed += len(set(applier.undo_failed))
-        self._set({k: self._left_moving(k, applier.unfollowed.get(k)) for k in todo})
+        why = f"within repair_settle ({self.settle_s * 1000:.0f} ms) in {RECHECK_ROUNDS + 1} rounds"
+        self._set(
+            {
+                k: GroupDecisions.left_moving(self.records[k], applier.unfollowed.get(k), why)
+                for k in todo
+            }
+        )
         # A copy a client changed in place before it could be undone: whatever later
         # rounds saw, the key needs a look.
         reason = "a client changed the repair's copy in place before it could be undone"
         self._set(
             {
-                k: _KeyRecord(
+                k: KeyRecord(
                     self.records[k].kind, rp.BUSY, {**self.records[k].detail, "reason": reason}
                 )
                 for k in set(applier.undo_failed)
             }
         )
 
-    def _left_moving(self, key: bytes, behind: list[str] | None) -> _KeyRecord:
-        """A key still divergent after the last round: busy (clients kept writing it), or,
-        where its primary held what was written and replicas did not, left for a resync."""
-        record = self.records[key]
-        if not behind:
-            return _KeyRecord(record.kind, rp.BUSY, record.detail)
-        reason = (
-            f"{', '.join(behind)} did not take the primary's write within repair_settle "
-            f"({self.settle_s * 1000:.0f} ms) in {RECHECK_ROUNDS + 1} rounds: lagging more "
-            "than that, or not applying the stream; a resync fixes it"
-        )
-        return _KeyRecord(record.kind, rp.RESYNC, {**record.detail, "reason": reason})
-
-    def _decide(self, divergence: Divergence) -> Decision:
-        """The policy's decision, as the group's kind carries it out."""
-        states = [divergence.states[name] for name in self.names]
-        if self.shape.no_primary is not None:
-            return Decision("resync", reason=f"not repaired: {self.shape.no_primary}")
-        decision: Decision = self.policy.decide(
-            states, allow_deletes=self.params.allow_deletes, tolerance_ms=self.tolerance_ms
-        )
-        if self.primary is None:
-            return decision
-        return through_primary(
-            decision,
-            states,
-            primary=self.primary,
-            unfollowing=self.shape.unfollowing,
-            names=self.names,
-        )
-
     async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:
         """Decide and apply a batch of verified divergent keys; the keys that moved."""
-        updates: dict[bytes, _KeyRecord] = {}
+        updates: dict[bytes, KeyRecord] = {}
         to_apply: list[tuple[Divergence, Decision]] = []
         for divergence in batch:
-            decision = self._decide(divergence)
+            decision = self.decisions.decide(divergence)
             if decision.action == "resync":
-                updates[divergence.key] = self._record(divergence, rp.RESYNC, decision.reason)
+                updates[divergence.key] = self.decisions.record(
+                    divergence, rp.RESYNC, decision.reason
+                )
             elif decision.action == "conflict":
-                updates[divergence.key] = self._record(divergence, rp.CONFLICT, decision.reason)
+                updates[divergence.key] = self.decisions.record(
+                    divergence, rp.CONFLICT, decision.reason
+                )
             elif decision.action == "keep" or not decision.targets:
-                updates[divergence.key] = self._record(divergence, rp.KEPT, decision.reason)
+                updates[divergence.key] = self.decisions.record(
+                    divergence, rp.KEPT, decision.reason
+                )
             else:
                 to_apply.append((divergence, decision))
         outcomes = await applier.apply_batch(
@@ -571,7 +549,7 @@ class GroupRun:
         for (divergence, decision), outcome in zip(to_apply, outcomes, strict=True):
             if isinstance(outcome, Refused):
                 # The key's error (READONLY, NOPERM, OOM…), named with the replica.
-                updates[divergence.key] = self._record(divergence, rp.ERROR, str(outcome))
+                updates[divergence.key] = self.decisions.record(divergence, rp.ERROR, str(outcome))
                 continue
             if outcome == "changed":
                 moved.append(divergence.key)
@@ -579,22 +557,8 @@ class GroupRun:
             status = rp.DRY_RUN if outcome == "dry_run" else rp.REPAIRED
             if status == rp.REPAIRED and decision.left:
                 status = rp.RESYNC  # fixed where the primary's write reaches; not the rest
-            updates[divergence.key] = self._record(divergence, status, decision.reason, decision)
+            updates[divergence.key] = self.decisions.record(
+                divergence, status, decision.reason, decision
+            )
         self._set(updates)
         return moved
-
-    def _record(
-        self,
-        divergence: Divergence,
-        status: str,
-        reason: str,
-        decision: Decision | None = None,
-    ) -> _KeyRecord:
-        detail = self._detail(divergence)
-        if reason:
-            detail["reason"] = reason
-        if decision is not None:
-            detail["plan"] = plan(self.names, decision)
-            if decision.via is not None:
-                detail["via"] = self.names[decision.via]
-        return _KeyRecord(divergence.kind, status, detail)
