@@ -190,6 +190,9 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
     agent: AgentUrl | None = None
     write: str | EndpointTable | None = None
     write_kind: EndpointKind = "redis"
+    # Written through in order when `write` does not answer (each rack's Dynomite client
+    # port of the DC); of `write_kind` unless a table says otherwise.
+    write_fallbacks: list[str | EndpointTable] = msgspec.field(default_factory=list)
     replicas: list[str | EndpointTable] = msgspec.field(default_factory=list)
     slots: list[SlotRange] = msgspec.field(default_factory=list)
     sentinel: SentinelTable | None = None
@@ -212,11 +215,20 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
                     'list the Sentinels (sentinels = ["redis://host:26379", …]) to follow '
                     "the write endpoint through a failover",
                 )
+        if self.write_fallbacks and self.write is None:
+            raise AtKey(("write_fallbacks",), "fallbacks of a write endpoint need `write`")
+        if self.write_fallbacks and self.sentinel is not None:
+            raise AtKey(
+                ("write_fallbacks",), "a Sentinel region's write endpoint moves with Sentinel"
+            )
 
     def endpoints(self) -> Iterator[tuple[Loc, EndpointTable, str, EndpointKind]]:
         """(key, table, default name, default kind) of each endpoint, in file order."""
         if self.write is not None:
             yield ("write",), _table(self.write, ("write",)), f"{self.name}-write", self.write_kind
+        for j, raw in enumerate(self.write_fallbacks):
+            key: Loc = ("write_fallbacks", j)
+            yield key, _table(raw, key), f"{self.name}-write-{j + 2}", self.write_kind
         for j, raw in enumerate(self.replicas):
             yield ("replicas", j), _table(raw, ("replicas", j)), f"{self.name}-{j + 1}", "redis"
 
@@ -230,6 +242,9 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
         return Region(
             name=self.name,
             write=endpoints.get(("write",)),
+            write_fallbacks=tuple(
+                ep for key, ep in endpoints.items() if key[0] == "write_fallbacks"
+            ),
             replicas=tuple(ep for key, ep in endpoints.items() if key[0] == "replicas"),
             slots=tuple((start, end) for start, end in self.slots),
             sentinel=self.sentinel.ref(environ, defaults) if self.sentinel else None,
@@ -245,6 +260,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             agent=AgentUrl(region.agent) if region.agent else None,
             write=EndpointTable.of(write, redact=redact) if write else None,
             write_kind=write.kind if write else "redis",
+            write_fallbacks=[EndpointTable.of(ep, redact=redact) for ep in region.write_fallbacks],
             replicas=[EndpointTable.of(ep, redact=redact) for ep in region.replicas],
             slots=[SlotRange(s) for s in region.slots],
             sentinel=SentinelTable.of(region.sentinel, redact=redact) if region.sentinel else None,

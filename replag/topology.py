@@ -268,12 +268,15 @@ class Region:
     """A region (or a Redis Cluster shard): where probes write, and the replicas observed.
 
     `slots` is set for a Redis Cluster shard: probe keys are then chosen to hash
-    into those slots so the primary accepts them.
+    into those slots so the primary accepts them. `write_fallbacks` are written
+    through, in order, when `write` does not answer (another rack's Dynomite
+    client port of the same DC).
     """
 
     name: str
     write: Endpoint | None
     replicas: tuple[Endpoint, ...]
+    write_fallbacks: tuple[Endpoint, ...] = ()
     slots: tuple[tuple[int, int], ...] = ()
     sentinel: SentinelRef | None = None
     # URL of the region's `replag agent` (http:// or https://), if one runs there.
@@ -287,6 +290,8 @@ class Region:
             "write": self.write.to_dict() if self.write else None,
             "replicas": [r.to_dict() for r in self.replicas],
         }
+        if self.write_fallbacks:
+            out["write_fallbacks"] = [ep.to_dict() for ep in self.write_fallbacks]
         if self.slots:
             out["slots"] = [list(r) for r in self.slots]
         if self.sentinel:
@@ -386,7 +391,8 @@ class Topology:
         """Every distinct endpoint, write endpoints first."""
         seen: dict[tuple[str, int, int], Endpoint] = {}
         for region in self.regions:
-            for ep in ((region.write,) if region.write else ()) + region.replicas:
+            writes = ((region.write,) if region.write else ()) + region.write_fallbacks
+            for ep in writes + region.replicas:
                 seen.setdefault((ep.host, ep.port, ep.db), ep)
         for group in self.groups:
             for ep in group.members:

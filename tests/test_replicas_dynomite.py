@@ -4,6 +4,7 @@ rack3's dynomite is stopped (its backend keeps running, as in a rack outage): th
 writes through rack1's node never reach it. The DC's one region pair must not
 average that away: rack3 alone is not_replicating, red, and its own series in
 `/metrics` and `/api/v1/lag` show every probe lost while rack1 and rack2 lose none.
+The healthy nodes' dropped-writes alert names the peer that is down.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from tests.helpers.dynomite_cluster import DynomiteCluster, DynomiteFactory
 from tests.helpers.waiting import until
 
 RACKS = ("dc1-rack1", "dc1-rack2", "dc1-rack3")
+RULE = (
+    '\n[[alerts.rules]]\nname = "dynomite-drops"\nkind = "dynomite_dropped_writes"\nover = "5s"\n'
+)
 
 
 async def serve_config(cluster: DynomiteCluster, tmp_path: Path) -> Config:
     return await cluster.discovered_config(
         tmp_path / "dyn.toml",
+        extra=RULE,
         REPLAG_STORE=str(tmp_path / "s.sqlite"),
         REPLAG_PROBE_INTERVAL="200ms",
         REPLAG_CHECK_INTERVAL="1h",
@@ -121,6 +126,19 @@ async def test_a_stopped_rack_is_its_own_replica_in_health_api_metrics_and_matri
         colours = {r["replica"]: r["colour"] for r in cell["replicas"]}
         assert colours["dc1-rack3"] == "critical"
         assert colours["dc1-rack1"] == colours["dc1-rack2"] == "ok"
+
+        # rack1's node keeps failing to reach rack3's: its alert names that peer.
+        node3 = cluster.node("node3").stats_url
+
+        async def naming_the_peer() -> bool:
+            active = (await get("/api/v1/alerts"))["active"]
+            return any(
+                a["rule"] == "dynomite-drops" and a["labels"].get("rack") == "rack1"
+                and f"peer down: dc1/rack3 ({node3})" in a["summary"]
+                for a in active
+            )  # fmt: skip
+
+        await until(naming_the_peer, "rack1's dropped-writes alert names rack3", timeout_s=60)
 
 
 def _grown(before: str, after: str, family: str) -> dict[str, float]:

@@ -14,6 +14,7 @@ Each rule kind is one function in `RULE_KINDS` taking the rule and a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
 
@@ -242,7 +243,8 @@ def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> lis
     sample within `over` (its /info does not answer) has no data.
     """
     out = []
-    for found in dropped_writes_since(ctx.store, since_ns=ctx.since_ns(rule)):
+    nodes = ctx.config.settings.dynomite_stats_urls
+    for found in dropped_writes_since(ctx.store, since_ns=ctx.since_ns(rule), nodes=nodes):
         where = f"Dynomite node {found.node} (DC {found.dc}, rack {found.rack})"
         active = found.events > rule.threshold
         out.append(
@@ -309,8 +311,12 @@ def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     return out
 
 
-def dropped_writes_since(store: Store, *, since_ns: int) -> list[DroppedWrites]:
-    """Dynomite nodes whose peer links failed or dropped requests from `since_ns` on.
+def dropped_writes_since(
+    store: Store, *, since_ns: int, nodes: Sequence[str] = ()
+) -> list[DroppedWrites]:
+    """Dynomite nodes whose peer links failed or dropped requests from `since_ns` on, each
+    naming its peers among `nodes` (the configured stats URLs) that are down: no /info
+    sample since then.
 
     Growth is summed over consecutive stored samples, so a restart or Dynomite's
     periodic counter reset in between is not mistaken for a drop to zero.
@@ -329,7 +335,24 @@ def dropped_writes_since(store: Store, *, since_ns: int) -> list[DroppedWrites]:
                     since_ns=findings[0].since_ns,
                 )
             )
-    return out
+    down = _nodes_down(store, since_ns=since_ns, nodes=nodes) if out else {}
+    return [
+        replace(f, peers_down=tuple(label for node, label in down.items() if node != f.node))
+        for f in out
+    ]
+
+
+def _nodes_down(store: Store, *, since_ns: int, nodes: Sequence[str]) -> dict[str, str]:
+    """Configured nodes with no /info sample since `since_ns` → "dc/rack (node)" as last seen."""
+    last = {s.node: s for s in recent_stats(store, limit=1)}
+    down = {}
+    for node in nodes:
+        sample = last.get(node)
+        if sample is None:
+            down[node] = f"{node} (never answered)"
+        elif sample.sampled_ns < since_ns:
+            down[node] = f"{sample.dc}/{sample.rack} ({node})"
+    return down
 
 
 def _samples_since(store: Store, *, since_ns: int) -> dict[str, list[DynomiteStats]]:

@@ -1,135 +1,48 @@
 """Discovery of a Dynomite cluster from one node's stats port.
 
 `/cluster_describe` lists DCs, racks and nodes, but names each node by its
-peer (dnode) port only; `PortMap` turns that into the node's client port,
-stats port and backend Redis by convention (Netflix's 8101/8102/22222/22122)
-or per-node overrides. Each DC becomes a region written through one node's
-client port and observed on every rack's backend Redis; nodes holding the same
-token across racks and DCs form a replica group.
+peer (dnode) port only; `PortMap` turns that into the node's client port and
+stats port by convention (Netflix's 8101/8102/22222) or per-node overrides.
+Each node's backend Redis is what its own `/info` names (a `redis:` override
+wins; the 22122 convention is the last resort). Each DC becomes a region
+written through one node's client port, with every other node's client port
+of the DC as a fallback, and observed on every rack's backend Redis; nodes
+holding the same token across racks and DCs form a replica group.
 """
 
 from __future__ import annotations
 
-import tomllib
+import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
+from replag.discovery.dynomite_backends import read_backend
+from replag.discovery.dynomite_ports import (
+    Address,
+    NodePorts,
+    PortMap,
+    load_port_map_file,
+    parse_port_override,
+)
 from replag.discovery.http import fetch_json_object, fetch_text
 from replag.discovery.result import Discovery
-from replag.errors import DiscoveryError, UsageError
+from replag.errors import DiscoveryError, ReplagError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 
+__all__ = [
+    "Address",
+    "Consistency",
+    "DynomiteNode",
+    "NodePorts",
+    "PortMap",
+    "discover_dynomite",
+    "fetch_consistency",
+    "load_port_map_file",
+    "parse_port_override",
+]
+
 CONSISTENCY_LEVELS = ("DC_ONE", "DC_QUORUM", "DC_SAFE_QUORUM", "DC_EACH_SAFE_QUORUM")
-_PORT_NAMES = ("client", "redis", "stats")
-
-
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodePorts:
-    """Per-node override: where one node's client port, stats port and backend Redis are."""
-
-    client: Address | None = None
-    redis: Address | None = None
-    stats: Address | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class PortMap:
-    """Port conventions plus overrides keyed by the node's peer address ("host:peer_port")."""
-
-    peer: int = 8101
-    client: int = 8102
-    stats: int = 22222
-    redis: int = 22122
-    overrides: Mapping[str, NodePorts] = field(default_factory=dict)
-
-    def resolve(self, host: str, peer_port: int, *, where: str, label: str) -> dict[str, Address]:
-        """The client/redis/stats addresses of the node at host:peer_port."""
-        override = self.overrides.get(f"{host}:{peer_port}", NodePorts())
-        by_convention = {"client": self.client, "redis": self.redis, "stats": self.stats}
-        out: dict[str, Address] = {}
-        for name in _PORT_NAMES:
-            given: Address | None = getattr(override, name)
-            if given is not None:
-                out[name] = given
-            elif peer_port != self.peer:
-                # A node off the peer-port convention runs off the other conventions too
-                # (several nodes on one host): guessing its ports would probe the wrong server.
-                raise DiscoveryError(
-                    f"node {host}:{peer_port} ({label}) uses peer port {peer_port}, not the "
-                    f"convention's {self.peer}: give its ports with --port-map "
-                    f"{host}:{peer_port}=client:PORT,redis:PORT,stats:PORT",
-                    where=where,
-                )
-            else:
-                out[name] = Address(host, by_convention[name])
-        return out
-
-
-def parse_port_override(text: str) -> tuple[str, NodePorts]:
-    """`HOST:PEER=client:8102,redis:[HOST:]22121,stats:22222` → (peer address, NodePorts)."""
-    peer, sep, rest = text.partition("=")
-    host, _, port = peer.rpartition(":")
-    if not sep or not host or not port.isdigit() or not rest:
-        raise UsageError(
-            f"--port-map {text!r}: expected HOST:PEERPORT=client:PORT,redis:PORT,stats:PORT"
-        )
-    values: dict[str, Address] = {}
-    for item in rest.split(","):
-        name, _, value = item.strip().partition(":")
-        if name not in _PORT_NAMES:
-            raise UsageError(f"--port-map {text!r}: {name!r} is not one of client, redis, stats")
-        values[name] = _address(value, default_host=host, what=f"--port-map {text!r}")
-    return f"{host}:{int(port)}", NodePorts(**values)
-
-
-def load_port_map_file(path: Path, base: PortMap) -> PortMap:
-    """Read port conventions and per-node overrides from a TOML file (docs: Dynomite)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read the port map: {exc}", where=str(path)) from None
-    unknown = sorted(set(data) - {"conventions", "nodes"})
-    if unknown:
-        raise UsageError(f"unknown table {unknown[0]!r} (want conventions, nodes)", where=str(path))
-    conventions = data.get("conventions", {})
-    changes: dict[str, Any] = {}
-    for key, value in conventions.items():
-        name = key.removesuffix("_port")
-        if name not in ("peer", *_PORT_NAMES) or not isinstance(value, int):
-            raise UsageError(
-                f"conventions.{key}: expected peer/client/redis/stats_port = PORT", where=str(path)
-            )
-        changes[name] = value
-    overrides = dict(base.overrides)
-    for peer, table in data.get("nodes", {}).items():
-        if not isinstance(table, dict) or set(table) - set(_PORT_NAMES):
-            raise UsageError(f'nodes."{peer}": expected client, redis, stats keys', where=str(path))
-        host = peer.rpartition(":")[0] or peer
-        overrides[peer] = NodePorts(
-            **{
-                name: _address(str(value), default_host=host, what=f'{path}: nodes."{peer}".{name}')
-                for name, value in table.items()
-            }
-        )
-    return replace(base, overrides=overrides, **changes)
-
-
-def _address(value: str, *, default_host: str, what: str) -> Address:
-    host, _, port = value.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{what}: bad port in {value!r}")
-    return Address(host or default_host, int(port))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +53,14 @@ class DynomiteNode:
     peer_port: int
     token: str
     client: Address
-    redis: Address
     stats: Address
+    redis: Address | None = None  # None until read from the node's /info
+    redis_from: str = "--port-map"  # where `redis` came from: --port-map, /info, convention
+
+    @property
+    def backend(self) -> Address:
+        assert self.redis is not None, "backends are filled in before they are used"
+        return self.redis
 
     @property
     def label(self) -> str:
@@ -179,9 +98,13 @@ def parse_cluster_describe(
             for k, server in enumerate(servers):
                 key = f"dcs[{i}].racks[{j}].servers[{k}] ({dc_name}/{rack_name})"
                 nodes.append(_node(server, dc_name, rack_name, key=key, where=where, ports=ports))
+    return nodes
+
+
+def _check_distinct(nodes: list[DynomiteNode], *, where: str) -> None:
     seen: dict[Address, DynomiteNode] = {}
     for node in nodes:
-        for address in (node.redis, node.client):
+        for address in (node.backend, node.client):
             if address in seen:
                 raise DiscoveryError(
                     f"nodes {seen[address].label} and {node.label} both map to {address}: "
@@ -189,7 +112,41 @@ def parse_cluster_describe(
                     where=where,
                 )
             seen[address] = node
-    return nodes
+
+
+async def fill_backends(
+    nodes: list[DynomiteNode], *, ports: PortMap, timeout_s: float, where: str
+) -> tuple[list[DynomiteNode], list[str]]:
+    """Each node's backend from its /info (all read at once) where no override gives it;
+    a node whose /info names none falls back on the convention if it keeps to it, else
+    DiscoveryError saying what to add. Also notes on each fallback."""
+    need = [n for n in nodes if n.redis is None]
+    found = await asyncio.gather(
+        *(read_backend(str(n.stats), node_host=n.host, timeout_s=timeout_s) for n in need),
+        return_exceptions=True,
+    )
+    filled: dict[int, DynomiteNode] = {}
+    notes = []
+    for node, result in zip(need, found, strict=True):
+        if isinstance(result, tuple):
+            filled[id(node)] = replace(node, redis=Address(*result), redis_from="/info")
+            continue
+        if isinstance(result, BaseException) and not isinstance(result, ReplagError):
+            raise result
+        why = f"could not be read ({result})" if result is not None else "names no backend"
+        if node.peer_port != ports.peer:
+            raise DiscoveryError(
+                f"the backend Redis of node {node.peer} ({node.label}) is unknown: its /info "
+                f"(http://{node.stats}/info) {why}; give it with --port-map "
+                f"{node.peer}=redis:PORT",
+                where=where,
+            )
+        backend = Address(node.host, ports.redis)
+        filled[id(node)] = replace(node, redis=backend, redis_from="convention")
+        notes.append(
+            f"Node {node.peer} ({node.label}): /info {why}; backend {backend} by convention."
+        )
+    return [filled.get(id(n), n) for n in nodes], notes
 
 
 def _name(entry: Any, key: str, where: str) -> str:
@@ -222,7 +179,7 @@ def _node(server: Any, dc: str, rack: str, *, key: str, where: str, ports: PortM
         peer_port=port,
         token=str(token).replace(" ", ""),
         client=mapped["client"],
-        redis=mapped["redis"],
+        redis=mapped.get("redis"),
         stats=mapped["stats"],
     )
 
@@ -256,8 +213,10 @@ async def discover_dynomite(stats_url: str, *, ports: PortMap, timeout_s: float)
     where = f"{base}/cluster_describe"
     data = await fetch_json_object(where, timeout_s=timeout_s)
     nodes = parse_cluster_describe(data, where=where, ports=ports)
+    nodes, notes = await fill_backends(nodes, ports=ports, timeout_s=timeout_s, where=where)
+    _check_distinct(nodes, where=where)
     consistency = await fetch_consistency(base, timeout_s=timeout_s)
-    return dynomite_topology(nodes, seed_url=base, consistency=consistency)
+    return dynomite_topology(nodes, seed_url=base, consistency=consistency, notes=notes)
 
 
 def _base_url(url: str) -> str:
@@ -269,22 +228,27 @@ def _base_url(url: str) -> str:
 
 
 def dynomite_topology(
-    nodes: list[DynomiteNode], *, seed_url: str, consistency: Consistency | None
+    nodes: list[DynomiteNode],
+    *,
+    seed_url: str,
+    consistency: Consistency | None,
+    notes: list[str] | None = None,
 ) -> Discovery:
     """Regions (one per DC) and replica groups (one per token) of `nodes`."""
     names = _NodeNames(nodes)
     backends = {
         node: Endpoint(
             name=names.base(node),
-            host=node.redis.host,
-            port=node.redis.port,
+            host=node.backend.host,
+            port=node.backend.port,
             region=node.dc,
             rack=node.rack,
         )
         for node in nodes
     }
     endpoint_comments = {
-        backends[n].name: f"backend Redis of node {n.peer}: {n.label}, token {n.token}"
+        backends[n].name: f"backend Redis of node {n.peer}: {n.label}, token {n.token} "
+        f"(from {n.redis_from})"
         for n in nodes
     }
     seed = next((n for n in nodes if seed_url.endswith(f"//{n.stats}")), None)
@@ -292,15 +256,26 @@ def dynomite_topology(
     for dc in dict.fromkeys(n.dc for n in nodes):
         members = [n for n in nodes if n.dc == dc]
         writer = seed if seed is not None and seed.dc == dc else members[0]
-        write = _client_endpoint(writer, names.base(writer))
-        endpoint_comments[write.name] = (
-            f"client port of node {writer.host}:{writer.peer_port} ({writer.label})"
+        # Every node of the DC takes writes: the others are the probe's fallbacks, in order.
+        writers = [writer, *(n for n in members if n is not writer)]
+        clients = [_client_endpoint(n, names.base(n)) for n in writers]
+        for node, client in zip(writers, clients, strict=True):
+            endpoint_comments[client.name] = (
+                f"client port of node {node.host}:{node.peer_port} ({node.label})"
+            )
+        regions.append(
+            Region(
+                name=dc,
+                write=clients[0],
+                write_fallbacks=tuple(clients[1:]),
+                replicas=tuple(backends[n] for n in members),
+            )
         )
-        regions.append(Region(name=dc, write=write, replicas=tuple(backends[n] for n in members)))
         racks = ", ".join(dict.fromkeys(n.rack for n in members))
         comments[dc] = f"DC {dc} (racks {racks}), from /cluster_describe of {seed_url}"
     groups = _token_groups(nodes, backends, comments)
     header = _header(nodes, seed_url=seed_url, consistency=consistency, shared=names.shared)
+    header = "\n".join([header, *(notes or [])])
     return Discovery(
         topology=Topology(regions=tuple(regions), groups=tuple(groups)),
         header=header,

@@ -58,6 +58,9 @@ class DroppedWrites:
     since_ns: int
     until_ns: int
     message: str = DROPPED_WRITES_MESSAGE
+    # Peers of this node that do not answer (no /info sample lately): "dc/rack (node)".
+    # Under DC_ONE, they are where the dropped writes were headed.
+    peers_down: tuple[str, ...] = ()
 
     @property
     def events(self) -> int:
@@ -70,7 +73,10 @@ class DroppedWrites:
             parts.append(f"{self.link_failures} peer link failures (closed, refused or timed out)")
         if self.dropped:
             parts.append(f"{self.dropped} peer requests dropped ({self.timed_out} timed out)")
-        return " and ".join(parts) or "no peer link failure or dropped request"
+        said = " and ".join(parts) or "no peer link failure or dropped request"
+        if self.peers_down:
+            said += f" (peer down: {', '.join(self.peers_down)})"
+        return said
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +89,7 @@ class DroppedWrites:
             "since_ns": self.since_ns,
             "until_ns": self.until_ns,
             "message": self.message,
+            "peers_down": list(self.peers_down),
         }
 
 

@@ -23,7 +23,7 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import ReplagError, TlsError, UsageError
+from replag.errors import ReplagError, TlsError, UnreachableError, UsageError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -211,7 +211,9 @@ async def run_probe(
     try:
         if replication.write_endpoint.kind == "dynomite":
             await _cluster_consistency(settings, report)
-        writer = await _open_writer(replication.write_endpoint, settings)
+        writer = await _open_writer_or_fallback(
+            replication.write_endpoint, region.write_fallbacks, settings, report
+        )
     except BaseException:
         await replication.close()
         raise
@@ -361,6 +363,33 @@ def _no_clock(endpoint: str, exc: ReplagError) -> str:
 async def _time(conn: RespConnection) -> tuple[int, int]:
     seconds, micros = await conn.checked("TIME")
     return int(seconds), int(micros)
+
+
+async def _open_writer_or_fallback(
+    endpoint: Endpoint, fallbacks: tuple[Endpoint, ...], settings: Settings, report: ProbeReport
+) -> RespConnection:
+    """The write endpoint, else the first of its fallbacks (another rack's Dynomite client
+    port) that answers; the report says which one was written through, and why."""
+    failures: list[str] = []
+    for candidate in (endpoint, *fallbacks):
+        try:
+            writer = await _open_writer(candidate, settings)
+        except UnreachableError as exc:
+            if not fallbacks:
+                raise
+            failures.append(f"{candidate.name} ({candidate.address}): {exc.message}")
+            log.warning("%s: write endpoint %s unreachable: %s", report.source, candidate.name, exc)
+            continue
+        if failures:
+            report.write_endpoint = candidate.url()
+            report.notes.append(
+                f"write endpoint unreachable ({'; '.join(failures)}): writing through "
+                f"{candidate.name} ({candidate.address}) instead"
+            )
+        return writer
+    raise UnreachableError(
+        "no write endpoint answers: " + "; ".join(failures), where=f"region {report.source}"
+    )
 
 
 async def _open_writer(endpoint: Endpoint, settings: Settings) -> RespConnection:

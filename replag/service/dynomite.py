@@ -88,7 +88,7 @@ class DynomiteStatsRound:
             300.0,
         )
         since_ns = time.time_ns() - int(window_s * 1e9)
-        findings = dropped_writes_since(self.store, since_ns=since_ns)
+        findings = dropped_writes_since(self.store, since_ns=since_ns, nodes=urls)
         return {
             "configured": len(urls),
             "interval_s": self.settings.probe_interval,

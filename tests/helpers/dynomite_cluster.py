@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
+import socket
 import subprocess
 import time
 import uuid
@@ -45,10 +47,10 @@ def dynomite_binary() -> str:
     return path
 
 
-def resp2_client(port: int, *, timeout_s: float = 5.0) -> redis.Redis:
+def resp2_client(port: int, *, timeout_s: float = 5.0, host: str = "127.0.0.1") -> redis.Redis:
     """A client for a Dynomite client port: RESP2 (Dynomite closes on HELLO 3), no SETINFO."""
     return redis.Redis(
-        host="127.0.0.1",
+        host=host,
         port=port,
         protocol=2,
         socket_timeout=timeout_s,
@@ -66,6 +68,8 @@ class DynomiteNode:
     rack: str
     workdir: Path
     backend: RedisServer
+    # Its own loopback address when every node keeps the same ports (one host per node).
+    host: str = "127.0.0.1"
     peer_port: int = field(default_factory=free_port)
     client_port: int = field(default_factory=free_port)
     stats_port: int = field(default_factory=free_port)
@@ -76,29 +80,33 @@ class DynomiteNode:
 
     @property
     def stats_url(self) -> str:
-        return f"http://127.0.0.1:{self.stats_port}"
+        return f"http://{self.host}:{self.stats_port}"
 
     @property
     def client_url(self) -> str:
-        return f"redis://127.0.0.1:{self.client_port}"
+        return f"redis://{self.host}:{self.client_port}"
 
     @property
     def peer(self) -> str:
-        return f"127.0.0.1:{self.peer_port}"
+        return f"{self.host}:{self.peer_port}"
+
+    def client(self, *, timeout_s: float = 5.0) -> redis.Redis:
+        """A RESP2 client of this node's client port."""
+        return resp2_client(self.client_port, timeout_s=timeout_s, host=self.host)
 
     @property
     def log(self) -> Path:
         return self.workdir / f"{self.name}.log"
 
     def yaml(self, others: Sequence[DynomiteNode]) -> str:
-        seeds = "".join(f"  - 127.0.0.1:{o.peer_port}:{o.rack}:{o.dc}:{o.token}\n" for o in others)
+        seeds = "".join(f"  - {o.host}:{o.peer_port}:{o.rack}:{o.dc}:{o.token}\n" for o in others)
         return (
             "dyn_o_mite:\n"
             f"  datacenter: {self.dc}\n"
             f"  rack: {self.rack}\n"
-            f"  dyn_listen: 127.0.0.1:{self.peer_port}\n"
+            f"  dyn_listen: {self.host}:{self.peer_port}\n"
             f"  dyn_seeds:\n{seeds}"
-            f"  listen: 127.0.0.1:{self.client_port}\n"
+            f"  listen: {self.host}:{self.client_port}\n"
             f"  servers:\n  - 127.0.0.1:{self.backend.port}:1\n"
             f"  tokens: '{self.token}'\n"
             "  secure_server_option: none\n"
@@ -108,7 +116,7 @@ class DynomiteNode:
             "  data_store: 0\n"
             f"  read_consistency: {self.consistency}\n"
             f"  write_consistency: {self.consistency}\n"
-            f"  stats_listen: 127.0.0.1:{self.stats_port}\n"
+            f"  stats_listen: {self.host}:{self.stats_port}\n"
             f"  stats_interval: {self.stats_interval_ms}\n"
             "  timeout: 5000\n"
         )
@@ -128,7 +136,7 @@ class DynomiteNode:
             if self.process.poll() is not None:
                 raise RuntimeError(f"dynomite {self.name} exited at start: {self._log_tail()}")
             try:
-                with resp2_client(self.client_port, timeout_s=1) as client:
+                with self.client(timeout_s=1) as client:
                     client.ping()
                 return
             except redis.RedisError:
@@ -216,7 +224,7 @@ class DynomiteCluster:
             while True:
                 key = f"{marker}{node.name}:{attempt}"
                 with contextlib.suppress(redis.RedisError):
-                    with resp2_client(node.client_port, timeout_s=1) as client:
+                    with node.client(timeout_s=1) as client:
                         client.set(key, "1")
                     if self._everywhere(key, running):
                         break
@@ -268,18 +276,27 @@ def dynomite_cluster(
     consistency: str = "DC_ONE",
     stats_interval_ms: int = 1000,
     backend_args: tuple[str, ...] = ("--notify-keyspace-events", "K$"),
+    host_per_node: bool = False,
 ) -> Iterator[DynomiteCluster]:
     """Start nodes named node1… for `layout`; everything stops after, backends included.
 
     Keyspace notifications are on in the backends, as replag's push observation
-    reads them there (a Dynomite client port cannot subscribe).
+    reads them there (a Dynomite client port cannot subscribe). `host_per_node`: each
+    node on a loopback address of its own, all with the same peer, client and stats
+    ports (as production runs one node per host), its backend on 127.0.0.1.
     """
     binary = dynomite_binary()
     workdir.mkdir(parents=True, exist_ok=True)
     nodes: list[DynomiteNode] = []
     cluster = DynomiteCluster(binary=binary, nodes=nodes)
+    shared = _shared_ports(len(layout)) if host_per_node else None
     try:
         for i, (dc, rack, *token) in enumerate(layout, start=1):
+            ports = {}
+            if shared is not None:
+                hosts, (peer, client, stats) = shared
+                ports = {"host": hosts[i - 1], "peer_port": peer, "client_port": client,
+                         "stats_port": stats}  # fmt: skip
             backend = RedisServer(
                 name=f"backend{i}", port=free_port(), workdir=workdir, extra_args=backend_args
             )
@@ -294,12 +311,33 @@ def dynomite_cluster(
                     token=token[0] if token else TOKEN,
                     consistency=consistency,
                     stats_interval_ms=stats_interval_ms,
+                    **ports,
                 )
             )
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+def _shared_ports(count: int) -> tuple[list[str], tuple[int, int, int]]:
+    """`count` loopback addresses of a random 127.a.b.0/24 and three ports free on each."""
+    for _ in range(50):
+        base = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
+        hosts = [f"{base}.{i}" for i in range(1, count + 1)]
+        ports = (free_port(), free_port(), free_port())
+        if len(set(ports)) == 3 and all(_bindable(h, p) for h in hosts for p in ports):
+            return hosts, ports
+    raise RuntimeError("no loopback addresses with three free ports in common")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 THREE_RACKS: Layout = (("dc1", "rack1"), ("dc1", "rack2"), ("dc1", "rack3"))

@@ -537,7 +537,7 @@ function drawDynomite(data) {
     const timedOut = sum(n.peer_timedout_requests, n.remote_peer_timedout_requests);
     return el("tr", { "data-node": n.node, "data-dropped": dropped },
       el("td", {}, el("strong", {}, `${n.dc} / ${n.rack}`), el("div", { class: "node" }, n.node),
-        ...(finding ? [el("div", { class: "message" }, `${finding.link_failures ? `${finding.link_failures} peer link failures, ` : ""}+${finding.dropped} dropped in the last ${data.window_s < 120 ? `${data.window_s} s` : `${Math.round(data.window_s / 60)} min`}: ${finding.message}`)] : []),
+        ...(finding ? [el("div", { class: "message" }, `${finding.link_failures ? `${finding.link_failures} peer link failures, ` : ""}+${finding.dropped} dropped in the last ${data.window_s < 120 ? `${data.window_s} s` : `${Math.round(data.window_s / 60)} min`}${(finding.peers_down || []).length ? ` (peer down: ${finding.peers_down.join(", ")})` : ""}: ${finding.message}`)] : []),
         ...(error ? [el("div", { class: "message" }, error)] : [])),
       el("td", { class: `num${dropped ? " bad" : ""}`, title: `local DC ${n.peer_dropped_requests ?? "–"} · remote DCs ${n.remote_peer_dropped_requests ?? "–"}` }, String(dropped)),
       el("td", { class: "num", title: `local DC ${n.peer_timedout_requests ?? "–"} · remote DCs ${n.remote_peer_timedout_requests ?? "–"}` }, String(timedOut)),
