@@ -156,6 +156,41 @@ REPAIR_REPLICA = obj(
     {"region": nullable(STR), "via": STR, "bytes_fetched": INT, "group": STR, "scan_s": NUM},
 )
 
+# Per member of a group: what differs there against the group's reference (the primary,
+# or the state a majority holds), and what the run did or, dry, would do about it.
+PER_REPLICA = {
+    "type": "object",
+    "additionalProperties": counts("missing", "extra", "different", "copy", "delete", "leave"),
+}
+
+REPAIR_GROUP = obj(
+    {"group": STR, "divergent": INT, "counts": KIND_COUNTS},
+    {
+        "kind": {"enum": ["replication", "dynomite", "peers"]},
+        "kind_why": STR,
+        "primary": nullable(STR),
+        "policy": nullable(STR),
+        "per_replica": PER_REPLICA,
+        # Redis Cluster: [first, last] slot ranges that moved during the run, not compared.
+        "slots_not_compared": arr(arr(INT)),
+    },
+)
+
+DIVERGENT_KEY = obj(
+    {"kind": STR, "replicas": {"type": "object"}},
+    {
+        "key": STR,
+        "key_b64": STR,
+        "group": STR,
+        "status": STR,
+        "reason": STR,
+        # member name → missing | extra | different; and → copy | delete (the decision)
+        "findings": {"type": "object", "additionalProperties": STR},
+        "plan": {"type": "object", "additionalProperties": STR},
+        "via": STR,  # the primary a replication group's write was made on
+    },
+)
+
 REPAIR_REPORT = obj(
     {
         "run_id": STR,
@@ -183,16 +218,18 @@ REPAIR_REPORT = obj(
             ),
             INT,
         ),
-        "groups": arr(obj({"group": STR, "divergent": INT, "counts": KIND_COUNTS})),
+        "groups": arr(REPAIR_GROUP),
         "divergent_keys_total": INT,
     },
     {
         "seconds": NUM,
         "replicas": arr(REPAIR_REPLICA),
-        "divergent_keys": arr(
-            obj({"kind": STR, "replicas": {"type": "object"}}, {"key": STR, "key_b64": STR})
-        ),
+        "divergent_keys": arr(DIVERGENT_KEY),
         "error": nullable(STR),
+        # Keys a server refused to write (READONLY, NOPERM, OOM…), and keys only a resync
+        # of a replica can fix (replication groups).
+        "errors": INT,
+        "resync": INT,
     },
 )
 

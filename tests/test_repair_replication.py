@@ -12,15 +12,18 @@ resync, never written, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 from click.testing import CliRunner
 
 from replag.cli import main
 from replag.config import Config, config_from_dict, render_config
 from replag.lab.server import RedisServer
 from replag.repair import check, repair
+from replag.schemas import schema
 from tests.helpers.monitor import Monitor, writes_by_clients
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 from tests.helpers.waiting import until
@@ -92,6 +95,15 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
     row = next(line for line in shown.output.splitlines()
                if line.strip().startswith(writable.name) and line.count(",") == 2)  # fmt: skip
     assert row.split()[1:] == ["0", "1", "3", "3,", "1,", "0"], shown.output
+    as_json = await asyncio.to_thread(
+        CliRunner().invoke, main, ["repair", "run", "-c", str(path), "--dry-run", "--json"]
+    )
+    assert as_json.exit_code == 1
+    document = json.loads(as_json.stdout)
+    jsonschema.validate(document, schema("repair"))  # the published contract
+    (stray,) = [k for k in document["divergent_keys"] if k["key"] == "stray"]
+    assert stray["findings"] == {writable.name: "extra"} and stray["via"] == primary.name
+    assert stray["plan"] == {writable.name: "delete"} and stray["status"] == "would_repair"
 
     monitors = [Monitor(writable.port), Monitor(readonly.port)]
     try:
