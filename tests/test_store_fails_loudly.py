@@ -5,6 +5,7 @@ start in one line)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomli_w
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -160,3 +162,49 @@ async def test_a_failed_index_warm_up_is_said_not_hidden(tmp_path: Path) -> None
         await service.stop()
         store.close()
     await asyncio.sleep(0)
+
+
+def test_the_probe_cli_on_a_full_disk_says_its_results_were_not_stored(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("cannot mount a small tmpfs (needs root) to fill")
+    with contextlib.ExitStack() as stack:
+        stack.callback(subprocess.run, ["umount", str(disk)], check=False)
+        lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+        config = _config(lab, tmp_path)
+        data = tomllib.loads(config.read_text())
+        data["settings"]["store"] = str(disk / "s.sqlite")
+        config.write_text(tomli_w.dumps(data))
+        # Another process has the store open (a service beside the cron probe): its WAL
+        # and shared-memory files exist, so only writes need room.
+        held = stack.enter_context(Store(disk / "s.sqlite"))
+        filler = disk / "filler"
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            while True:  # the disk is full
+                f.write(b"\0" * 65536)
+                f.flush()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        probe = [sys.executable, "-m", "replag", "probe", "-c", str(config)]
+        full = subprocess.run(probe, capture_output=True, text=True, timeout=120, env=env)
+        assert full.returncode == 2, full.stderr
+        assert "us-east" in full.stdout  # measured and shown all the same
+        # The store's own log line when it turned unwritable, then the command's error.
+        lines = full.stderr.strip().splitlines()
+        assert len(lines) <= 2 and "Traceback" not in full.stderr, full.stderr
+        line = lines[-1]
+        assert line.startswith("replag: error: ") and "not stored" in line, line
+        assert "database or disk is full" in line, line
+        filler.unlink()
+        held.close()
+        again = subprocess.run(probe, capture_output=True, text=True, timeout=120, env=env)
+        assert again.returncode == 0, again.stderr
+        with Store(disk / "s.sqlite") as store:
+            assert store.execute("SELECT COUNT(*) AS n FROM lag_windows")[0].n > 0

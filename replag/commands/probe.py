@@ -190,6 +190,7 @@ def _probe_and_report(
             )
         )
         outcome = _fire_alerts(config, store, report) if with_alerts else None
+        unstored = _unstored(store)
     finally:
         if status is not None:
             status.close()
@@ -209,7 +210,22 @@ def _probe_and_report(
         click.echo(report.render())
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
+    if unstored is not None:
+        # Measured and shown, but not kept: say so in one line, and exit 2 for cron.
+        click.echo(f"replag: error: {unstored}", err=True)
+        sys.exit(max(report.exit_code, 2))
     sys.exit(report.exit_code)
+
+
+def _unstored(store: Store | None) -> str | None:
+    """Why this run's results are not in the store (it could not take them), or None."""
+    if store is None or store.flush():
+        return None
+    health = store.health
+    return (
+        f"{store.shown}: {health.reason}: this run's results were not stored "
+        f"({health.deferred} writes lost)"
+    )
 
 
 def _ms(seconds: float | None) -> float | None:

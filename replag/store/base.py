@@ -212,8 +212,7 @@ class Store(LagWindowTables):
         if first:
             self._last_flush = time.monotonic()
             log.error(
-                "store %s cannot be written (%s): keeping writes in memory, probing and "
-                "alerting go on",
+                "store %s cannot be written (%s): keeping writes in memory until it can",
                 self.shown,
                 reason,
             )

@@ -46,15 +46,17 @@ class SqliteStore(Store):
             raise ConfigError(
                 f"cannot open the results store: {exc}", where=str(self.path)
             ) from None
-        try:
-            # Pages freed (a finished run's scan checkpoints) go back to the file system
-            # on `reclaim`; this takes effect for stores created from now on.
-            self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise self._error(exc) from None
+        # Pages freed (a finished run's scan checkpoints) go back to the file system on
+        # `reclaim`; this takes effect for stores created from now on.
+        for pragma in ("auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL"):
+            try:
+                self._conn.execute(f"PRAGMA {pragma}")
+            except sqlite3.Error as exc:
+                error = self._error(exc)
+                if not isinstance(error, StoreUnwritable):
+                    self._conn.close()
+                    raise error from None
+                # A full disk: the store still reads, and its writes wait in memory.
         try:
             migrate(self, MIGRATIONS)
         except BaseException:
