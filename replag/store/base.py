@@ -184,6 +184,9 @@ class Store(LagWindowTables):
             self.unsaved_generation += 1
 
     def _write(self, batch: Batch, *, single: bool) -> Rows:
+        if self._flushing.locked():
+            with self._flushing:  # after the writes another thread is replaying, not before
+                pass
         if self._backlog and not self._flush_if_due():
             self._defer(batch, self._backlog.health.reason or "earlier writes still waiting")
             return _deferred()
