@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from replag.config import Config
 from replag.errors import AgentError
 from replag.repair import report as rp
-from replag.repair.apply import Applier, Refused, ReplicaLane
+from replag.repair.apply import Applier, ReplicaLane
 from replag.repair.bulk import (
     BULK_MIN,
     bulk_allowed,
@@ -33,20 +33,20 @@ from replag.repair.diff import Divergence, differing_keys
 from replag.repair.findings import per_replica
 from replag.repair.observe import key_to_json
 from replag.repair.pages import PageOptions
-from replag.repair.policy import Decision, Policy
+from replag.repair.policy import Policy
 from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
 from replag.repair.roles import GroupShape, cluster_members
+from replag.repair.rounds import RepairRounds
 from replag.repair.runs import RunLog
 from replag.repair.scan import ScanOptions, ScanProgress
 from replag.repair.scan_process import WorkerTree
 from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
-from replag.repair.verify import VERIFY_BATCH, Changing, Verifier
+from replag.repair.verify import Changing, Verifier
 from replag.repair.walk import AgentTree, MemberTree, differing_leaves
 from replag.topology import ReplicaGroup
 
-RECHECK_ROUNDS = 3
 # Receives (group, key, the divergent key's dict) as a check finds each one.
 KeySink = Callable[[str, bytes, dict[str, Any]], None]
 
@@ -187,9 +187,10 @@ class GroupRun:
                 started = time.perf_counter()
                 # A resumed run trusts nothing it recorded as repaired: a replica may have
                 # restarted from an older snapshot since.
-                differ = await self._reverify_repaired() if phase is not None else 0
+                rounds = self._rounds()
+                differ = await rounds.reverify_repaired() if phase is not None else 0
                 if phase is None or phase[0] != "done" or differ:
-                    await self._repair()
+                    await rounds.run()
                 self.report.repair_s += time.perf_counter() - started
             self._save_phase("done")
         finally:
@@ -446,31 +447,7 @@ class GroupRun:
                 )
             )
 
-    async def _reverify_repaired(self) -> int:
-        """Read again every key recorded as repaired (one read per replica, digests
-        compared); those that differ now are pending again. How many differ."""
-        keys = sorted(k for k, r in self.records.items() if r.status == rp.REPAIRED)
-        differ: dict[bytes, KeyRecord] = {}
-        now_ms = time.time_ns() // 1_000_000
-        for start in range(0, len(keys), VERIFY_BATCH):
-            batch = keys[start : start + VERIFY_BATCH]
-            reads = await self.verifier.observe_all(batch)
-            for key in batch:
-                states = [r[key] for r in reads]
-                kind = self.verifier.classify(states, now_ms)
-                if kind is not None or not all(s.readable for s in states):
-                    found = Divergence(
-                        key, kind or "value", dict(zip(self.names, states, strict=True))
-                    )
-                    differ[key] = KeyRecord(found.kind, rp.PENDING, self.decisions.detail(found))
-        self._set(differ)
-        self.report.reverified += len(keys)
-        self.report.differed_again += len(differ)
-        return len(differ)
-
-    # --- resolve and apply --------------------------------------------------
-
-    async def _repair(self) -> None:
+    def _rounds(self) -> RepairRounds:
         applier = Applier(
             self.lanes,
             tolerance_ms=self.tolerance_ms,
@@ -480,85 +457,11 @@ class GroupRun:
             pages=self.page_options,
             page_elements=self.page_elements,
         )
-        todo = sorted(k for k, r in self.records.items() if r.status == rp.PENDING)
-        for round_ in range(RECHECK_ROUNDS + 1):
-            if not todo:
-                break
-            if round_:
-                # Give writers a moment; a key still changing after the last round is busy.
-                await asyncio.sleep(max(self.settle_s * 4, 0.2) * round_)
-            divergent, changing = await self.verifier.verify(todo, phase="repair")
-            deferred = [key for key, _ in changing]
-            found = {d.key for d in divergent}
-            self._set(
-                {
-                    k: KeyRecord(self.records[k].kind, rp.AGREED, self.records[k].detail)
-                    for k in todo
-                    if k not in found and k not in deferred
-                }
-            )
-            for start in range(0, len(divergent), VERIFY_BATCH):
-                batch = divergent[start : start + VERIFY_BATCH]
-                deferred += await self._resolve(batch, applier)
-            todo = sorted(deferred)
-        self.report.undone += applier.undone
-        self.report.undo_failed += len(set(applier.undo_failed))
-        why = f"within repair_settle ({self.settle_s * 1000:.0f} ms) in {RECHECK_ROUNDS + 1} rounds"
-        self._set(
-            {
-                k: GroupDecisions.left_moving(self.records[k], applier.unfollowed.get(k), why)
-                for k in todo
-            }
+        return RepairRounds(
+            records=self.records,
+            update=self._set,
+            verifier=self.verifier,
+            decisions=self.decisions,
+            applier=applier,
+            report=self.report,
         )
-        # A copy a client changed in place before it could be undone: whatever later
-        # rounds saw, the key needs a look.
-        reason = "a client changed the repair's copy in place before it could be undone"
-        self._set(
-            {
-                k: KeyRecord(
-                    self.records[k].kind, rp.BUSY, {**self.records[k].detail, "reason": reason}
-                )
-                for k in set(applier.undo_failed)
-            }
-        )
-
-    async def _resolve(self, batch: Sequence[Divergence], applier: Applier) -> list[bytes]:
-        """Decide and apply a batch of verified divergent keys; the keys that moved."""
-        updates: dict[bytes, KeyRecord] = {}
-        to_apply: list[tuple[Divergence, Decision]] = []
-        for divergence in batch:
-            decision = self.decisions.decide(divergence)
-            if decision.action == "resync":
-                updates[divergence.key] = self.decisions.record(
-                    divergence, rp.RESYNC, decision.reason
-                )
-            elif decision.action == "conflict":
-                updates[divergence.key] = self.decisions.record(
-                    divergence, rp.CONFLICT, decision.reason
-                )
-            elif decision.action == "keep" or not decision.targets:
-                updates[divergence.key] = self.decisions.record(
-                    divergence, rp.KEPT, decision.reason
-                )
-            else:
-                to_apply.append((divergence, decision))
-        outcomes = await applier.apply_batch(
-            [(d.key, decision, [d.states[name] for name in self.names]) for d, decision in to_apply]
-        )
-        moved: list[bytes] = []
-        for (divergence, decision), outcome in zip(to_apply, outcomes, strict=True):
-            if isinstance(outcome, Refused):
-                # The key's error (READONLY, NOPERM, OOM…), named with the replica.
-                updates[divergence.key] = self.decisions.record(divergence, rp.ERROR, str(outcome))
-                continue
-            if outcome == "changed":
-                moved.append(divergence.key)
-                continue
-            status = rp.DRY_RUN if outcome == "dry_run" else rp.REPAIRED
-            if status == rp.REPAIRED and decision.left:
-                status = rp.RESYNC  # fixed where the primary's write reaches; not the rest
-            updates[divergence.key] = self.decisions.record(
-                divergence, status, decision.reason, decision
-            )
-        self._set(updates)
-        return moved
