@@ -50,6 +50,15 @@ async def _same(servers: list[RedisServer], key: str) -> None:
     await until(lambda: asyncio.to_thread(agree), f"{key} alike on every server")
 
 
+def _hlen_everywhere(servers: list[RedisServer], key: str, size: int) -> bool:
+    # (a DUMP of a large hash lists fields in table order, which differs between servers)
+    for server in servers:
+        with server.client() as client:
+            if client.hlen(key) != size:
+                return False
+    return True
+
+
 async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written(
     server_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
@@ -64,26 +73,30 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
         for i in range(5):
             p.set(f"k{i}", f"v{i}")
         p.hset("h", mapping={"a": "1", "b": "2"})
+        # Above repair_page_elements (2000): copied in pages, on the primary only.
+        p.hset("big", mapping={f"f{i}": i for i in range(2500)})
     for key in ("k4", "h"):
         await _same(everyone, key)
+    await until(lambda: asyncio.to_thread(_hlen_everywhere, everyone, "big", 2500), "big")
     with writable.client() as w:
         w.set("stray", "only on the writable replica")
         w.set("k1", "changed on the replica")
         w.expire("k2", 3600)
         w.hset("h", "c", "3")
+        w.hset("big", "f7", "changed on the replica")
     config = _config(tmp_path, [writable, primary, readonly])
 
     found = (await check(config)).to_dict()
-    assert found["divergent"] == 4 and found["groups"][0]["kind"] == "replication"
+    assert found["divergent"] == 5 and found["groups"][0]["kind"] == "replication"
     assert found["groups"][0]["primary"] == primary.name
     assert found["groups"][0]["per_replica"][writable.name] | {} == {
-        "missing": 0, "extra": 1, "different": 3, "copy": 0, "delete": 0, "leave": 4,
+        "missing": 0, "extra": 1, "different": 4, "copy": 0, "delete": 0, "leave": 5,
     }  # fmt: skip
 
     # The dry run says, per replica, what it would do; the CLI exits 1 (divergence remains).
     dry = (await repair(config, dry_run=True)).to_dict()
     per = dry["groups"][0]["per_replica"]
-    assert per[writable.name]["copy"] == 3 and per[writable.name]["delete"] == 1
+    assert per[writable.name]["copy"] == 4 and per[writable.name]["delete"] == 1
     assert per[readonly.name] == dict.fromkeys(per[readonly.name], 0)
     path = tmp_path / "replag.toml"
     path.write_text(render_config(config.topology, settings={"store": str(tmp_path / "c.db")}))
@@ -94,7 +107,7 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
     assert f"primary {primary.name}, policy primary" in shown.output
     row = next(line for line in shown.output.splitlines()
                if line.strip().startswith(writable.name) and line.count(",") == 2)  # fmt: skip
-    assert row.split()[1:] == ["0", "1", "3", "3,", "1,", "0"], shown.output
+    assert row.split()[1:] == ["0", "1", "4", "4,", "1,", "0"], shown.output
     as_json = await asyncio.to_thread(
         CliRunner().invoke, main, ["repair", "run", "-c", str(path), "--dry-run", "--json"]
     )
@@ -110,11 +123,12 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
         report = (await repair(config)).to_dict()
     finally:
         seen = [m.stop() for m in monitors]
-    assert report["repaired"] == 4 and report["errors"] == report["resync"] == 0, report
+    assert report["repaired"] == 5 and report["errors"] == report["resync"] == 0, report
     assert (await check(config)).divergent == 0
     with primary.client() as p, writable.client() as w:
         assert p.exists("stray") == 0 and w.exists("stray") == 0
         assert w.get("k1") == b"v1" and w.ttl("k2") == -1 and w.hlen("h") == 2
+        assert w.hget("big", "f7") == b"7" and w.hlen("big") == 2500
         for server, lines in zip((writable, readonly), seen, strict=True):
             assert writes_by_clients(lines, p, primary_port=primary.port) == [], server.name
         # Replag did read both replicas (the monitors saw it), and wrote only the primary,
@@ -123,6 +137,9 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
         from_link = writes_by_clients(seen[0], p, primary_port=-1)
         assert any('"DEL" "stray"' in line for line in from_link), from_link
         assert any('"RESTORE" "k1"' in line for line in from_link), from_link
+        # The large hash came in pages, swapped in by a RENAME: never one RESTORE.
+        assert any('"RENAME"' in line and '"big"' in line for line in from_link)
+        assert not any('"RESTORE" "big"' in line for line in from_link)
     assert report["replicas"][0]["writes"] == 0 and report["replicas"][2]["writes"] == 0
 
 

@@ -473,8 +473,11 @@ class Applier:
         self, key: bytes, decision: Decision, states: Sequence[KeyState]
     ) -> Outcome:
         assert self.pages is not None and decision.winner is not None
+        # A replication group's copy is made on its primary only (whose own value, when it
+        # already holds it, is copied onto itself: the pages and the swap replicate).
+        targets = (decision.via,) if decision.via is not None else decision.targets
         outcome = await repair_big_key(
-            self.lanes, key, decision.winner, decision.targets, states, self.pages
+            self.lanes, key, decision.winner, targets, states, self.pages
         )
         if outcome == "undo_failed":
             self.undo_failed.append(key)
