@@ -36,6 +36,12 @@ def short_help(text: str, limit: int) -> str:
     return " ".join(out)
 
 
+def _acl() -> click.Command:
+    from replag.commands import acl
+
+    return acl.command
+
+
 def _agent() -> click.Command:
     from replag.commands import agent
 
@@ -103,6 +109,11 @@ def _topology() -> click.Command:
 
 
 COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
+    "acl": (
+        _acl,
+        "Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair, serve, "
+        "agent).",
+    ),
     "agent": (_agent, "Keep Tictac trees of one region's replicas current and serve them."),
     "alerts": (
         _alerts,

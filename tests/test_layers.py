@@ -7,7 +7,7 @@
     io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, agent
+                   alerts, metrics, agent, permissions
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -78,6 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.alerts",
             "replag.metrics",
             "replag.agent",
+            "replag.permissions",
         ),
     ),
     ("service", ("replag.service",)),

@@ -23,7 +23,8 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import ReplagError, TlsError, UnreachableError, UsageError
+from replag.errors import PermissionRefused, ReplagError, TlsError, UnreachableError, UsageError
+from replag.permissions import require_on
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample, combine_reports
@@ -64,8 +65,9 @@ class _Target:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
-    # A certificate refused: a configuration error, not an outage: the run stops (exit 2).
-    tls_failure: TlsError | None = None
+    # A certificate or an ACL permission refused: a configuration error, not an outage:
+    # the run stops (exit 2).
+    fatal: TlsError | PermissionRefused | None = None
 
 
 @dataclass(kw_only=True)
@@ -103,8 +105,8 @@ class _ProbeRun:
             )
         )
         for target in self.targets:
-            if target.tls_failure is not None:
-                raise target.tls_failure
+            if target.fatal is not None:
+                raise target.fatal
         if writer.endpoint.kind == "redis":
             try:
                 offset = await estimate_offset(lambda: _time(writer), endpoint=writer.endpoint.name)
@@ -398,6 +400,7 @@ async def _open_writer(endpoint: Endpoint, settings: Settings) -> RespConnection
     )
     try:
         await writer.checked("PING")
+        await require_on(writer, "probe", prefix=settings.prefix, what="a probe")
         if endpoint.kind == "dynomite" and settings.dynomite_consistency:
             await writer.checked("dyno_config:conn_consistency", settings.dynomite_consistency)
     except ReplagError:
@@ -416,6 +419,7 @@ async def _open_target(
             replica, timeout_s=settings.connect_timeout, clock=time.monotonic_ns
         )
         target.conn = conn
+        await require_on(conn, "probe", prefix=settings.prefix, what="a probe")
         if target.cluster:
             # A Redis Cluster replica redirects reads to its primary unless told READONLY.
             await conn.checked("READONLY")
@@ -435,8 +439,8 @@ async def _open_target(
             may_configure=settings.allow_config_changes,
         )
         target.observer = observer
-    except TlsError as exc:
-        target.tls_failure = exc
+    except (TlsError, PermissionRefused) as exc:
+        target.fatal = exc
     except ReplagError as exc:  # down, refusing, or not Redis at all: reported per replica
         target.error = exc.message
         report.unreachable.append(

@@ -144,7 +144,13 @@ async def _run_exclusive(
         with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
             # Every member answers first, or nothing is scanned (the run is recorded as failed).
             await members_reachable(
-                groups, timeout_s=config.settings.connect_timeout, through_agent=through_agent
+                groups,
+                timeout_s=config.settings.connect_timeout,
+                through_agent=through_agent,
+                # …and lets this run's user do what it will (a missing ACL permission is
+                # named now, not after the scans).
+                mode="repair" if params.kind == "repair" and not params.dry_run else "check",
+                prefix=config.settings.prefix,
             )
             for g in groups:
                 direct = [not through_agent(m) for m in g.members]

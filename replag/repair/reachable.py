@@ -3,6 +3,8 @@
 A check that scans two healthy replicas for minutes and then fails on the third
 wastes the scans and leaves a half-done run; one PING per member first costs a
 round trip each and fails in a second, naming every member that did not answer.
+The same goes for ACL permissions: each member's user is checked for what the
+run will do (`replag.permissions`), before any scan.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from replag.errors import EndpointError
+from replag.permissions import Mode, require
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
 
 
-async def _ping(member: Endpoint, timeout_s: float) -> EndpointError | None:
+async def _ping(
+    member: Endpoint, timeout_s: float, mode: Mode | None, prefix: str
+) -> EndpointError | None:
     try:
         conn = await RespConnection.open(member, timeout_s=timeout_s)
     except EndpointError as exc:
@@ -26,6 +31,12 @@ async def _ping(member: Endpoint, timeout_s: float) -> EndpointError | None:
         return exc
     finally:
         await conn.close()
+    if mode is not None:
+        try:
+            await require(member, mode, prefix=prefix, timeout_s=timeout_s,
+                          what=f"a {mode}")  # fmt: skip
+        except EndpointError as exc:
+            return exc
     return None
 
 
@@ -34,13 +45,18 @@ async def members_reachable(
     *,
     timeout_s: float,
     through_agent: Callable[[Endpoint], bool] = lambda _: False,
+    mode: Mode | None = None,
+    prefix: str = "replag:probe:",
 ) -> None:
-    """Connect (AUTH, SELECT) and PING every member at once; raise the first failure as an
+    """Connect (AUTH, SELECT) and PING every member at once, and check its user may do
+    what `mode` does (check or repair); raise the first failure as an
     EndpointError that names the others that failed too. Members read through their
     region's agent are left to it (the tree walk names them if it fails)."""
     members = list({m.name: m for g in groups for m in g.members if not through_agent(m)}.values())
     failures = [
-        f for f in await asyncio.gather(*(_ping(m, timeout_s) for m in members)) if f is not None
+        f
+        for f in await asyncio.gather(*(_ping(m, timeout_s, mode, prefix) for m in members))
+        if f is not None
     ]
     if not failures:
         return

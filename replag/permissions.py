@@ -1,0 +1,276 @@
+"""What each mode of replag may do on a Redis server, as ACL rules, and a check of them.
+
+`acl_line(mode, user, …)` is what `replag acl` prints: `ACL SETUSER NAME <rules>`,
+rules only (the operator adds `on` and a password). Per mode, the commands,
+key patterns and channel patterns:
+
+- probe: write and delete probe keys (`~<prefix>*`), read them back (MGET) or
+  subscribe to their keyspace events (`&__keyspace@<db>__:<prefix>*`, the fixed
+  pattern the probe subscribes to), TIME for clock offsets, INFO for replication
+  state, CONFIG GET to see whether notifications are on.
+- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers.
+- repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
+  each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
+- serve: probe and repair (the service does both, and samples INFO).
+- agent: repair, the probe's observation, and keyspace events of every key.
+
+`missing(conn, mode)` finds what a connection's user lacks before a run starts,
+without changing anything: reads run as they are (on a probe key that does not
+exist), writes are queued inside MULTI and discarded (Redis checks ACLs when it
+queues), so a repair that could not write says so before its scans, not after.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from replag.errors import PermissionRefused
+from replag.resp import RespConnection, error_text, pack
+from replag.topology import Endpoint
+
+Mode = Literal["probe", "check", "repair", "serve", "agent"]
+MODES: tuple[Mode, ...] = ("probe", "check", "repair", "serve", "agent")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One command a mode uses; `args` is a harmless invocation (KEY: a probe key that
+    does not exist), None when it cannot be tried alone (a subscription)."""
+
+    command: str  # as an ACL rule names it: "set", "config|get"
+    args: tuple[str, ...] | None
+    write: bool = False  # tried inside MULTI … DISCARD, never run
+    optional: bool = False  # refused: the mode carries on without it (a note says so)
+
+
+_PING = Need("ping", ("PING",))
+_SELECT = Need("select", None)  # sent on every connection to a db other than 0
+_INFO = Need("info", ("INFO", "replication"), optional=True)
+_READONLY = Need("readonly", None)  # Redis Cluster replicas only
+_PROBE = (
+    _PING,
+    _SELECT,
+    _READONLY,
+    _INFO,
+    Need("set", ("SET", "KEY", "1", "PX", "1000")),
+    Need("del", ("DEL", "KEY")),
+    Need("mget", ("MGET", "KEY")),
+    Need("time", ("TIME",), optional=True),
+    Need("config|get", ("CONFIG", "GET", "notify-keyspace-events"), optional=True),
+    Need("psubscribe", None),
+)
+_CHECK = (
+    _PING,
+    _SELECT,
+    _READONLY,
+    Need("info", ("INFO", "replication")),
+    Need("dbsize", ("DBSIZE",)),
+    Need("scan", ("SCAN", "0", "MATCH", "KEY", "COUNT", "1")),
+    Need("type", ("TYPE", "KEY")),
+    Need("pttl", ("PTTL", "KEY")),
+    Need("mget", ("MGET", "KEY")),
+    Need("get", ("GET", "KEY")),
+    Need("hgetall", ("HGETALL", "KEY")),
+    Need("hmget", ("HMGET", "KEY", "f")),
+    Need("hlen", ("HLEN", "KEY")),
+    Need("hscan", ("HSCAN", "KEY", "0")),
+    Need("smembers", ("SMEMBERS", "KEY")),
+    Need("scard", ("SCARD", "KEY")),
+    Need("sscan", ("SSCAN", "KEY", "0")),
+    Need("zrange", ("ZRANGE", "KEY", "0", "-1", "WITHSCORES")),
+    Need("zcard", ("ZCARD", "KEY")),
+    Need("zscan", ("ZSCAN", "KEY", "0")),
+    Need("lrange", ("LRANGE", "KEY", "0", "-1")),
+    Need("llen", ("LLEN", "KEY")),
+    Need("xrange", ("XRANGE", "KEY", "-", "+", "COUNT", "1")),
+    Need("xlen", ("XLEN", "KEY")),
+    Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
+    Need("dump", ("DUMP", "KEY")),
+    # The scan's TTL script; refused, it reads each TTL with PTTL instead.
+    Need("script|load", ("SCRIPT", "LOAD", "return 1"), optional=True),
+    Need("evalsha", None, optional=True),
+)
+_WRITES = (
+    Need("watch", ("WATCH", "KEY")),
+    Need("unwatch", ("UNWATCH",)),
+    Need("multi", None),
+    Need("discard", None),
+    Need("exec", None),
+    *(
+        Need(name, args, write=True)
+        for name, args in (
+            ("set", ("SET", "KEY", "1")),
+            ("del", ("DEL", "KEY")),
+            ("unlink", ("UNLINK", "KEY")),
+            ("pexpire", ("PEXPIRE", "KEY", "1000")),
+            ("persist", ("PERSIST", "KEY")),
+            ("rename", ("RENAME", "KEY", "KEY:2")),
+            ("restore", ("RESTORE", "KEY", "0", "x", "REPLACE")),
+            ("hset", ("HSET", "KEY", "f", "v")),
+            ("hdel", ("HDEL", "KEY", "f")),
+            ("sadd", ("SADD", "KEY", "m")),
+            ("srem", ("SREM", "KEY", "m")),
+            ("zadd", ("ZADD", "KEY", "1", "m")),
+            ("zrem", ("ZREM", "KEY", "m")),
+            ("rpush", ("RPUSH", "KEY", "v")),
+            ("xadd", ("XADD", "KEY", "*", "f", "v")),
+            ("xsetid", ("XSETID", "KEY", "0-1")),
+        )
+    ),
+)
+_AGENT_EXTRA = (
+    Need("subscribe", None),
+    Need("client|id", ("CLIENT", "ID"), optional=True),
+    Need("client|tracking", None, optional=True),
+)
+
+NEEDS: dict[Mode, tuple[Need, ...]] = {
+    "probe": _PROBE,
+    "check": _CHECK,
+    "repair": _CHECK + _WRITES,
+    "serve": _PROBE + _CHECK + _WRITES,
+    "agent": _PROBE + _CHECK + _WRITES + _AGENT_EXTRA,
+}
+
+
+def commands(mode: Mode, *, allow_config_changes: bool = False) -> list[str]:
+    """The ACL command names `mode` needs, each once, in the order they are listed."""
+    names = list(dict.fromkeys(n.command for n in NEEDS[mode]))
+    if allow_config_changes and mode in ("probe", "serve", "agent"):
+        names.append("config|set")
+    return names
+
+
+def key_patterns(mode: Mode, prefix: str) -> list[str]:
+    return [f"{prefix}*"] if mode == "probe" else ["*"]
+
+
+def channel_patterns(mode: Mode, prefix: str, dbs: tuple[int, ...] = (0,)) -> list[str]:
+    """The probe subscribes to `__keyspace@<db>__:<prefix>*` exactly (Redis compares a
+    PSUBSCRIBE pattern with the ACL's literally); an agent follows every key."""
+    if mode == "check" or mode == "repair":
+        return []
+    keys = "*" if mode == "agent" else f"{prefix}*"
+    channels = [f"__keyspace@{db}__:{keys}" for db in dbs]
+    return [*channels, "__redis__:invalidate"] if mode == "agent" else channels
+
+
+def acl_rules(
+    mode: Mode, *, prefix: str, dbs: tuple[int, ...] = (0,), allow_config_changes: bool = False
+) -> str:
+    """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password)."""
+    rules = ["resetkeys", "resetchannels", "-@all"]
+    rules += [f"+{c}" for c in commands(mode, allow_config_changes=allow_config_changes)]
+    rules += [f"~{p}" for p in key_patterns(mode, prefix)]
+    rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
+    return " ".join(rules)
+
+
+def acl_line(
+    mode: Mode,
+    user: str,
+    *,
+    prefix: str,
+    dbs: tuple[int, ...] = (0,),
+    allow_config_changes: bool = False,
+) -> str:
+    rules = acl_rules(mode, prefix=prefix, dbs=dbs, allow_config_changes=allow_config_changes)
+    return f"ACL SETUSER {user} {rules}"
+
+
+async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[list[str], list[str]]:
+    """(commands refused that `mode` cannot do without, optional ones refused), as ACL
+    names, tried on `conn` without changing any data (see the module docstring)."""
+    key = f"{prefix}acl-check:{secrets.token_hex(4)}"
+    needs = list({n.command: n for n in NEEDS[mode]}.values())
+    direct = [n for n in needs if n.args is not None and not n.write]
+    refused = await _refused(conn, [_invocation(n, key) for n in direct], direct)
+    writes = [n for n in needs if n.write]
+    if writes:
+        refused += await _refused_writes(conn, writes, key)
+    required = [n.command for n in refused if not n.optional]
+    optional = [n.command for n in refused if n.optional]
+    return required, optional
+
+
+def _invocation(need: Need, key: str) -> bytes:
+    assert need.args is not None
+    return pack(*(key if a == "KEY" else f"{key}:2" if a == "KEY:2" else a for a in need.args))
+
+
+async def _refused(conn: RespConnection, payloads: list[bytes], needs: list[Need]) -> list[Need]:
+    if not payloads:
+        return []
+    replies = await conn.request(b"".join(payloads), len(payloads))
+    return [n for n, r in zip(needs, replies, strict=True) if _is_noperm(r)]
+
+
+async def _refused_writes(conn: RespConnection, writes: list[Need], key: str) -> list[Need]:
+    """Queued in MULTI and discarded: Redis checks each command's ACL as it queues it
+    (a read-only replica answers READONLY then: allowed, only not here). A connection
+    left inside a transaction (DISCARD refused) is dropped, so nothing queued can run."""
+    by_name = {n.command: n for n in NEEDS["repair"]}
+    (reply,) = await conn.request(pack("MULTI"), 1)
+    if _is_noperm(reply):
+        return [by_name["multi"]]  # without MULTI the writes can be neither tried nor made
+    queued = [_invocation(n, key) for n in writes]
+    replies = await conn.request(b"".join(queued) + pack("DISCARD"), len(queued) + 1)
+    refused = [n for n, r in zip(writes, replies, strict=False) if _is_noperm(r)]
+    if _is_noperm(replies[-1]):
+        conn.abort()
+        return [*refused, by_name["discard"]]
+    # An empty transaction runs nothing: EXEC is tried for real.
+    replies = await conn.request(pack("MULTI") + pack("EXEC"), 2)
+    if _is_noperm(replies[1]):
+        conn.abort()  # still inside the transaction
+        refused.append(by_name["exec"])
+    return refused
+
+
+def _is_noperm(reply: object) -> bool:
+    text = error_text(reply)
+    return text is not None and text.startswith("NOPERM")
+
+
+async def require(
+    endpoint: Endpoint, mode: Mode, *, prefix: str, timeout_s: float, what: str
+) -> list[str]:
+    """PermissionRefused naming every command `mode` lacks on `endpoint` (on a connection
+    of its own, before a run starts); the optional ones refused are returned, for a note.
+    Dynomite ports have no ACLs (and close on commands they lack): not checked."""
+    if endpoint.kind != "redis":
+        return []
+    conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
+    try:
+        needed, optional = await missing(conn, mode, prefix=prefix)
+    finally:
+        await conn.close()
+    _refuse(needed, endpoint, mode, what)
+    return optional
+
+
+async def require_on(conn: RespConnection, mode: Mode, *, prefix: str, what: str) -> list[str]:
+    """`require` on a connection the caller goes on using: only for modes that write
+    nothing but probe keys (the probe), whose checks never leave a transaction open."""
+    endpoint = conn.endpoint
+    if endpoint.kind != "redis":
+        return []
+    if any(n.write for n in NEEDS[mode]):
+        raise ValueError(f"{mode}: check it on a connection of its own (require)")
+    needed, optional = await missing(conn, mode, prefix=prefix)
+    _refuse(needed, endpoint, mode, what)
+    return optional
+
+
+def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> None:
+    if needed:
+        user = endpoint.username or "default"
+        names = ", ".join(c.upper() for c in needed)
+        raise PermissionRefused(
+            f"permission refused: {names} (user {user}): {what} needs "
+            f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}` "
+            "prints every rule it needs",
+            where=f"{endpoint.name} ({endpoint.url()})",
+        )
