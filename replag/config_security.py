@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from replag.errors import ConfigError
 from replag.settings import Settings
 from replag.tokens import MIN_LENGTH, ApiToken
-from replag.topology import Endpoint, TlsOptions, TlsVerify, tls_from_query
+from replag.topology import Endpoint, TlsOptions, TlsVerify, Topology, tls_from_query
 from replag.validation import AtKey, EnvVar, FileTable, NonEmptyStr
 
 
@@ -228,3 +228,63 @@ def api_tokens(
                                   where=f"{where}: api_tokens[{i}]")  # fmt: skip
         tokens.append(token)
     return tuple(tokens)
+
+
+# --- discovery: references to secrets, never the secrets ----------------------
+
+
+def seed_url(url: str, *, password: str | None, tls: TlsOptions) -> str:
+    """`url` with `password` (from --password-env: never on the command line) and, for
+    rediss://, the file-wide TLS options it does not set itself; for this process only,
+    never printed (errors show URLs redacted)."""
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if password is not None:
+        user = quote(parts.username or "", safe="")
+        host = netloc.rsplit("@", 1)[-1]
+        netloc = f"{user}:{quote(password, safe='')}@{host}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.scheme == "rediss":
+        given = {name for name, _ in query}
+        for name, value in tls.changed().items():
+            if f"tls_{name}" not in given:
+                query.append((f"tls_{name}", value))
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+
+
+def as_references(
+    topology: Topology, *, password: str | None, password_env: str | None
+) -> tuple[Topology, dict[str, Any]]:
+    """`topology` as a file should hold it: the password given by --password-env written
+    as `password_env = NAME` in [settings] (never the password), and TLS options every
+    endpoint shares written once as [settings] tls_* instead of on each endpoint."""
+    settings: dict[str, Any] = {}
+    endpoints = topology.endpoints()
+
+    def stripped(ep: Endpoint) -> Endpoint:
+        if password is not None and ep.password == password:
+            ep = replace(ep, password=None)
+        if shared is not None and ep.tls is not None:
+            ep = replace(ep, tls=TlsOptions())
+        return ep
+
+    options = {ep.tls for ep in endpoints if ep.tls is not None}
+    shared = next(iter(options)) if len(options) == 1 else None
+    if shared is not None:
+        settings |= {f"tls_{name}": value for name, value in shared.changed().items()}
+    if password_env is not None:
+        settings["password_env"] = password_env
+    regions = tuple(
+        replace(
+            r,
+            write=stripped(r.write) if r.write else None,
+            replicas=tuple(stripped(ep) for ep in r.replicas),
+        )
+        for r in topology.regions
+    )
+    groups = tuple(
+        replace(g, members=tuple(stripped(m) for m in g.members)) for g in topology.groups
+    )
+    return replace(topology, regions=regions, groups=groups), settings

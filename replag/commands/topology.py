@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
 from replag.commands.options import config_option, json_option, load
 from replag.config import write_config_atomic
+from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
 from replag.discovery.cluster import discover_cluster
 from replag.discovery.dynomite import (
@@ -97,6 +100,12 @@ def command() -> None:
     help="Timeout of each request (default: settings.connect_timeout).",
 )
 @click.option(
+    "--password-env",
+    metavar="NAME",
+    help="Environment variable holding the servers' password (--redis, --cluster, "
+    "--sentinel's data nodes): the file gets `password_env = NAME`, never the password.",
+)
+@click.option(
     "--store",
     "store_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -117,9 +126,15 @@ def discover(
     port_maps: tuple[str, ...],
     port_map_file: Path | None,
     timeout: str | None,
+    password_env: str | None,
     store_path: Path | None,
 ) -> None:
-    """Discover a topology and print (or --out) the TOML file replag reads."""
+    """Discover a topology and print (or --out) the TOML file replag reads.
+
+    A password given in a URL is written into the file (mode 0600); one given with
+    --password-env NAME is read from NAME and the file refers to NAME only. rediss://
+    URLs are read with the tls_* settings (REPLAG_TLS_CA, …), written into the file.
+    """
     sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
     if sentinel_addresses:
         sources.append("sentinel")
@@ -134,6 +149,18 @@ def discover(
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     settings = resolve_settings({}, where="defaults")
     timeout_s = _timeout_s(timeout, settings)
+    password = _password_from(password_env, dynomite=dynomite_url is not None)
+    defaults = EndpointDefaults.of(settings, os.environ, where="environment")
+    if redis_url or cluster_url:
+        seed = redis_url or cluster_url or ""
+        if password is not None and urlsplit(seed).password:
+            raise UsageError("give the password once: in the URL or with --password-env")
+        seeded = seed_url(seed, password=password, tls=defaults.tls)
+        redis_url, cluster_url = (seeded, None) if redis_url else (None, seeded)
+    sentinel_addresses = tuple(
+        seed_url(a, password=None, tls=defaults.tls) if a.startswith("rediss://") else a
+        for a in sentinel_addresses
+    )
     if dynomite_url:
         ports = port_map(
             settings,
@@ -156,7 +183,21 @@ def discover(
     else:
         assert cluster_url is not None
         found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
+    topology, references = as_references(
+        found.topology, password=password, password_env=password_env
+    )
+    found = replace(found, topology=topology, settings={**found.settings, **references})
     _emit(with_store(found, store_path or settings.store), out)
+
+
+def _password_from(name: str | None, *, dynomite: bool) -> str | None:
+    if name is None:
+        return None
+    if dynomite:
+        raise UsageError("--password-env applies to --redis, --cluster and --sentinel")
+    if name not in os.environ:
+        raise UsageError(f"--password-env: environment variable {name} is not set")
+    return os.environ[name]
 
 
 def _timeout_s(timeout: str | None, settings: Settings) -> float:

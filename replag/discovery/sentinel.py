@@ -68,7 +68,7 @@ async def _discover(
     for master in chosen:
         name = master["name"]
         try:
-            primary = _node(master["ip"], int(master["port"]), f"{name}-primary", name)
+            primary = _node(master["ip"], int(master["port"]), f"{name}-primary", name, sentinel)
         except (KeyError, ValueError):
             raise DiscoveryError(
                 f"SENTINEL MASTERS: bad entry {master!r}", where=sentinel.url()
@@ -78,7 +78,7 @@ async def _discover(
         watching = _sentinels(sentinel, given, others)
         replicas = []
         for i, entry in enumerate(listed, start=1):
-            ep = _node(entry["ip"], int(entry["port"]), f"{name}-{i}", name)
+            ep = _node(entry["ip"], int(entry["port"]), f"{name}-{i}", name, sentinel)
             replicas.append(ep)
             endpoint_comments[ep.name] = (
                 f"Sentinel flags {entry.get('flags', '?')}, link "
@@ -115,8 +115,9 @@ async def _discover(
     )
 
 
-def _node(host: str, port: int, name: str, region: str) -> Endpoint:
-    return Endpoint(name=name, host=host, port=port, region=region)
+def _node(host: str, port: int, name: str, region: str, sentinel: Endpoint) -> Endpoint:
+    """A data node: TLS (and its options) as the Sentinel asked, as with tls-replication."""
+    return Endpoint(name=name, host=host, port=port, region=region, tls=sentinel.tls)
 
 
 def _sentinels(
