@@ -171,3 +171,17 @@ def test_the_docs_show_each_modes_line_as_printed() -> None:
     for mode in ("probe", "check", "repair", "serve", "agent"):
         result = CliRunner().invoke(main, ["acl", "--mode", mode, "--user", f"replag-{mode}"])
         assert result.output.strip() in page, f"docs/security.md: the {mode} line is stale"
+
+
+async def test_a_probe_user_without_time_gets_a_note_not_an_empty_clock(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    primary = redis_factory("p")
+    create_user([primary], acl_line("probe"))
+    take_away([primary], "-time")
+    config = config_of(tmp_path, {"regions": [{"name": "a", "write": {
+        "name": "p", "url": f"redis://127.0.0.1:{primary.port}"}}]})  # fmt: skip
+    report = await run_probe(config, count=5, rate=0, mode="poll")
+    assert report.clock == []
+    [note] = [n for n in report.notes if "clock offset unknown" in n]
+    assert note.startswith("p: clock offset unknown (TIME failed: permission refused: TIME")

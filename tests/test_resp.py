@@ -113,3 +113,34 @@ async def test_a_server_that_hangs_up_at_once_is_an_endpoint_error_every_time() 
     finally:
         stop.set()
         server.close()
+
+
+async def test_a_hung_server_is_a_timeout_for_every_request_not_a_closed_connection(
+    redis_factory: RedisFactory,
+) -> None:
+    """A stopped server still accepts connections (the kernel does) but never answers:
+    every request waiting on the connection says it timed out."""
+    import os
+    import signal
+
+    from replag.errors import UnreachableError
+
+    server = redis_factory("hung")
+    conn = await RespConnection.open(
+        Endpoint.from_url(f"redis://127.0.0.1:{server.port}", name="h"), timeout_s=0.5
+    )
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        first = conn.send(b"*1\r\n$4\r\nPING\r\n", 1)
+        second = conn.send(b"*1\r\n$4\r\nPING\r\n", 1)
+        with pytest.raises(UnreachableError) as caught:
+            await conn.wait(first)
+        assert "timed out" in str(caught.value) and "closed" not in str(caught.value)
+        with pytest.raises(UnreachableError) as later:
+            await conn.wait(second)
+        assert "timed out" in str(later.value) and "closed" not in str(later.value)
+        with pytest.raises(UnreachableError, match="timed out"):
+            conn.send(b"*1\r\n$4\r\nPING\r\n", 1)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
