@@ -112,7 +112,7 @@ COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
     "acl": (
         _acl,
         "Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair, serve, "
-        "agent).",
+        "agent)",
     ),
     "agent": (_agent, "Keep Tictac trees of one region's replicas current and serve them."),
     "alerts": (

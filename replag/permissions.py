@@ -14,8 +14,9 @@ key patterns and channel patterns:
 - serve: probe and repair (the service does both, and samples INFO).
 - agent: repair, the probe's observation, and keyspace events of every key.
 
-`missing(conn, mode)` finds what a connection's user lacks before a run starts,
-without changing anything: reads run as they are (on a probe key that does not
+`missing(conn, mode)` finds what a connection's ACL user lacks before a run
+starts (`require` does so for endpoints that log in as a named user), without
+changing anything: reads run as they are (on a probe key that does not
 exist), writes are queued inside MULTI and discarded (Redis checks ACLs when it
 queues), so a repair that could not write says so before its scans, not after.
 """
@@ -235,12 +236,18 @@ def _is_noperm(reply: object) -> bool:
 
 
 async def require(
-    endpoint: Endpoint, mode: Mode, *, prefix: str, timeout_s: float, what: str
+    endpoint: Endpoint,
+    mode: Mode,
+    *,
+    prefix: str,
+    timeout_s: float,
+    what: str,
+    always: bool = False,
 ) -> list[str]:
     """PermissionRefused naming every command `mode` lacks on `endpoint` (on a connection
     of its own, before a run starts); the optional ones refused are returned, for a note.
-    Dynomite ports have no ACLs (and close on commands they lack): not checked."""
-    if endpoint.kind != "redis":
+    Only named ACL users are checked (`_checked`), unless `always` (Redis endpoints)."""
+    if not _checked(endpoint) and not (always and endpoint.kind == "redis"):
         return []
     conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
     try:
@@ -255,13 +262,20 @@ async def require_on(conn: RespConnection, mode: Mode, *, prefix: str, what: str
     """`require` on a connection the caller goes on using: only for modes that write
     nothing but probe keys (the probe), whose checks never leave a transaction open."""
     endpoint = conn.endpoint
-    if endpoint.kind != "redis":
+    if not _checked(endpoint):
         return []
     if any(n.write for n in NEEDS[mode]):
         raise ValueError(f"{mode}: check it on a connection of its own (require)")
     needed, optional = await missing(conn, mode, prefix=prefix)
     _refuse(needed, endpoint, mode, what)
     return optional
+
+
+def _checked(endpoint: Endpoint) -> bool:
+    """Checked: Redis endpoints that log in as a named ACL user. Not the default user
+    (trying reads shows in its servers' command statistics, which replag's own users'
+    tools may watch) nor Dynomite ports (no ACLs; they close on commands they lack)."""
+    return endpoint.kind == "redis" and endpoint.username is not None
 
 
 def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> None:

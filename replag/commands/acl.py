@@ -87,7 +87,7 @@ async def _check(endpoints: list[Endpoint], mode: Mode, prefix: str, timeout_s: 
     for ep in endpoints:
         try:
             optional = await require(
-                ep, mode, prefix=prefix, timeout_s=timeout_s, what=f"replag {mode}"
+                ep, mode, prefix=prefix, timeout_s=timeout_s, what=f"replag {mode}", always=True
             )
         except ReplagError as exc:
             failed += 1

@@ -18,9 +18,7 @@ from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
 
 
-async def _ping(
-    member: Endpoint, timeout_s: float, mode: Mode | None, prefix: str
-) -> EndpointError | None:
+async def _ping(member: Endpoint, timeout_s: float) -> EndpointError | None:
     try:
         conn = await RespConnection.open(member, timeout_s=timeout_s)
     except EndpointError as exc:
@@ -31,12 +29,16 @@ async def _ping(
         return exc
     finally:
         await conn.close()
-    if mode is not None:
-        try:
-            await require(member, mode, prefix=prefix, timeout_s=timeout_s,
-                          what=f"a {mode}")  # fmt: skip
-        except EndpointError as exc:
-            return exc
+    return None
+
+
+async def _permitted(
+    member: Endpoint, timeout_s: float, mode: Mode, prefix: str
+) -> EndpointError | None:
+    try:
+        await require(member, mode, prefix=prefix, timeout_s=timeout_s, what=f"a {mode}")
+    except EndpointError as exc:
+        return exc
     return None
 
 
@@ -53,11 +55,11 @@ async def members_reachable(
     EndpointError that names the others that failed too. Members read through their
     region's agent are left to it (the tree walk names them if it fails)."""
     members = list({m.name: m for g in groups for m in g.members if not through_agent(m)}.values())
-    failures = [
-        f
-        for f in await asyncio.gather(*(_ping(m, timeout_s, mode, prefix) for m in members))
-        if f is not None
-    ]
+    answers = await asyncio.gather(*(_ping(m, timeout_s) for m in members))
+    failures = [f for f in answers if f is not None]
+    if not failures and mode is not None:  # once every member answers
+        answers = await asyncio.gather(*(_permitted(m, timeout_s, mode, prefix) for m in members))
+        failures = [f for f in answers if f is not None]
     if not failures:
         return
     first = failures[0]
