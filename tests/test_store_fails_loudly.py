@@ -167,15 +167,7 @@ async def test_a_failed_index_warm_up_is_said_not_hidden(tmp_path: Path) -> None
 def test_the_probe_cli_on_a_full_disk_says_its_results_were_not_stored(
     lab_factory: LabFactory, tmp_path: Path
 ) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True
-        ).returncode
-    ):
-        pytest.skip("cannot mount a small tmpfs (needs root) to fill")
+    disk = _small_disk(tmp_path / "disk", "4m")
     with contextlib.ExitStack() as stack:
         stack.callback(subprocess.run, ["umount", str(disk)], check=False)
         lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
@@ -208,3 +200,50 @@ def test_the_probe_cli_on_a_full_disk_says_its_results_were_not_stored(
         assert again.returncode == 0, again.stderr
         with Store(disk / "s.sqlite") as store:
             assert store.execute("SELECT COUNT(*) AS n FROM lag_windows")[0].n > 0
+
+
+async def test_a_service_on_a_full_disk_keeps_its_leases_and_probing(
+    lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    """A real full file system (not a page limit): lease renewals cannot be written either,
+    and nobody can take a lease over (that is a write too), so the units carry on."""
+    disk = _small_disk(tmp_path / "disk", "8m")
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(subprocess.run, ["umount", str(disk)], check=False)
+        lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+        config = _config(lab, tmp_path)
+        data = tomllib.loads(config.read_text())
+        data["settings"].update(store=str(disk / "s.sqlite"), lease_time="3s")
+        config.write_text(tomli_w.dumps(data))
+        service = ReplagService(load_config(config))
+        await service.start()
+        stack.push_async_callback(service.stop)
+        await until(lambda: service.counters["probe runs"] >= 2, timeout_s=60)
+        filler = disk / "filler"
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        await until(lambda: service.store.health.state == "unwritable", timeout_s=60)
+        runs = service.counters["probe runs"]
+        # Well past the lease time: still probing.
+        await until(lambda: service.counters["probe runs"] >= runs + 15, timeout_s=120)
+        filler.unlink()
+        await until(lambda: service.store.health.state == "ok", timeout_s=60)
+        runs = service.counters["probe runs"]
+        await until(lambda: service.counters["probe runs"] >= runs + 3, timeout_s=60)
+
+
+def _small_disk(path: Path, size: str) -> Path:
+    """A tmpfs of `size` mounted at `path` (to fill up), or skip: mounting needs root."""
+    path.mkdir()
+    mounted = os.geteuid() == 0 and not (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            check=False,
+        ).returncode
+    )
+    if not mounted:
+        pytest.skip("cannot mount a small tmpfs (needs root) to fill")
+    return path

@@ -89,6 +89,15 @@ class WriteBacklog:
                 h.deferred_bytes -= _size(old)
                 h.dropped += len(old)
 
+    def mark(self, reason: str) -> None:
+        """A write that is not kept here failed (a lease renewal): the store is unwritable."""
+        with self._lock:
+            h = self.health
+            if h.state == "ok":
+                h.state, h.since_ns = "unwritable", time.time_ns()
+            h.reason = reason
+            h.errors += 1
+
     def take(self) -> list[Batch]:
         """Everything queued, oldest first (put back with `put_back` if it fails again)."""
         with self._lock:

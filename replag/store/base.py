@@ -168,6 +168,18 @@ class Store(LagWindowTables):
                 )
             return not self._backlog
 
+    def note_unwritable(self, reason: str) -> None:
+        """A write this store does not keep for later failed as unwritable (a lease's)."""
+        if self._backlog.health.state == "ok":
+            log.error("store %s cannot be written (%s)", self.shown, reason)
+        self._backlog.mark(reason)
+
+    def note_writable(self) -> None:
+        """A write went through: unless writes still wait, the store is healthy again."""
+        if self._backlog.health.state != "ok" and not self._backlog:
+            self._backlog.written([])
+            log.warning("store %s writable again", self.shown)
+
     def remember(self, table: str, key: Hashable, row: Any) -> None:
         """Keep `row` (None: deleted) as `table`'s latest for `key` while writes are deferred,
         for a component that must read what it wrote (alert state, probe health)."""
@@ -193,14 +205,17 @@ class Store(LagWindowTables):
         try:
             if single:
                 sql, params = batch[0]
-                return self._execute(sql, params)
-            with self.begin() as tx:
-                for sql, params in batch:
-                    tx.execute(sql, params)
-            return Rows()
+                rows = self._execute(sql, params)
+            else:
+                with self.begin() as tx:
+                    for sql, params in batch:
+                        tx.execute(sql, params)
+                rows = Rows()
         except StoreUnwritable as exc:
             self._defer(batch, exc.message)
             return _deferred()
+        self.note_writable()
+        return rows
 
     def _flush_if_due(self) -> bool:
         """Try the deferred writes again, at most every FLUSH_RETRY_S; True when none wait."""

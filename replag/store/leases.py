@@ -14,6 +14,13 @@ where others broke:
 
 SQLite gives the same semantics between processes of one host (its clock is the
 host's); PostgreSQL between hosts.
+
+A SQLite store that cannot be written (a full disk, a read-only file) cannot be
+written by anyone: no lease can be taken over then, since a takeover is a write.
+So while it is unwritable a holder keeps what the store still says is its own (at
+its epoch), without renewing it, and probing and alerting go on; the first write
+that goes through again judges expiry as usual. (Not on PostgreSQL: there an
+unwritable store may be this instance's lost connection while others write.)
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from replag.errors import LeaseLost
+from replag.errors import LeaseLost, StoreUnwritable
 
 if TYPE_CHECKING:
     from replag.store.base import Store, Transaction
@@ -73,6 +80,19 @@ class Lease:
 def acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | None:
     """Take `name` for `ttl_s` if it is free, expired, or already `holder`'s; None if
     another holder has it. Taking it from anyone (or back after it expired) bumps the epoch."""
+    try:
+        lease = _acquire(store, name, holder=holder, ttl_s=ttl_s)
+    except StoreUnwritable as exc:
+        if store.backend != "sqlite":
+            raise
+        store.note_unwritable(exc.message)
+        row = _row(store, name)
+        return row if row is not None and row.holder == holder else None
+    store.note_writable()
+    return lease
+
+
+def _acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | None:
     ttl_ns = int(ttl_s * 1e9)
     with store.begin() as tx:
         now = _now(tx, store)
@@ -96,7 +116,21 @@ def acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | No
 
 def renew(store: Store, lease: Lease, *, ttl_s: float) -> Lease | None:
     """Extend `lease` by `ttl_s` from now if its holder still has it at its epoch and it
-    has not expired; None when it is lost (stop the work it covers)."""
+    has not expired; None when it is lost (stop the work it covers). On an unwritable
+    SQLite store: `lease` as it stands while the store says it is still this holder's."""
+    try:
+        renewed = _renew(store, lease, ttl_s=ttl_s)
+    except StoreUnwritable as exc:
+        if store.backend != "sqlite":
+            raise
+        store.note_unwritable(exc.message)
+        row = _row(store, lease.name)
+        return row if _same(row, lease) else None
+    store.note_writable()
+    return renewed
+
+
+def _renew(store: Store, lease: Lease, *, ttl_s: float) -> Lease | None:
     with store.begin() as tx:
         now = _now(tx, store)
         rows = tx.execute(
@@ -149,6 +183,13 @@ def current(store: Store, *, prefix: str = "") -> list[Lease]:
 
 
 def _held(tx: Transaction, store: Store, lease: Lease, margin_s: float) -> bool:
+    if store.backend == "sqlite" and store.health.state == "unwritable":
+        # Nobody can take it over while nobody can write (see the module docstring).
+        rows = tx.execute(
+            "SELECT name FROM leases WHERE name = ? AND holder = ? AND epoch = ?",
+            (lease.name, lease.holder, lease.epoch),
+        )
+        return bool(rows)
     lock = " FOR SHARE" if store.backend == "postgresql" else ""
     rows = tx.execute(
         f"""SELECT name FROM leases WHERE name = ? AND holder = ? AND epoch = ?
@@ -156,6 +197,15 @@ def _held(tx: Transaction, store: Store, lease: Lease, margin_s: float) -> bool:
         (lease.name, lease.holder, lease.epoch, int(margin_s * 1e9)),
     )
     return bool(rows)
+
+
+def _row(store: Store, name: str) -> Lease | None:
+    rows = store.execute(f"SELECT {_COLUMNS} FROM leases WHERE name = ?", (name,))
+    return Lease.from_row(rows[0]) if rows else None
+
+
+def _same(row: Lease | None, lease: Lease) -> bool:
+    return row is not None and (row.holder, row.epoch) == (lease.holder, lease.epoch)
 
 
 def _now(tx: Transaction, store: Store) -> int:
