@@ -195,6 +195,8 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
     write_fallbacks: list[str | EndpointTable] = msgspec.field(default_factory=list)
     replicas: list[str | EndpointTable] = msgspec.field(default_factory=list)
     slots: list[SlotRange] = msgspec.field(default_factory=list)
+    # A Redis Cluster shard's identity (shard id or node id), written by discovery.
+    shard: NonEmptyStr | None = None
     sentinel: SentinelTable | None = None
     # The cluster (replication tree, estate member) the region belongs to: a probe from it
     # is observed only on regions of the same cluster. Unset: the file is one cluster.
@@ -247,6 +249,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             ),
             replicas=tuple(ep for key, ep in endpoints.items() if key[0] == "replicas"),
             slots=tuple((start, end) for start, end in self.slots),
+            shard=self.shard,
             sentinel=self.sentinel.ref(environ, defaults) if self.sentinel else None,
             agent=str(self.agent) if self.agent else None,
             cluster=self.cluster,
@@ -263,6 +266,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             write_fallbacks=[EndpointTable.of(ep, redact=redact) for ep in region.write_fallbacks],
             replicas=[EndpointTable.of(ep, redact=redact) for ep in region.replicas],
             slots=[SlotRange(s) for s in region.slots],
+            shard=region.shard,
             sentinel=SentinelTable.of(region.sentinel, redact=redact) if region.sentinel else None,
             cluster=region.cluster,
         )

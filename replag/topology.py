@@ -278,6 +278,9 @@ class Region:
     replicas: tuple[Endpoint, ...]
     write_fallbacks: tuple[Endpoint, ...] = ()
     slots: tuple[tuple[int, int], ...] = ()
+    # A Redis Cluster shard's identity (its shard id, or a node id of it): how the probe
+    # finds the shard again after a failover or a reshard.
+    shard: str | None = None
     sentinel: SentinelRef | None = None
     # URL of the region's `replag agent` (http:// or https://), if one runs there.
     agent: str | None = None
@@ -294,6 +297,8 @@ class Region:
             out["write_fallbacks"] = [ep.to_dict() for ep in self.write_fallbacks]
         if self.slots:
             out["slots"] = [list(r) for r in self.slots]
+        if self.shard:
+            out["shard"] = self.shard
         if self.sentinel:
             out["sentinel"] = self.sentinel.to_dict()
         if self.agent:
@@ -368,14 +373,15 @@ class Topology:
         """(region, server) pairs a write through `write` in `source` should reach, and the
         configured replicas left out because they are `write` itself.
 
-        Under Sentinel the configured write endpoint is one server of the set like the
-        others: once demoted by a failover it is a replica, and observed as one.
+        Under Sentinel and in a Redis Cluster shard the configured write endpoint is one
+        server of the set like the others: once demoted by a failover it is a replica, and
+        observed as one.
         """
         out: list[tuple[Region, Endpoint]] = []
         skipped: list[Endpoint] = []
         for region in self.observed_from(source):
             servers = list(region.replicas)
-            if region.sentinel is not None and region.write is not None:
+            if (region.sentinel is not None or region.slots) and region.write is not None:
                 servers.append(region.write)
             for ep in servers:
                 if any(_same_server(ep, seen) for _, seen in out):

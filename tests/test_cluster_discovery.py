@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import redis
 
 from replag.config import load_config
 from replag.discovery.cluster import (
@@ -17,7 +19,8 @@ from replag.discovery.cluster import (
 )
 from replag.errors import DiscoveryError
 from replag.lab.binary import redis_server_version
-from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
+from replag.lab.server import RedisServer
+from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 
@@ -43,7 +46,12 @@ async def test_every_shard_becomes_a_region_and_a_replica_group(
 ) -> None:
     found = await discover_cluster(redis_cluster.url, timeout_s=5)
     regions = found.topology.regions
-    assert [r.name for r in regions] == ["shard-0-5460", "shard-5461-10922", "shard-10923-16383"]
+    # Named by a stable identity (the shard id, else the lowest node id), in slot order.
+    identities = [
+        _identity(primary, replica)
+        for primary, replica in zip(redis_cluster.primaries, redis_cluster.replicas, strict=True)
+    ]
+    assert [(r.name, r.shard) for r in regions] == [(f"shard-{i[:8]}", i) for i in identities]
     for region, primary, replica, slots in zip(
         regions, redis_cluster.primaries, redis_cluster.replicas, redis_cluster.slots, strict=True
     ):
@@ -80,7 +88,9 @@ async def test_cluster_shards_when_the_server_has_it(redis_cluster: RedisCluster
         slots_reply = client.execute_command("CLUSTER", "SLOTS")
     from_shards = parse_cluster_shards(reply, seed_host="127.0.0.1", where="t")
     from_slots = parse_cluster_slots(slots_reply, seed_host="127.0.0.1", where="t")
-    assert sorted(from_shards, key=lambda s: s.slots) == sorted(from_slots, key=lambda s: s.slots)
+    # The same shards; CLUSTER SHARDS may also give each one's id (Valkey 8+, Redis 7.2+).
+    unnamed = [replace(s, shard_id=None) for s in from_shards]
+    assert sorted(unnamed, key=lambda s: s.slots) == sorted(from_slots, key=lambda s: s.slots)
 
 
 def test_cluster_shards_replies_are_parsed() -> None:
@@ -164,3 +174,12 @@ async def test_a_server_without_cluster_support_is_a_clear_error(
     with pytest.raises(DiscoveryError, match="not a Redis Cluster node") as err:
         await discover_cluster(plain.url, timeout_s=5)
     assert err.value.where == plain.url
+
+
+def _identity(primary: RedisServer, replica: RedisServer) -> str:
+    """The shard's id where the server has one (CLUSTER MYSHARDID), else its lowest node id."""
+    with primary.client() as p, replica.client() as r:
+        try:
+            return str(cluster_command(p, "MYSHARDID").decode())
+        except redis.ResponseError:
+            return min(cluster_command(c, "MYID").decode() for c in (p, r))

@@ -2,7 +2,10 @@
 
 Each shard (a primary holding slots, and its replicas) becomes a region that
 probes write to through the primary, with its slot ranges so probe keys land
-there, and a replica group that repair compares.
+there, and a replica group that repair compares. A shard is named by a stable
+identity, not by its slots, so its history survives a failover and a reshard:
+the shard id CLUSTER SHARDS gives (Valkey 8+, Redis 7.2+), else the lowest node
+id among its primary and replicas; `shard-<first 8 hex digits>`.
 """
 
 from __future__ import annotations
@@ -35,11 +38,26 @@ class Shard:
     slots: tuple[tuple[int, int], ...]
     primary: ClusterNode
     replicas: tuple[ClusterNode, ...]
+    shard_id: str | None = None  # CLUSTER SHARDS's `id` (Valkey 8+, Redis 7.2+)
+
+    @property
+    def identity(self) -> str:
+        """What names the shard through failovers and reshards: its shard id, else the
+        lowest node id of its nodes (the same nodes, whichever is primary)."""
+        ids = [n.node_id for n in (self.primary, *self.replicas) if n.node_id]
+        return self.shard_id or min(ids, default=f"{self.primary.host}:{self.primary.port}")
 
     @property
     def name(self) -> str:
-        start, end = self.slots[0]
-        return f"shard-{start}-{end}"
+        return f"shard-{self.identity[:8]}"
+
+    def holds(self, identity: str) -> bool:
+        """Whether `identity` (a shard id or a node id) is this shard's."""
+        return identity in (self.shard_id, *(n.node_id for n in (self.primary, *self.replicas)))
+
+    @property
+    def nodes(self) -> tuple[ClusterNode, ...]:
+        return (self.primary, *self.replicas)
 
 
 def _text(value: Any) -> str:
@@ -94,7 +112,10 @@ def parse_cluster_shards(reply: Any, *, seed_host: str, where: str) -> list[Shar
             continue
         if primary is None:
             raise DiscoveryError(f"shard {i} (slots {slots[0]}…) has no primary", where=where)
-        shards.append(Shard(slots=slots, primary=primary, replicas=tuple(replicas)))
+        shard_id = _text(entry["id"]) if entry.get("id") else None
+        shards.append(
+            Shard(slots=slots, primary=primary, replicas=tuple(replicas), shard_id=shard_id)
+        )
     return shards
 
 
@@ -217,9 +238,21 @@ def cluster_topology(
         for node, ep in zip(shard.replicas, replicas, strict=True):
             health = "" if node.health == "online" else f"; health {node.health} at discovery"
             endpoint_comments[ep.name] = f"replica, cluster node {node.node_id}{health}"
-        regions.append(Region(name=shard.name, write=primary, replicas=replicas, slots=shard.slots))
+        regions.append(
+            Region(
+                name=shard.name,
+                write=primary,
+                replicas=replicas,
+                slots=shard.slots,
+                shard=shard.identity,
+            )
+        )
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
-        comments[shard.name] = f"shard holding slots {ranges} ({len(replicas)} replicas)"
+        named = "shard id" if shard.shard_id else "lowest node id"
+        comments[shard.name] = (
+            f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "
+            "the probe re-reads where it is and which slots it holds"
+        )
         if replicas:
             groups.append(
                 ReplicaGroup(

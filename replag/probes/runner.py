@@ -23,7 +23,16 @@ import hiredis
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import PermissionRefused, ReplagError, TlsError, UnreachableError, UsageError
+from replag.errors import (
+    DiscoveryError,
+    EndpointError,
+    MisconfiguredError,
+    PermissionRefused,
+    ReplagError,
+    TlsError,
+    UnreachableError,
+    UsageError,
+)
 from replag.permissions import require_on
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Arrival, Observer, open_observer
@@ -37,6 +46,7 @@ from replag.store import LagWindow, Store
 from replag.topology import Endpoint, Region
 
 if TYPE_CHECKING:
+    from replag.discovery.cluster_follow import ShardNow
     from replag.probes.remote import RegionWatch
 
 log = logging.getLogger(__name__)
@@ -204,11 +214,17 @@ async def run_probe(
     region = config.topology.region(source) if source else config.topology.default_source()
     if region.write is None:
         raise UsageError(f"region {region.name!r} has no write endpoint to probe from")
+    # A Redis Cluster shard: where its primary is and which slots it holds now.
+    shard = await _follow_shard(config, region, settings, store)
+    region = shard.region if shard is not None else region
     # Through Sentinel where the region has one: the primary may have moved.
     replication = await ProbeReplication.open(
         config, region, settings=settings, store=store, sampler=sampler
     )
     report = _new_report(region, replication.write_endpoint, settings)
+    if shard is not None:
+        report.notes += shard.notes
+        replication.event = replication.event or shard.event
     report.notes += replication.notes
     try:
         if replication.write_endpoint.kind == "dynomite":
@@ -243,6 +259,19 @@ async def run_probe(
         save_report(store, report)
         replication.save(store, region)
     return report
+
+
+async def _follow_shard(
+    config: Config, region: Region, settings: Settings, store: Store | None
+) -> ShardNow | None:
+    """The shard as the cluster has it now, for a Redis Cluster shard's region."""
+    if not (region.slots or region.shard):
+        return None
+    from replag.discovery.cluster_follow import follow_shard
+
+    return await follow_shard(
+        config.topology, region, timeout_s=settings.connect_timeout, store=store
+    )
 
 
 def _new_report(region: Region, write_ep: Endpoint, settings: Settings) -> ProbeReport:
@@ -319,24 +348,49 @@ async def run_probe_all(
     store: Store | None = None,
     progress: ProgressCallback | None = None,
 ) -> ProbeReport:
-    """Probe from every region that has a write endpoint (every shard of a Redis Cluster)."""
-    reports = [
-        await run_probe(
-            config,
-            source=r.name,
-            count=count,
-            rate=rate,
-            mode=mode,
-            timeout_s=timeout_s,
-            store=store,
-            progress=progress,
-        )
-        for r in config.topology.regions
-        if r.write is not None
-    ]
-    if not reports:
+    """Probe from every region that has a write endpoint (every shard of a Redis Cluster).
+
+    A source that cannot be probed (its primary down, its shard not found) is reported
+    in the combined report as unreachable, and the other sources are probed all the
+    same; only when none can be, its error is raised."""
+    sources = [r for r in config.topology.regions if r.write is not None]
+    if not sources:
         raise UsageError("no region has a write endpoint to probe from")
+    reports, errors = [], []
+    for region in sources:
+        try:
+            report = await run_probe(
+                config,
+                source=region.name,
+                count=count,
+                rate=rate,
+                mode=mode,
+                timeout_s=timeout_s,
+                store=store,
+                progress=progress,
+            )
+        except MisconfiguredError:
+            raise  # a configuration error (TLS, not Redis): exit 2 whatever the others do
+        except (EndpointError, DiscoveryError) as exc:
+            errors.append(exc)
+            log.warning("probe from %s failed: %s", region.name, exc)
+            report = _failed_report(region, exc)
+        reports.append(report)
+    if len(errors) == len(sources):
+        raise errors[0]
     return combine_reports(reports)
+
+
+def _failed_report(region: Region, exc: ReplagError) -> ProbeReport:
+    """What a source that could not be probed adds to a combined report."""
+    assert region.write is not None
+    now = time.time_ns()
+    report = ProbeReport(run_id="-", source=region.name, mode="-", started_ns=now, finished_ns=now)
+    report.unreachable.append(
+        {"replica": region.write.name, "region": region.name, "error": f"probe failed: {exc}"}
+    )
+    report.notes.append(f"not probed: {exc}")
+    return report
 
 
 async def _cluster_consistency(settings: Settings, report: ProbeReport) -> None:

@@ -125,14 +125,17 @@ class ProbeReplication:
     def save(self, store: Store, region: Region) -> None:
         if self.snapshot is not None and self.snapshot.primaries:
             history.record_snapshot(store, self.snapshot)
-            if region.sentinel is not None:
+            # Where a failover can move the primary (Sentinel, a Redis Cluster shard): the
+            # primary written to and its offset, so the next failover's bytes lost are known.
+            master = region.sentinel.master if region.sentinel else region.shard or region.name
+            if region.sentinel is not None or region.slots:
                 primary = self.snapshot.primaries[0]
                 if primary.error is None:
                     history.remember_write_primary(
                         store,
                         history.WritePrimary(
                             region=region.name,
-                            master=region.sentinel.master,
+                            master=master,
                             address=self.write_endpoint.in_region().address,
                             replid=primary.replid,
                             offset=primary.offset,

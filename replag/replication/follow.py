@@ -31,7 +31,7 @@ class FailoverEvent:
     """A failover the probe followed: the old and new primary, what was lost, the lag around it."""
 
     source: str
-    master: str
+    master: str  # the Sentinel master's name, or the Redis Cluster shard's identity
     old_primary: str
     new_primary: str
     new_primary_name: str
@@ -42,10 +42,12 @@ class FailoverEvent:
     lag_before_ms: float | None = None
     lag_after_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    kind: str = "sentinel"  # sentinel | cluster: who promoted the new primary
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
+            "kind": self.kind,
             "master": self.master,
             "old_primary": self.old_primary,
             "new_primary": self.new_primary,
@@ -67,8 +69,9 @@ class FailoverEvent:
             for label, value in (("before", self.lag_before_ms), ("after", self.lag_after_ms))
             if value is not None
         )
+        what = f"Sentinel master {self.master}" if self.kind == "sentinel" else "Redis Cluster"
         return (
-            f"FAILOVER: {self.source} (Sentinel master {self.master}): primary "
+            f"FAILOVER: {self.source} ({what}): primary "
             f"{self.old_primary} → {self.new_primary} ({self.new_primary_name}); bytes lost "
             f"{lost}" + (f"; p99 lag {lag}" if lag else "")
         )
@@ -172,8 +175,16 @@ async def resolve_write(
             f"the config names {home(region.write)}"
         )
     if home(endpoint) != known_address:
-        resolution.event = await _event(
-            topology, region, known, known_address, endpoint, info, timeout_s, lag_p99_ms or {}
+        resolution.event = await failover_event(
+            topology,
+            region,
+            master=ref.master,
+            known=known,
+            old_address=known_address,
+            endpoint=endpoint,
+            info=info,
+            timeout_s=timeout_s,
+            lag_p99_ms=lag_p99_ms or {},
         )
     if store is not None:
         remember_write_primary(
@@ -206,20 +217,25 @@ async def _primary_info(endpoint: Endpoint, *, timeout_s: float, why: str) -> Re
     return info
 
 
-async def _event(
+async def failover_event(
     topology: Topology,
     region: Region,
+    *,
+    master: str,
     known: WritePrimary | None,
     old_address: str,
     endpoint: Endpoint,
     info: ReplicationInfo,
     timeout_s: float,
     lag_p99_ms: dict[str, float],
+    kind: str = "sentinel",
 ) -> FailoverEvent:
-    assert region.sentinel is not None
+    """The failover of `region` from `old_address` to `endpoint` (a Sentinel master's, or
+    a Redis Cluster shard's: `master` names it), with the bytes it lost."""
     event = FailoverEvent(
         source=region.name,
-        master=region.sentinel.master,
+        kind=kind,
+        master=master,
         old_primary=old_address,
         new_primary=home(endpoint),
         new_primary_name=endpoint.name,

@@ -57,10 +57,11 @@ class ReplicationState:
         )
 
     def targets(self) -> list[SampleTarget]:
-        """Every primary to sample: a Sentinel region's where the probe last found it."""
+        """Every primary to sample: a Sentinel region's or a Redis Cluster shard's where the
+        probe last found it."""
         regions = []
         for region in self.config.topology.regions:
-            if region.write is not None and region.sentinel is not None:
+            if region.write is not None and (region.sentinel is not None or region.slots):
                 known = replication_history.write_primary(self.store, region.name)
                 if known is not None:
                     host, _, port = known.address.rpartition(":")
