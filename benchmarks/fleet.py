@@ -10,9 +10,13 @@ default schedules (probe every 10 s, 200 probes per region, replication every
 - peak memory: the largest VmHWM among the instances (their peak RSS), MB;
 - store +S MB/h: the store's growth over the window (the SQLite file with its WAL,
   or `pg_database_size`), per hour;
-- matrix p99: `GET /api/v1/lag/matrix` open-loop at `--rate` req/s (100), timed from
-  each request's scheduled send moment (no coordinated omission), spread over the
-  instances;
+- matrix p99: `GET /api/v1/lag/matrix?since=5m` open-loop at `--rate` req/s (100),
+  spread over the instances, on a bounded pool of `--connections` (8) kept-open
+  connections per instance (as a proxy or a dashboard fleet would hold; a client that
+  opens a connection per request when the server is slow measures its own accept
+  queue), timed from each request's scheduled send moment to its answer's last byte,
+  so a request waiting for a free connection counts (no coordinated omission); a
+  failed request counts as 30 s. The line also gives the p50 and the machine's load;
 - with K = 2: the probe units each instance owns at the end (the leases), as a share.
 
 One instance uses the default SQLite store; two share a PostgreSQL the benchmark
@@ -109,27 +113,72 @@ def serving(
                 proc.kill()
 
 
-async def matrix_p99_ms(bases: list[str], *, rate: float, seconds: float) -> float:
-    """p99 from each request's scheduled send moment; a request that failed or took
-    over 30 s counts as 30 s (never dropped)."""
+REQUEST = b"GET /api/v1/lag/matrix?since=5m HTTP/1.1\r\nHost: replag\r\n\r\n"
+FAILED_S = 30.0  # what a failed request counts as (never dropped)
+
+
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One GET of the matrix on a kept-open connection; raise unless it answered 200."""
+    writer.write(REQUEST)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1]
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    if status != b"200":
+        raise OSError(f"HTTP {status.decode()}")
+
+
+async def matrix_latencies(
+    bases: list[str], *, rate: float, seconds: float, connections: int
+) -> list[float]:
+    """Open loop: request i is due at start + i / rate (spread over the instances), whatever
+    the answers before it did; `connections` kept-open connections per instance take the
+    due requests in order. Latency is from the due moment to the last byte of the answer,
+    so time a request waited for a free connection counts (no coordinated omission). A
+    request that failed or took over FAILED_S counts as FAILED_S."""
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        start = time.perf_counter()
+    queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in bases]
 
-        async def one(i: int) -> None:
-            due = start + i / rate
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+    async def worker(base: str, queue: asyncio.Queue[float | None]) -> None:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        while (due := await queue.get()) is not None:
             try:
-                response = await client.get(bases[i % len(bases)] + "/api/v1/lag/matrix?since=5m")
-                response.raise_for_status()
-                latencies.append(time.perf_counter() - due)
-            except httpx.HTTPError:
-                latencies.append(30.0)
+                if conn is None:
+                    conn = await asyncio.open_connection(host, int(port))
+                await asyncio.wait_for(_get(*conn), FAILED_S)
+                latencies.append(min(time.perf_counter() - due, FAILED_S))
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, StopIteration, ValueError):
+                latencies.append(FAILED_S)
+                if conn is not None:
+                    conn[1].close()
+                conn = None
+        if conn is not None:
+            conn[1].close()
 
-        await asyncio.gather(*(one(i) for i in range(int(rate * seconds))))
-    latencies.sort()
-    return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000
+    workers = [
+        asyncio.ensure_future(worker(base, queue))
+        for base, queue in zip(bases, queues, strict=True)
+        for _ in range(connections)
+    ]
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        due = start + i / rate
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        queues[i % len(bases)].put_nowait(due)
+    for queue in queues:
+        for _ in range(connections):
+            queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    return sorted(latencies)
+
+
+def percentile_ms(latencies: list[float], q: float) -> float:
+    return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
 
 
 def probe_share(base: str) -> str:
@@ -157,20 +206,29 @@ def run_case(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres | None)
                 time.sleep(args.warmup)
                 pids = [p.pid for p, _ in procs]
                 size0, cpu0, t0 = store_bytes(store), sum(map(cpu_s, pids)), time.monotonic()
-                p99 = asyncio.run(
-                    matrix_p99_ms([b for _, b in procs], rate=args.rate, seconds=args.api_seconds)
+                load0 = os.getloadavg()[0]
+                latencies = asyncio.run(
+                    matrix_latencies(
+                        [b for _, b in procs],
+                        rate=args.rate,
+                        seconds=args.api_seconds,
+                        connections=args.connections,
+                    )
                 )
+                p99, p50 = percentile_ms(latencies, 0.99), percentile_ms(latencies, 0.5)
                 time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
                 elapsed = time.monotonic() - t0
                 cpu = (sum(map(cpu_s, pids)) - cpu0) / elapsed * 100
                 growth = (store_bytes(store) - size0) / 1e6 / elapsed * 3600
                 peak = max(map(peak_mb, pids))
                 share = f", probe share {probe_share(procs[0][1])}" if k > 1 else ""
+                load = (load0 + os.getloadavg()[0]) / 2
         finally:
             lab_down(workdir / "lab")
     return (
         f"fleet: {n} groups, {k} instances: cpu {cpu:.0f} % of a core, peak memory "
-        f"{peak:.0f} MB, store +{growth:.1f} MB/h, matrix p99 {p99:.1f} ms{share}"
+        f"{peak:.0f} MB, store +{growth:.1f} MB/h, matrix p99 {p99:.1f} ms{share} "
+        f"(p50 {p50:.1f} ms; load average {load:.1f} on {os.cpu_count()} cores)"
     )
 
 
@@ -181,6 +239,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--api-seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument(
+        "--connections", type=int, default=8, help="kept-open connections per instance"
+    )
     args = parser.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
     pg = LocalPostgres().start() if any(k > 1 for _, k in cases) else None

@@ -113,6 +113,30 @@ class _PairWindows:
         return lo, max(lo, hi)
 
 
+@dataclass(slots=True)
+class RangeEdges:
+    """Where a range [since, until) may move and hold the same windows of every pair:
+    `since` within (before, first], `until` within (last, after]."""
+
+    before: float = float("-inf")
+    first: float = float("inf")
+    last: float = float("-inf")
+    after: float = float("inf")
+
+    def cover(self, keys: Sequence[tuple[int, int]], lo: int, hi: int) -> None:
+        if lo > 0:
+            self.before = max(self.before, keys[lo - 1][0])
+        if lo < len(keys):
+            self.first = min(self.first, keys[lo][0])
+        if hi > 0:
+            self.last = max(self.last, keys[hi - 1][0])
+        if hi < len(keys):
+            self.after = min(self.after, keys[hi][0])
+
+    def hold(self, since_ns: int, until_ns: int) -> bool:
+        return self.before < since_ns <= self.first and self.last < until_ns <= self.after
+
+
 class LagIndex:
     """Cached, exact lag summaries over any time range; thread-safe (API calls run in threads)."""
 
@@ -143,6 +167,12 @@ class LagIndex:
         self._unsaved: dict[int, int] = {}
         self._unsaved_generation = 0
         self._next_unsaved_id = -1
+        # Bumped whenever any pair's windows change: an answer built at one generation
+        # stays right, for the same range, until it moves (see `edges`).
+        self.generation = 0
+        # Under the service its schedules pick up new windows (`follow`), so queries never
+        # read the store on the API's event loop.
+        self.followed = False
 
     def refresh(self, *, wait: bool = True) -> None:
         """Pick up windows appended since the last call (by anyone: service, cron probes).
@@ -154,7 +184,10 @@ class LagIndex:
         The store is read without holding the index, so a query never waits behind a
         refresh that waits for the store.
         """
-        if not wait and self.serve_recent and time.monotonic() - self._refreshed < _QUERY_REFRESH_S:
+        if not wait and (
+            self.followed
+            or (self.serve_recent and time.monotonic() - self._refreshed < _QUERY_REFRESH_S)
+        ):
             return
         if not self._refreshing.acquire(blocking=wait):
             return
@@ -192,6 +225,7 @@ class LagIndex:
                     self._recent_ids.add(window_id)
                     if len(self._recent_order) > 4 * _ID_LOOKBACK:
                         self._recent_ids.discard(self._recent_order.popleft())
+                    self.generation += 1
             if self.store.unsaved_generation != self._unsaved_generation:
                 self._follow_unsaved()
         finally:
@@ -215,6 +249,7 @@ class LagIndex:
                 for pair in ((w.source, w.target, None), (w.source, w.target, w.replica)):
                     self._pairs.setdefault(pair, _PairWindows()).add(w.end_ns, window_id)
             self._unsaved_generation = generation
+            self.generation += 1
             if windows:
                 self._answers.clear()
         if gone:
@@ -230,6 +265,7 @@ class LagIndex:
                     self._stats.pop(window_id, None)
             gone = sum(len(ids) for key, ids in dropped.items() if key[2] is None)
             if gone:
+                self.generation += 1
                 self._answers.clear()
             return gone
 
@@ -243,6 +279,7 @@ class LagIndex:
             for window_id in gone:
                 self._stats.pop(window_id, None)
             if dropped:
+                self.generation += 1
                 self._answers.clear()
             return dropped
 
@@ -392,6 +429,26 @@ class LagIndex:
                     key=lambda kw: kw[0][:2],
                 )
             )
+
+    def edges(
+        self, *, since_ns: int | None, until_ns: int | None
+    ) -> tuple[int, tuple[tuple[str, str, int, int, int], ...], RangeEdges]:
+        """(generation, signature, edges): the signature of the range and how far its ends
+        may move with the same windows in it (an answer built now stays right while the
+        generation is the same and the range is within the edges)."""
+        self.refresh(wait=False)
+        with self._lock:
+            generation = self.generation
+            pairs = sorted(
+                ((k, w) for k, w in self._pairs.items() if k[2] is None), key=lambda kw: kw[0][:2]
+            )
+            signature = []
+            edges = RangeEdges()
+            for (source, target, _), windows in pairs:
+                lo, hi = windows.span(since_ns, until_ns)
+                signature.append((source, target, windows.generation, lo, hi))
+                edges.cover(windows.keys, lo, hi)
+        return generation, tuple(signature), edges
 
     def answer(self, key: Hashable, compute: Callable[[], _T], *, may_compute: bool = True) -> _T:
         """The cached value for `key`, else `compute()` (or NotCached if not `may_compute`).

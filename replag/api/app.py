@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
 from replag import __version__
-from replag.api import auth, dynomite, lag, replication, routes
+from replag.api import auth, dynomite, lag, matrix, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
 from replag.service import ReplagService
@@ -79,6 +79,7 @@ def create_app(
     readers = [Depends(auth.reader)]
     app.include_router(routes.router, dependencies=readers)
     app.include_router(lag.router, dependencies=readers)
+    app.include_router(matrix.router, dependencies=readers)
     app.include_router(dynomite.router, dependencies=readers)
     app.include_router(replication.router, dependencies=readers)
 

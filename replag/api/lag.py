@@ -27,13 +27,12 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour, worst
 from replag.api import models
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
 from replag.errors import NotFound
-from replag.lagindex import LagIndex, LagSummary, NotCached
+from replag.lagindex import LagIndex, NotCached
 from replag.service import ReplagService
 
 router = APIRouter(prefix="/api/v1")
@@ -171,87 +170,6 @@ async def lag(
         },
         body,
     )
-
-
-@router.get("/lag/matrix", response_model=models.Matrix)
-async def lag_matrix(svc: Service, since: Time = None) -> Response:
-    """Region × region p50/p99/loss since `since` (default 15m), each cell with its colour
-    (the worse of p99 and loss against the rules covering that pair) and bands;
-    `replication`: per (source, target) the latest worst bytes behind, least backlog
-    headroom and links down of the target's replicas."""
-    span = TimeRange.parse(since, None, now_ns=time.time_ns(), default_since_s=900)
-    signature = svc.index.signature(since_ns=span.since_ns, until_ns=span.until_ns)
-
-    def build() -> bytes:
-        replicas = _replicas_of(svc)
-        cells = []
-        for source, target, _, lo, hi in signature:
-            if hi <= lo:
-                continue
-            s = svc.index.summary(source, target, since_ns=span.since_ns, until_ns=span.until_ns)
-            per_replica = [
-                _cell(svc, summary, replica=r)
-                for r in replicas.get((source, target), [])
-                if (
-                    summary := svc.index.summary(
-                        source, target, since_ns=span.since_ns, until_ns=span.until_ns, replica=r
-                    )
-                ).sent
-            ]
-            cell = _cell(svc, s, replica=None)
-            # A region is never greener than its worst replica: one silent rack of three
-            # loses a third of the probes, and is red all the same.
-            cell["colour"] = worst([cell["colour"], *(r["colour"] for r in per_replica)])
-            cells.append({**cell, "replicas": per_replica})
-        return _members(
-            {
-                "regions": _regions(svc),
-                "cells": cells,
-                "thresholds_ms": lag_bands_ms(svc.config).to_dict(),
-                "loss_thresholds": loss_bands(svc.config).to_dict(),
-            }
-        )
-
-    body, fresh = await _cached(svc.index, ("matrix", since, signature), ("matrix", since), build)
-    # Replication state changes apart from the lag windows: cells at most one
-    # replication_interval old (older ones are rebuilt here, from the latest samples).
-    replication = svc.recent_replication_cells()
-    if replication is None:
-        replication = await run_in_threadpool(svc.replication_cells)
-    head = {
-        "since_ns": span.since_ns,
-        "until_ns": span.until_ns,
-        "fresh": fresh and svc.index.load_error is None,
-        **_index_error(svc),
-        "replication": replication,
-    }
-    return _json(head, body)
-
-
-def _cell(svc: ReplagService, s: LagSummary, *, replica: str | None) -> dict[str, Any]:
-    """One matrix cell (a pair, or one replica of it) with its colour and bands."""
-    out: dict[str, Any] = {"source": s.source, "target": s.target}
-    if replica is not None:
-        out["replica"] = replica
-    return {
-        **out,
-        "p50_ms": s.lag_ms["p50"],
-        "p99_ms": s.lag_ms["p99"],
-        "max_ms": s.lag_ms["max"],
-        "sent": s.sent,
-        "seen": s.seen,
-        "lost": s.lost,
-        "loss_ratio": round(s.loss_ratio, 6),
-        **pair_colour(
-            svc.config,
-            s.source,
-            s.target,
-            p99_ms=s.lag_ms["p99"],
-            sent=s.sent,
-            lost=s.lost,
-            replica=replica,
-        ),
-    }
 
 
 @router.get("/lag/series", response_model=models.Series, responses=errors(404))

@@ -48,6 +48,10 @@ from replag.store.leases import instance_id
 
 log = logging.getLogger("replag.service")
 
+# How often the service picks up new lag windows for the API (a probe round's windows
+# are picked up at its end too, by the alert evaluation).
+INDEX_FOLLOW_S = 0.25
+
 
 class ReplagService:
     def __init__(
@@ -63,6 +67,7 @@ class ReplagService:
         of the garbage collector's passes (see `replag.heap`); `replag serve` sets it."""
         self.config = config
         self.settings = config.settings
+        self.config_version = 0  # raised by every reload (answers cached per configuration)
         self._freeze_heap = freeze_heap
         self.store = store or Store(config.settings.store)
         self._own_store = store is None
@@ -175,6 +180,8 @@ class ReplagService:
         # Decode the last day of windows off the event loop, before the dashboard asks.
         day_ago = time.time_ns() - 86_400 * 10**9
         self.scheduler.spawn("index-warmup", self._warm_index(since_ns=day_ago))
+        self.scheduler.spawn("index-follow", self._follow_index())
+        self.index.followed = True
         self.scheduler.start()
         log.info(
             "service started: probing %s every %gs, checking %d groups every %gs, "
@@ -197,6 +204,16 @@ class ReplagService:
         if self._freeze_heap:
             freeze_long_lived("index warm-up")
 
+    async def _follow_index(self) -> None:
+        """Pick up new windows (this instance's and others') every INDEX_FOLLOW_S, in a
+        thread: the API's queries then never read the store on its event loop."""
+        while True:
+            try:
+                await asyncio.to_thread(self.index.refresh)
+            except ReplagError as exc:  # named by health and the lag API (load_error)
+                log.debug("lag index refresh: %s", exc)
+            await asyncio.sleep(INDEX_FOLLOW_S)
+
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""
         if self._schedules is not None:
@@ -208,6 +225,7 @@ class ReplagService:
             if background is not None:
                 await background.stop()
         self._schedules = self._jobs_loop = None
+        self.index.followed = False
         self.job_runner.loop = self.replication.rebuild_on = None
         if self.keeper is not None:  # others take over at once, not after the lease time
             await asyncio.to_thread(self.keeper.release_all)
