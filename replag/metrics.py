@@ -15,6 +15,7 @@ primary, per replica (labels source, primary, region, replica) and per primary.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -114,6 +115,10 @@ class ReplicationCollector(Collector):
         self._rpo: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._resyncs: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._failovers: dict[str, int] = {}
+        # Whether this process exports the replication state: under leases, only while it
+        # holds the replication unit (`ReplicationSampling` sets it), so every instance
+        # can be scraped and nothing is exported twice.
+        self.exported = True
 
     def expect(self, plan: Iterable[tuple[str, str, Sequence[tuple[str, str]]]]) -> None:
         """(source, primary, [(region, replica), …]) whose series exist from now on."""
@@ -153,7 +158,8 @@ class ReplicationCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = _ReplicationFamilies(self.REPLICA, self.PRIMARY)
-        for (source, primary), replicas in sorted(self._expected.items()):
+        expected = self._expected.items() if self.exported else ()
+        for (source, primary), replicas in sorted(expected):
             state = self._latest.get((source, primary))
             states = {r.replica: r for r in state.replicas} if state else {}
             for region, replica in replicas:
@@ -415,6 +421,16 @@ class ServiceMetrics:
         self.unreachable.labels(source).set(unreachable)
         self.probe_runs.labels(source, "ok").inc()
         self.last_success.labels("probe", source).set(finished_s)
+
+    def forget_probe_gauges(self, source: str) -> None:
+        """Stop exporting `source`'s probe gauges (another instance probes from it now);
+        its counters stay: they count what this process did."""
+        for gauge, labels in (
+            (self.unreachable, (source,)),
+            (self.last_success, ("probe", source)),
+        ):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
 
     def _labels(self, source: str, target: str, replica: str) -> tuple[str, str, str, str]:
         rack = self._racks.get((source, target, replica))

@@ -8,7 +8,7 @@ replicas, groups and primaries whose source is one of them). An unknown name is 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query
 
@@ -50,3 +50,26 @@ def group_clusters(topology: Topology) -> dict[str, str | None]:
         names = {of_region.get(m.region or "") for m in group.members} - {None}
         out[group.name] = next(iter(names)) if len(names) == 1 else None
     return out
+
+
+def scope(config: Config, cluster: str | None) -> dict[str, Any]:
+    """The members every filtered answer carries: the filter and the clusters known."""
+    return {"cluster": cluster, "clusters": cluster_names(config.topology)}
+
+
+def keeps(regions: frozenset[str] | None, source: object) -> bool:
+    """Whether an item of `source` (a region name; None: not of any region) stays."""
+    return regions is None or source is None or source in regions
+
+
+def alert_kept(config: Config, cluster: str | None, labels: dict[str, Any]) -> bool:
+    """An alert stays when its `source` is one of the cluster's regions, or its `group`
+    one of its groups (alerts of neither, a store's, stay)."""
+    regions = cluster_regions(config, cluster)
+    if regions is None:
+        return True
+    if "source" in labels:
+        return labels["source"] in regions
+    if "group" in labels:
+        return group_clusters(config.topology).get(labels["group"]) == cluster
+    return True

@@ -28,6 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from replag.api import models
+from replag.api.clusters import Cluster, cluster_regions, scope
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
@@ -128,9 +129,12 @@ async def lag(
     replica: Replica = None,
     since: Time = None,
     until: Time = None,
+    cluster: Cluster = None,
 ) -> Response:
     """Merged percentiles, count and loss per (source, target) over the range (default 15m),
-    each with `replicas`: the same figures per replica (`replica` keeps that one only)."""
+    each with `replicas`: the same figures per replica (`replica` keeps that one only);
+    `cluster` keeps the pairs whose source is one of that cluster's regions."""
+    regions = cluster_regions(svc.config, cluster)
     _check_region(svc, source, param="source")
     _check_region(svc, target, param="target")
     _check_replica(svc, replica)
@@ -140,7 +144,10 @@ async def lag(
     chosen = [
         (s, t, [r for r in replicas.get((s, t), []) if replica in (None, r)])
         for s, t, _, lo, hi in signature
-        if hi > lo and source in (None, s) and target in (None, t)
+        if hi > lo
+        and source in (None, s)
+        and target in (None, t)
+        and (regions is None or s in regions)
     ]
 
     def build() -> bytes:
@@ -159,7 +166,7 @@ async def lag(
             pairs.append({**pair.to_dict(), "replicas": per_replica})
         return _members({"pairs": pairs})
 
-    family = ("lag", source, target, replica, since, until)
+    family = ("lag", source, target, replica, since, until, cluster)
     body, fresh = await _cached(svc.index, (*family, signature), family, build)
     return _json(
         {
@@ -167,6 +174,7 @@ async def lag(
             "until_ns": span.until_ns,
             "fresh": fresh and svc.index.load_error is None,
             **_index_error(svc),
+            **scope(svc.config, cluster),
         },
         body,
     )

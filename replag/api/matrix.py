@@ -28,7 +28,7 @@ from fastapi.responses import Response
 
 from replag.alerts.thresholds import lag_bands_ms, loss_bands, pair_colour, worst
 from replag.api import models
-from replag.api.clusters import Cluster, cluster_regions
+from replag.api.clusters import Cluster, cluster_regions, scope
 from replag.api.errors import errors
 from replag.api.params import Time, TimeRange
 from replag.api.routes import Service
@@ -156,6 +156,7 @@ async def lag_matrix(svc: Service, since: Time = None, cluster: Cluster = None) 
         "until_ns": span.until_ns,
         "fresh": fresh and index.load_error is None,
         **({} if index.load_error is None else {"error": index.load_error}),
+        **scope(config, cluster),
     }
     text = b"".join(
         (

@@ -21,6 +21,15 @@ class Open(BaseModel):
 # --- health, topology ---------------------------------------------------------------
 
 
+class Scoped(Open):
+    cluster: str | None = Field(
+        default=None, description="the `cluster` filter applied (None: every cluster)"
+    )
+    clusters: list[str] = Field(
+        default=[], description="every cluster the configuration's regions name"
+    )
+
+
 class HealthProblem(Open):
     kind: str = Field(description="probe_error, stale, unreachable, not_replicating, loss, alerts")
     severity: str
@@ -67,7 +76,7 @@ class ProbeHealth(Open):
     error: str | None = None
 
 
-class Health(Open):
+class Health(Scoped):
     version: str
     status: str = Field(description="ok, degraded or failing")
     problems: list[HealthProblem]
@@ -189,7 +198,7 @@ class AlertRule(Open):
     severity: str | None = None
 
 
-class Alerts(Open):
+class Alerts(Scoped):
     active: list[ActiveAlert]
     history: list[AlertEvent]
     sinks: list[SinkStatus]
@@ -257,7 +266,7 @@ class PrimaryReplication(Open):
     failover: dict[str, Any] | None = Field(default=None, description="RPO per replica")
 
 
-class Replication(Open):
+class Replication(Scoped):
     interval_s: float
     primaries: list[PrimaryReplication]
     failovers: list[dict[str, Any]]
@@ -317,7 +326,7 @@ class Ranged(Open):
     fresh: bool = Field(description="false: a previous answer, while a new one is computed")
 
 
-class Lag(Ranged):
+class Lag(Ranged, Scoped):
     pairs: list[LagPair]
 
 
@@ -358,7 +367,7 @@ class MatrixCell(Open):
     replicas: list[MatrixReplica] = Field(default=[], description="each replica's own cell")
 
 
-class Matrix(Ranged):
+class Matrix(Ranged, Scoped):
     replication: list[dict[str, Any]]
     regions: list[str]
     cells: list[MatrixCell]

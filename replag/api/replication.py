@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from replag.api import models
+from replag.api.clusters import Cluster, cluster_regions, keeps, scope
 from replag.api.errors import errors
 from replag.api.params import Step, Time, TimeRange
 from replag.api.routes import Service
@@ -18,13 +19,19 @@ from replag.replication import history
 router = APIRouter(prefix="/api/v1")
 
 
-@router.get("/replication", response_model=models.Replication)
-def replication(svc: Service) -> dict[str, Any]:
+@router.get("/replication", response_model=models.Replication, responses=errors(404))
+def replication(svc: Service, cluster: Cluster = None) -> dict[str, Any]:
     """Per primary (region or shard): offset, write rate, backlog, resyncs, read skew, and
     per replica: bytes behind (± the bytes written while reading), link, backlog headroom;
     `failover`: the replicas ranked by what a failover to each would lose now (RPO bytes
-    and seconds) and the safest; `failovers`: Sentinel failovers followed in the last day."""
-    return svc.replication_status()
+    and seconds) and the safest; `failovers`: Sentinel failovers followed in the last day.
+    `cluster` keeps the primaries (and failovers) of that cluster's regions."""
+    regions = cluster_regions(svc.config, cluster)
+    out = {**svc.replication_status(), **scope(svc.config, cluster)}
+    if regions is not None:
+        out["primaries"] = [p for p in out["primaries"] if keeps(regions, p["source"])]
+        out["failovers"] = [f for f in out["failovers"] if keeps(regions, f.get("source"))]
+    return out
 
 
 @router.get("/replication/series", response_model=models.ReplicationSeries, responses=errors(404))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from replag import __version__
 from replag.api import models
 from replag.api.auth import Caller, caller_with, log_change
+from replag.api.clusters import Cluster, alert_kept, cluster_regions, keeps, scope
 from replag.api.errors import errors
 from replag.repair import count_runs, get_run, list_runs
 from replag.service import ReplagService
@@ -32,10 +33,22 @@ async def service(request: Request) -> ReplagService:
 Service = Annotated[ReplagService, Depends(service)]
 
 
-@router.get("/health", response_model=models.Health)
-def health(svc: Service) -> dict[str, Any]:
-    """Liveness and the last probe outcome of every source."""
-    return {"version": __version__, **svc.health()}
+@router.get("/health", response_model=models.Health, responses=errors(404))
+def health(svc: Service, cluster: Cluster = None) -> dict[str, Any]:
+    """Liveness and the last probe outcome of every source; `cluster` keeps the problems,
+    pairs and probes of that cluster's regions (and the problems of no region)."""
+    config = svc.config
+    regions = cluster_regions(config, cluster)
+    out = {"version": __version__, **svc.health(), **scope(config, cluster)}
+    if regions is not None:
+        out["problems"] = [p for p in out["problems"] if keeps(regions, p.get("source"))]
+        out["pairs"] = [p for p in out["pairs"] if keeps(regions, p["source"])]
+        out["probes"] = {k: v for k, v in out["probes"].items() if k in regions}
+        if any(p["severity"] == "critical" for p in out["problems"]):
+            out["status"] = "failing"
+        else:
+            out["status"] = "degraded" if out["problems"] else "ok"
+    return out
 
 
 @router.get("/topology", response_model=models.TopologyOut)
@@ -138,12 +151,24 @@ async def start_repair(
     return job.to_dict()
 
 
-@router.get("/alerts", response_model=models.Alerts)
-def alerts(svc: Service, history: Annotated[int, Query(ge=0, le=1000)] = 50) -> dict[str, Any]:
-    """Active alerts, recent state changes, and each sink's last delivery status."""
+@router.get("/alerts", response_model=models.Alerts, responses=errors(404))
+def alerts(
+    svc: Service,
+    history: Annotated[int, Query(ge=0, le=1000)] = 50,
+    cluster: Cluster = None,
+) -> dict[str, Any]:
+    """Active alerts, recent state changes, and each sink's last delivery status; `cluster`
+    keeps the alerts whose source region or group is that cluster's."""
+    config = svc.config
+    cluster_regions(config, cluster)  # 404 on an unknown cluster
     return {
-        "active": svc.alert_book.active(),
-        "history": svc.alert_book.history(limit=history),
+        "active": [a for a in svc.alert_book.active() if alert_kept(config, cluster, a["labels"])],
+        "history": [
+            a
+            for a in svc.alert_book.history(limit=history)
+            if alert_kept(config, cluster, a["labels"])
+        ],
         "sinks": svc.sender.statuses(),
-        "rules": [r.to_dict() for r in svc.config.alerts.rules],
+        "rules": [r.to_dict() for r in config.alerts.rules],
+        **scope(config, cluster),
     }

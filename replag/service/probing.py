@@ -125,6 +125,10 @@ class ProbeRound:
         )
         return report
 
+    def disown(self) -> None:
+        """Another instance probes from this source now: its gauges are that one's."""
+        self.metrics.forget_probe_gauges(self.source)
+
     def _log_silent_replicas(self, report: ProbeReport) -> None:
         """Log when a replica starts and stops losing every probe (reachable, not replicating)."""
         for pair in report.pairs:

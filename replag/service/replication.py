@@ -247,7 +247,12 @@ class ReplicationSampling:
             if primary.error:
                 log.warning("replication of %s: %s", primary.source, primary.error)
         self.state.observe(snapshot)
+        self.state.metrics.replication.exported = True
         await self.evaluate_alerts()
+
+    def disown(self) -> None:
+        """Another instance samples now: the replication series are exported there."""
+        self.state.metrics.replication.exported = False
 
     async def close(self) -> None:
         await self.sampler.close()

@@ -116,6 +116,7 @@ class Scheduler:
             fence = keeper.fence(unit.name)
             if fence is not None and keeper.over_share():
                 await asyncio.to_thread(keeper.release, unit.name)  # between rounds only
+                _disown(unit)
                 held = len(keeper.held_names())
                 log.info("%s: given up to share the work (%d held)", unit.name, held)
                 await self._sleep(retry_s)
@@ -123,9 +124,7 @@ class Scheduler:
             if fence is None:
                 if keeper.held(unit.name) is not None:
                     keeper.forget(unit.name)
-                    disown = getattr(unit, "disown", None)
-                    if disown is not None:
-                        disown()
+                    _disown(unit)
                 if keeper.may_take_more():
                     try:
                         fence = await asyncio.to_thread(keeper.try_acquire, unit.name)
@@ -177,3 +176,11 @@ class Scheduler:
             # with its traceback and try again next round.
             self.counters["crashed rounds"] += 1
             log.exception("%s failed; retrying next round", unit.name)
+
+
+def _disown(unit: ScheduledUnit) -> None:
+    """This instance stopped running `unit`: it stops exporting what the unit measured
+    (its gauges), so /metrics scraped on every instance counts each thing once."""
+    disown = getattr(unit, "disown", None)
+    if disown is not None:
+        disown()

@@ -25,7 +25,7 @@ from replag.alerts.verdict import replication_health, with_store_problems
 from replag.background import BackgroundLoop
 from replag.config import Config
 from replag.errors import ReplagError
-from replag.heap import freeze_long_lived
+from replag.heap import FullPassWatch, freeze_long_lived
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
@@ -51,6 +51,7 @@ log = logging.getLogger("replag.service")
 # How often the service picks up new lag windows for the API (a probe round's windows
 # are picked up at its end too, by the alert evaluation).
 INDEX_FOLLOW_S = 0.25
+HEAP_CHECK_S = 5.0  # how often a slow full garbage collection is looked for (replag.heap)
 
 
 class ReplagService:
@@ -171,6 +172,8 @@ class ReplagService:
             units=sum(u.claim == "lease" for u in units),
         )
         self.scheduler.keeper = self.alerts.keeper = self.replication.keeper = self.keeper
+        # The replication series are the sampling unit's owner's (see ReplicationCollector).
+        self.metrics.replication.exported = False
         self.scheduler.slots = SlotClaims(self.store, holder=self.instance)
         self.job_runner.table = JobTable(self.store, holder=self.instance)
         self._schedules = BackgroundLoop("replag-schedules").start()
@@ -181,6 +184,8 @@ class ReplagService:
         day_ago = time.time_ns() - 86_400 * 10**9
         self.scheduler.spawn("index-warmup", self._warm_index(since_ns=day_ago))
         self.scheduler.spawn("index-follow", self._follow_index())
+        if self._freeze_heap:
+            self.scheduler.spawn("heap", self._keep_full_passes_short())
         self.index.followed = True
         self.scheduler.start()
         log.info(
@@ -213,6 +218,15 @@ class ReplagService:
             except ReplagError as exc:  # named by health and the lag API (load_error)
                 log.debug("lag index refresh: %s", exc)
             await asyncio.sleep(INDEX_FOLLOW_S)
+
+    async def _keep_full_passes_short(self) -> None:
+        watch = FullPassWatch()
+        try:
+            while True:
+                await asyncio.sleep(HEAP_CHECK_S)
+                watch.freeze_if_slow()
+        finally:
+            watch.close()
 
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""
