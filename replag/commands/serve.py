@@ -82,8 +82,12 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
-    if not _is_loopback(host) and not config.settings.api_token:
-        log.warning("binding %s without api_token: data-changing API calls stay refused", host)
+    if not _is_loopback(host) and not config.api_tokens:
+        log.warning(
+            "binding %s without an API token (api_token or [[api_tokens]]): data-changing "
+            "API calls stay refused",
+            host,
+        )
     # Bind before the app exists: uvicorn would start the schedulers (probing, writing
     # to the store) and only then find the port taken.
     sock = listen(host, port)
