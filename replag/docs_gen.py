@@ -51,12 +51,16 @@ def settings_page() -> str:
 def _commands(
     command: click.Command, path: list[str], parent: click.Context | None
 ) -> Iterator[tuple[list[str], click.Command, click.Context]]:
+    # The command's own context settings (`-h` beside `--help`), as when it runs: click
+    # keeps the help option it first made on the command, so the page must not depend on
+    # whether the command ran before in this process.
     ctx = click.Context(
         command,
         info_name=path[-1],
         parent=parent,
         terminal_width=WIDTH,
         max_content_width=WIDTH,
+        **{k: v for k, v in command.context_settings.items() if k == "help_option_names"},
     )
     yield path, command, ctx
     if isinstance(command, click.Group):
