@@ -26,7 +26,7 @@ from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.lab.server import RedisServer
 from replag.probes.keys import hash_tag_for, key_slot
-from replag.probes.runner import run_probe_all
+from replag.probes.runner import ProbeProgress, run_probe, run_probe_all
 from replag.replication import history
 from replag.store import Store
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
@@ -128,6 +128,22 @@ async def test_a_reshard_keeps_the_shards_names_and_history(
     assert rediscovered.topology.regions[0].slots != first_region.slots
     for name in names:  # one window per replica per run, all under the same name
         assert windows_of(store_path, name) == 2
+
+    # The slot moves again while a run writes: the refused writes say so, once.
+    now_slot = key_slot(hash_tag_for(rediscovered.topology.regions[0].slots).encode())
+    moved: list[int] = []
+
+    def move_mid_run(progress: ProbeProgress) -> None:
+        if progress.phase == "writing" and progress.done == 5 and not moved:
+            moved.append(now_slot)
+            move_slots(cluster, now_slot, now_slot, cluster.primaries[2])
+
+    with Store(store_path) as store:
+        mid = await run_probe(
+            config, source=first_region.name, store=store, progress=move_mid_run, **PROBE
+        )
+    assert moved and mid.write_errors > 0
+    assert any("slot moved during the run (MOVED/ASK)" in n for n in mid.notes), mid.notes
 
 
 async def test_a_killed_shard_primary_is_followed_and_the_others_probed_throughout(

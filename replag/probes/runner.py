@@ -567,6 +567,13 @@ async def _write_keys(
             writer.endpoint.name,
             reply,
         )
+    if any(r.startswith(("MOVED ", "ASK ")) for r in refused):
+        # The slot moved while the run wrote (a reshard under way): the next run re-reads
+        # CLUSTER SHARDS and writes into a slot the shard holds then.
+        report.notes.append(
+            "the probe keys' slot moved during the run (MOVED/ASK): the next run re-reads "
+            "the cluster's shards"
+        )
     return writes
 
 
