@@ -33,6 +33,7 @@ from replag.api import auth, dynomite, lag, matrix, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
 from replag.service import ReplagService
+from replag.service.reload import ConfigReloader
 from replag.store import Store
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,17 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reloader = None
         if run_schedulers:
             await svc.start()
+            if svc.config.path is not None:  # SIGHUP or a change of the file reloads it
+                reloader = ConfigReloader(svc, svc.config.path)
+                reloader.start()
         try:
             yield
         finally:
+            if reloader is not None:
+                await reloader.stop()
             await svc.stop()
 
     app = FastAPI(

@@ -16,7 +16,7 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.errors import UsageError
-from replag.heap import freeze_long_lived
+from replag.heap import freeze_long_lived, tune_for_service
 
 log = logging.getLogger("replag.serve")
 uvicorn_log = logging.getLogger("uvicorn.error")
@@ -100,6 +100,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
         # The modules and the app live as long as the process: out of the collector's
         # passes from here on (the service freezes again once its index is warm).
         freeze_long_lived("start-up")
+        tune_for_service()
         server = CleanExitServer(
             uvicorn.Config(
                 app,

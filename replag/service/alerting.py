@@ -66,6 +66,13 @@ class AlertEvaluation:
             on_delivered=self._delivered,
         )
 
+    def reconfigure(self, config: Config) -> None:
+        """Evaluate `config`'s rules and send to its sinks from the next evaluation on (the
+        alert state, in the store, carries on)."""
+        self.config = config
+        self.interval_s = config.settings.probe_interval
+        self.sender.sinks = tuple(config.alerts.sinks)
+
     async def run(self, fence: Fence | None = None) -> None:
         await self.evaluate(fence)
 

@@ -30,6 +30,7 @@ from replag.repair.exclusive import lease_name
 from replag.repair.policy import parse_policy
 from replag.service.job_table import JobTable
 from replag.service.scheduler import Claim
+from replag.settings import Settings
 from replag.store import Store, leases
 from replag.store.leases import instance_id
 
@@ -73,14 +74,12 @@ class RepairJob:
 class JobRunner:
     """Starts, tracks and waits for checks and repairs; `loop` is set while the service runs."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        store: Store,
-        metrics: ServiceMetrics,
-        counters: Counter[str],
-    ) -> None:
+    config: Config
+    job_config: Config
+    settings: Settings
+
+    def configure(self, config: Config) -> None:
+        """Jobs started from now on run under `config` (at start, and on a reload)."""
         self.config = config
         # The service's checks and repairs share the host (and the servers) with the API,
         # the probes and the replicas' clients: they read at service_scan_rate.
@@ -91,6 +90,16 @@ class JobRunner:
             ),
         )
         self.settings = config.settings
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store,
+        metrics: ServiceMetrics,
+        counters: Counter[str],
+    ) -> None:
+        self.configure(config)
         self.store = store
         self.metrics = metrics
         self.counters = counters

@@ -75,6 +75,8 @@ class Scheduler:
         self.keeper = keeper
         self.slots = slots
         self.tasks: list[asyncio.Task[None]] = []
+        # Each unit's task while it runs, by the unit's name (see `replace`).
+        self._running: dict[str, tuple[ScheduledUnit, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
 
     def start(self) -> None:
@@ -82,12 +84,38 @@ class Scheduler:
         if self.keeper is not None:
             self.spawn("leases", self._keep_leases(self.keeper))
         for unit in self.units:
+            self._start_unit(unit)
+
+    def _start_unit(self, unit: ScheduledUnit) -> None:
+        if self.keeper is not None and unit.claim == "lease":
+            self.spawn(unit.name, self._leased(unit, self.keeper))
+        elif self.slots is not None and unit.claim == "slot":
+            self.spawn(unit.name, self._per_slot(unit, self.slots))
+        else:
+            self.spawn(unit.name, self._every(unit))
+        self._running[unit.name] = (unit, self.tasks[-1])
+
+    async def replace(self, units: Sequence[ScheduledUnit]) -> None:
+        """Run `units` from now on (on the loop `start` ran on): a unit kept (the same
+        object) runs on undisturbed; one gone or replaced is cancelled, its lease released
+        and its gauges dropped; a new one starts."""
+        wanted = {u.name: u for u in units}
+        for name, (unit, task) in list(self._running.items()):
+            if wanted.get(name) is unit:
+                continue
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.tasks.remove(task)
+            del self._running[name]
             if self.keeper is not None and unit.claim == "lease":
-                self.spawn(unit.name, self._leased(unit, self.keeper))
-            elif self.slots is not None and unit.claim == "slot":
-                self.spawn(unit.name, self._per_slot(unit, self.slots))
-            else:
-                self.spawn(unit.name, self._every(unit))
+                await asyncio.to_thread(self.keeper.release, name)
+            _disown(unit)
+        self.units = list(units)
+        if self.keeper is not None:
+            self.keeper.units = sum(u.claim == "lease" for u in units)
+        for unit in units:
+            if unit.name not in self._running:
+                self._start_unit(unit)
 
     def spawn(self, name: str, coro: Awaitable[Any]) -> None:
         """Run `coro` as a named task of this scheduler (cancelled by the loop's stop)."""
@@ -96,6 +124,11 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def clear(self) -> None:
+        """Forget the tasks (the loop they ran on has ended)."""
+        self.tasks.clear()
+        self._running.clear()
 
     async def _sleep(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):

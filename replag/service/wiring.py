@@ -39,12 +39,14 @@ from replag.service.job_table import JobTable
 from replag.service.jobs import JobAction, JobRunner, OrphanAdoption, RepairJob
 from replag.service.leasing import INSTANCE_PREFIX, LeaseKeeper
 from replag.service.probing import ProbeFunction, ProbeRound
+from replag.service.reload import probe_unchanged
 from replag.service.replication import ReplicationSampling, ReplicationState
 from replag.service.retention import RetentionRound
 from replag.service.scheduler import ScheduledUnit, Scheduler
 from replag.service.slots import SlotClaims
 from replag.store import Store, leases
 from replag.store.leases import instance_id
+from replag.topology import Region
 
 log = logging.getLogger("replag.service")
 
@@ -96,18 +98,9 @@ class ReplagService:
         )
         self.replication = ReplicationState(config, store=self.store, metrics=self.metrics)
         evaluate = self.alerts.after_round
+        self._probe = probe or run_probe
         self.probe_rounds = [
-            ProbeRound(
-                config,
-                source=region.name,
-                write_name=region.write.name,
-                probe=probe or run_probe,
-                replication=self.replication,
-                evaluate_alerts=evaluate,
-                store=self.store,
-                metrics=self.metrics,
-                counters=self.counters,
-            )
+            self._probe_round(config, region)
             for region in config.topology.regions
             if region.write is not None
         ]
@@ -122,12 +115,7 @@ class ReplagService:
             counters=self.counters,
         )
         self._check_turns = asyncio.Semaphore(1)
-        self.checks = [
-            ScheduledCheck(
-                g.name, jobs=self.job_runner, turns=self._check_turns, evaluate_alerts=evaluate
-            )
-            for g in config.topology.groups
-        ]
+        self.checks = [self._check(g.name) for g in config.topology.groups]
         self.retention = RetentionRound(
             self.settings, store=self.store, index=self.index, alert_book=self.alerts.book
         )
@@ -138,6 +126,57 @@ class ReplagService:
         # scheduled units (with alert evaluation and delivery), and the checks and repairs.
         self._schedules: BackgroundLoop | None = None
         self._jobs_loop: BackgroundLoop | None = None
+
+    def _probe_round(self, config: Config, region: Region) -> ProbeRound:
+        assert region.write is not None
+        return ProbeRound(
+            config,
+            source=region.name,
+            write_name=region.write.name,
+            probe=self._probe,
+            replication=self.replication,
+            evaluate_alerts=self.alerts.after_round,
+            store=self.store,
+            metrics=self.metrics,
+            counters=self.counters,
+        )
+
+    def _check(self, group: str) -> ScheduledCheck:
+        return ScheduledCheck(
+            group,
+            jobs=self.job_runner,
+            turns=self._check_turns,
+            evaluate_alerts=self.alerts.after_round,
+        )
+
+    async def apply_config(self, new: Config) -> None:
+        """Run under `new` from now on (`replag.service.reload` decides it may): the units
+        whose part of the configuration did not change run on undisturbed, the others
+        stop, restart or start; what was measured and the alert state carry on."""
+        old = self.config
+        kept = {u.source: u for u in self.probe_rounds if probe_unchanged(old, new, u.source)}
+        same_checks = old.settings.check_interval == new.settings.check_interval
+        checks = {c.group: c for c in self.checks} if same_checks else {}
+        self.config, self.settings = new, new.settings
+        self.config_version += 1
+        self.job_runner.configure(new)
+        self.replication.config, self.replication.settings = new, new.settings
+        self.replication_sampling.interval_s = new.settings.replication_interval
+        self.dynomite.config, self.dynomite.settings = new, new.settings
+        self.dynomite.interval_s = new.settings.probe_interval
+        self.alerts.reconfigure(new)
+        self.retention.settings = new.settings
+        self.probe_rounds = [
+            kept.get(r.name) or self._probe_round(new, r)
+            for r in new.topology.regions
+            if r.write is not None
+        ]
+        self.checks = [checks.get(g.name) or self._check(g.name) for g in new.topology.groups]
+        units = self.units()
+        if self._schedules is not None:
+            await self._schedules.run(self.scheduler.replace(units))
+        else:
+            self.scheduler.units = units
 
     def units(self) -> list[ScheduledUnit]:
         """Every unit this service's configuration calls for."""
@@ -247,7 +286,7 @@ class ReplagService:
             self.job_runner.table = None
             self.replication.keeper = None
         await self.job_runner.cancel_local()
-        self.scheduler.tasks.clear()
+        self.scheduler.clear()
         await self._close_clients()
         if self._own_store:
             self.store.close()
