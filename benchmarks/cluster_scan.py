@@ -8,8 +8,9 @@ the node: Redis 7.2+ and Valkey keep one table per slot and SCAN walks them in
 order, so a batch of 1,000 keys holds few slots where each holds many keys
 (Valkey 9, 50,000 keys on one node: about 310 slots a batch); older servers
 hash every key into one table, and a batch holds about one key per slot. This
-measured which way replag's scan takes (per key); the third way below is what
-replag's scan sends, from its own code.
+measured which way replag's scan takes: one MGET per slot where a batch spans
+one or two slots (SCAN walking dense slots in order), else a GET per key; the
+third way below is what replag's scan sends, from its own code.
 
 A cluster of one primary (every slot) and one replica is loaded with N keys of
 100 bytes (with `--tags T`, spread over T hash tags: T slots, as dense as the

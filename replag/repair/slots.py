@@ -6,8 +6,8 @@ A group's slots may move while it is checked (a reshard, a failover elsewhere):
 or importing, from `CLUSTER NODES` on each member, at the start and the end;
 the slots that were not the group's throughout, and those of keys a member
 answered MOVED or ASK for, are named as not compared (`not_compared`), and
-nothing found in them is reported. (`slot_groups` serves the benchmark that
-measured one MGET per slot against a GET per key for scans: see `scan`.)
+nothing found in them is reported. `slot_groups` gives a scan batch's keys by
+slot, for one MGET per slot where SCAN walks dense slots in order (see `scan`).
 """
 
 from __future__ import annotations
