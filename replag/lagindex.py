@@ -13,6 +13,7 @@ figures are the same as `replag.store.summarize` gives (a test checks it).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 import time
 from collections import OrderedDict, deque
@@ -336,6 +337,9 @@ class LagIndex:
         """Merged percentiles of the windows ending within [since_ns, until_ns): the pair's
         (every replica's windows), or one `replica`'s."""
         self.refresh(wait=False)
+        if replica is not None and self._sole_replica(source, target, replica):
+            whole = self.summary(source, target, since_ns=since_ns, until_ns=until_ns)
+            return dataclasses.replace(whole, replica=replica)
         with self._lock:
             pair = self._pairs.get((source, target, replica), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)
@@ -347,6 +351,14 @@ class LagIndex:
             return summarize_stats(parts, source=source, target=target, replica=replica)
 
         return self._answer(key, compute)
+
+    def _sole_replica(self, source: str, target: str, replica: str) -> bool:
+        """Whether every window of the pair is this replica's (a region of one replica):
+        its figures are then the pair's, computed (and cached) once."""
+        with self._lock:
+            pair = self._pairs.get((source, target, None))
+            own = self._pairs.get((source, target, replica))
+            return pair is not None and own is not None and len(own.keys) == len(pair.keys)
 
     def series(
         self,
@@ -361,6 +373,11 @@ class LagIndex:
         """(bucket start, summary) per epoch-aligned step-long bucket holding a window's end,
         of the pair (every replica) or of one `replica`."""
         self.refresh(wait=False)
+        if replica is not None and self._sole_replica(source, target, replica):
+            whole = self.series(
+                source, target, since_ns=since_ns, until_ns=until_ns, step_ns=step_ns
+            )
+            return [(start, dataclasses.replace(s, replica=replica)) for start, s in whole]
         with self._lock:
             pair = self._pairs.get((source, target, replica), _PairWindows())
             lo, hi = pair.span(since_ns, until_ns)

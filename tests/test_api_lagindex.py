@@ -52,6 +52,39 @@ def test_index_summaries_equal_store_summaries(tmp_path: Path) -> None:
     assert [start for start, _ in series] == [0, 500, 1000, 1500, 2000, 2500]
     assert sum(s.sent for _, s in series) == 300 * 100
     assert index.hits >= 5
+    # Per replica, over any range: exactly the replica's own windows merged.
+    for replica in ("b0", "b1"):
+        for since, until in ranges:
+            stored = store.windows(
+                source="a", target="b", replica=replica, since_ns=since, until_ns=until
+            )
+            expected = summarize(stored, source="a", target="b", replica=replica)
+            got = index.summary("a", "b", since_ns=since, until_ns=until, replica=replica)
+            assert got == expected
+        own = index.series("a", "b", since_ns=0, until_ns=3000, step_ns=500, replica=replica)
+        assert sum(s.sent for _, s in own) == 150 * 100 and {s.replica for _, s in own} == {replica}
+    assert index.replicas() == [("a", "b", "b0"), ("a", "b", "b1")]
+
+
+def test_a_region_of_one_replica_is_computed_once_for_both(tmp_path: Path) -> None:
+    """A pair whose every window is one replica's: the replica's figures are the pair's
+    (the same answer, labelled with the replica), not a second merge."""
+    store = Store(tmp_path / "s.sqlite")
+    windows = []
+    for i in range(10):
+        w = LagWindow(run_id="r", source="a", target="b", replica="b-1", start_ns=i,
+                      end_ns=i + 1, sent=10, seen=10, lost=0)  # fmt: skip
+        w.lag.record_us(1000 + i)
+        windows.append(w)
+    store.append_windows(windows)
+    index = LagIndex(store)
+    pair = index.summary("a", "b")
+    misses = index.misses
+    replica = index.summary("a", "b", replica="b-1")
+    assert index.misses == misses  # answered from the pair's cached summary
+    assert replica.replica == "b-1" and replica.sent == pair.sent == 100
+    assert replica.lag_ms == pair.lag_ms
+    assert replica == summarize(windows, source="a", target="b", replica="b-1")
 
 
 async def test_a_slow_recomputation_serves_the_recent_answer_marked_not_fresh(
