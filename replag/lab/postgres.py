@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from replag.errors import LabError
 from replag.lab.server import free_port
@@ -234,3 +236,66 @@ def _link_tree(source: Path, target: Path) -> None:
 
 def _world_traversable(path: Path) -> bool:
     return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents])
+
+
+def lab_postgres(lab_dir: Path) -> tuple[str, dict[str, Any]]:
+    """Start a PostgreSQL for the lab in `lab_dir` with a database `replag`; return its
+    URL and the process to list in lab.json (`lab down` stops it and removes its files).
+
+    Its files live in a directory of their own under /tmp (as root the server runs as
+    `nobody`, who must reach them), named in the lab's `postgres.dir`."""
+    pg = LocalPostgres().start()
+    try:
+        url = pg.create_database("replag")
+    except BaseException:
+        pg.destroy()
+        raise
+    assert pg.process is not None
+    (lab_dir / "postgres.dir").write_text(f"{pg.workdir}\n")
+    process = {
+        "name": "postgres",
+        "pid": pg.process.pid,
+        "port": pg.port,
+        "region": None,
+        "role": "store",
+        "kind": "postgres",
+    }
+    (lab_dir / "postgres.pid").write_text(f"{pg.process.pid}\n")
+    return url, process
+
+
+def stop_lab_postgres(lab_dir: Path, pid: int | None) -> None:
+    """Fast shutdown (SIGINT) of the lab's PostgreSQL (`pid`, None when it is gone), then
+    remove its files."""
+    if pid is not None:
+        _stop_server(pid)
+    (lab_dir / "postgres.pid").unlink(missing_ok=True)
+    marker = lab_dir / "postgres.dir"
+    if marker.exists():
+        shutil.rmtree(marker.read_text().strip(), ignore_errors=True)
+        marker.unlink()
+
+
+def _stop_server(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def set_store(topology: Path, url: str) -> None:
+    """Write `store = url` into the [settings] table of the lab's topology.toml."""
+    lines = topology.read_text().splitlines()
+    entry = f"store = {json.dumps(url)}"
+    if "[settings]" in lines:
+        at = lines.index("[settings]") + 1
+        lines = [ln for ln in lines if not ln.startswith("store = ")]
+        lines.insert(at, entry)
+    else:
+        lines = ["[settings]", entry, "", *lines]
+    topology.write_text("\n".join(lines) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 # What the process's command line must show before `lab down` signals its pid.
-ProcessKind = Literal["redis-server", "relay", "sentinel", "agent"]
+ProcessKind = Literal["redis-server", "relay", "sentinel", "agent", "postgres"]
 
 
 @dataclass(frozen=True, kw_only=True)
