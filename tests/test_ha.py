@@ -153,100 +153,6 @@ def fleet(tmp_path: Path) -> Iterator[list[Instance]]:
         inst.stop()
 
 
-def start(fleet: list[Instance], config: Path, tmp_path: Path, n: int) -> None:
-    for _ in range(n):
-        fleet.append(Instance(config, tmp_path, f"serve-{len(fleet)}"))
-    wait_until(
-        lambda: all((h := i.health()) is not None and len(h["instances"]) == n for i in fleet),
-        f"{n} instances see each other",
-        timeout_s=90,
-        every_s=0.3,
-    )
-
-
-def test_three_instances_share_one_store_and_a_killed_owner_is_replaced(
-    lab_factory: LabFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
-) -> None:
-    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={"eu-west": 5})
-    start(fleet, write_config(lab, tmp_path, ha_store), tmp_path, 3)
-    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
-    # Every instance answers with the same instances and owners.
-    views = [sorted(map(json.dumps, i.health()["instances"])) for i in fleet]  # type: ignore[index]
-    owned = [u for entry in fleet[0].health()["instances"] for u in entry["owns"]]  # type: ignore[index]
-    assert len(owned) == len(set(owned))  # no unit has two owners
-    wait_until(lambda: len(probe_starts(ha_store, "us-east")) >= 5, "probe runs", timeout_s=60)
-    assert len({tuple(v) for v in views}) >= 1
-    victim = owner_of(fleet, "probe:us-east")
-    assert victim is not None
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.proc.wait()
-    killed_ns = time.time_ns()
-    survivors = [i for i in fleet if i is not victim]
-    wait_until(
-        lambda: any(s > killed_ns for s in probe_starts(ha_store, "us-east")),
-        "another instance probes us-east",
-        timeout_s=4 * LEASE_S + 30,
-        every_s=0.3,
-    )
-    new_owner = owner_of(survivors, "probe:us-east")
-    assert new_owner is not None and new_owner is not victim
-    starts = probe_starts(ha_store, "us-east")
-    longest_gap_s = max(b - a for a, b in itertools.pairwise(starts)) / 1e9
-    assert longest_gap_s <= 2 * LEASE_S, f"lag series gap of {longest_gap_s:.1f}s"
-    # The dead instance's lease on itself expires: health no longer names it.
-    wait_until(
-        lambda: all(
-            str(victim.pid) not in json.dumps(s.health()["instances"])  # type: ignore[index]
-            for s in survivors
-        ),
-        "the dead instance leaves the list",
-        timeout_s=4 * LEASE_S,
-        every_s=0.5,
-    )
-
-
-def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
-    lab_factory: LabFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
-) -> None:
-    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
-    # Long probe runs (2 s of writes): the pause most likely lands between two writes.
-    config = write_config(lab, tmp_path, ha_store)
-    data = tomllib.loads(config.read_text())
-    data["settings"].update(count=40, rate=20)
-    config.write_text(tomli_w.dumps(data))
-    start(fleet, config, tmp_path, 2)
-    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
-    paused = owner_of(fleet, "probe:us-east")
-    assert paused is not None
-    other = next(i for i in fleet if i is not paused)
-    wait_until(lambda: probe_runs_counted(paused, "us-east") >= 1, "a first run", timeout_s=60)
-    time.sleep(0.5)  # inside the next run's writes
-    before = probe_runs_counted(paused, "us-east")
-    paused.proc.send_signal(signal.SIGSTOP)
-    stopped_ns = time.time_ns()
-    try:
-        wait_until(
-            lambda: any(s > stopped_ns for s in probe_starts(ha_store, "us-east")),
-            "the other instance takes over",
-            timeout_s=4 * LEASE_S + 30,
-            every_s=0.3,
-        )
-        assert owner_of([other], "probe:us-east") is other
-    finally:
-        paused.proc.send_signal(signal.SIGCONT)
-    resumed_ns = time.time_ns()
-    wait_until(lambda: paused.health() is not None, "the paused instance answers again")
-    time.sleep(LEASE_S / 2)  # its loops wake and find their fences gone
-    # The run it was in when paused neither wrote on nor stored its results.
-    assert probe_runs_counted(paused, "us-east") == before
-    log = paused.log()
-    assert "no longer held" in log or "lease lost" in log, log[-3000:]
-    # Every run stored since the resume is the new owner's (one run at a time).
-    starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
-    assert all(b > a for a, b in itertools.pairwise(starts))
-    assert owner_of([paused, other], "probe:us-east") is other
-
-
 class _Receiver(ThreadingHTTPServer):
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -292,13 +198,81 @@ def receiver() -> Iterator[_Receiver]:
     server.server_close()
 
 
-def test_a_partition_notifies_once_and_resolves_once_across_a_failover(
+def start(fleet: list[Instance], config: Path, tmp_path: Path, n: int) -> None:
+    """Start `n` more instances; return once every live one sees them all."""
+    for _ in range(n):
+        fleet.append(Instance(config, tmp_path, f"serve-{len(fleet)}"))
+    live = [i for i in fleet if i.proc.poll() is None]
+    wait_until(
+        lambda: all((h := i.health()) is not None and len(h["instances"]) == len(live)
+                    for i in live),
+        f"{len(live)} instances see each other",
+        timeout_s=90,
+        every_s=0.3,
+    )  # fmt: skip
+
+
+def kill(inst: Instance) -> int:
+    inst.proc.send_signal(signal.SIGKILL)
+    inst.proc.wait()
+    return time.time_ns()
+
+
+# Gauges exported by the owner of a unit only: (metric name prefix, the unit it is of).
+UNIT_GAUGES = {
+    "replag_unreachable_replicas{": lambda labels: f"probe:{labels['source']}",
+    "replag_replication_link_up{": lambda labels: "replication",
+}
+
+
+def _labels(series: str) -> dict[str, str]:
+    inner = series[series.index("{") + 1 : series.rindex("}")]
+    return dict(part.split("=", 1) for part in inner.replace('"', "").split(",") if part)
+
+
+def gauges_follow_leases(instances: list[Instance]) -> bool:
+    """Every unit's gauges are exported by its owner and by no other instance, and at most
+    one instance (the evaluator) says alerts are firing: /metrics scraped on every
+    instance and summed counts each thing once."""
+    live = [i for i in instances if i.proc.poll() is None]
+    health = live[0].health()
+    if health is None:
+        return False
+    owners = {
+        unit: int(entry["instance"].split(":")[1])
+        for entry in health["instances"]
+        for unit in entry["owns"]
+    }
+    exported: set[str] = set()
+    firing_on = 0
+    for inst in live:
+        text = httpx.get(inst.base + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("replag_alerts_firing "):
+                firing_on += float(line.rsplit(" ", 1)[1]) > 0
+            for prefix, unit_of in UNIT_GAUGES.items():
+                if line.startswith(prefix):
+                    unit = unit_of(_labels(line.rsplit(" ", 1)[0]))
+                    if owners.get(unit) != inst.pid:
+                        return False  # exported by an instance that does not own it
+                    exported.add(unit)
+    expected = {u for u in owners if u.startswith("probe:") or u == "replication"}
+    return expected <= exported and firing_on <= 1
+
+
+@pytest.mark.timeout(420)  # four scenarios on one set of instances
+def test_three_instances_share_the_work_and_survive_kills_and_a_postgresql_restart(
     lab_factory: LabFactory,
     ha_store: str,
+    postgres_server: LocalPostgres,
     tmp_path: Path,
     fleet: list[Instance],
     receiver: _Receiver,
 ) -> None:
+    """One lab and one set of instances for what needs several running: sharing (each
+    unit one owner, its gauges on that owner only), a partition that notifies once and
+    resolves once across a SIGKILL of the evaluator, a SIGKILLed probe owner replaced
+    within 2 x lease_time with no longer gap, and PostgreSQL restarted under them."""
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
     alerts = {
         "repeat_interval": "1h",
@@ -307,7 +281,16 @@ def test_a_partition_notifies_once_and_resolves_once_across_a_failover(
         "sinks": [{"name": "hook", "kind": "webhook",
                    "url": f"http://127.0.0.1:{receiver.server_address[1]}/"}],
     }  # fmt: skip
-    start(fleet, write_config(lab, tmp_path, ha_store, alerts=alerts), tmp_path, 2)
+    config = write_config(lab, tmp_path, ha_store, alerts=alerts)
+    start(fleet, config, tmp_path, 3)
+
+    # Sharing: every unit has one owner; its gauges are exported there only.
+    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
+    owned = [u for entry in fleet[0].health()["instances"] for u in entry["owns"]]  # type: ignore[index]
+    assert len(owned) == len(set(owned))
+    wait_until(lambda: gauges_follow_leases(fleet), "gauges on the owners only", timeout_s=60)
+
+    # A partition: one firing, one resolved, across a SIGKILL of the evaluating instance.
     wait_until(lambda: owner_of(fleet, "alerts") is not None, "an evaluator", timeout_s=60)
     lab_fault(Path(lab["dir"]), "eu-west", "partition")
     wait_until(lambda: receiver.statuses("eu-west-lost") == ["firing"], "firing", timeout_s=90)
@@ -318,12 +301,11 @@ def test_a_partition_notifies_once_and_resolves_once_across_a_failover(
         )
     evaluator = owner_of(fleet, "alerts")
     assert evaluator is not None
-    evaluator.proc.send_signal(signal.SIGKILL)
-    evaluator.proc.wait()
-    survivor = next(i for i in fleet if i is not evaluator)
+    kill(evaluator)
+    survivors = [i for i in fleet if i.proc.poll() is None]
     wait_until(
-        lambda: owner_of([survivor], "alerts") is survivor,
-        "the survivor evaluates",
+        lambda: owner_of(survivors, "alerts") in survivors,
+        "a survivor evaluates",
         timeout_s=4 * LEASE_S + 30,
         every_s=0.5,
     )
@@ -334,25 +316,27 @@ def test_a_partition_notifies_once_and_resolves_once_across_a_failover(
         timeout_s=90,
         every_s=0.3,
     )
-    time.sleep(2 * 0.3 + 1)  # a few more evaluations: nothing is sent again
-    # One notification per decision: the partition's firing and its resolution once each
-    # (a replica catching up after the heal may lose probes again: a new episode, with a
-    # start of its own, is not a repeat).
-    sent = receiver.decisions("eu-west-lost")
-    assert len(sent) == len(set(sent)), sent
-    assert receiver.statuses("eu-west-lost")[:2] == ["firing", "resolved"]
 
+    # The owner of a region's probe killed: another probes it within 2 x lease_time.
+    wait_until(lambda: len(probe_starts(ha_store, "us-east")) >= 5, "probe runs", timeout_s=60)
+    victim = owner_of(survivors, "probe:us-east")
+    assert victim is not None
+    killed_ns = kill(victim)
+    wait_until(
+        lambda: any(s > killed_ns for s in probe_starts(ha_store, "us-east")),
+        "another instance probes us-east",
+        timeout_s=4 * LEASE_S + 30,
+        every_s=0.3,
+    )
+    starts = probe_starts(ha_store, "us-east")
+    longest_gap_s = max(b - a for a, b in itertools.pairwise(starts)) / 1e9
+    assert longest_gap_s <= 2 * LEASE_S, f"lag series gap of {longest_gap_s:.1f}s"
+    # The dead instances leave the list; a new one joins (two run from here on).
+    start(fleet, config, tmp_path, 1)
+    assert all(str(victim.pid) not in json.dumps(i.health()["instances"])  # type: ignore[index]
+               for i in fleet if i.proc.poll() is None)  # fmt: skip
 
-def test_postgresql_restarted_under_running_instances(
-    lab_factory: LabFactory,
-    postgres_server: LocalPostgres,
-    ha_store: str,
-    tmp_path: Path,
-    fleet: list[Instance],
-) -> None:
-    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
-    start(fleet, write_config(lab, tmp_path, ha_store), tmp_path, 2)
-    wait_until(lambda: len(probe_starts(ha_store, "us-east")) >= 3, "probe runs", timeout_s=60)
+    # PostgreSQL restarted under the two running instances: they go on, nothing is lost.
     before = probe_starts(ha_store, "us-east")
     postgres_server.restart()
     restarted_ns = time.time_ns()
@@ -362,10 +346,57 @@ def test_postgresql_restarted_under_running_instances(
         timeout_s=90,
         every_s=0.5,
     )
-    after = probe_starts(ha_store, "us-east")
-    assert set(before) <= set(after)  # nothing written before the restart was lost
-    assert all(i.proc.poll() is None for i in fleet)
-    assert all(i.health() is not None for i in fleet)
+    assert set(before) <= set(probe_starts(ha_store, "us-east"))
+    assert all(i.health() is not None for i in fleet if i.proc.poll() is None)
+    # Nothing was sent twice: the partition's firing and resolution once each (a replica
+    # catching up after the heal may lose probes again: a new episode, with a start of
+    # its own, is not a repeat).
+    sent = receiver.decisions("eu-west-lost")
+    assert len(sent) == len(set(sent)), sent
+
+
+def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
+    lab_factory: LabFactory, ha_store: str, tmp_path: Path, fleet: list[Instance]
+) -> None:
+    lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
+    # Long probe runs (2 s of writes): the pause most likely lands between two writes.
+    config = write_config(lab, tmp_path, ha_store)
+    data = tomllib.loads(config.read_text())
+    data["settings"].update(count=40, rate=20)
+    config.write_text(tomli_w.dumps(data))
+    start(fleet, config, tmp_path, 2)
+    wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
+    paused = owner_of(fleet, "probe:us-east")
+    assert paused is not None
+    other = next(i for i in fleet if i is not paused)
+    wait_until(lambda: probe_runs_counted(paused, "us-east") >= 1, "a first run", timeout_s=60)
+    time.sleep(0.5)  # inside the next run's writes
+    before = probe_runs_counted(paused, "us-east")
+    paused.proc.send_signal(signal.SIGSTOP)
+    stopped_ns = time.time_ns()
+    try:
+        wait_until(
+            lambda: any(s > stopped_ns for s in probe_starts(ha_store, "us-east")),
+            "the other instance takes over",
+            timeout_s=4 * LEASE_S + 30,
+            every_s=0.3,
+        )
+        assert owner_of([other], "probe:us-east") is other
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    resumed_ns = time.time_ns()
+    wait_until(lambda: paused.health() is not None, "the paused instance answers again")
+    time.sleep(LEASE_S / 2)  # its loops wake and find their fences gone
+    # The run it was in when paused neither wrote on nor stored its results.
+    assert probe_runs_counted(paused, "us-east") == before
+    log = paused.log()
+    assert "no longer held" in log or "lease lost" in log, log[-3000:]
+    # Every run stored since the resume is the new owner's (one run at a time).
+    starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
+    assert all(b > a for a, b in itertools.pairwise(starts))
+    assert owner_of([paused, other], "probe:us-east") is other
+    # What it lost it no longer exports: each gauge is on its unit's owner only.
+    wait_until(lambda: gauges_follow_leases(fleet), "gauges follow the leases", timeout_s=60)
 
 
 def test_a_repair_whose_instance_is_killed_is_resumed_by_another(

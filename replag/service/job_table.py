@@ -57,6 +57,15 @@ class JobTable:
             (state, finished_ns, divergent, error, job_id, self.holder),
         )
 
+    def give_back(self, orphan: OrphanJob) -> None:
+        """Undo `claim_orphan` (the job could not start yet): an orphan again, claimed
+        again at the next look, by this instance or another."""
+        self.store.execute(
+            """UPDATE service_jobs SET owner = ?, resumed = resumed - 1
+               WHERE id = ? AND owner = ? AND state = 'running'""",
+            (orphan.previous_owner, orphan.id, self.holder),
+        )
+
     def claim_orphan(self) -> OrphanJob | None:
         """Take one running job whose owner died; None when there is none."""
         lock = " FOR UPDATE SKIP LOCKED" if self.store.backend == "postgresql" else ""

@@ -343,6 +343,18 @@ class OrphanAdoption:
         orphan = await asyncio.to_thread(table.claim_orphan)
         if orphan is None:
             return
+        action: JobAction = "repair" if orphan.action == "repair" else "check"
+        options = {} if orphan.run_id else orphan.options
+        try:
+            job = self.jobs.start(
+                action, orphan.group, job_id=orphan.id, resume=orphan.run_id, **options
+            )
+        except JobConflict as exc:
+            # The dead instance's lease on the group outlives its instance lease by up to
+            # a renewal: give the job back and claim it again once that lease expires.
+            await asyncio.to_thread(table.give_back, orphan)
+            log.info("job %s of a dead instance waits for its group: %s", orphan.id, exc)
+            return
         log.warning(
             "job %s (%s of %s) was %s's, which died: resuming %s",
             orphan.id,
@@ -352,9 +364,4 @@ class OrphanAdoption:
             f"run {orphan.run_id} from its checkpoint" if orphan.run_id else "it from the start",
         )
         self.jobs.counters["jobs resumed"] += 1
-        action: JobAction = "repair" if orphan.action == "repair" else "check"
-        options = {} if orphan.run_id else orphan.options
-        job = self.jobs.start(
-            action, orphan.group, job_id=orphan.id, resume=orphan.run_id, **options
-        )
         await self.jobs.wait(job.id)
