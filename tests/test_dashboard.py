@@ -54,7 +54,11 @@ def dynomite_dashboard_url(tmp_path: Path) -> Iterator[str]:
     yield from serve_dashboard(tmp_path, f"dynomite_stats_urls = {json.dumps(urls)}\n")
 
 
-def serve_dashboard(tmp_path: Path, settings: str = "", rules: str = "") -> Iterator[str]:
+def serve_dashboard(
+    tmp_path: Path, settings: str = "", rules: str = "", clusters: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`clusters`: region → the cluster it names (none without)."""
+    clusters = clusters or {}
     store = Store(tmp_path / "s.sqlite")
     add_windows(store, pairs=[("us-east", "us-west", 35.0), ("us-east", "eu-west", 160.0),
                               ("us-west", "eu-west", 520.0)], minutes=90)  # fmt: skip
@@ -64,6 +68,7 @@ def serve_dashboard(tmp_path: Path, settings: str = "", rules: str = "") -> Iter
         f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n{settings}\n'
         '[[alerts.rules]]\nname = "slow"\nkind = "lag_p99"\nthreshold = "100ms"\n' + rules
         + "".join(f'[[regions]]\nname = "{r}"\nreplicas = ["redis://127.0.0.1:{i + 1}"]\n'
+                  + (f'cluster = "{clusters[r]}"\n' if r in clusters else "")
                   for i, r in enumerate(("us-east", "us-west", "eu-west")))
     )  # fmt: skip
     port = free_port()
@@ -119,6 +124,23 @@ def test_matrix_and_charts_render_with_data(dashboard_url: str, tmp_path: Path) 
     assert shot.stat().st_size > 20_000
     if os.environ.get("REPLAG_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPLAG_SCREENSHOT"])
+
+
+def test_a_cluster_picker_when_regions_name_several_clusters(tmp_path: Path) -> None:
+    """Regions of two clusters: the picker lists them; ?cluster=west keeps west's sources."""
+    clusters = {"us-east": "east", "us-west": "west", "eu-west": "west"}
+    served = serve_dashboard(tmp_path, clusters=clusters)
+    url = next(served)
+    try:
+        dom = chromium(tmp_path, "--dump-dom", url + "?cluster=west")
+    finally:
+        served.close()
+    assert 'data-loaded="true"' in dom
+    picker = re.search(r'<select id="cluster"[^>]*>(.*?)</select>', dom)
+    assert picker is not None and "hidden" not in picker.group(0).split(">")[0]
+    assert re.findall(r'<option value="([^"]*)"', picker.group(1)) == ["", "east", "west"]
+    sources = set(re.findall(r'class="cell sev-\w+" data-source="([^"]+)"', dom))
+    assert sources == {"us-west"}
 
 
 def test_charts_span_the_range_picked(dashboard_url: str, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
 const RANGE_STEP = { "15m": "10s", "1h": "30s", "6h": "2m", "24h": "6m", "7d": "42m" };
 const REPAIRS_PER_PAGE = 10;
-const state = { range: "1h", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map(), replication: new Map() };
+const state = { range: "1h", cluster: "", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map(), replication: new Map() };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -655,11 +655,14 @@ async function drawReplication(data) {
 
 async function refresh() {
   try {
+    const only = state.cluster ? `cluster=${encodeURIComponent(state.cluster)}` : "";
     const [matrix, health, alerts, repairs, dynomite, replication] = await Promise.all([
-      getJSON(`/api/v1/lag/matrix?since=${state.range}`), getJSON("/api/v1/health"),
-      getJSON("/api/v1/alerts"), getJSON(repairsUrl()), getJSON("/api/v1/dynomite"),
-      getJSON("/api/v1/replication"),
+      getJSON(`/api/v1/lag/matrix?since=${state.range}${only ? `&${only}` : ""}`),
+      getJSON(`/api/v1/health${only ? `?${only}` : ""}`),
+      getJSON(`/api/v1/alerts${only ? `?${only}` : ""}`), getJSON(repairsUrl()), getJSON("/api/v1/dynomite"),
+      getJSON(`/api/v1/replication${only ? `?${only}` : ""}`),
     ]);
+    drawClusters(matrix.clusters || []);
     drawStatus(health);
     drawMatrix(matrix);
     drawAlerts(alerts);
@@ -677,6 +680,29 @@ async function refresh() {
   }
 }
 
+// A picker when the configuration names several clusters (one service, an estate).
+function drawClusters(clusters) {
+  const picker = document.getElementById("cluster");
+  picker.hidden = clusters.length < 2;
+  const names = ["", ...clusters];
+  if (picker.options.length !== names.length || names.some((n, i) => picker.options[i].value !== n)) {
+    picker.replaceChildren(...names.map((n) => el("option", { value: n }, n || "all clusters")));
+  }
+  picker.value = state.cluster;
+}
+
+function shareView() {
+  const query = new URLSearchParams({ range: state.range });
+  if (state.cluster) query.set("cluster", state.cluster);
+  history.replaceState(null, "", `?${query}`);
+}
+
+document.getElementById("cluster").addEventListener("change", (event) => {
+  state.cluster = event.target.value;
+  shareView();
+  refresh();
+});
+
 function selectRange(range) {
   state.range = range;
   for (const b of document.querySelectorAll("#range button")) b.classList.toggle("active", b.dataset.range === range);
@@ -685,8 +711,8 @@ function selectRange(range) {
 for (const button of document.querySelectorAll("#range button")) {
   button.addEventListener("click", () => {
     selectRange(button.dataset.range);
-    // Shareable: the range lives in the URL (?range=6h).
-    history.replaceState(null, "", `?range=${encodeURIComponent(state.range)}`);
+    // Shareable: the range (and the cluster) live in the URL (?range=6h&cluster=eu).
+    shareView();
     refresh();
   });
 }
@@ -694,6 +720,7 @@ for (const button of document.querySelectorAll("#range button")) {
 // its few minutes of data are not squeezed into the corner of an hour.
 async function start() {
   const wanted = new URLSearchParams(location.search).get("range");
+  state.cluster = new URLSearchParams(location.search).get("cluster") || "";
   if (wanted && RANGES[wanted]) selectRange(wanted);
   else {
     try {
