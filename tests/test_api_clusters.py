@@ -41,7 +41,7 @@ async def test_each_endpoint_keeps_the_clusters_regions(client: httpx.AsyncClien
     assert everything["cluster"] is None and everything["clusters"] == ["c-a", "c-b"]
     assert {c["source"] for c in everything["cells"]} == {"a", "b"}
 
-    matrix = (await client.get("/api/v1/lag/matrix", params={"since": "1h", "cluster": "c-b"}))
+    matrix = await client.get("/api/v1/lag/matrix", params={"since": "1h", "cluster": "c-b"})
     body = matrix.json()
     assert body["cluster"] == "c-b" and body["regions"] == ["b"]
     assert [(c["source"], c["colour"]) for c in body["cells"]] == [("b", "warning")]
@@ -67,3 +67,25 @@ async def test_an_unknown_cluster_is_a_404_naming_the_known_ones(
         answer = await client.get(path, params={"cluster": "nope"})
         assert answer.status_code == 404, path
         assert answer.json()["detail"] == "cluster: unknown cluster 'nope' (known: c-a, c-b)"
+
+
+def test_a_matrix_answer_holds_while_its_range_keeps_the_same_windows(tmp_path: Path) -> None:
+    """What makes the matrix's kept answer current (`LagIndex.edges`): the same generation,
+    and a range whose ends have crossed no window's end."""
+    from replag.lagindex import LagIndex
+
+    store = Store(tmp_path / "s.sqlite")
+    minute = 60 * 10**9
+    end = 1_800_000_000 * 10**9
+    add_windows(store, pairs=[("a", "a", 5.0)], minutes=10, end_ns=end)  # ends end-9m … end
+    index = LagIndex(store)
+    since, until = end - 5 * minute + 1, end + 1  # the last five windows
+    generation, signature, edges = index.edges(since_ns=since, until_ns=until)
+    assert [hi - lo for *_, lo, hi in signature] == [5]
+    assert edges.hold(since + minute // 2, until + minute // 2)  # half a minute later
+    assert not edges.hold(since + minute, until + minute)  # the oldest window left
+    assert not edges.hold(since - minute, until)  # one more window came in
+    add_windows(store, pairs=[("a", "a", 5.0)], minutes=1, end_ns=end + minute)
+    index.refresh()
+    assert index.generation != generation  # a new window: a new answer
+    store.close()
