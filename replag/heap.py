@@ -36,59 +36,60 @@ def freeze_long_lived(stage: str) -> int:
 
 
 class FullPassWatch:
-    """Freezes the heap again after a slow full pass, so the next ones are short.
+    """Freezes the heap again right after a slow full pass, so the next ones are short.
 
     A service watching a fleet keeps growing after start-up (each source's metrics
     series, the lag index's windows, the answers cached over them): with 100 groups,
     full passes over what accumulated took 400–550 ms on a busy 2-core host, every
-    minute or so while the heap grew, and stalled every API request meanwhile. The
-    objects a full pass leaves are alive and, in this process, mostly long-lived; once
-    a pass took over `slow_s`, `freeze_if_slow()` (called by the service every few
-    seconds, off the collector's callback) moves them to the permanent generation.
+    minute or so while the heap grew, and stalled every API request meanwhile. What a
+    full pass leaves is alive (every generation was just collected), and in this
+    process mostly long-lived: when the pass took over `slow_s` of CPU, the callback
+    moves it to the permanent generation at once, before anything new is allocated.
     It is self-limiting: right after a freeze passes are short again, so it happens
     only when much new long-lived state has built up. What it may keep is a reference
     cycle that was alive then and becomes garbage later (an in-flight task's): bounded
-    by what was in flight at each of these few freezes.
+    by what was in flight at each of these few freezes. `report()` logs them (never
+    from the collector's callback).
     """
 
-    def __init__(self, *, slow_s: float = 0.03) -> None:
+    def __init__(self, *, slow_s: float = 0.02) -> None:
         self.slow_s = slow_s
-        self.slowest_s = 0.0  # the slowest full pass since the last freeze
         self.freezes = 0
+        self._reported = 0
+        self._slowest_s = 0.0
         self._started = 0.0
         gc.callbacks.append(self._timed)
 
     def _timed(self, phase: str, info: dict[str, int]) -> None:
         if info.get("generation") != 2:
             return
+        # CPU time of the collecting thread: on a busy host a short pass can take long on
+        # the wall clock (the thread waited for a core), and freezing cannot help that.
         if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.slowest_s = max(self.slowest_s, time.perf_counter() - self._started)
+            self._started = time.thread_time()
+            return
+        took = time.thread_time() - self._started
+        if took > self.slow_s:
+            gc.freeze()
+            self.freezes += 1
+            self._slowest_s = max(self._slowest_s, took)
 
-    def freeze_if_slow(self) -> bool:
-        if self.slowest_s <= self.slow_s:
-            return False
-        slowest, self.slowest_s = self.slowest_s, 0.0
-        gc.freeze()
-        self.freezes += 1
-        log.info(
-            "a full garbage collection took %.0f ms: %d long-lived objects frozen",
-            slowest * 1000,
-            gc.get_freeze_count(),
-        )
-        return True
+    def report(self) -> None:
+        if self.freezes != self._reported:
+            log.info(
+                "slow full garbage collections (up to %.0f ms of CPU): %d long-lived "
+                "objects frozen (%d times so far)",
+                self._slowest_s * 1000,
+                gc.get_freeze_count(),
+                self.freezes,
+            )
+            self._reported, self._slowest_s = self.freezes, 0.0
 
     def close(self) -> None:
         if self._timed in gc.callbacks:
             gc.callbacks.remove(self._timed)
 
 
-# A young pass every 50,000 net allocations (CPython's default: 700) and a full one
-# considered after 100 middle passes (default 10): a probe round's objects live a few
-# seconds, long enough to be promoted by the default's frequent young passes, and each
-# promotion brought a full pass closer; most of them die by reference counting anyway.
-SERVICE_THRESHOLDS = (50_000, 20, 100)
 # The longest a thread waits for the GIL before asking its holder to drop it (default
 # 5 ms): the API's event loop asks several times per request while the probe rounds'
 # thread holds it about 40 % of the time with 100 groups.
@@ -96,6 +97,7 @@ SERVICE_SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_for_service() -> None:
-    """The collector's thresholds and the GIL's switch interval for `replag serve`."""
-    gc.set_threshold(*SERVICE_THRESHOLDS)
+    """The GIL's switch interval for `replag serve`. (The collector's thresholds stay
+    CPython's: raising the young one to 50,000 let a probe round's cyclic garbage, which
+    holds its histograms' arrays, grow the process by 36 MB every 10 s before a pass.)"""
     sys.setswitchinterval(SERVICE_SWITCH_INTERVAL_S)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +41,7 @@ router = APIRouter(prefix="/api/v1")
 # previous answer if it was current at most RECENT_S ago (marked `"fresh": false`).
 FRESH_WAIT_S = 0.002
 RECENT_S = 5.0
+MAX_FAMILIES = 256  # answers kept, one per (since, cluster), the least recent dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +57,9 @@ class MatrixAnswers:
     """The latest matrix per (since, cluster) and the builds under way (one per family)."""
 
     def __init__(self) -> None:
-        self._built: dict[Hashable, _Built] = {}
+        self._built: OrderedDict[Hashable, _Built] = OrderedDict()
         self._building: dict[Hashable, asyncio.Future[_Built]] = {}
         self._replication: tuple[object, str | None, bytes] | None = None
-        self._lock = threading.Lock()
 
     def current(
         self, family: Hashable, index: LagIndex, config: object, span: TimeRange
@@ -97,6 +97,9 @@ class MatrixAnswers:
         self._building.pop(family, None)
         if not done.cancelled() and done.exception() is None:
             self._built[family] = done.result()
+            self._built.move_to_end(family)
+            while len(self._built) > MAX_FAMILIES:  # `since` may be any time a client sends
+                self._built.popitem(last=False)
 
     def replication(
         self, svc: ReplagService, cells: list[dict[str, Any]], cluster: str | None

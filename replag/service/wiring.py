@@ -53,7 +53,7 @@ log = logging.getLogger("replag.service")
 # How often the service picks up new lag windows for the API (a probe round's windows
 # are picked up at its end too, by the alert evaluation).
 INDEX_FOLLOW_S = 0.25
-HEAP_CHECK_S = 5.0  # how often a slow full garbage collection is looked for (replag.heap)
+HEAP_CHECK_S = 5.0  # how often freezes after slow full collections are logged (replag.heap)
 
 
 class ReplagService:
@@ -263,7 +263,7 @@ class ReplagService:
         try:
             while True:
                 await asyncio.sleep(HEAP_CHECK_S)
-                watch.freeze_if_slow()
+                watch.report()
         finally:
             watch.close()
 
