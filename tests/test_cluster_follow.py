@@ -26,7 +26,8 @@ from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.lab.server import RedisServer
 from replag.probes.keys import hash_tag_for, key_slot
-from replag.probes.runner import ProbeProgress, run_probe, run_probe_all
+from replag.probes.progress import ProbeProgress
+from replag.probes.runner import run_probe, run_probe_all
 from replag.replication import history
 from replag.store import Store
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster

@@ -18,7 +18,7 @@ from replag.lab.cluster import lab_fault
 from replag.probes import run_probe
 from replag.probes.observers import Arrival, PushObserver
 from replag.probes.report import PairResult, ProbeReport
-from replag.probes.runner import within_chunks
+from replag.probes.samples import within_chunks
 from replag.stamped_socket import StampedSocket
 from replag.store import Store
 from tests.helpers.lab import LabFactory

@@ -11,8 +11,14 @@ alone, so the service can create every series before the first probe.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replag.topology import Endpoint, Region, Topology
+
+if TYPE_CHECKING:
+    from replag.errors import PermissionRefused, TlsError
+    from replag.probes.observers import Observer
+    from replag.resp import RespConnection
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,3 +72,28 @@ def observed_replicas(
             )
         )
     return out
+
+
+@dataclass
+class ReplicaTarget:
+    region: str
+    replica: Endpoint
+    cluster: bool = False
+    conn: RespConnection | None = None
+    observer: Observer | None = None
+    error: str | None = None
+    # A certificate or an ACL permission refused: a configuration error, not an outage:
+    # the run stops (exit 2).
+    fatal: TlsError | PermissionRefused | None = None
+
+
+def observation_units(targets: list[ReplicaTarget], *, by_rack: bool) -> list[list[ReplicaTarget]]:
+    """Targets whose arrivals count together: one rack of a Dynomite DC, else one replica.
+
+    In a Dynomite rack of several nodes each key lives on the one node owning its
+    token, so the rack (not each backend) is what received the write or not.
+    """
+    units: dict[tuple[str, str], list[ReplicaTarget]] = {}
+    for t in targets:
+        units.setdefault(unit_key(t.region, t.replica, by_rack=by_rack), []).append(t)
+    return list(units.values())
