@@ -178,12 +178,13 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     store = Store(tmp_path / "replag.sqlite")
-    wait_until(lambda: bool(list_runs(store)), "the run is recorded")
+    # Generous waits: a loaded host starts a Python process slowly; nothing here is timed.
+    wait_until(lambda: bool(list_runs(store)), "the run is recorded", timeout_s=120)
     # Interrupted while it writes (at 20 keys/s, 300 keys take 15 s).
     with servers[2].client() as last:
         wait_until(lambda: int(last.dbsize()) > 50, "the repair writes", timeout_s=120)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=120)
     run_id = list_runs(store)[0]["run_id"]
     store.close()
     assert process.returncode == 130, stderr

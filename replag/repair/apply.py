@@ -72,15 +72,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 from replag.errors import EndpointError, KeyRefused
 from replag.repair.observe import ABSENT, KeyState, observe_keys
 from replag.repair.pages import PageOptions, is_big, repair_big_key
 from replag.repair.policy import Decision
 from replag.repair.timeouts import request_within
+from replag.repair.together import all_of
 from replag.repair.undo import PreImage, collection_data, overwritten, undo
 from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, error_text, pack
@@ -100,7 +101,6 @@ class Refused:
 
 Outcome = Literal["repaired", "changed", "dry_run"] | Refused
 _CHUNK = 1000
-_T = TypeVar("_T")
 logger = logging.getLogger(__name__)
 WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
 
@@ -434,7 +434,7 @@ class Applier:
         ("changed")."""
         if self.dry_run:
             return ["dry_run"] * len(items)
-        return await _all_or_none(self._repair_key(*item) for item in items)
+        return await all_of(self._repair_key(*item) for item in items)
 
     async def _repair_key(
         self, key: bytes, decision: Decision, states: Sequence[KeyState]
@@ -492,11 +492,9 @@ class Applier:
             return await self._attempt_via(key, decision, states)
         if decision.action == "delete":
             now = time.monotonic()
-            results = await asyncio.gather(
-                *(
-                    _refusal_kept(self._write, t, key, states[t], Write("delete"), now)
-                    for t in decision.targets
-                )
+            results = await all_of(
+                _refusal_kept(self._write, t, key, states[t], Write("delete"), now)
+                for t in decision.targets
             )
             return _attempt(key, ABSENT, results)
         assert decision.winner is not None
@@ -505,21 +503,19 @@ class Applier:
         if source is None:
             return None
         payload, pttl, read_at, data = source
-        results = await asyncio.gather(
-            *(
-                _refusal_kept(
-                    self._copy,
-                    t,
-                    key,
-                    states[t],
-                    decision.winner,
-                    winner_state,
-                    payload,
-                    pttl,
-                    read_at,
-                )
-                for t in decision.targets
+        results = await all_of(
+            _refusal_kept(
+                self._copy,
+                t,
+                key,
+                states[t],
+                decision.winner,
+                winner_state,
+                payload,
+                pttl,
+                read_at,
             )
+            for t in decision.targets
         )
         attempt = _attempt(key, winner_state, results)
         attempt.expected_data = data
@@ -591,7 +587,7 @@ class Applier:
             async with lane.connection() as conn:
                 return await observe_keys(conn, keys, chunk=self.chunk, keep=False)
 
-        return list(await asyncio.gather(*(one(lane) for lane in self.lanes)))
+        return await all_of(one(lane) for lane in self.lanes)
 
     async def _settle(self, attempt: _Attempt, now: list[dict[bytes, KeyState]]) -> None:
         """Step 3: keep the writes if every replica holds the winner's state, else undo them."""
@@ -602,7 +598,7 @@ class Applier:
             attempt.stood = True
             return
         if attempt.undo:
-            await asyncio.gather(*(self._undo(attempt, w) for w in attempt.written))
+            await all_of(self._undo(attempt, w) for w in attempt.written)
 
     async def _undo(self, attempt: _Attempt, written: _Written) -> None:
         """Put one target back (`undo.undo`); a key that keeps moving is retried a few
@@ -787,16 +783,3 @@ def _attempt(
     written = [w for w in results if isinstance(w, _Written)]
     refused = next((r for r in results if isinstance(r, Refused)), None)
     return _Attempt(key, expected, written, complete=len(written) == len(results), refused=refused)
-
-
-async def _all_or_none(coros: Iterable[Awaitable[_T]]) -> list[_T]:
-    """Like gather, but when one fails the others are cancelled and awaited before the
-    error propagates: no repair keeps writing on lanes the run is about to close."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

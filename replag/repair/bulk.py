@@ -29,6 +29,7 @@ from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
 from replag.repair.replica_role import replica_of
 from replag.repair.scan import ScanIndex
+from replag.repair.together import all_of, cancel_all
 from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
@@ -116,9 +117,7 @@ async def copy_batches(
         while pending:
             await _finish(pending, on_done, log)
     finally:
-        for _, _, future in pending:
-            future.cancel()
-        await asyncio.gather(*(f for _, _, f in pending), return_exceptions=True)
+        await cancel_all(f for _, _, f in pending)
 
 
 async def _finish(
@@ -181,7 +180,7 @@ async def _observe_all(
         finally:
             await conn.close()
 
-    return list(await asyncio.gather(*(one(m) for m in members)))
+    return await all_of(one(m) for m in members)
 
 
 async def _delete_if_same(

@@ -45,6 +45,7 @@ from replag.repair.runs import (
     new_run_id,
     resume_command,
 )
+from replag.repair.together import cancel_all
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.store.leases import Lease
@@ -76,14 +77,26 @@ async def _run(
     if store is None:
         return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
     ttl_s = config.settings.lease_time
-    held = await asyncio.to_thread(take_groups, store, [g.name for g in groups], ttl_s=ttl_s)
+    held = await _take_groups(store, [g.name for g in groups], ttl_s)
     keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, asyncio.current_task()))
     try:
         return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
     finally:
-        keeper.cancel()
-        await asyncio.gather(keeper, return_exceptions=True)
+        await cancel_all([keeper])
         await asyncio.to_thread(release_groups, store, held)
+
+
+async def _take_groups(store: Store, names: list[str], ttl_s: float) -> list[Lease]:
+    """`take_groups` in a thread. Cancelled meanwhile (Ctrl-C), the thread still takes the
+    leases: they are released before the cancellation goes on, or a run resumed by this
+    process would be refused for `lease_time`."""
+    taking = asyncio.ensure_future(asyncio.to_thread(take_groups, store, names, ttl_s=ttl_s))
+    try:
+        return await asyncio.shield(taking)
+    except asyncio.CancelledError:
+        with contextlib.suppress(ReplagError):
+            await asyncio.to_thread(release_groups, store, await taking)
+        raise
 
 
 async def _keep_groups(
@@ -172,8 +185,7 @@ async def _run_exclusive(
                 reports.append(await run.run())
     finally:
         if beating is not None:
-            beating.cancel()
-            await asyncio.gather(beating, return_exceptions=True)
+            await cancel_all([beating])
         await agents.close()
     report = rp.RepairReport(
         run_id=run_id,

@@ -43,6 +43,7 @@ from replag.repair.scan import ScanOptions, ScanProgress
 from replag.repair.scan_process import WorkerTree
 from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
+from replag.repair.together import all_of, cancel_all
 from replag.repair.verify import Changing, Verifier
 from replag.repair.walk import AgentTree, MemberTree, differing_leaves
 from replag.topology import ReplicaGroup
@@ -292,14 +293,12 @@ class GroupRun:
         try:
             trees = await asyncio.gather(*tasks)
             leaves = await differing_leaves(trees, DEFAULT_DEPTH)
-            parts = await asyncio.gather(*(t.leaf_keys(leaves) for t in trees))
+            parts = await all_of(t.leaf_keys(leaves) for t in trees)
         except AgentError as exc:
             raise self._not_compared(exc) from exc
         finally:
             # One member failing stops the others' scans; every scan process ends here.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_all(tasks)
             for task in tasks:
                 if not task.cancelled() and task.exception() is None:
                     worker = task.result()

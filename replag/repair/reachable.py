@@ -9,11 +9,11 @@ run will do (`replag.permissions`), before any scan.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 
 from replag.errors import EndpointError
 from replag.permissions import Mode, require
+from replag.repair.together import all_of
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
 
@@ -55,10 +55,10 @@ async def members_reachable(
     EndpointError that names the others that failed too. Members read through their
     region's agent are left to it (the tree walk names them if it fails)."""
     members = list({m.name: m for g in groups for m in g.members if not through_agent(m)}.values())
-    answers = await asyncio.gather(*(_ping(m, timeout_s) for m in members))
+    answers = await all_of(_ping(m, timeout_s) for m in members)
     failures = [f for f in answers if f is not None]
     if not failures and mode is not None:  # once every member answers
-        answers = await asyncio.gather(*(_permitted(m, timeout_s, mode, prefix) for m in members))
+        answers = await all_of(_permitted(m, timeout_s, mode, prefix) for m in members)
         failures = [f for f in answers if f is not None]
     if not failures:
         return

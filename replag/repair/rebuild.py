@@ -33,6 +33,7 @@ from replag.repair.refill import BATCH, BatchResult, Refill
 from replag.repair.replica_role import replica_of, resync_advice
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
 from replag.repair.scan import without_prefix
+from replag.repair.together import all_of
 from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
@@ -220,9 +221,7 @@ class Rebuild:
         advice = await replica_of(self.target, self.timeout_s)
         if advice is not None:
             raise UsageError(resync_advice(self.target, advice))
-        sizes = await asyncio.gather(
-            *(_dbsize(m, self.timeout_s) for m in (*self.peers, self.target))
-        )
+        sizes = await all_of(_dbsize(m, self.timeout_s) for m in (*self.peers, self.target))
         if self.source is None:
             self.source = self.peers[max(range(len(self.peers)), key=lambda i: sizes[i][0])]
         keys, used = sizes[self.peers.index(self.source)]

@@ -51,6 +51,7 @@ from replag.repair.peer_read import (
     whole_read,
 )
 from replag.repair.timeouts import request_within
+from replag.repair.together import all_of
 from replag.repair.undo import PreImage, undo
 from replag.repair.values import Data
 from replag.resp import RespConnection, error_text, pack
@@ -163,9 +164,7 @@ class Refill:
         """Step 1 alone, nothing written (a plan's rate sample): the keys the peers agree on."""
         async with contextlib.AsyncExitStack() as stack:
             conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
-            reads = await asyncio.gather(
-                *(r.read(c, keys) for r, c in zip(self.readers, conns, strict=True))
-            )
+            reads = await all_of(r.read(c, keys) for r, c in zip(self.readers, conns, strict=True))
             await _unchanged(conns)
         ok = agreeing(list(reads), tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
         return [k for k, agreed in zip(keys, ok, strict=True) if agreed]
@@ -182,7 +181,7 @@ class Refill:
         async with contextlib.AsyncExitStack() as stack:
             conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
             pairs = list(zip(self.readers, conns, strict=True))
-            reads = list(await asyncio.gather(*(r.read(c, keys) for r, c in pairs)))
+            reads = await all_of(r.read(c, keys) for r, c in pairs)
             ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             # Collections whose payloads differ may hold one value encoded otherwise.
             recheck = [
@@ -191,11 +190,9 @@ class Refill:
                 if not ok[i] and all(i in r.dumps for r in reads) and len(reads) > 1
             ]
             if recheck:
-                await asyncio.gather(
-                    *(
-                        r.canonical(c, keys, read, recheck)
-                        for (r, c), read in zip(pairs, reads, strict=True)
-                    )
+                await all_of(
+                    r.canonical(c, keys, read, recheck)
+                    for (r, c), read in zip(pairs, reads, strict=True)
                 )
                 ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             src = reads[source]
@@ -238,9 +235,7 @@ class Refill:
     ) -> list[int]:
         """The copied keys that read otherwise now on a peer whose WATCH saw a change."""
         names = [keys[i] for i in written]
-        again = await asyncio.gather(
-            *(reader.read(conn, names, watch=False) for (reader, conn), _ in touched)
-        )
+        again = await all_of(reader.read(conn, names, watch=False) for (reader, conn), _ in touched)
         moved: set[int] = set()
         for now, (_, p) in zip(again, touched, strict=True):
             before = reads[p]
@@ -337,7 +332,7 @@ class Refill:
             async with pool.connection() as conn:
                 return await observe_keys(conn, names, keep=False)
 
-        now = await asyncio.gather(*(observe(pool) for pool in pools))
+        now = await all_of(observe(pool) for pool in pools)
         await self._payload_digests(keys, [i for i in written if i in src.dumps], src)
         for i in written:
             key = keys[i]
@@ -433,7 +428,7 @@ def _same_expiry(a: int, b: int, refill: Refill) -> bool:
 async def _unchanged(conns: Sequence[RespConnection]) -> list[bool]:
     """An empty transaction on each connection: False where a key it watched has changed."""
     payload = pack(b"MULTI") + pack(b"EXEC")
-    replies = await asyncio.gather(*(conn.request(payload, 2) for conn in conns))
+    replies = await all_of(conn.request(payload, 2) for conn in conns)
     untouched = []
     for conn, (multi, exec_reply) in zip(conns, replies, strict=True):
         conn.check([multi])

@@ -13,11 +13,11 @@ nodes (scanned per slot, read with READONLY).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from replag.errors import EndpointError
+from replag.repair.together import all_of
 from replag.replication.info import parse_info
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
@@ -126,11 +126,9 @@ async def group_shape(
     if group.kind == "replication" and not all(reach):
         why = "kind = 'replication', members behind agents: the first member is the primary"
         return GroupShape("replication", 0, why=why)
-    roles = await asyncio.gather(
-        *(
-            read_role(m, timeout_s) if ok else _through_agent()
-            for m, ok in zip(group.members, reach, strict=True)
-        )
+    roles = await all_of(
+        read_role(m, timeout_s) if ok else _through_agent()
+        for m, ok in zip(group.members, reach, strict=True)
     )
     return shape_of(group, list(roles))
 

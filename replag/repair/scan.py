@@ -45,6 +45,7 @@ from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
 from replag.repair.native import hash_each, string_index
 from replag.repair.slots import is_moved, key_slot, slot_groups
 from replag.repair.tictac import TictacTree, leaf_of
+from replag.repair.together import cancel_all
 from replag.repair.values import read_values
 from replag.resp import (
     RespConnection,
@@ -312,8 +313,7 @@ class ReplicaScanner:
             return parts
         finally:
             if not producer.done():
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
+                await cancel_all([producer])
 
     async def _walk(
         self,

@@ -12,12 +12,12 @@ slot, for one MGET per slot where SCAN walks dense slots in order (see `scan`).
 
 from __future__ import annotations
 
-import asyncio
 import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import EndpointError
+from replag.repair.together import all_of
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
@@ -111,7 +111,7 @@ class SlotMap:
                 await conn.close()
             return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else ""
 
-        texts = await asyncio.gather(*(nodes(m) for m in members))
+        texts = await all_of(nodes(m) for m in members)
         return cls.parse(texts, {m.address for m in members})
 
 

@@ -22,6 +22,7 @@ from replag.repair.policy import Newest, Policy
 from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.remote import AgentClient
 from replag.repair.slots import key_slot
+from replag.repair.together import all_of, cancel_all
 
 VERIFY_BATCH = 256
 # Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.
@@ -83,7 +84,7 @@ class Verifier:
     async def observe_all(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
         """One read of `keys` on every member."""
         try:
-            reads = await asyncio.gather(*(self.observe(i, keys) for i in range(len(self.lanes))))
+            reads = await all_of(self.observe(i, keys) for i in range(len(self.lanes)))
         except AgentError as exc:
             raise self.not_compared(exc) from exc
         return list(reads)
@@ -105,7 +106,7 @@ class Verifier:
             return first, await self.observe(i, keys)
 
         try:
-            pairs = await asyncio.gather(*(one(i) for i in range(len(self.lanes))))
+            pairs = await all_of(one(i) for i in range(len(self.lanes)))
         except AgentError as exc:
             raise self.not_compared(exc) from exc
         return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -146,9 +147,7 @@ class Verifier:
                     rate = done / elapsed if elapsed > 0 else 0.0
                     self.progress(RepairProgress(self.group, "*", phase, done, len(keys), rate))
         finally:
-            for pending in reads:
-                pending.cancel()
-            await asyncio.gather(*reads, return_exceptions=True)
+            await cancel_all(reads)
         return divergent, changing
 
     def judge(

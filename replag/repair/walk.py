@@ -24,7 +24,6 @@ the leaves (512 kB), the keys of the ~1,000 differing leaves (~15,000 keys,
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -35,6 +34,7 @@ import numpy.typing as npt
 from replag.errors import AgentError
 from replag.repair.remote import BUCKET_HEADER, DEPTH_HEADER, KEYS_HEADER, AgentClient
 from replag.repair.scan import ScanIndex
+from replag.repair.together import all_of
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -137,7 +137,7 @@ async def differing_leaves(trees: Sequence[MemberTree], depth: int) -> I64:
     """The leaves whose keys to compare: the differing leaves, or all the leaves under
     the differing nodes once their keys fit in `CONTENTS_BUDGET`, found by asking only
     below differing nodes."""
-    answers = await asyncio.gather(*(t.first_nodes(depth) for t in trees))
+    answers = await all_of(t.first_nodes(depth) for t in trees)
     level = min(down for down, _ in answers)
     values = [fold(v, down - level) for down, v in answers]
     nodes = np.arange(1 << level, dtype=np.int64)
@@ -148,7 +148,7 @@ async def differing_leaves(trees: Sequence[MemberTree], depth: int) -> I64:
         if level == depth or not len(nodes) or keys_below * KEY_BYTES <= CONTENTS_BUDGET:
             break
         down = min(STRIDE, depth - level)
-        values = list(await asyncio.gather(*(t.descendants(level, nodes, down) for t in trees)))
+        values = await all_of(t.descendants(level, nodes, down) for t in trees)
         width = 1 << down
         nodes = (nodes[:, None] * width + np.arange(width, dtype=np.int64)[None, :]).ravel()
         level += down
