@@ -28,7 +28,7 @@ from replag.lab.server import RedisServer
 from replag.probes.keys import hash_tag_for, key_slot
 from replag.probes.progress import ProbeProgress
 from replag.probes.runner import run_probe, run_probe_all
-from replag.replication import history
+from replag.replication import failover_check, history
 from replag.store import Store
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
@@ -169,6 +169,17 @@ async def test_a_killed_shard_primary_is_followed_and_the_others_probed_througho
             return bool(report.failovers)
 
         await until(followed, "the probe follows the shard's failover", timeout_s=90)
+        # failover-check with the config from before the kill: an answer about the promoted
+        # replica (no replica of its own left: unsafe), the dead old primary a candidate
+        # that cannot be promoted; not "primary unreachable" (exit 2).
+        answer = await failover_check(config, source=shard.name)
+        (dead,) = answer.assessments
+        assert (
+            not answer.safe and answer.snapshot.primaries[0].address != f"127.0.0.1:{victim.port}"
+        )
+        assert [(c.replica, c.eligible) for c in dead.candidates] == [(shard.write.name, False)], (
+            dead
+        )
         # (A loaded host can make the cluster fail another shard over too: that one is
         # recorded under its own name.)
         (event,) = [e for e in history.failover_events(store) if e["source"] == shard.name]
@@ -239,3 +250,36 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
                 assert probes[name]["last_attempt_ns"] > end
         metrics = (await client.get("/metrics")).text
         assert f'replag_replication_failovers_total{{source="{shard.name}"}} 1.0' in metrics
+
+
+async def test_failover_check_right_after_a_cluster_failover(
+    cluster: RedisClusterNodes, tmp_path: Path, store_path: Path
+) -> None:
+    """failover-check reads CLUSTER SHARDS: right after a CLUSTER FAILOVER it samples the
+    promoted replica (the config still names the old primary), and the demoted old primary
+    is one of its candidates, safe once it follows."""
+    config = await cluster_config(cluster, tmp_path / "c.toml", store_path)
+    shard = config.topology.regions[0]
+    assert shard.write is not None
+    old = next(n for n in cluster.nodes if n.port == shard.write.port)
+    replica = next(n for n in cluster.nodes if n.port == shard.replicas[0].port)
+    with replica.client() as client:
+        cluster_command(client, "FAILOVER")
+
+    def demoted() -> bool:
+        with old.client() as client:
+            return client.info("replication")["role"] == "slave"
+
+    await until(lambda: asyncio.to_thread(demoted), "the old primary demoted", timeout_s=60)
+    first = await failover_check(config, source=shard.name)
+    (primary,) = first.snapshot.primaries
+    assert primary.error is None and primary.address == f"127.0.0.1:{replica.port}"
+    notes = first.snapshot.notes
+    assert any(f"the primary is 127.0.0.1:{replica.port} now (CLUSTER SHARDS" in n for n in notes)
+    (assessment,) = first.assessments
+    assert [c.replica for c in assessment.candidates] == [shard.write.name]
+
+    async def safe() -> bool:
+        return (await failover_check(config, source=shard.name)).safe
+
+    await until(safe, "the demoted primary follows and is a safe candidate", timeout_s=60)

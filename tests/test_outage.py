@@ -157,7 +157,9 @@ async def test_a_partition_under_serve(lab_factory: LabFactory, tmp_path: Path, 
             assert still["fired_ns"] == kept["fired_ns"]  # the same firing, not a new one
             assert "no lag measured" in still["summary"] and "firing kept" in still["summary"]
             assert hook.of("lag", "resolved") == []  # the partition never resolved it
-            assert [a["startsAt"] for a in hook.of("lag", "firing")] == [fired["startsAt"]]
+            assert [a["startsAt"] for a in hook.of("lag", "firing")] == [fired["startsAt"]], [
+                (a["labels"], a["startsAt"], a["annotations"]) for a in hook.of("lag")
+            ]
             if CHROMIUM is not None:
 
                 async def series_has_dark_bucket() -> bool:

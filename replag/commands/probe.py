@@ -24,8 +24,8 @@ from replag.durations import parse_duration_s
 from replag.errors import ReplagError, UsageError
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.nagios import UNKNOWN, nagios_code, nagios_error, nagios_line
-from replag.probes.report import combine_reports
 from replag.probes.progress import ProbeProgress, ProgressCallback
+from replag.probes.report import combine_reports
 from replag.schemas import versioned
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store

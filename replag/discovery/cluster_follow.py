@@ -37,6 +37,8 @@ class ShardNow:
     region: Region
     event: FailoverEvent | None = None
     notes: list[str] = field(default_factory=list)
+    identity: str = ""  # the shard's (see Shard.identity)
+    seen_by: str = ""  # the node whose CLUSTER SHARDS said so
 
 
 def is_cluster_shard(region: Region) -> bool:
@@ -107,11 +109,11 @@ def find_shard(region: Region, shards: list[Shard]) -> Shard | None:
     )
 
 
-async def follow_shard(
-    topology: Topology, region: Region, *, timeout_s: float, store: Store | None
-) -> ShardNow:
-    """`region` with its shard's current primary, replicas and slots (EndpointError when no
-    node of the cluster answers, DiscoveryError when the shard is gone)."""
+async def current_shard(topology: Topology, region: Region, *, timeout_s: float) -> ShardNow:
+    """`region` with its shard's current primary, replicas and slots, as the first node that
+    answers sees them; read only (EndpointError when no node of the cluster answers,
+    DiscoveryError when the shard is gone). `failover-check` asks this; a probe run
+    `follow_shard`, which also reports and remembers a primary change."""
     assert region.write is not None
     shards, seed = await read_cluster(topology, region, timeout_s=timeout_s)
     shard = find_shard(region, shards)
@@ -134,20 +136,34 @@ async def follow_shard(
     now = ShardNow(
         region=dataclasses.replace(
             region, write=write, replicas=(*replicas, *gone), slots=shard.slots
-        )
+        ),
+        identity=shard.identity,
+        seen_by=seed.address,
     )
     for ep in gone:
         now.notes.append(f"{ep.name} ({ep.address}) is in no shard of the cluster now")
     if shard.slots != region.slots:
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
         now.notes.append(f"{region.name} holds slots {ranges} now (the config lists others)")
+    return now
+
+
+async def follow_shard(
+    topology: Topology, region: Region, *, timeout_s: float, store: Store | None
+) -> ShardNow:
+    """`current_shard`, and a primary other than the one the region last wrote to (the
+    store remembers it; the config's the first time) as a failover event, remembered."""
+    assert region.write is not None
+    now = await current_shard(topology, region, timeout_s=timeout_s)
+    write = now.region.write
+    assert write is not None
     known = write_primary(store, region.name) if store is not None else None
     known_address = known.address if known else home(region.write)
     if home(write) == known_address:
         return now
     now.notes.append(
         f"{region.name}: primary {known_address} → {home(write)} (from CLUSTER SHARDS of "
-        f"{seed.address})"
+        f"{now.seen_by})"
     )
     try:
         info = await read_info(write, timeout_s=timeout_s)
@@ -157,7 +173,7 @@ async def follow_shard(
         topology,
         region,
         kind="cluster",
-        master=shard.identity,
+        master=now.identity,
         known=known,
         old_address=known_address,
         endpoint=write,
@@ -174,7 +190,7 @@ async def follow_shard(
             store,
             WritePrimary(
                 region=region.name,
-                master=shard.identity,
+                master=now.identity,
                 address=home(write),
                 replid=info.replid,
                 offset=info.offset,

@@ -20,6 +20,7 @@ from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from replag.replication.state import ReplicationSnapshot
 from replag.store import Store
+from replag.topology import Region
 
 # Probe figures older than this say nothing about the lag now.
 _LAG_FRESHNESS_S = 300.0
@@ -44,6 +45,25 @@ class FailoverCheck:
             "primaries": [a.to_dict() for a in self.assessments],
             "replication": self.snapshot.to_dict(),
         }
+
+
+async def _shard_now(config: Config, region: Region) -> tuple[Region, list[str]]:
+    """A Cluster shard's region as CLUSTER SHARDS has it now, and what moved."""
+    # Here, not at the top: cluster_follow reads probe figures through this module.
+    from replag.discovery.cluster_follow import current_shard
+    from replag.replication.follow import home
+
+    assert region.write is not None
+    now = await current_shard(config.topology, region, timeout_s=config.settings.connect_timeout)
+    assert now.region.write is not None
+    notes = list(now.notes)
+    if home(now.region.write) != home(region.write):
+        notes.insert(
+            0,
+            f"{region.name}: the primary is {home(now.region.write)} now (CLUSTER SHARDS of "
+            f"{now.seen_by}), not {home(region.write)} as configured",
+        )
+    return now.region, notes
 
 
 def recent_lag_p99_ms(
@@ -82,19 +102,27 @@ async def failover_check(
 ) -> FailoverCheck:
     """Sample the primaries of `source` (default: every region writing to a Redis primary).
 
-    A region under Sentinel is checked at the primary its Sentinels name now (after a
-    failover, the promoted replica), not at the config's write endpoint."""
+    A region under Sentinel is checked at the primary its Sentinels name now, a Redis
+    Cluster shard at the primary CLUSTER SHARDS names now (after a failover, the
+    promoted replica, with the demoted or dead old primary among the candidates), not
+    at the config's write endpoint."""
     topology = config.topology
     sources, resolved = [topology.region(source)] if source else list(topology.regions), []
     notes: list[str] = []
+    timeout_s = config.settings.connect_timeout
     for region in sources:
-        if region.sentinel is not None and region.write is not None:
-            write, found = await sentinel_primary(
-                topology, region, timeout_s=config.settings.connect_timeout
-            )
-            region = dataclasses.replace(region, write=write)
+        if region.write is None:
+            resolved.append(region)
+        elif region.sentinel is not None:
+            write, found = await sentinel_primary(topology, region, timeout_s=timeout_s)
+            resolved.append(dataclasses.replace(region, write=write))
             notes += found
-        resolved.append(region)
+        elif region.slots or region.shard:
+            shard, found = await _shard_now(config, region)
+            resolved.append(shard)
+            notes += found
+        else:
+            resolved.append(region)
     targets, target_notes = replication_targets(topology, sources=resolved)
     notes += target_notes
     if not targets:
