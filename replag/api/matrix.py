@@ -60,6 +60,7 @@ class MatrixAnswers:
         self._built: OrderedDict[Hashable, _Built] = OrderedDict()
         self._building: dict[Hashable, asyncio.Future[_Built]] = {}
         self._replication: tuple[object, str | None, bytes] | None = None
+        self._cells: asyncio.Future[list[dict[str, Any]]] | None = None
 
     def current(
         self, family: Hashable, index: LagIndex, config: object, span: TimeRange
@@ -92,6 +93,15 @@ class MatrixAnswers:
             self._building[family] = running
             running.add_done_callback(lambda done: self._finished(family, done))
         return await asyncio.shield(running)
+
+    async def replication_cells(self, svc: ReplagService) -> list[dict[str, Any]]:
+        if self._cells is None:
+            self._cells = asyncio.ensure_future(run_in_threadpool(svc.replication_cells))
+            self._cells.add_done_callback(self._cells_done)
+        return await asyncio.shield(self._cells)
+
+    def _cells_done(self, _: asyncio.Future[list[dict[str, Any]]]) -> None:
+        self._cells = None
 
     def _finished(self, family: Hashable, done: asyncio.Future[_Built]) -> None:
         self._building.pop(family, None)
@@ -152,8 +162,8 @@ async def lag_matrix(svc: Service, since: Time = None, cluster: Cluster = None) 
     # Replication state changes apart from the lag windows: cells at most one
     # replication_interval old (older ones are rebuilt here, from the latest samples).
     cells = svc.recent_replication_cells()
-    if cells is None:
-        cells = await run_in_threadpool(svc.replication_cells)
+    if cells is None:  # one build for every request that finds none (a store read)
+        cells = await answers.replication_cells(svc)
     head = {
         "since_ns": span.since_ns,
         "until_ns": span.until_ns,

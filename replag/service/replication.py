@@ -33,6 +33,10 @@ from replag.store import Store
 
 log = logging.getLogger("replag.service")
 REPLICATION_CELLS_MAX_AGE_S = 0.5
+# Cells older than this many replication intervals are not answered (the sampling stalled,
+# or nothing asked for them for long): the caller rebuilds them. Younger ones are, while a
+# thread rebuilds them: each cell carries when its primary was sampled.
+REPLICATION_CELLS_STALE_INTERVALS = 3
 
 
 class ReplicationState:
@@ -138,21 +142,22 @@ class ReplicationState:
 
     def recent_cells(self) -> list[dict[str, Any]] | None:
         """`cells` as last built, None when the caller must build them: before the first
-        build, and when they are older than one `replication_interval` (a sample taken
-        since could say a link went down: old cells must never be answered as the
-        present). Cells older than `REPLICATION_CELLS_MAX_AGE_S` are answered once more
-        while a thread rebuilds them: samples come every `replication_interval`, so a
-        matrix request seldom rebuilds the cells (or reads the store, or waits for it)."""
+        build, and when they are older than `REPLICATION_CELLS_STALE_INTERVALS` sampling
+        intervals (a sample taken since could say a link went down: old cells must never
+        be answered as the present). Cells older than `REPLICATION_CELLS_MAX_AGE_S` are
+        answered once more while a thread rebuilds them, and the sampling rebuilds them
+        after each sample, so a matrix request seldom waits for them (a store read, under
+        100 primaries and their writes, took seconds on a busy host)."""
         built = self._cells
         if built is None:
             return None
         age = time.monotonic() - built[0]
-        if age > self.settings.replication_interval:
-            return None
         if age > REPLICATION_CELLS_MAX_AGE_S:
             if self.rebuild_on is None:
                 return None  # not started: the caller rebuilds them
             self._rebuild_cells_soon(self.rebuild_on)
+        if age > REPLICATION_CELLS_STALE_INTERVALS * self.settings.replication_interval:
+            return None
         return built[1]
 
     def _rebuild_cells_soon(self, background: BackgroundLoop) -> None:
@@ -248,6 +253,7 @@ class ReplicationSampling:
                 log.warning("replication of %s: %s", primary.source, primary.error)
         self.state.observe(snapshot)
         self.state.metrics.replication.exported = True
+        await asyncio.to_thread(self.state.cells)  # the matrix's, current
         await self.evaluate_alerts()
 
     def disown(self) -> None:

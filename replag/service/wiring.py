@@ -223,6 +223,8 @@ class ReplagService:
         day_ago = time.time_ns() - 86_400 * 10**9
         self.scheduler.spawn("index-warmup", self._warm_index(since_ns=day_ago))
         self.scheduler.spawn("index-follow", self._follow_index())
+        # The matrix's replication cells, before the first request needs them.
+        self.scheduler.spawn("replication-cells", asyncio.to_thread(self.replication.cells))
         if self._freeze_heap:
             self.scheduler.spawn("heap", self._keep_full_passes_short())
         self.index.followed = True
