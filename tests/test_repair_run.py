@@ -17,7 +17,7 @@ from replag.config import render_config
 from replag.errors import UsageError
 from replag.lab.server import RedisServer
 from replag.repair import RepairProgress, check, get_run, list_runs, repair
-from replag.repair.apply import _typed_writes
+from replag.repair.guarded_write import typed_writes
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.values import read_values
 from replag.resp import RespConnection
@@ -113,7 +113,7 @@ async def test_type_specific_writes_rebuild_the_same_value(
     values = await read_values(src, [(k, str(types[k].type)) for k in keys], keep=True)
     states = {k: KeyState(True, v.type, v.digest, None, v.data) for k, v in values.items() if v}
     for key in keys:
-        commands = _typed_writes(key, states[key])
+        commands = typed_writes(key, states[key])
         dst.check(await dst.request(b"".join(commands), len(commands)))
     rebuilt = await observe_keys(dst, keys)
     assert all(rebuilt[k].same_value(states[k]) for k in keys)

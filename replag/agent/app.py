@@ -16,10 +16,10 @@ tree half-way through a batch of updates.
 * `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s, once}:
   each key's state read twice, settle_s apart (once: read once);
 * `POST /agent/v1/replicas/{name}/keys/read-for-copy` {key, expected, tolerance_ms}:
-  the repair's step 1 on a winner here (`apply.read_for_copy`): DUMP and PTTL if
+  the repair's step 1 on a winner here (`guarded_write.read_for_copy`): DUMP and PTTL if
   the key still holds the expected state;
 * `POST /agent/v1/replicas/{name}/keys/write` {key, expected, write, age_ms,
-  tolerance_ms}: the repair's compare-and-set write here (`apply.compare_and_write`),
+  tolerance_ms}: the repair's compare-and-set write here (`guarded_write.compare_and_write`),
   the TTL computed when written; answers the pre-image for an undo;
 * `GET /metrics`: Prometheus text (see `agent.metrics`).
 
@@ -49,7 +49,7 @@ from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
 from replag.errors import AgentError, EndpointError, KeyRefused, ReplagError
 from replag.repair import remote as wire
-from replag.repair.apply import Write, compare_and_write, read_for_copy
+from replag.repair.guarded_write import Write, compare_and_write, read_for_copy
 from replag.repair.observe import KeyState
 from replag.repair.walk import first_down
 

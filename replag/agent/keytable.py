@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.scan import ScanIndex
+from replag.repair.scan_index import ScanIndex
 from replag.repair.tictac import TictacTree
 
 U64 = npt.NDArray[np.uint64]

@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import Metric
 from replag.agent.livetree import LiveTree
 from replag.config import Config
 from replag.errors import UsageError
-from replag.repair.apply import ReplicaLane
+from replag.repair.lanes import ReplicaLane
 from replag.repair.scan import ScanOptions
 from replag.repair.tictac import DEFAULT_DEPTH
 from replag.settings import Settings

@@ -69,310 +69,50 @@ reported (`undo_failed`, the key busy).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from replag.errors import EndpointError, KeyRefused
-from replag.repair.observe import ABSENT, KeyState, observe_keys
+from replag.repair.guarded_write import (
+    CHUNK,
+    Refused,
+    Write,
+    compare_and_write,
+    elapsed_ms,
+    raise_refusal,
+    read_for_copy,
+    read_for_copy_with_data,
+    typed_writes,
+)
+from replag.repair.lanes import BusyClock, RateLimiter, RemoteReplica, ReplicaLane
+from replag.repair.observe import ABSENT, KeyState
 from replag.repair.pages import PageOptions, is_big, repair_big_key
 from replag.repair.policy import Decision
-from replag.repair.timeouts import request_within
 from replag.repair.together import all_of
-from replag.repair.undo import PreImage, collection_data, overwritten, undo
-from replag.repair.values import Data, StreamEntry, read_values
-from replag.resp import RespConnection, error_text, pack
-from replag.topology import Endpoint
+from replag.repair.undo import PreImage
+from replag.repair.values import Data
 
-
-@dataclass(frozen=True)
-class Refused:
-    """A server refused a read or write of this key: which replica, and what it said."""
-
-    replica: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.replica} refused: {self.message}"
-
+# Where these lived before apply.py was split; other modules import them from here still.
+__all__ = [
+    "Applier",
+    "BusyClock",
+    "Outcome",
+    "RateLimiter",
+    "Refused",
+    "RemoteReplica",
+    "ReplicaLane",
+    "Write",
+    "compare_and_write",
+    "raise_refusal",
+    "read_for_copy",
+    "read_for_copy_with_data",
+]
 
 Outcome = Literal["repaired", "changed", "dry_run"] | Refused
-_CHUNK = 1000
 logger = logging.getLogger(__name__)
-WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
-
-
-@dataclass(frozen=True)
-class Write:
-    """A repair write as data: made over a key only once it still holds what was compared.
-
-    `pttl` is the source's remaining TTL (ms, -1 none) when it was read: the copy's TTL
-    is computed when the write is made, from the time elapsed since (`commands`).
-    """
-
-    op: WriteOp
-    payload: bytes | None = None  # the winner's DUMP (restore) or the target's pre-image (undo)
-    pttl: int = -1
-
-    def commands(self, key: bytes, elapsed_ms: int) -> list[bytes] | None:
-        """The commands to run now; None when nothing valid is left (the source expired)."""
-        if self.op == "delete":
-            return [pack(b"DEL", key)]
-        if self.op == "purge":
-            # On a primary lacking the key: a DEL of a missing key is not replicated, a
-            # SET then DEL in one transaction is, and removes the key from its replicas.
-            return [pack(b"SET", key, b""), pack(b"DEL", key)]
-        left = self.pttl - elapsed_ms if self.pttl >= 0 else 0  # 0: no expiry
-        if self.op == "undo":
-            if self.payload is None or (self.pttl >= 0 and left <= 0):
-                return [pack(b"DEL", key)]  # there was no key, or it would have expired
-            return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
-        if self.pttl >= 0 and left <= 0:
-            return None
-        if self.op == "expire":
-            return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
-        assert self.payload is not None
-        return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
-
-
-def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:
-    """KeyRefused (naming the replica) for the most telling error among a transaction's
-    replies, the EXEC result's elements included: a queued command's own refusal
-    (READONLY, NOPERM, OOM) rather than the EXECABORT it causes."""
-    flat: list[Any] = []
-    for reply in replies:
-        flat.extend(reply if isinstance(reply, list) else [reply])
-    errors = [text for reply in flat if (text := error_text(reply)) is not None]
-    if errors:
-        telling = next((e for e in errors if not e.startswith("EXECABORT")), errors[0])
-        raise KeyRefused(telling, where=conn.endpoint.name)
-
-
-async def read_for_copy(
-    conn: RespConnection, key: bytes, expected: KeyState, *, tolerance_ms: int, chunk: int
-) -> tuple[bytes, int] | None:
-    """Step 1 on the winner: (DUMP, PTTL) if the key still holds `expected`, else None."""
-    read, _ = await read_for_copy_with_data(
-        conn, key, expected, tolerance_ms=tolerance_ms, chunk=chunk, collect=False
-    )
-    return read
-
-
-async def read_for_copy_with_data(
-    conn: RespConnection,
-    key: bytes,
-    expected: KeyState,
-    *,
-    tolerance_ms: int,
-    chunk: int,
-    collect: bool = True,
-) -> tuple[tuple[bytes, int] | None, Data | None]:
-    """`read_for_copy`, and (`collect`) the elements of a hash, set or sorted set of at
-    most `undo.MERGE_LIMIT` elements, read under the same WATCH: of the same moment as
-    the DUMP."""
-    conn.check(await conn.request(pack(b"WATCH", key), 1))
-    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
-    if not now[key].same_as(expected, tolerance_ms):
-        conn.check(await conn.request(pack(b"UNWATCH"), 1))
-        return None, None
-    data = await collection_data(conn, key, expected, chunk) if collect else None
-    replies = await request_within(
-        conn,
-        pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"),
-        4,
-        base_s=conn.timeout_s,
-        what=f"DUMP of {key!r}",
-    )
-    raise_refusal(conn, replies)
-    result = replies[3]
-    if result is None or not isinstance(result[0], bytes):
-        return None, None  # the winner changed after we read it
-    return (result[0], int(result[1])), data
-
-
-async def compare_and_write(
-    conn: RespConnection,
-    key: bytes,
-    expected: KeyState,
-    commands: Callable[[], list[bytes] | None],
-    *,
-    tolerance_ms: int,
-    chunk: int,
-) -> tuple[bytes | None, int, int] | None:
-    """Step 2 on a target: under WATCH, if the key still holds `expected`, run `commands()`
-    in MULTI/EXEC after a DUMP and PTTL of what they replace. (pre-image or None for no
-    key, its PTTL, commands run), or None if nothing was written.
-
-    `commands` is called once the connection is ours, so a TTL in it is computed at the
-    moment of writing; it returns None when there is nothing valid left to write.
-    """
-    conn.check(await conn.request(pack(b"WATCH", key), 1))
-    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
-    if not now[key].same_as(expected, tolerance_ms):
-        conn.check(await conn.request(pack(b"UNWATCH"), 1))
-        return None
-    built = commands()
-    if built is None:
-        conn.check(await conn.request(pack(b"UNWATCH"), 1))
-        return None
-    body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
-    replies = await request_within(
-        conn, b"".join(body), len(body), base_s=conn.timeout_s, what=f"writing {key!r}"
-    )
-    # A refusal (READONLY, NOPERM, OOM: EXECABORT; a RESTORE's bad payload inside EXEC)
-    # is this key's error, not the run's.
-    raise_refusal(conn, replies)
-    result = replies[-1]
-    if result is None:
-        return None
-    pre_image = result[0] if isinstance(result[0], bytes) else None
-    return pre_image, int(result[1]), len(built)
-
-
-class RemoteReplica(Protocol):
-    """A replica reached through its region's agent (`repair.remote.AgentReplica`)."""
-
-    async def read_for_copy(
-        self, key: bytes, expected: KeyState, tolerance_ms: int
-    ) -> tuple[bytes, int] | None: ...
-
-    async def write(
-        self, key: bytes, expected: KeyState, write: Write, age_ms: int, tolerance_ms: int
-    ) -> tuple[bytes | None, int, int] | None: ...
-
-    async def observe(self, keys: Sequence[bytes]) -> dict[bytes, KeyState]: ...
-
-
-class BusyClock:
-    """Time during which at least one request to a replica was outstanding."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._inflight = 0
-        self._since = 0.0
-
-    @contextlib.contextmanager
-    def busy(self) -> Any:
-        if self._inflight == 0:
-            self._since = time.perf_counter()
-        self._inflight += 1
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self.seconds += time.perf_counter() - self._since
-
-
-class RateLimiter:
-    """At most `rate` acquisitions per second (0 or None = unlimited), evenly spaced."""
-
-    def __init__(self, rate: float | None) -> None:
-        self.interval = 1.0 / rate if rate else 0.0
-        self._next = 0.0
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        if not self.interval:
-            return
-        async with self._lock:
-            now = time.monotonic()
-            wait = self._next - now
-            self._next = max(now, self._next) + self.interval
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-
-@dataclass
-class ReplicaLane:
-    """Connections, throttle and counters for one replica of a group."""
-
-    endpoint: Endpoint
-    max_inflight: int
-    rate: float | None
-    timeout_s: float
-    clock: BusyClock = field(default_factory=BusyClock)
-    writes: int = 0
-    bytes_received: int = 0
-    remote: RemoteReplica | None = None  # reads and writes go through the region's agent
-    _idle: list[RespConnection] = field(default_factory=list)
-    _slots: asyncio.Semaphore = field(init=False)
-    _limiter: RateLimiter = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._slots = asyncio.Semaphore(max(1, self.max_inflight))
-        self._limiter = RateLimiter(self.rate)
-
-    @property
-    def name(self) -> str:
-        return self.endpoint.name
-
-    @contextlib.asynccontextmanager
-    async def turn(self, *, write: bool = False) -> AsyncIterator[None]:
-        """A request's turn: within the in-flight limit (and the write rate), timed busy."""
-        async with self._slots:
-            if write:
-                await self._limiter.acquire()
-            with self.clock.busy():
-                yield
-
-    @contextlib.asynccontextmanager
-    async def connection(self, *, write: bool = False) -> AsyncIterator[RespConnection]:
-        """A connection of our own (WATCH is per connection), within the in-flight limit."""
-        async with self._slots:
-            if write:
-                await self._limiter.acquire()
-            conn = (
-                self._idle.pop()
-                if self._idle
-                else await RespConnection.open(self.endpoint, timeout_s=self.timeout_s)
-            )
-            clean = False
-            before = conn.bytes_received
-            try:
-                with self.clock.busy():
-                    yield conn
-                clean = True
-            finally:
-                self.bytes_received += conn.bytes_received - before
-                if clean:
-                    self._idle.append(conn)
-                else:
-                    conn.abort()
-
-    async def close(self) -> None:
-        while self._idle:
-            await self._idle.pop().close()
-
-
-def _typed_writes(key: bytes, state: KeyState) -> list[bytes]:
-    """Commands rebuilding `state`'s value without DUMP/RESTORE."""
-    data: Any = state.data
-    out = [pack(b"DEL", key)]
-    if state.type == "string":
-        out.append(pack(b"SET", key, data))
-    elif state.type == "hash":
-        items = list(data.items())
-        for i in range(0, len(items), _CHUNK):
-            out.append(pack(b"HSET", key, *[x for pair in items[i : i + _CHUNK] for x in pair]))
-    elif state.type == "set":
-        members = list(data)
-        for i in range(0, len(members), _CHUNK):
-            out.append(pack(b"SADD", key, *members[i : i + _CHUNK]))
-    elif state.type == "zset":
-        items = [(repr(score).encode(), member) for member, score in data.items()]
-        for i in range(0, len(items), _CHUNK):
-            out.append(pack(b"ZADD", key, *[x for pair in items[i : i + _CHUNK] for x in pair]))
-    elif state.type == "list":
-        for i in range(0, len(data), _CHUNK):
-            out.append(pack(b"RPUSH", key, *data[i : i + _CHUNK]))
-    elif state.type == "stream":
-        entries: Sequence[StreamEntry] = data
-        out.extend(pack(b"XADD", key, entry_id, *fields) for entry_id, fields in entries)
-    return out
 
 
 @dataclass
@@ -409,7 +149,7 @@ class Applier:
         tolerance_ms: int,
         settle_s: float,
         dry_run: bool,
-        chunk: int = _CHUNK,
+        chunk: int = CHUNK,
         pages: PageOptions | None = None,
         page_elements: int = 0,
     ) -> None:
@@ -580,14 +320,7 @@ class Applier:
             self.unfollowed[key] = behind
 
     async def _observe(self, keys: Sequence[bytes]) -> list[dict[bytes, KeyState]]:
-        async def one(lane: ReplicaLane) -> dict[bytes, KeyState]:
-            if lane.remote is not None:
-                async with lane.turn():
-                    return await lane.remote.observe(keys)
-            async with lane.connection() as conn:
-                return await observe_keys(conn, keys, chunk=self.chunk, keep=False)
-
-        return await all_of(one(lane) for lane in self.lanes)
+        return await all_of(lane.observe(keys, chunk=self.chunk) for lane in self.lanes)
 
     async def _settle(self, attempt: _Attempt, now: list[dict[bytes, KeyState]]) -> None:
         """Step 3: keep the writes if every replica holds the winner's state, else undo them."""
@@ -601,72 +334,35 @@ class Applier:
             await all_of(self._undo(attempt, w) for w in attempt.written)
 
     async def _undo(self, attempt: _Attempt, written: _Written) -> None:
-        """Put one target back (`undo.undo`); a key that keeps moving is retried a few
-        times, then counted as not undone and named in the log."""
+        """Put one target back; one that could not be is counted and named in the log."""
         lane = self.lanes[written.target]
-        if lane.remote is not None:
-            # Through an agent: the compare-and-set restore of the pre-image only. A copy
-            # a client deleted or overwrote since is left to that write; one changed in
-            # place cannot be merged there, so it is reported, never guessed.
-            before = written.before
-            put_back = Write("undo", before.dump, before.pttl)
-            if await self._write(
-                written.target, attempt.key, attempt.expected, put_back, before.at
-            ):
-                self.undone += 1
-                return
-            async with lane.turn():
-                now = (await lane.remote.observe([attempt.key]))[attempt.key]
-            if not overwritten(now, attempt.expected):
-                self._not_undone(lane, attempt.key)
-            return
-        for attempt_no in range(3):
-            if attempt_no:
-                await asyncio.sleep(self.settle_s / 2)
-            async with lane.connection(write=True) as conn:
-                outcome = await undo(
-                    conn,
-                    attempt.key,
-                    wrote=attempt.expected,
-                    wrote_data=attempt.expected_data,
-                    before=written.before,
-                    tolerance_ms=self.tolerance_ms,
-                    chunk=self.chunk,
-                )
-            if outcome in ("restored", "merged"):
-                lane.writes += 1
-                self.undone += 1
-                return
-            if outcome == "client_wrote":
-                return
-        self._not_undone(lane, attempt.key)
-
-    def _not_undone(self, lane: ReplicaLane, key: bytes) -> None:
-        self.undo_failed.append(key)
-        logger.warning(
-            "%s: %r: the repair's copy could not be undone (a client changed it in place "
-            "before it was verified); check this key",
-            lane.name,
-            key,
+        put_back = await lane.put_back(
+            attempt.key,
+            wrote=attempt.expected,
+            wrote_data=attempt.expected_data,
+            before=written.before,
+            retry_s=self.settle_s / 2,
+            tolerance_ms=self.tolerance_ms,
+            chunk=self.chunk,
         )
+        if put_back:
+            self.undone += 1
+        elif put_back is False:
+            self.undo_failed.append(attempt.key)
+            logger.warning(
+                "%s: %r: the repair's copy could not be undone (a client changed it in place "
+                "before it was verified); check this key",
+                lane.name,
+                attempt.key,
+            )
 
     async def _read_winner(
         self, index: int, key: bytes, expected: KeyState
     ) -> tuple[bytes, int, float, Data | None] | None:
-        """Step 1: the winner's DUMP and PTTL if it still holds `expected`, and (read here,
-        not through an agent) a small collection's elements to merge an undo with, all
-        of one moment."""
-        lane = self.lanes[index]
-        data: Data | None = None
-        if lane.remote is not None:
-            async with lane.turn():
-                read = await lane.remote.read_for_copy(key, expected, self.tolerance_ms)
-        else:
-            async with lane.connection() as conn:
-                read, data = await read_for_copy_with_data(
-                    conn, key, expected, tolerance_ms=self.tolerance_ms, chunk=self.chunk
-                )
-        return None if read is None else (read[0], read[1], time.monotonic(), data)
+        """Step 1 (`ReplicaLane.read_for_copy`)."""
+        return await self.lanes[index].read_for_copy(
+            key, expected, tolerance_ms=self.tolerance_ms, chunk=self.chunk
+        )
 
     async def _copy(
         self,
@@ -696,28 +392,17 @@ class Applier:
 
         # The target cannot read the winner's DUMP format (an older server):
         # rebuild the value with type-specific writes, still under WATCH.
-        whole = await self._winner_value(winner_index, key, winner)
+        whole = await self.lanes[winner_index].read_whole(key, winner, chunk=self.chunk)
         if whole is None:
             return None
 
         def typed() -> list[bytes] | None:
-            expiry = Write("expire", None, pttl).commands(key, _elapsed_ms(read_at))
+            expiry = Write("expire", None, pttl).commands(key, elapsed_ms(read_at))
             if expiry is None:
                 return None  # the winner has expired meanwhile
-            return _typed_writes(key, whole) + (expiry if pttl >= 0 else [])
+            return typed_writes(key, whole) + (expiry if pttl >= 0 else [])
 
         return await self._write(target, key, expected, typed, read_at)
-
-    async def _winner_value(self, index: int, key: bytes, expected: KeyState) -> KeyState | None:
-        """The winner's whole value for type-specific writes, read again (on this rare
-        path memory grows with the value); None if it no longer has the decided digest."""
-        assert expected.type is not None
-        async with self.lanes[index].connection() as conn:
-            reads = await read_values(conn, [(key, expected.type)], chunk=self.chunk, keep=True)
-        read = reads[key]
-        if read is None or read.digest != expected.digest:
-            return None
-        return KeyState(True, read.type, read.digest, expected.expiry_ms, read.data)
 
     async def _write(
         self,
@@ -727,42 +412,11 @@ class Applier:
         write: Write | Callable[[], list[bytes] | None],
         since: float,
     ) -> _Written | None:
-        """Step 2 on lane `target` (here, or through its agent); None if nothing was written.
-        TTLs in `write` count from `since` (monotonic) to the moment of writing, so waiting
-        for the rate limiter never stretches a copy's life."""
-        lane = self.lanes[target]
-        if lane.remote is not None:
-            if not isinstance(write, Write):
-                raise EndpointError(
-                    "typed writes (for a server that refuses the winner's DUMP) are not sent "
-                    "through agents",
-                    where=lane.name,
-                )
-            async with lane.turn(write=True):
-                done = await lane.remote.write(
-                    key, expected, write, _elapsed_ms(since), self.tolerance_ms
-                )
-        else:
-            commands: Callable[[], list[bytes] | None] = (
-                (lambda: write.commands(key, _elapsed_ms(since)))
-                if isinstance(write, Write)
-                else write
-            )
-            async with lane.connection(write=True) as conn:
-                done = await compare_and_write(
-                    conn, key, expected, commands, tolerance_ms=self.tolerance_ms, chunk=self.chunk
-                )
-        if done is None:
-            return None
-        pre_image, pre_pttl, count = done
-        lane.writes += count
-        # WATCH made the pre-image the compared state, so its type is `expected`'s.
-        pre_type = expected.type if pre_image is not None else None
-        return _Written(target, PreImage(pre_type, pre_image, pre_pttl, time.monotonic()))
-
-
-def _elapsed_ms(since: float) -> int:
-    return int((time.monotonic() - since) * 1000)
+        """Step 2 on lane `target` (`ReplicaLane.write`); None if nothing was written."""
+        before = await self.lanes[target].write(
+            key, expected, write, since, tolerance_ms=self.tolerance_ms, chunk=self.chunk
+        )
+        return None if before is None else _Written(target, before)
 
 
 async def _refusal_kept(

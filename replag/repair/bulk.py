@@ -28,7 +28,7 @@ from replag.repair.policy import Majority, Policy, Quorum, Source
 from replag.repair.rebuild_log import RebuildLog
 from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
 from replag.repair.replica_role import replica_of
-from replag.repair.scan import ScanIndex
+from replag.repair.scan_index import ScanIndex
 from replag.repair.together import all_of, cancel_all
 from replag.resp import RespConnection, pack
 from replag.store import Store

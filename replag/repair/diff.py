@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.repair.observe import KeyState, key_to_json
-from replag.repair.scan import ScanIndex
+from replag.repair.scan_index import ScanIndex
 from replag.repair.tictac import TictacTree, differing_leaves, leaf_of
 
 Kind = Literal["missing", "type", "value", "ttl"]

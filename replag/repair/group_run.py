@@ -20,7 +20,7 @@ from typing import Any
 from replag.config import Config
 from replag.errors import AgentError
 from replag.repair import report as rp
-from replag.repair.apply import Applier, ReplicaLane
+from replag.repair.apply import Applier
 from replag.repair.bulk import (
     BULK_MIN,
     bulk_allowed,
@@ -31,6 +31,7 @@ from replag.repair.bulk import (
 from replag.repair.decide import GroupDecisions, KeyRecord
 from replag.repair.diff import Divergence, differing_keys
 from replag.repair.findings import per_replica
+from replag.repair.lanes import ReplicaLane
 from replag.repair.observe import key_to_json
 from replag.repair.pages import PageOptions
 from replag.repair.policy import Policy

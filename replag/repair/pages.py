@@ -377,7 +377,7 @@ async def copy_big_keys(
 
 
 class PagedLane(Protocol):
-    """What `repair_big_key` needs of a replica lane (`apply.ReplicaLane`)."""
+    """What `repair_big_key` needs of a replica lane (`lanes.ReplicaLane`)."""
 
     writes: int
 

@@ -35,7 +35,7 @@ from replag.repair.digest import (
 )
 from replag.repair.native import hash_each
 from replag.repair.observe import KeyState
-from replag.repair.scan import TTL_SCRIPT, TtlSource, batch_ttls
+from replag.repair.scan_ttls import TTL_SCRIPT, TtlSource, batch_ttls
 from replag.repair.values import Data, StreamEntry, read_values
 from replag.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
 

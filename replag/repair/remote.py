@@ -30,9 +30,9 @@ import numpy.typing as npt
 
 from replag.config import Config
 from replag.errors import AgentError, KeyRefused
-from replag.repair.apply import Write
+from replag.repair.guarded_write import Write
 from replag.repair.observe import ABSENT, KeyState
-from replag.repair.scan import ScanIndex
+from replag.repair.scan_index import ScanIndex
 from replag.topology import Endpoint
 
 if TYPE_CHECKING:

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from replag.repair import report as rp
-from replag.repair.apply import Applier, Refused
+from replag.repair.apply import Applier
 from replag.repair.decide import GroupDecisions, KeyRecord
 from replag.repair.diff import Divergence
+from replag.repair.guarded_write import Refused
 from replag.repair.policy import Decision
 from replag.repair.verify import VERIFY_BATCH, Verifier
 

@@ -1,55 +1,46 @@
-"""Scanning one replica into a `ScanIndex`: per key its hash, entry hash and name.
+"""Scanning one replica into a `ScanIndex` (`scan_index`): per key its hash, entry hash and name.
 
 The hot path is built for ~300k keys/s of 1 KB strings: one connection walks
 SCAN while a second one receives, per batch, one MGET and the batch's TTLs in
 a single pipelined write, several batches in flight; hashing happens in numpy
 while the server works on the next batch. Keys MGET cannot read (other types)
 get TYPE and chunked reads. A key gone before its TTL was read is dropped:
-deleted or expired during the scan, it is not divergence.
-
-TTLs cost the server as much as a third of the values' read, so they are
-fetched the cheapest way the replica allows (`TtlSource`): not at all where
-INFO says the database holds no key with an expiry; else one script call
-per batch that returns only the keys whose PTTL is not -1 (no expiry), which
-spares the server a command and this side a reply per key; else, where
-scripts are refused (ACLs, Redis Cluster's one-slot rule), one PTTL per key.
-
-A Redis Cluster node (`Endpoint.cluster`, read with READONLY) refuses an MGET
-across slots (CROSSSLOT). Where SCAN walks the node slot by slot (Redis 7.2+
-and Valkey keep a table per slot) and slots hold many keys, a batch spans one
-or two slots (five of its keys, spread over it, say so): it is read with one
-MGET per slot it holds. Elsewhere (Redis 7.0 and older hash every key into one table, so a batch
-holds about one key per slot; or sparse slots) with a GET per key, pipelined.
-Measured (benchmarks/cluster_scan.py): on dense slots an MGET per slot cost the
-server 17% less CPU per key than a GET per key, in the same time; on sparse
-ones (Redis 7.0) it took twice the time and 20% more CPU. A key that answers
-MOVED or ASK (its slot moved, or is migrating, since SCAN named it) is left
-out of the index, as keys gone are: the check names such slots (`slots`).
+deleted or expired during the scan, it is not divergence. TTLs are read the
+cheapest way the replica allows (`scan_ttls`); a Redis Cluster node's batches
+are read within its slots (`scan_cluster`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from replag.errors import RepairError, ReplagError
-from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
-from replag.repair.native import hash_each, string_index
-from replag.repair.slots import is_moved, key_slot, slot_groups
-from replag.repair.tictac import TictacTree, leaf_of
+from replag.repair.digest import TYPE_CODES
+from replag.repair.native import hash_each
+from replag.repair.scan_cluster import cluster_batch_replies, cluster_fetch_request
+from replag.repair.scan_index import ScanIndex, index_batch
+from replag.repair.scan_ttls import (
+    LOAD_TTL_SCRIPT,
+    TTL_PROBE,
+    TTL_SCRIPT,
+    TtlSource,
+    batch_ttls,
+    ttl_source_from_info,
+)
+from replag.repair.slots import is_moved
+from replag.repair.tictac import leaf_of
 from replag.repair.together import cancel_all
 from replag.repair.values import read_values
 from replag.resp import (
     RespConnection,
-    check_replies,
     error_text,
     pack,
     pack_multi_and_per_key,
@@ -58,102 +49,27 @@ from replag.resp import (
 )
 from replag.topology import Endpoint
 
-U64 = npt.NDArray[np.uint64]
-_CHUNK_HEADER = struct.Struct("<Q")
-
-
-@dataclass
-class ScanIndex:
-    """Keys seen on one replica, in compact arrays (names concatenated in one blob)."""
-
-    key_hashes: U64
-    entries: U64
-    lengths: npt.NDArray[np.uint32]
-    blob: bytes
-    _offsets: npt.NDArray[np.int64] | None = field(default=None, repr=False)
-
-    @classmethod
-    def empty(cls) -> ScanIndex:
-        return cls(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint32), b"")
-
-    def __len__(self) -> int:
-        return len(self.key_hashes)
-
-    def key(self, index: int) -> bytes:
-        if self._offsets is None:
-            self._offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)])
-        start = int(self._offsets[index])
-        return self.blob[start : start + int(self.lengths[index])]
-
-    def to_bytes(self) -> bytes:
-        """Checkpoint form: count, then the three arrays, then the key blob."""
-        return b"".join(
-            [
-                _CHUNK_HEADER.pack(len(self)),
-                self.key_hashes.astype("<u8").tobytes(),
-                self.entries.astype("<u8").tobytes(),
-                self.lengths.astype("<u4").tobytes(),
-                self.blob,
-            ]
-        )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> ScanIndex:
-        (n,) = _CHUNK_HEADER.unpack_from(data)
-        at = _CHUNK_HEADER.size
-        hashes = np.frombuffer(data, "<u8", n, at).astype(np.uint64)
-        entries = np.frombuffer(data, "<u8", n, at + 8 * n).astype(np.uint64)
-        lengths = np.frombuffer(data, "<u4", n, at + 16 * n).astype(np.uint32)
-        return cls(hashes, entries, lengths, data[at + 20 * n :])
-
-    @classmethod
-    def concat(cls, parts: list[ScanIndex]) -> ScanIndex:
-        if not parts:
-            return cls.empty()
-        return cls(
-            np.concatenate([p.key_hashes for p in parts]),
-            np.concatenate([p.entries for p in parts]),
-            np.concatenate([p.lengths for p in parts]),
-            b"".join(p.blob for p in parts),
-        )
-
-    def deduplicated(self) -> ScanIndex:
-        """Keep the last sighting of each key: SCAN may return a key twice while the
-        server resizes its table, and a duplicate would cancel itself in an XOR tree."""
-        if len(self) == 0:
-            return self
-        reversed_hashes = self.key_hashes[::-1]
-        _, first_in_reversed = np.unique(reversed_hashes, return_index=True)
-        if len(first_in_reversed) == len(self):
-            return self
-        keep = np.sort(len(self) - 1 - first_in_reversed)
-        keys = [self.key(int(i)) for i in keep]
-        return ScanIndex(
-            self.key_hashes[keep], self.entries[keep], self.lengths[keep], b"".join(keys)
-        )
-
-    def tree(self, depth: int) -> TictacTree:
-        tree = TictacTree(depth)
-        tree.add(self.key_hashes, self.entries)
-        return tree
-
-
-# Per batch: the 1-based position and PTTL of every key that has an expiry (or is
-# gone: -2), as a flat list. A key without one costs the server no reply.
-TTL_SCRIPT = b"""local out = {}
-for i, key in ipairs(KEYS) do
-  local ttl = redis.call('PTTL', key)
-  if ttl ~= -1 then
-    out[#out + 1] = i
-    out[#out + 1] = ttl
-  end
-end
-return out"""
-TtlSource = Literal["none", "script", "pttl"]
-# Asked of a replica before its scan: whether it holds expiring keys, whether it is
-# a Redis Cluster node.
-TTL_PROBE = pack(b"INFO", b"keyspace") + pack(b"INFO", b"cluster")
-LOAD_TTL_SCRIPT = pack(b"SCRIPT", b"LOAD", TTL_SCRIPT)
+# Where these lived before scan.py was split; other modules import them from here still.
+__all__ = [
+    "LOAD_TTL_SCRIPT",
+    "TTL_PROBE",
+    "TTL_SCRIPT",
+    "Checkpoint",
+    "LeafFilter",
+    "Progress",
+    "ReplicaScanner",
+    "ScanIndex",
+    "ScanOptions",
+    "ScanProgress",
+    "Sink",
+    "TtlSource",
+    "batch_keys",
+    "batch_ttls",
+    "index_batch",
+    "scan_arguments",
+    "ttl_source_from_info",
+    "without_prefix",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,15 +298,7 @@ class ReplicaScanner:
         TTLs as `source` says; on a Cluster node an MGET per slot or a GET per key
         (`batch_replies` gives their replies the one MGET's shape)."""
         if self.cluster:
-            groups = _slot_groups(keys)
-            if groups is None:
-                reads, count = pack_per_key(b"GET", keys), len(keys)
-            else:
-                reads = b"".join(pack_over_keys([keys[i] for i in g], (b"MGET",)) for g in groups)
-                count = len(groups)
-            if source == "none":
-                return reads, count
-            return reads + pack_per_key(b"PTTL", keys), count + len(keys)
+            return cluster_fetch_request(keys, source)
         if source == "pttl":
             return pack_multi_and_per_key(b"MGET", b"PTTL", keys), 1 + len(keys)
         if source == "none":
@@ -401,44 +309,11 @@ class ReplicaScanner:
     def batch_replies(
         self, keys: list[bytes], replies: list[Any], source: TtlSource
     ) -> tuple[list[bytes], list[Any]]:
-        """A batch's keys and replies as one MGET and its TTLs give them: on a Cluster node
-        the GETs as one list (nil for a key of another type: WRONGTYPE), and the keys
-        that answered MOVED or ASK (served elsewhere now) left out, as keys gone are."""
+        """A batch's keys and replies as one MGET and its TTLs give them (on a Cluster node,
+        `cluster_batch_replies`)."""
         if not self.cluster:
             return keys, replies
-        n = len(keys)
-        groups = _slot_groups(keys)
-        values: list[Any] = list(replies[:n]) if groups is None else [None] * n
-        ttls = replies[n:] if groups is None else replies[len(groups) :]
-        kept = [True] * n
-        for group, reply in zip(groups or [], replies, strict=False):
-            if is_moved(reply):
-                for i in group:
-                    kept[i] = False
-            elif error_text(reply) is not None:
-                return keys, [reply]  # any other error: the caller's check raises it
-            else:
-                for i, value in zip(group, reply, strict=True):
-                    values[i] = value
-        for i, value in enumerate(values):
-            text = error_text(value)
-            if text is None:
-                continue
-            if text.startswith("WRONGTYPE"):
-                values[i] = None  # another type: read as MGET's nil is
-            elif is_moved(value):
-                kept[i] = False
-            else:
-                return keys, [value]  # any other error: the caller's check raises it
-        if source != "none":
-            for i, ttl in enumerate(ttls):
-                if not isinstance(ttl, int):  # MOVED between the GET and the PTTL
-                    kept[i] = False
-        if all(kept):
-            return keys, [values, *ttls]
-        picked = [i for i, keep in enumerate(kept) if keep]
-        out_ttls = [ttls[i] for i in picked] if source != "none" else []
-        return [keys[i] for i in picked], [[values[i] for i in picked], *out_ttls]
+        return cluster_batch_replies(keys, replies, source)
 
     def _fetch(
         self, conn: RespConnection, keys: list[bytes], source: TtlSource
@@ -510,17 +385,6 @@ class ReplicaScanner:
         return digests
 
 
-def _slot_groups(keys: list[bytes]) -> list[list[int]] | None:
-    """A Cluster batch's keys by slot where SCAN walked dense slots in order (five keys
-    spread over the batch lie in at most two slots); None elsewhere: then a GET per key
-    costs less."""
-    if not keys:
-        return None
-    n = len(keys)
-    sampled = {key_slot(keys[i]) for i in (0, n // 4, n // 2, 3 * n // 4, n - 1)}
-    return slot_groups(keys) if len(sampled) <= 2 else None
-
-
 def scan_arguments(options: ScanOptions) -> list[bytes | int]:
     """What follows the cursor in every SCAN of a scan with `options`."""
     extra: list[bytes | int] = [b"COUNT", options.count]
@@ -548,81 +412,3 @@ def batch_keys(keys: list[bytes], options: ScanOptions) -> list[bytes]:
     if keys and options.leaves is not None:
         keys = options.leaves.keep(keys)
     return keys
-
-
-def batch_ttls(
-    replies: list[object], n: int, source: TtlSource, endpoint: Endpoint
-) -> npt.NDArray[np.int64]:
-    """PTTL per key (-1: no expiry, -2: gone) from a batch's replies after its MGET."""
-    if source == "pttl":
-        return np.array(replies[1:], dtype=np.int64)
-    ttls = np.full(n, -1, dtype=np.int64)
-    if source == "script":
-        check_replies(replies[1:2], endpoint)  # NOSCRIPT after a SCRIPT FLUSH: fail, resumable
-        flat = np.array(replies[1], dtype=np.int64)
-        ttls[flat[0::2] - 1] = flat[1::2]
-    return ttls
-
-
-def ttl_source_from_info(keyspace: object, cluster: object, db: int) -> TtlSource | None:
-    """How TTLs are read, from the replies to `TTL_PROBE`: None if by script, should
-    the replica accept one (SCRIPT LOAD says)."""
-    if _expiring_keys(keyspace, db) == 0:
-        return "none"
-    if isinstance(cluster, bytes) and b"cluster_enabled:1" in cluster:
-        return "pttl"  # a script's keys must share one slot there
-    return None
-
-
-def index_batch(
-    keys: list[bytes],
-    values: list[bytes],
-    ttls: npt.NDArray[np.int64],
-    now_ms: int | npt.NDArray[np.int64],
-    bucket_ms: int,
-    types: npt.NDArray[np.uint8] | None = None,
-    keep: npt.NDArray[np.bool_] | None = None,
-    digests_of: dict[int, int] | None = None,
-) -> ScanIndex:
-    """The index of a batch: per key its hash, its entry hash (type, value digest and
-    expiry bucket, TTLs read at `now_ms`, one moment or one per key) and its name.
-    `types` default to strings; `keep` (default: keys whose TTL is not -2, gone) picks
-    the keys indexed;
-    `digests_of` replaces the digest of `values[i]` for keys of other types."""
-    n = len(keys)
-    if types is None and keep is None and int(ttls.max(initial=-1)) == -1:
-        # Strings, none with an expiry or gone: the common batch, one loop in C.
-        return ScanIndex(*string_index(keys, values))
-    digests = hash_each(values)
-    if digests_of:
-        digests = digests.copy()
-        for i, digest in digests_of.items():
-            digests[i] = digest
-    key_hashes = hash_each(keys)
-    if types is None:
-        types = np.full(n, TYPE_CODES["string"], dtype=np.uint8)
-    expiry = np.where(ttls >= 0, ttls + now_ms, -1)
-    entries = entry_hashes(key_hashes, types, digests, expiry_buckets(expiry, bucket_ms))
-    if keep is None:
-        keep = ttls != -2
-    if not keep.all():
-        idx = np.flatnonzero(keep)
-        keys = [keys[i] for i in idx]
-        key_hashes, entries = key_hashes[idx], entries[idx]
-    lengths = np.fromiter(map(len, keys), dtype=np.uint32, count=len(keys))
-    return ScanIndex(key_hashes, entries, lengths, b"".join(keys))
-
-
-def _expiring_keys(info: object, db: int) -> int | None:
-    """`expires=` of `db` in INFO keyspace (0 when the db has no keys), None if unreadable."""
-    if not isinstance(info, bytes):
-        return None
-    prefix = b"db%d:" % db
-    for line in info.splitlines():
-        if line.startswith(prefix):
-            for field in line[len(prefix) :].split(b","):
-                name, _, value = field.partition(b"=")
-                if name == b"expires" and value.isdigit():
-                    return int(value)
-            return None
-    return 0

@@ -27,20 +27,21 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.repair.scan import (
-    LOAD_TTL_SCRIPT,
-    TTL_PROBE,
     Checkpoint,
     Progress,
     ReplicaScanner,
-    ScanIndex,
     ScanOptions,
     ScanProgress,
     Sink,
-    TtlSource,
     batch_keys,
-    batch_ttls,
-    index_batch,
     scan_arguments,
+)
+from replag.repair.scan_index import ScanIndex, index_batch
+from replag.repair.scan_ttls import (
+    LOAD_TTL_SCRIPT,
+    TTL_PROBE,
+    TtlSource,
+    batch_ttls,
     ttl_source_from_info,
 )
 from replag.resp import RespConnection, pack

@@ -45,8 +45,9 @@ import numpy.typing as npt
 
 from replag.errors import RepairError, ReplagError
 from replag.repair.native import entries_with_top, hash_each, hash_names
-from replag.repair.scan import LeafFilter, ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan import LeafFilter, ScanOptions, ScanProgress
 from replag.repair.scan_blocking import BlockingScan
+from replag.repair.scan_index import ScanIndex
 from replag.repair.tictac import TictacTree, leaf_of
 from replag.repair.walk import first_down, nodes_below
 from replag.topology import Endpoint

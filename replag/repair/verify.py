@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replag.errors import AgentError
-from replag.repair.apply import ReplicaLane
 from replag.repair.diff import Divergence, Kind, classify
+from replag.repair.lanes import ReplicaLane
 from replag.repair.observe import KeyState, observe_keys
 from replag.repair.policy import Newest, Policy
 from replag.repair.progress import ProgressCallback, RepairProgress

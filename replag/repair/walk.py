@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from replag.errors import AgentError
 from replag.repair.remote import BUCKET_HEADER, DEPTH_HEADER, KEYS_HEADER, AgentClient
-from replag.repair.scan import ScanIndex
+from replag.repair.scan_index import ScanIndex
 from replag.repair.together import all_of
 
 U64 = npt.NDArray[np.uint64]

@@ -1,0 +1,197 @@
+"""The compare-and-write steps of a repair on one connection, made here or by a region's agent.
+
+`read_for_copy` (step 1 on the winner) and `compare_and_write` (step 2 on a
+target) each WATCH the key, require the state the decision saw, and run their
+commands in MULTI/EXEC, so a write replaces exactly the compared state (the
+safety argument is in `apply`). A `Write` is such a write as data: an agent
+receives it over HTTP and computes its TTL when it writes. `typed_writes`
+rebuild a value for a server that refuses the winner's DUMP format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from replag.errors import KeyRefused
+from replag.repair.observe import KeyState, observe_keys
+from replag.repair.timeouts import request_within
+from replag.repair.undo import collection_data
+from replag.repair.values import Data, StreamEntry
+from replag.resp import RespConnection, error_text, pack
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A server refused a read or write of this key: which replica, and what it said."""
+
+    replica: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.replica} refused: {self.message}"
+
+
+CHUNK = 1000
+WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
+
+
+@dataclass(frozen=True)
+class Write:
+    """A repair write as data: made over a key only once it still holds what was compared.
+
+    `pttl` is the source's remaining TTL (ms, -1 none) when it was read: the copy's TTL
+    is computed when the write is made, from the time elapsed since (`commands`).
+    """
+
+    op: WriteOp
+    payload: bytes | None = None  # the winner's DUMP (restore) or the target's pre-image (undo)
+    pttl: int = -1
+
+    def commands(self, key: bytes, elapsed_ms: int) -> list[bytes] | None:
+        """The commands to run now; None when nothing valid is left (the source expired)."""
+        if self.op == "delete":
+            return [pack(b"DEL", key)]
+        if self.op == "purge":
+            # On a primary lacking the key: a DEL of a missing key is not replicated, a
+            # SET then DEL in one transaction is, and removes the key from its replicas.
+            return [pack(b"SET", key, b""), pack(b"DEL", key)]
+        left = self.pttl - elapsed_ms if self.pttl >= 0 else 0  # 0: no expiry
+        if self.op == "undo":
+            if self.payload is None or (self.pttl >= 0 and left <= 0):
+                return [pack(b"DEL", key)]  # there was no key, or it would have expired
+            return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
+        if self.pttl >= 0 and left <= 0:
+            return None
+        if self.op == "expire":
+            return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
+        assert self.payload is not None
+        return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
+
+
+def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:
+    """KeyRefused (naming the replica) for the most telling error among a transaction's
+    replies, the EXEC result's elements included: a queued command's own refusal
+    (READONLY, NOPERM, OOM) rather than the EXECABORT it causes."""
+    flat: list[Any] = []
+    for reply in replies:
+        flat.extend(reply if isinstance(reply, list) else [reply])
+    errors = [text for reply in flat if (text := error_text(reply)) is not None]
+    if errors:
+        telling = next((e for e in errors if not e.startswith("EXECABORT")), errors[0])
+        raise KeyRefused(telling, where=conn.endpoint.name)
+
+
+async def read_for_copy(
+    conn: RespConnection, key: bytes, expected: KeyState, *, tolerance_ms: int, chunk: int
+) -> tuple[bytes, int] | None:
+    """Step 1 on the winner: (DUMP, PTTL) if the key still holds `expected`, else None."""
+    read, _ = await read_for_copy_with_data(
+        conn, key, expected, tolerance_ms=tolerance_ms, chunk=chunk, collect=False
+    )
+    return read
+
+
+async def read_for_copy_with_data(
+    conn: RespConnection,
+    key: bytes,
+    expected: KeyState,
+    *,
+    tolerance_ms: int,
+    chunk: int,
+    collect: bool = True,
+) -> tuple[tuple[bytes, int] | None, Data | None]:
+    """`read_for_copy`, and (`collect`) the elements of a hash, set or sorted set of at
+    most `undo.MERGE_LIMIT` elements, read under the same WATCH: of the same moment as
+    the DUMP."""
+    conn.check(await conn.request(pack(b"WATCH", key), 1))
+    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
+    if not now[key].same_as(expected, tolerance_ms):
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None, None
+    data = await collection_data(conn, key, expected, chunk) if collect else None
+    replies = await request_within(
+        conn,
+        pack(b"MULTI") + pack(b"DUMP", key) + pack(b"PTTL", key) + pack(b"EXEC"),
+        4,
+        base_s=conn.timeout_s,
+        what=f"DUMP of {key!r}",
+    )
+    raise_refusal(conn, replies)
+    result = replies[3]
+    if result is None or not isinstance(result[0], bytes):
+        return None, None  # the winner changed after we read it
+    return (result[0], int(result[1])), data
+
+
+async def compare_and_write(
+    conn: RespConnection,
+    key: bytes,
+    expected: KeyState,
+    commands: Callable[[], list[bytes] | None],
+    *,
+    tolerance_ms: int,
+    chunk: int,
+) -> tuple[bytes | None, int, int] | None:
+    """Step 2 on a target: under WATCH, if the key still holds `expected`, run `commands()`
+    in MULTI/EXEC after a DUMP and PTTL of what they replace. (pre-image or None for no
+    key, its PTTL, commands run), or None if nothing was written.
+
+    `commands` is called once the connection is ours, so a TTL in it is computed at the
+    moment of writing; it returns None when there is nothing valid left to write.
+    """
+    conn.check(await conn.request(pack(b"WATCH", key), 1))
+    now = await observe_keys(conn, [key], chunk=chunk, keep=False)
+    if not now[key].same_as(expected, tolerance_ms):
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None
+    built = commands()
+    if built is None:
+        conn.check(await conn.request(pack(b"UNWATCH"), 1))
+        return None
+    body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
+    replies = await request_within(
+        conn, b"".join(body), len(body), base_s=conn.timeout_s, what=f"writing {key!r}"
+    )
+    # A refusal (READONLY, NOPERM, OOM: EXECABORT; a RESTORE's bad payload inside EXEC)
+    # is this key's error, not the run's.
+    raise_refusal(conn, replies)
+    result = replies[-1]
+    if result is None:
+        return None
+    pre_image = result[0] if isinstance(result[0], bytes) else None
+    return pre_image, int(result[1]), len(built)
+
+
+def typed_writes(key: bytes, state: KeyState) -> list[bytes]:
+    """Commands rebuilding `state`'s value without DUMP/RESTORE."""
+    data: Any = state.data
+    out = [pack(b"DEL", key)]
+    if state.type == "string":
+        out.append(pack(b"SET", key, data))
+    elif state.type == "hash":
+        items = list(data.items())
+        for i in range(0, len(items), CHUNK):
+            out.append(pack(b"HSET", key, *[x for pair in items[i : i + CHUNK] for x in pair]))
+    elif state.type == "set":
+        members = list(data)
+        for i in range(0, len(members), CHUNK):
+            out.append(pack(b"SADD", key, *members[i : i + CHUNK]))
+    elif state.type == "zset":
+        items = [(repr(score).encode(), member) for member, score in data.items()]
+        for i in range(0, len(items), CHUNK):
+            out.append(pack(b"ZADD", key, *[x for pair in items[i : i + CHUNK] for x in pair]))
+    elif state.type == "list":
+        for i in range(0, len(data), CHUNK):
+            out.append(pack(b"RPUSH", key, *data[i : i + CHUNK]))
+    elif state.type == "stream":
+        entries: Sequence[StreamEntry] = data
+        out.extend(pack(b"XADD", key, entry_id, *fields) for entry_id, fields in entries)
+    return out
+
+
+def elapsed_ms(since: float) -> int:
+    """Milliseconds since `since` (monotonic): a copy's TTL is the source's less this."""
+    return int((time.monotonic() - since) * 1000)

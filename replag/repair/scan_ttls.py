@@ -1,0 +1,75 @@
+"""How a scan reads TTLs (`TtlSource`): the cheapest way the replica allows.
+
+TTLs cost the server as much as a third of the values' read, so they are
+fetched not at all where INFO says the database holds no key with an expiry;
+else with one script call per batch that returns only the keys whose PTTL is
+not -1 (no expiry), which spares the server a command and this side a reply
+per key; else, where scripts are refused (ACLs, Redis Cluster's one-slot
+rule), with one PTTL per key.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from replag.resp import check_replies, pack
+from replag.topology import Endpoint
+
+# Per batch: the 1-based position and PTTL of every key that has an expiry (or is
+# gone: -2), as a flat list. A key without one costs the server no reply.
+TTL_SCRIPT = b"""local out = {}
+for i, key in ipairs(KEYS) do
+  local ttl = redis.call('PTTL', key)
+  if ttl ~= -1 then
+    out[#out + 1] = i
+    out[#out + 1] = ttl
+  end
+end
+return out"""
+TtlSource = Literal["none", "script", "pttl"]
+# Asked of a replica before its scan: whether it holds expiring keys, whether it is
+# a Redis Cluster node.
+TTL_PROBE = pack(b"INFO", b"keyspace") + pack(b"INFO", b"cluster")
+LOAD_TTL_SCRIPT = pack(b"SCRIPT", b"LOAD", TTL_SCRIPT)
+
+
+def batch_ttls(
+    replies: list[object], n: int, source: TtlSource, endpoint: Endpoint
+) -> npt.NDArray[np.int64]:
+    """PTTL per key (-1: no expiry, -2: gone) from a batch's replies after its MGET."""
+    if source == "pttl":
+        return np.array(replies[1:], dtype=np.int64)
+    ttls = np.full(n, -1, dtype=np.int64)
+    if source == "script":
+        check_replies(replies[1:2], endpoint)  # NOSCRIPT after a SCRIPT FLUSH: fail, resumable
+        flat = np.array(replies[1], dtype=np.int64)
+        ttls[flat[0::2] - 1] = flat[1::2]
+    return ttls
+
+
+def ttl_source_from_info(keyspace: object, cluster: object, db: int) -> TtlSource | None:
+    """How TTLs are read, from the replies to `TTL_PROBE`: None if by script, should
+    the replica accept one (SCRIPT LOAD says)."""
+    if _expiring_keys(keyspace, db) == 0:
+        return "none"
+    if isinstance(cluster, bytes) and b"cluster_enabled:1" in cluster:
+        return "pttl"  # a script's keys must share one slot there
+    return None
+
+
+def _expiring_keys(info: object, db: int) -> int | None:
+    """`expires=` of `db` in INFO keyspace (0 when the db has no keys), None if unreadable."""
+    if not isinstance(info, bytes):
+        return None
+    prefix = b"db%d:" % db
+    for line in info.splitlines():
+        if line.startswith(prefix):
+            for field in line[len(prefix) :].split(b","):
+                name, _, value = field.partition(b"=")
+                if name == b"expires" and value.isdigit():
+                    return int(value)
+            return None
+    return 0
