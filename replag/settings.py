@@ -427,7 +427,9 @@ class Settings:
         "Collections (hash, set, sorted set, list, stream) with more elements than this are "
         "copied by repair in pages of `scan_count` elements into a temporary key, then swapped "
         "in under the same compare-and-copy guarantee, never with one DUMP/RESTORE: no repair "
-        "command then holds a server for more than a few milliseconds.",
+        "command then holds a server for more than a few milliseconds. A stream with consumer "
+        "groups is the exception: it is copied with one DUMP/RESTORE, which alone keeps its "
+        "groups and pending entries exact.",
     )
     repair_command_timeout: float = setting(
         "5s",

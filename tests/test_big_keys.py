@@ -1,11 +1,14 @@
 """Big keys: a 1,000,000-field hash repaired in pages (judged by the servers' own SLOWLOG),
-and a repair command that times out names its key, its replica and the setting."""
+a big stream with consumer groups copied whole so they stay exact, and a repair command
+that times out names its key, its replica and the setting."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from replag.errors import RepairError
 from replag.lab.server import RedisServer
@@ -85,3 +88,59 @@ async def test_a_command_timeout_names_the_key_the_replica_and_the_setting(
     message = str(caught.value)
     assert "session:42" in message and f"s{server.port}" in message
     assert "repair_command_timeout" in message
+
+
+def _groups(client: redis.Redis) -> list[tuple[Any, ...]]:
+    """The stream's consumer groups as a client sees them: name, last delivered ID,
+    consumers and their pending entries (ID, consumer, deliveries)."""
+    out: list[tuple[Any, ...]] = []
+    for group in client.xinfo_groups("events"):
+        pending = client.xpending_range("events", group["name"], "-", "+", 10_000)
+        out.append(
+            (
+                group["name"],
+                group["last-delivered-id"],
+                sorted(c["name"] for c in client.xinfo_consumers("events", group["name"])),
+                [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending],
+            )
+        )
+    return out
+
+
+async def test_a_big_stream_with_consumer_groups_keeps_them(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # Above repair_page_elements, but with consumer groups: copied whole (DUMP/RESTORE),
+    # the only copy that keeps the groups and their pending entries exact. A big stream
+    # without groups and a big hash still go in pages (RENAME of a temporary key).
+    servers = [redis_factory("xs") for _ in range(3)]
+    clients = [s.client() for s in servers]
+    source = clients[0]
+    pipe = source.pipeline(transaction=False)
+    for i in range(3000):
+        pipe.xadd("events", {"n": str(i)})
+        pipe.xadd("plain", {"n": str(i)})
+        pipe.hset("fields", f"f{i}", "v")
+    pipe.execute()
+    source.xgroup_create("events", "billing", id="0")
+    source.xgroup_create("events", "audit", id="0")
+    source.xreadgroup("billing", "worker-1", {"events": ">"}, count=40)
+    source.xreadgroup("billing", "worker-2", {"events": ">"}, count=25)
+    delivered = source.xreadgroup("audit", "auditor", {"events": ">"}, count=10)
+    source.xack("events", "audit", *[entry_id for entry_id, _ in delivered[0][1][:4]])
+    for key in ("events", "plain", "fields"):
+        clients[1].restore(key, 0, source.dump(key))
+    clients[2].xadd("events", {"n": "stale"})  # the third member is behind: repaired
+    clients[2].xadd("plain", {"n": "stale"})
+    clients[2].hset("fields", "f0", "stale")
+    clients[2].config_set("slowlog-log-slower-than", 0)
+    clients[2].slowlog_reset()
+    config = group_config(tmp_path, servers, repair_settle="50ms", repair_page_elements=2000)
+    report = (await repair(config)).to_dict()
+    assert report["repaired"] == 3, report
+    assert _groups(clients[2]) == _groups(source) != []
+    assert clients[2].xlen("events") == 3000
+    writes = [e["command"].split()[0] for e in clients[2].slowlog_get(10_000)]
+    assert writes.count(b"RESTORE") == 1  # the stream with groups, whole
+    assert writes.count(b"RENAME") == 4  # the others: each renamed aside, then swapped in
+    assert clients[2].keys("replag:*") == []

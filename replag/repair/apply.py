@@ -89,7 +89,7 @@ from replag.repair.guarded_write import (
 )
 from replag.repair.lanes import BusyClock, RateLimiter, RemoteReplica, ReplicaLane
 from replag.repair.observe import ABSENT, KeyState
-from replag.repair.pages import PageOptions, is_big, repair_big_key
+from replag.repair.pages import PageOptions, copied_in_pages, repair_big_key
 from replag.repair.policy import Decision
 from replag.repair.together import all_of
 from replag.repair.undo import PreImage
@@ -207,7 +207,7 @@ class Applier:
         if any(lane.remote is not None for lane in self.lanes):
             return False
         winner = decision.winner
-        return await is_big(self.lanes[winner], key, states[winner], self.page_elements)
+        return await copied_in_pages(self.lanes[winner], key, states[winner], self.page_elements)
 
     async def _repair_big(
         self, key: bytes, decision: Decision, states: Sequence[KeyState]

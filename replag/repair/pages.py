@@ -21,6 +21,14 @@ instead, under the same compare-and-copy guarantee as `apply`:
    background); otherwise, while the target still holds the copy, the copy is dropped
    and the old key renamed back, in one MULTI. A copy a client changed in place
    meanwhile cannot be separated from it: reported, never guessed.
+
+A stream with consumer groups is never copied in pages: its groups' pending entries
+(which consumer holds which entry, since when, delivered how often; the consumers'
+seen and active times) cannot all be rebuilt with commands, and WATCH does not see
+XACK, XREADGROUP, XCLAIM or XGROUP (measured on Redis 6.2, 7.0 and Valkey), so a
+client's acknowledgement during a copy read in pages would be lost. It is copied
+with one DUMP/RESTORE (`apply`), which carries the groups exactly, under a timeout
+scaled to its size; that RESTORE holds the target for its length (docs/repair).
 """
 
 from __future__ import annotations
@@ -78,6 +86,15 @@ class PagedCopy:
     key: bytes
     backup: bytes | None  # the target's old key, renamed aside (None: it had none)
     backup_expiry_ms: int | None = None  # its expiry (absolute, our clock), to put back
+
+
+async def stream_groups(conn: RespConnection, key: bytes) -> int:
+    """Consumer groups of the stream `key` (0 when it has none, or is no stream now)."""
+    (info,) = await conn.request(pack(b"XINFO", b"STREAM", key), 1)
+    if not isinstance(info, list):
+        return 0
+    groups = dict(zip(info[0::2], info[1::2], strict=False)).get(b"groups")
+    return groups if isinstance(groups, int) else 0
 
 
 async def card_of(conn: RespConnection, key: bytes, type_name: str | None) -> int:
@@ -175,6 +192,9 @@ async def copy_in_pages(
     temp = options.prefix + b"copy:" + token
     timeout = options.timeout_s
     winner.check(await winner.request(pack(b"WATCH", key), 1))
+    if expected.type == "stream" and await stream_groups(winner, key):
+        await winner.request(pack(b"UNWATCH"), 1)
+        return None  # copied whole (DUMP/RESTORE keeps its groups), by the key-by-key path
     (pttl,) = await winner.request(pack(b"PTTL", key), 1)
     read_at = time.monotonic()
     reader = _PageReader(key, expected.type, options.page)
@@ -387,12 +407,15 @@ class PagedLane(Protocol):
     def connection(self, *, write: bool = False) -> AbstractAsyncContextManager[RespConnection]: ...
 
 
-async def is_big(lane: PagedLane, key: bytes, state: KeyState, page_elements: int) -> bool:
-    """Whether the winner's value of `key` is a collection above `page_elements`."""
+async def copied_in_pages(lane: PagedLane, key: bytes, state: KeyState, page_elements: int) -> bool:
+    """Whether the winner's value of `key` is copied in pages: a collection above
+    `page_elements`, but not a stream with consumer groups (see the module)."""
     if state.type not in _CARD:
         return False
     async with lane.connection() as conn:
-        return await card_of(conn, key, state.type) > page_elements
+        if await card_of(conn, key, state.type) <= page_elements:
+            return False
+        return state.type != "stream" or not await stream_groups(conn, key)
 
 
 async def repair_big_key(
