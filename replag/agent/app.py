@@ -13,6 +13,8 @@ tree half-way through a batch of updates.
   calls for (`walk.first_down`), saying how deep in `X-Replag-Nodes-Down`;
 * `POST /agent/v1/replicas/{name}/leaves` {leaves}: the keys of those leaves
   (hash, entry hash, name: `ScanIndex` bytes);
+* `GET /agent/v1/replicas/{name}/role`: the replica's role, replication ID, link and
+  primary, and whether it is a Cluster node (`roles.MemberRole`), read here;
 * `POST /agent/v1/replicas/{name}/keys/observe` {keys (base64), settle_s, once}:
   each key's state read twice, settle_s apart (once: read once);
 * `POST /agent/v1/replicas/{name}/keys/read-for-copy` {key, expected, tolerance_ms}:
@@ -51,6 +53,7 @@ from replag.errors import AgentError, EndpointError, KeyRefused, ReplagError
 from replag.repair import remote as wire
 from replag.repair.guarded_write import Write, compare_and_write, read_for_copy
 from replag.repair.observe import KeyState
+from replag.repair.roles import read_role
 from replag.repair.walk import first_down
 
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token")
@@ -178,6 +181,15 @@ async def leaves(agent: Agent, name: str, body: LeavesRequest) -> Response:
     tree = _tree(agent, name)
     index = tree.leaf_keys(body.leaves)
     return Response(index.to_bytes(), media_type=OCTETS, headers=_tree_headers(tree))
+
+
+@router.get("/replicas/{name}/role")
+async def role(agent: Agent, name: str) -> dict[str, Any]:
+    """The replica's role (INFO replication, INFO cluster) read here: a repair of a
+    replication group behind agents writes only to the member that is its primary now."""
+    _tree(agent, name)
+    found = await read_role(agent.lane(name).endpoint, agent.settings.connect_timeout)
+    return found.to_dict()
 
 
 @router.post("/replicas/{name}/keys/observe")

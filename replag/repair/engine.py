@@ -166,9 +166,11 @@ async def _run_exclusive(
                 prefix=config.settings.prefix,
             )
             for g in groups:
-                direct = [not through_agent(m) for m in g.members]
+                # A member behind an agent has its role read there.
                 shape = await group_shape(
-                    g, timeout_s=config.settings.connect_timeout, direct=direct
+                    g,
+                    timeout_s=config.settings.connect_timeout,
+                    agents=[agents.client_for(m) if through_agent(m) else None for m in g.members],
                 )
                 policy = _policy(config, params, g, shape, store)
                 run = GroupRun(

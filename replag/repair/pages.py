@@ -25,7 +25,7 @@ instead, under the same compare-and-copy guarantee as `apply`:
 A stream with consumer groups is never copied in pages: its groups' pending entries
 (which consumer holds which entry, since when, delivered how often; the consumers'
 seen and active times) cannot all be rebuilt with commands, and WATCH does not see
-XACK, XREADGROUP, XCLAIM or XGROUP (measured on Redis 6.2, 7.0 and Valkey), so a
+XACK, XREADGROUP, XCLAIM or XGROUP (measured on Redis 6.2, 7.0 and Valkey 9.1), so a
 client's acknowledgement during a copy read in pages would be lost. It is copied
 with one DUMP/RESTORE (`apply`), which carries the groups exactly, under a timeout
 scaled to its size; that RESTORE holds the target for its length (docs/repair).

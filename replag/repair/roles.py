@@ -8,19 +8,28 @@ the config lists first), and which replicas take its writes: a replica
 follows when its link is up and it shares the primary's replication ID
 (chained replicas included). One that does not (link down, another primary)
 is left to a resync. `INFO cluster` says whether members are Redis Cluster
-nodes (scanned per slot, read with READONLY).
+nodes (scanned per slot, read with READONLY). A member in a region that runs an
+agent is read by the agent (`GET /agent/v1/replicas/NAME/role`): where it cannot
+say (unreachable, an agent older than that call), the member's role is unknown,
+and a group that needs it has no primary: nothing in it is written, and the
+report says why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
-from replag.errors import EndpointError
+from replag.errors import AgentError, EndpointError
 from replag.repair.together import all_of
 from replag.replication.info import parse_info
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
+
+if TYPE_CHECKING:
+    from replag.repair.remote import AgentClient
 
 RepairKind = Literal["replication", "dynomite", "peers"]
 
@@ -35,6 +44,24 @@ class MemberRole:
     master: str = ""  # master_host:master_port of a replica
     cluster: bool = False
     error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What an agent answers for its replica."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MemberRole:
+        """An agent's answer; ValueError when it is not one."""
+        if not isinstance(data, dict) or data.get("role") not in ("master", "slave", "unknown"):
+            raise ValueError(f"not a role: {str(data)[:200]}")
+        return cls(
+            role=data["role"],
+            replid=str(data.get("replid", "")),
+            link_up=bool(data.get("link_up", False)),
+            master=str(data.get("master", "")),
+            cluster=bool(data.get("cluster", False)),
+            error=str(data["error"]) if data.get("error") is not None else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,7 @@ async def read_role(member: Endpoint, timeout_s: float) -> MemberRole:
     role = fields.get("role", "unknown")
     return MemberRole(
         role=role if role in ("master", "slave") else "unknown",
+        error=None if role in ("master", "slave") else f"INFO replication says role {role!r}",
         replid=fields.get("master_replid", ""),
         link_up=fields.get("master_link_status") == "up",
         master=f"{fields.get('master_host', '')}:{fields.get('master_port', '')}",
@@ -84,10 +112,21 @@ def shape_of(group: ReplicaGroup, roles: list[MemberRole]) -> GroupShape:
     if group.kind in ("dynomite", "peers"):
         return GroupShape(group.kind, cluster=cluster, why=f"kind = {group.kind!r}")
     primaries = [i for i, r in enumerate(roles) if r.role == "master"]
+    unknown = [f"{n} ({r.error})" for n, r in zip(names, roles, strict=True) if r.role == "unknown"]
     if group.kind == "auto":
         # Any replica among the members makes it a replication group: a replica is never
         # written, whatever the state of its link (which decides only who is fixed).
         if not any(r.role == "slave" for r in roles):
+            if unknown:
+                # Peers or a primary's replicas? Guessing peers would write to replicas.
+                return GroupShape(
+                    "replication",
+                    cluster=cluster,
+                    why="kind auto, a member's role unknown",
+                    no_primary=f"the role of {', '.join(unknown)} could not be read, so "
+                    "whether the group is a primary's replicas or peers is unknown (set kind "
+                    "in [[groups]], or make the member readable)",
+                )
             return GroupShape("peers", cluster=cluster, why="kind auto: no member is a replica")
         why = "kind auto: members are a primary's replicas"
         if len(primaries) == 1:
@@ -95,7 +134,10 @@ def shape_of(group: ReplicaGroup, roles: list[MemberRole]) -> GroupShape:
     else:
         why = "kind = 'replication'"
     if len(primaries) != 1:
-        roles_text = ", ".join(f"{n} {r.role}" for n, r in zip(names, roles, strict=True))
+        roles_text = ", ".join(
+            f"{n} {r.role}" + (f": {r.error}" if r.role == "unknown" and r.error else "")
+            for n, r in zip(names, roles, strict=True)
+        )
         problem = "no member is a primary" if not primaries else "several members are primaries"
         return GroupShape(
             "replication", cluster=cluster, why=why, no_primary=f"{problem} ({roles_text})"
@@ -117,24 +159,30 @@ def shape_of(group: ReplicaGroup, roles: list[MemberRole]) -> GroupShape:
 
 
 async def group_shape(
-    group: ReplicaGroup, *, timeout_s: float, direct: list[bool] | None = None
+    group: ReplicaGroup,
+    *,
+    timeout_s: float,
+    agents: Sequence[AgentClient | None] | None = None,
 ) -> GroupShape:
-    """Read every member's role and decide the shape. Members not `direct` (reached through
-    their region's agent) cannot be read from here: a replication group with one is taken
-    as the config lists it, its first member the primary."""
-    reach = direct if direct is not None else [True] * len(group.members)
-    if group.kind == "replication" and not all(reach):
-        why = "kind = 'replication', members behind agents: the first member is the primary"
-        return GroupShape("replication", 0, why=why)
+    """Read every member's role and decide the shape: here, or (`agents[i]` not None) by
+    the agent of the member's region."""
+    clients = agents if agents is not None else [None] * len(group.members)
     roles = await all_of(
-        read_role(m, timeout_s) if ok else _through_agent()
-        for m, ok in zip(group.members, reach, strict=True)
+        read_role(m, timeout_s) if client is None else role_through_agent(client, m.name)
+        for m, client in zip(group.members, clients, strict=True)
     )
     return shape_of(group, list(roles))
 
 
-async def _through_agent() -> MemberRole:
-    return MemberRole("unknown", error="reached through its region's agent")
+async def role_through_agent(client: AgentClient, name: str) -> MemberRole:
+    """`name`'s role as its region's agent reads it; "unknown" when the agent cannot say."""
+    try:
+        data, _ = await client.request("GET", f"/replicas/{name}/role", replica=name)
+        return MemberRole.from_dict(json.loads(data))
+    except AgentError as exc:
+        return MemberRole("unknown", error=f"its agent could not say: {exc.message}")
+    except ValueError as exc:
+        return MemberRole("unknown", error=f"its agent's answer is not a role: {exc}")
 
 
 def cluster_members(group: ReplicaGroup, shape: GroupShape) -> tuple[Endpoint, ...]:
