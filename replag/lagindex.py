@@ -34,6 +34,9 @@ _LOAD_CHUNK = 500  # ids per SELECT … IN (…); SQLite allows 999 parameters b
 _QUERY_REFRESH_S = 0.1
 # On PostgreSQL, the service's refreshes re-read this many ids below the highest seen.
 _ID_LOOKBACK = 256
+# Under the service, windows ending within this long ago are decoded as they arrive (what
+# the index warm-up decodes at start); older ones when a query first covers them.
+_DECODE_AHEAD_NS = 86_400 * 10**9
 _CHUNK = 64  # windows merged ahead into one cached part (about an hour of one-minute windows)
 
 
@@ -171,9 +174,11 @@ class LagIndex:
         # Bumped whenever any pair's windows change: an answer built at one generation
         # stays right, for the same range, until it moves (see `edges`).
         self.generation = 0
-        # Under the service its schedules pick up new windows (`follow`), so queries never
-        # read the store on the API's event loop.
+        # Under the service its schedules pick up new windows (`refresh` and
+        # `decode_new`, in a thread of their own), so queries never read the store on the
+        # API's event loop, and answers never wait for a window to be read and decoded.
         self.followed = False
+        self._undecoded: list[int] = []
 
     def refresh(self, *, wait: bool = True) -> None:
         """Pick up windows appended since the last call (by anyone: service, cron probes).
@@ -215,6 +220,7 @@ class LagIndex:
                 self.load_error = str(exc)
                 raise
             self.load_error = None
+            recent_ns = time.time_ns() - _DECODE_AHEAD_NS
             with self._lock:
                 for window_id, source, target, replica, end_ns in rows:
                     if window_id <= self._last_id and window_id in self._recent_ids:
@@ -227,6 +233,8 @@ class LagIndex:
                     if len(self._recent_order) > 4 * _ID_LOOKBACK:
                         self._recent_ids.discard(self._recent_order.popleft())
                     self.generation += 1
+                    if self.followed and end_ns >= recent_ns:
+                        self._undecoded.append(window_id)  # see decode_new
             if self.store.unsaved_generation != self._unsaved_generation:
                 self._follow_unsaved()
         finally:
@@ -255,6 +263,15 @@ class LagIndex:
                 self._answers.clear()
         if gone:
             self.forget_ids(gone)
+
+    def decode_new(self) -> int:
+        """Read and decode the windows picked up since the last call (what a query would
+        otherwise do when it first covers them); return how many."""
+        with self._lock:
+            ids, self._undecoded = self._undecoded, []
+        if ids:
+            self._load(ids)
+        return len(ids)
 
     def forget_before(self, end_ns: int) -> int:
         """Drop windows ending before `end_ns` (pruned from the store); return how many."""

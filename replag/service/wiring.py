@@ -255,7 +255,7 @@ class ReplagService:
         thread: the API's queries then never read the store on its event loop."""
         while True:
             try:
-                await asyncio.to_thread(self.index.refresh)
+                await asyncio.to_thread(self._refresh_index)
             except ReplagError as exc:  # named by health and the lag API (load_error)
                 log.debug("lag index refresh: %s", exc)
             await asyncio.sleep(INDEX_FOLLOW_S)
@@ -268,6 +268,10 @@ class ReplagService:
                 watch.report()
         finally:
             watch.close()
+
+    def _refresh_index(self) -> None:
+        self.index.refresh()
+        self.index.decode_new()
 
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""
