@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import logging
 import sys
-import time
 
 log = logging.getLogger(__name__)
 
@@ -35,61 +34,6 @@ def freeze_long_lived(stage: str) -> int:
     return frozen
 
 
-class FullPassWatch:
-    """Freezes the heap again right after a slow full pass, so the next ones are short.
-
-    A service watching a fleet keeps growing after start-up (each source's metrics
-    series, the lag index's windows, the answers cached over them): with 100 groups,
-    full passes over what accumulated took 400–550 ms on a busy 2-core host, every
-    minute or so while the heap grew, and stalled every API request meanwhile. What a
-    full pass leaves is alive (every generation was just collected), and in this
-    process mostly long-lived: when the pass took over `slow_s` of CPU, the callback
-    moves it to the permanent generation at once, before anything new is allocated.
-    It is self-limiting: right after a freeze passes are short again, so it happens
-    only when much new long-lived state has built up. What it may keep is a reference
-    cycle that was alive then and becomes garbage later (an in-flight task's): bounded
-    by what was in flight at each of these few freezes. `report()` logs them (never
-    from the collector's callback).
-    """
-
-    def __init__(self, *, slow_s: float = 0.02) -> None:
-        self.slow_s = slow_s
-        self.freezes = 0
-        self._reported = 0
-        self._slowest_s = 0.0
-        self._started = 0.0
-        gc.callbacks.append(self._timed)
-
-    def _timed(self, phase: str, info: dict[str, int]) -> None:
-        if info.get("generation") != 2:
-            return
-        # CPU time of the collecting thread: on a busy host a short pass can take long on
-        # the wall clock (the thread waited for a core), and freezing cannot help that.
-        if phase == "start":
-            self._started = time.thread_time()
-            return
-        took = time.thread_time() - self._started
-        if took > self.slow_s:
-            gc.freeze()
-            self.freezes += 1
-            self._slowest_s = max(self._slowest_s, took)
-
-    def report(self) -> None:
-        if self.freezes != self._reported:
-            log.info(
-                "slow full garbage collections (up to %.0f ms of CPU): %d long-lived "
-                "objects frozen (%d times so far)",
-                self._slowest_s * 1000,
-                gc.get_freeze_count(),
-                self.freezes,
-            )
-            self._reported, self._slowest_s = self.freezes, 0.0
-
-    def close(self) -> None:
-        if self._timed in gc.callbacks:
-            gc.callbacks.remove(self._timed)
-
-
 # The longest a thread waits for the GIL before asking its holder to drop it (default
 # 5 ms): the API's event loop asks several times per request while the probe rounds'
 # thread holds it about 40 % of the time with 100 groups.
@@ -97,7 +41,12 @@ SERVICE_SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_for_service() -> None:
-    """The GIL's switch interval for `replag serve`. (The collector's thresholds stay
-    CPython's: raising the young one to 50,000 let a probe round's cyclic garbage, which
-    holds its histograms' arrays, grow the process by 36 MB every 10 s before a pass.)"""
+    """The GIL's switch interval for `replag serve`.
+
+    Tried and dropped, for the full passes' pauses that remain (up to a few hundred ms
+    with 100 groups on a busy host): raising the young threshold to 50,000 let the probe
+    rounds' cyclic garbage, which holds their histograms' arrays, grow the process by
+    36 MB every 10 s between passes; freezing again after each slow full pass froze the
+    rounds in flight with it (their cycles then never freed): 140 MB to 700 MB in three
+    minutes."""
     sys.setswitchinterval(SERVICE_SWITCH_INTERVAL_S)

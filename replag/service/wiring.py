@@ -25,7 +25,7 @@ from replag.alerts.verdict import replication_health, with_store_problems
 from replag.background import BackgroundLoop
 from replag.config import Config
 from replag.errors import ReplagError
-from replag.heap import FullPassWatch, freeze_long_lived
+from replag.heap import freeze_long_lived
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
@@ -53,7 +53,6 @@ log = logging.getLogger("replag.service")
 # How often the service picks up new lag windows for the API (a probe round's windows
 # are picked up at its end too, by the alert evaluation).
 INDEX_FOLLOW_S = 0.25
-HEAP_CHECK_S = 5.0  # how often freezes after slow full collections are logged (replag.heap)
 
 
 class ReplagService:
@@ -225,8 +224,6 @@ class ReplagService:
         self.scheduler.spawn("index-follow", self._follow_index())
         # The matrix's replication cells, before the first request needs them.
         self.scheduler.spawn("replication-cells", asyncio.to_thread(self.replication.cells))
-        if self._freeze_heap:
-            self.scheduler.spawn("heap", self._keep_full_passes_short())
         self.index.followed = True
         self.scheduler.start()
         log.info(
@@ -259,15 +256,6 @@ class ReplagService:
             except ReplagError as exc:  # named by health and the lag API (load_error)
                 log.debug("lag index refresh: %s", exc)
             await asyncio.sleep(INDEX_FOLLOW_S)
-
-    async def _keep_full_passes_short(self) -> None:
-        watch = FullPassWatch()
-        try:
-            while True:
-                await asyncio.sleep(HEAP_CHECK_S)
-                watch.report()
-        finally:
-            watch.close()
 
     def _refresh_index(self) -> None:
         self.index.refresh()
