@@ -4,6 +4,7 @@ that times out names its key, its replica and the setting."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint
 from tests.helpers.configs import group_config
-from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.waiting import until
 
 FIELDS = 1_000_000
+REASSERTED = 200_000
 # Builds the hash inside the server (setup only: it holds the server for a second).
 BUILD = (
     "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do "
@@ -144,3 +147,41 @@ async def test_a_big_stream_with_consumer_groups_keeps_them(
     assert writes.count(b"RESTORE") == 1  # the stream with groups, whole
     assert writes.count(b"RENAME") == 4  # the others: each renamed aside, then swapped in
     assert clients[2].keys("replag:*") == []
+
+
+async def test_a_primary_reasserting_a_big_hash_is_never_held_long(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    # In a replication group the primary is the only member written: a replica that lost
+    # fields of a big hash is fixed by the primary copying its own hash onto itself in
+    # pages (a temporary key, then RENAME), which replication carries. Neither the primary
+    # nor the replica applying that stream may be held 50 ms by one command. (200,000
+    # fields: one RESTORE or COPY of it would take hundreds of ms; a page takes a few.)
+    primary = redis_factory("p")
+    replica = replica_of(redis_factory, primary, "r")
+    wait_listed(primary, [replica])
+    with primary.client() as p:
+        for start in range(1, REASSERTED, 50_000):
+            p.eval(BUILD, 1, "big", start, start + 49_999)
+    with replica.client() as r:
+        await until(
+            lambda: asyncio.to_thread(lambda: r.hlen("big") == REASSERTED),
+            "the replica holds the hash",
+            timeout_s=120,
+        )
+        r.config_set("replica-read-only", "no")
+        r.hdel("big", *[f"f{i}" for i in range(1, 11)])
+    clients = [primary.client(), replica.client()]
+    for client in clients:
+        client.config_set("slowlog-log-slower-than", SLOW_US)
+        client.slowlog_reset()
+    config = group_config(tmp_path, [replica, primary], kind="replication", repair_settle="1s")
+    report = (await repair(config)).to_dict()
+    assert report["repaired"] == 1 and report["resync"] == 0, report
+    assert clients[1].hlen("big") == REASSERTED
+    for client in clients:
+        slow = [(e["duration"], e["command"][:60]) for e in client.slowlog_get(128)]
+        assert slow == [], slow
+        assert client.keys("replag:*") == []
+    for client in clients:
+        client.close()
