@@ -68,6 +68,7 @@ REPLICA_STATE = obj(
         "ack_offset": nullable(INT),
         "ack_lag_s": nullable(NUM),
         "priority": nullable(INT),
+        "loading": BOOL,
     },
 )
 
@@ -111,7 +112,7 @@ PAIR = obj(
         "negative": counts("count", "beyond_uncertainty"),
         "error": nullable(STR),
         "replication": nullable(obj({})),
-        "excluded": obj({"count": INT, "because": nullable({"enum": ["syncing"]})}),
+        "excluded": obj({"count": INT, "because": nullable({"enum": ["syncing", "loading"]})}),
     },
 )
 

@@ -16,7 +16,8 @@ import pytest
 
 from replag.lab.server import RedisServer, free_port
 from replag.schemas import SCHEMA_VERSION, SCHEMAS, schema
-from tests.helpers.redis_servers import primary_and_replicas
+from tests.helpers.redis_servers import FAST_SYNC, primary_and_replicas
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +177,39 @@ def test_samples_taken_while_a_replica_syncs_are_flagged_and_kept_out(tmp_path: 
     assert pair["excluded"] == {"count": 10, "because": "syncing"}
     assert (pair["sent"], pair["lost"], pair["lag_ms"]["p99"]) == (0, 0, None)
     assert any("syncing" in note for note in out["notes"])
+
+
+def test_a_replica_loading_its_snapshot_is_flagged_and_kept_out_not_unreachable(
+    tmp_path: Path,
+) -> None:
+    # The replica loads the transferred snapshot (48 MB) key by key with a delay: minutes
+    # of LOADING to reads, while it answers between keys (every 1 KB read).
+    primary = RedisServer(name="p", port=free_port(), workdir=tmp_path, extra_args=FAST_SYNC)
+    primary.start()
+    slow_load = ("--key-load-delay", "50000", "--loading-process-events-interval-bytes", "1024")
+    replica_args = ("--replicaof", "127.0.0.1", str(primary.port), *slow_load)
+    replica = RedisServer(name="r", port=free_port(), workdir=tmp_path, extra_args=replica_args)
+    try:
+        with primary.client() as client:
+            pipe = client.pipeline(transaction=False)
+            for n in range(3000):
+                pipe.set(f"fill:{n}", "x" * 16_000)
+            pipe.execute()
+        replica.start()
+        with replica.client() as client:
+            wait_until(lambda: client.info("persistence")["loading"] == 1, "the replica loads")
+            config = _topology(tmp_path, primary.url, replica.url)
+            args = ["probe", "-c", str(config), "--count", "10", "--timeout", "1s", "--json"]
+            out = valid("probe", replag(args, tmp_path))
+            # The whole run fell within the load (it lasts minutes).
+            assert client.info("persistence")["loading"] == 1
+    finally:
+        replica.stop()
+        primary.stop()
+    (pair,) = out["pairs"]
+    assert pair["excluded"] == {"count": 10, "because": "loading"}
+    assert (pair["sent"], pair["lost"], pair["lag_ms"]["p99"]) == (0, 0, None)
+    assert out["unreachable"] == [] and out["breaches"] == []  # and exit 0
+    assert any("loading its dataset" in note for note in out["notes"]), out["notes"]
+    (sampled,) = out["replication"]["primaries"][0]["replicas"]
+    assert (sampled["status"], sampled["loading"]) == ("syncing", True)

@@ -252,6 +252,9 @@ class ReplicaReplication(Open):
     backlog_headroom: int | None = None
     headroom_fraction: float | None = None
     headroom_colour: str | None = None
+    loading: bool | None = Field(
+        default=None, description="loading its dataset (status syncing): reads refused"
+    )
     error: str | None = None
 
 

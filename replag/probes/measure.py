@@ -20,10 +20,10 @@ from replag.probes.observers import Observer, open_observer
 from replag.probes.progress import ProgressCallback, waiting_reporter
 from replag.probes.report import ProbeReport
 from replag.probes.samples import collect_samples
-from replag.probes.targets import ReplicaTarget, observation_units
+from replag.probes.targets import ReplicaTarget, observation_units, unit_label
 from replag.probes.writes import delete_keys, no_clock_note, server_time, write_keys
 from replag.replication.alongside import ProbeReplication
-from replag.resp import RespConnection
+from replag.resp import RespConnection, error_text
 from replag.settings import Settings
 
 if TYPE_CHECKING:
@@ -105,6 +105,14 @@ class ProbeRun:
             self.fence()
         await delete_keys(writer, [self.keys.key(seq) for seq in writes], report)
 
+    def loading(self) -> set[str]:
+        """Units (by label) a replica of which answered LOADING during the run."""
+        out = set()
+        for unit in observation_units(self.targets, by_rack=self.by_rack):
+            if any(t.loading or (t.observer is not None and t.observer.loading) for t in unit):
+                out.add(unit_label([t.replica for t in unit], by_rack=self.by_rack)[0])
+        return out
+
     async def _open_watches(self) -> set[str]:
         """Have the agents of agent regions watch their replicas; the replicas' names."""
         if not any(self.config.topology.region(t.region).agent for t in self.targets):
@@ -154,6 +162,13 @@ async def open_target(
         )
         target.conn = conn
         await require_on(conn, "probe", prefix=settings.prefix, what="a probe")
+        # A replica refusing us (NOAUTH, a wrong password) is unreachable from the start;
+        # one loading its dataset answers LOADING, and is observed all the same.
+        reply, _, _ = await conn.call("PING")
+        if (text := error_text(reply)) is not None and text.startswith("LOADING"):
+            target.loading = True
+        elif text is not None:
+            conn.check([reply])
         if target.cluster:
             # A Redis Cluster replica redirects reads to its primary unless told READONLY.
             await conn.checked("READONLY")

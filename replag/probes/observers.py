@@ -57,6 +57,9 @@ class Observer:
         self.replica = replica
         self.arrivals: dict[bytes, Arrival] = {}
         self.error: str | None = None
+        # The replica refused reads with LOADING (it is loading its dataset): not an
+        # error, it applies the keys once loaded; the run keeps its samples out.
+        self.loading = False
 
     def expect(self, key: bytes, written_lo_ns: int) -> None:
         """A write of `key` was sent at `written_lo_ns`."""
@@ -186,21 +189,27 @@ class PollObserver(Observer):
                 except ReplagError as exc:
                     self.error = f"poll failed: {exc.message}"
                     return
-                if error_text(values) is not None:
+                text = error_text(values)
+                if text is not None and text.startswith("LOADING"):
+                    self.loading = True  # nothing read this round; asked again next
+                elif text is not None:
                     self.error = f"poll failed: {values}"
                     return
-                self.rounds += 1
-                mid = (t_a + t_b) // 2
-                for key, value in zip(keys, values, strict=True):
-                    if value is None:
-                        self._outstanding[key] = (t_a, mid)
-                    else:
-                        lo, lo_mid = self._outstanding.pop(key)
-                        self.arrivals[key] = Arrival(
-                            estimate_ns=(lo_mid + mid) // 2, lo_ns=lo, hi_ns=t_b
-                        )
+                else:
+                    self._record(keys, values, t_a, t_b)
             delay = self.interval_s - (loop.time() - started)
             await asyncio.sleep(max(delay, 0))
+
+    def _record(self, keys: list[bytes], values: list[Any], t_a: int, t_b: int) -> None:
+        """One MGET round's answer: a key found arrived since the last round that missed it."""
+        self.rounds += 1
+        mid = (t_a + t_b) // 2
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                self._outstanding[key] = (t_a, mid)
+            else:
+                lo, lo_mid = self._outstanding.pop(key)
+                self.arrivals[key] = Arrival(estimate_ns=(lo_mid + mid) // 2, lo_ns=lo, hi_ns=t_b)
 
     async def stop(self) -> None:
         self._stopping = True

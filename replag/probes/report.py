@@ -44,7 +44,8 @@ class PairResult:
     # The Dynomite write consistency set on the probe connection (None: not set).
     consistency: str | None = None
     negative_beyond_uncertainty: int = 0  # lag + uncertainty < 0: an estimate gone wrong
-    # Samples kept out of the figures, and why ("syncing": the replica was in a resync).
+    # Samples kept out of the figures, and why ("syncing": the replica was in a resync;
+    # "loading": it was loading its dataset).
     excluded: int = 0
     excluded_because: str | None = None
 

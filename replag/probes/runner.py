@@ -171,29 +171,45 @@ def _finish(run: ProbeRun) -> None:
         {p.replica: p99 for p in report.pairs if (p99 := p.summary.lag_ms["p99"]) is not None}
     )
     report.replication = replication.snapshot
-    _exclude_syncing(report, replication.syncing())
+    _exclude_unsettled(report, replication.syncing(), replication.loading(), run.loading())
     if replication.event is not None:
         report.failovers.append(replication.event)
     report.evaluate(max_p99_s=settings.max_p99, max_loss=settings.max_loss)
 
 
-def _exclude_syncing(report: ProbeReport, syncing: tuple[set[str], set[str]]) -> None:
-    """A replica in a resync during the run: its samples time the sync (or are lost to
-    it), so they are flagged and kept out of the figures, and a note says why. Syncing
-    when the run started: every sample waited for the sync. Only when it ended: the
-    sync began during the run, which matters where it cost probes."""
+def _exclude_unsettled(
+    report: ProbeReport,
+    syncing: tuple[set[str], set[str]],
+    loading: set[str],
+    refused_reads: set[str],
+) -> None:
+    """A replica in a resync or loading its dataset during the run: its samples time the
+    sync or the load (or are lost to it), so they are flagged and kept out of the
+    figures, and a note says why; it is not unreachable. Syncing when the run started:
+    every sample waited for the sync. Only when it ended: the sync began during the run,
+    which matters where it cost probes. Answering LOADING to the probe (`refused_reads`)
+    at any time: its reads waited for the load."""
     at_start, at_end = syncing
     for pair in report.pairs:
-        during = pair.replica in at_start or (pair.replica in at_end and pair.lost > 0)
-        if during and pair.sent:
-            count = pair.sent
-            pair.exclude("syncing")
-            report.samples = [s for s in report.samples if s.replica != pair.replica]
-            report.notes.append(
-                f"{pair.label}: the replica was syncing with its primary during the run "
-                f"(a full or initial resync): its {count} samples are kept out of the "
-                "percentiles and the loss ratio"
+        name = pair.replica
+        during = name in refused_reads or name in at_start or (name in at_end and pair.lost > 0)
+        if not (during and pair.sent):
+            continue
+        count = pair.sent
+        if name in refused_reads or name in loading:
+            pair.exclude("loading")
+            what = (
+                "loading its dataset during the run (LOADING: a resync's snapshot after "
+                "its transfer, or its own file after a restart)"
             )
+        else:
+            pair.exclude("syncing")
+            what = "syncing with its primary during the run (a full or initial resync)"
+        report.samples = [s for s in report.samples if s.replica != name]
+        report.notes.append(
+            f"{pair.label}: the replica was {what}: its {count} samples are kept out of the "
+            "percentiles and the loss ratio"
+        )
 
 
 async def run_probe_all(

@@ -82,6 +82,8 @@ class ReplicaTarget:
     conn: RespConnection | None = None
     observer: Observer | None = None
     error: str | None = None
+    # It answered LOADING (loading its dataset: a resync's snapshot, or after a restart).
+    loading: bool = False
     # A certificate or an ACL permission refused: a configuration error, not an outage:
     # the run stops (exit 2).
     fatal: TlsError | PermissionRefused | None = None

@@ -113,6 +113,10 @@ class ProbeReplication:
         snapshot's transfer and load) when the run started, and when it ended."""
         return _syncing(self.start_snapshot), _syncing(self.snapshot)
 
+    def loading(self) -> set[str]:
+        """Replicas found loading their dataset (among the syncing ones) at either end."""
+        return _loading(self.start_snapshot) | _loading(self.snapshot)
+
     async def close(self) -> None:
         if self._own:
             await self._sampler.close()
@@ -149,3 +153,8 @@ class ProbeReplication:
 def _syncing(snapshot: ReplicationSnapshot | None) -> set[str]:
     primaries = snapshot.primaries if snapshot is not None else []
     return {r.replica for p in primaries for r in p.replicas if r.status == "syncing"}
+
+
+def _loading(snapshot: ReplicationSnapshot | None) -> set[str]:
+    primaries = snapshot.primaries if snapshot is not None else []
+    return {r.replica for p in primaries for r in p.replicas if r.loading}

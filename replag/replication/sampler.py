@@ -10,20 +10,23 @@ reads: bytes behind lies between (first primary offset − replica offset) and
 (second − replica), the bracket reported as estimate ± half-width, and the
 read skew (the whole bracket's duration) is reported beside it. Answers are
 parsed after the bracket, so it holds round trips only. Cost per primary:
-3 + N commands in 3 round trips (N replicas). Unreachable servers are
-reported in the sample, never raised.
+3 + N commands in 3 round trips (N replicas). A replica found syncing, with
+its link down or not replicating is also asked `INFO persistence` (after the
+bracket), whether it is loading its dataset. Unreachable servers are reported
+in the sample, never raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from replag.errors import ReplagError
 from replag.replication.backlog import Backlog
-from replag.replication.info import ListedReplica, ReplicationInfo
+from replag.replication.info import ListedReplica, ReplicationInfo, parse_info
 from replag.replication.state import (
     PrimaryState,
     ReplicaState,
@@ -35,6 +38,7 @@ from replag.topology import Endpoint, Region, Topology
 
 _INFO_REPLICATION = pack(b"INFO", b"replication")
 _INFO_STATS = pack(b"INFO", b"stats")
+_INFO_PERSISTENCE = pack(b"INFO", b"persistence")
 # The primary's write rate is averaged over this long (or since the previous sample).
 RATE_WINDOW_S = 60.0
 DYNOMITE_NOTE = (
@@ -203,6 +207,18 @@ class ReplicationSampler:
             _replica_state(region, ep, read, before, after)
             for (region, ep), read in zip(target.replicas, reads, strict=True)
         )
+        odd = [i for i, r in enumerate(replicas) if r.status in _ASK_IF_LOADING]
+        if odd:
+            asked = [target.replicas[i][1] for i in odd]
+            loading = await asyncio.gather(*(self._loading(ep) for ep in asked))
+            commands += len(odd)
+            fixed = list(replicas)
+            for i, is_loading in zip(odd, loading, strict=True):
+                if is_loading:
+                    fixed[i] = dataclasses.replace(
+                        fixed[i], status="syncing", loading=True, error=None
+                    )
+            replicas = tuple(fixed)
         middle_ns = (first.sent_ns + second.arrived_ns) // 2
         middle_offset = (before.offset + after.offset) // 2
         state = PrimaryState(
@@ -221,6 +237,21 @@ class ReplicationSampler:
             replicas=replicas,
         )
         return state, commands
+
+    async def _loading(self, endpoint: Endpoint) -> bool:
+        """Whether the replica is loading its dataset (INFO persistence loading:1); False
+        when it cannot say."""
+        conn = self._conns.get((endpoint.host, endpoint.port, endpoint.db))
+        if conn is None:
+            return False
+        try:
+            (reply,), _ = await conn.wait(conn.send(_INFO_PERSISTENCE, 1))
+        except ReplagError:
+            await self._drop(endpoint)
+            return False
+        if error_text(reply) is not None or not isinstance(reply, bytes | str):
+            return False
+        return parse_info(reply).get("loading") == "1"
 
     async def _warm(self, endpoint: Endpoint) -> str | None:
         """Connect (or reuse); the error text if the endpoint cannot be reached."""
@@ -260,6 +291,8 @@ def _listed(listed: tuple[ListedReplica, ...], endpoint: Endpoint) -> ListedRepl
 # A primary's states of a replica it is sending a snapshot to (or about to): the replica
 # itself may still say only "link down" (e.g. while a diskless sync waits for its delay).
 _SYNC_STATES = ("wait_bgsave", "send_bulk")
+# Replica states that may hide a replica loading its dataset (asked INFO persistence).
+_ASK_IF_LOADING = ("syncing", "link-down", "not-replicating")
 
 
 def _syncing_as_the_primary_sees_it(listed: ListedReplica | None) -> bool:

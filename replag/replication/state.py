@@ -37,6 +37,10 @@ class ReplicaState:
     headroom_fraction: float | None = None
     priority: int | None = None
     error: str | None = None
+    # Loading its dataset into memory (INFO persistence loading:1): a full resync's
+    # snapshot after the transfer, or its own file after a restart. Status "syncing":
+    # it refuses reads (LOADING) and applies nothing until loaded.
+    loading: bool = False
 
     @property
     def link_up(self) -> bool:
@@ -69,6 +73,7 @@ class ReplicaState:
             "backlog_headroom": self.backlog_headroom,
             "headroom_fraction": _round(self.headroom_fraction, 4),
             "priority": self.priority,
+            "loading": self.loading,
             "error": self.error,
         }
 

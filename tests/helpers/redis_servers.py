@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
+
 from replag.lab.server import RedisServer, free_port
 from tests.helpers.waiting import wait_until
 
@@ -24,7 +26,9 @@ def replica_of(factory: RedisFactory, upstream: RedisServer, name: str) -> Redis
 
 
 def wait_listed(upstream: RedisServer, replicas: list[RedisServer]) -> None:
-    """Until `upstream` lists every one of `replicas` as online."""
+    """Until `upstream` lists every one of `replicas` as online, and each replica says its
+    link is up and it has loaded the snapshot (a primary lists a replica online once the
+    transfer ends, while the replica may still be loading it: LOADING to every read)."""
     want = {r.port for r in replicas}
     with upstream.client() as client:
 
@@ -38,6 +42,22 @@ def wait_listed(upstream: RedisServer, replicas: list[RedisServer]) -> None:
             return want <= listed
 
         wait_until(online, f"replicas {sorted(want)} online on {upstream.port}")
+    for replica in replicas:
+        with replica.client() as client:
+
+            def in_sync(client: redis.Redis = client) -> bool:
+                try:
+                    link = client.info("replication")
+                    loading = client.info("persistence").get("loading")
+                except redis.BusyLoadingError:
+                    return False
+                return (
+                    link.get("master_link_status") == "up"
+                    and not link.get("master_sync_in_progress")
+                    and not loading
+                )
+
+            wait_until(in_sync, f"replica {replica.port} linked and loaded")
 
 
 @contextmanager
