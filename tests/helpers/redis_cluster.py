@@ -1,8 +1,12 @@
 """A real Redis Cluster for tests: redis-server nodes started, met, given slots and replicas.
 
 `start_cluster()` does by hand what `redis-cli --cluster create` does (MEET,
-ADDSLOTS, REPLICATE) and returns once every node reports cluster_state:ok and
-sees every replica in CLUSTER SLOTS. Test modules wrap it in their own fixture.
+ADDSLOTS, REPLICATE) and returns once the cluster is whole as every node sees it:
+cluster_state:ok with all 16384 slots assigned and ok, every slot range listed in
+CLUSTER SLOTS with its primary and one replica, every replica's link up. Gossip on
+a loaded host is slow, so the wait is long (`READY_TIMEOUT_S` only bounds a hang)
+and its failure names what was still missing. Test modules wrap it in their own
+fixture.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from replag.lab.server import RedisServer, free_port
 from tests.helpers.redis_servers import FAST_SYNC
 
 SLOTS = 16384
+# How long a cluster may take to become whole: only a hang reaches it (nodes meet and
+# agree by gossip, which a starved host runs late, not wrong).
+READY_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -47,12 +54,39 @@ def cluster_command(client: redis.Redis, *args: Any) -> Any:
     return run("CLUSTER", *args)
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
+def _wait(what: str, missing: Callable[[], str | None]) -> None:
+    """Until `missing()` is None (it says what is still missing otherwise); a node that
+    does not answer in time (a loaded host) is asked again, never a failure by itself."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            still = missing()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            still = f"a node did not answer ({exc})"
+        if still is None:
+            return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"Redis Cluster: {what} after {timeout_s:.0f}s")
-        time.sleep(0.05)
+            raise TimeoutError(f"Redis Cluster: {what} after {READY_TIMEOUT_S:.0f}s: {still}")
+        time.sleep(0.1)
+
+
+def _whole(client: redis.Redis, primaries: int, *, replicas: bool) -> str | None:
+    """What this node does not see yet of a whole cluster (None: nothing)."""
+    info = cluster_command(client, "INFO").decode()
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    port = client.connection_pool.connection_kwargs.get("port")
+    if fields.get("cluster_state") != "ok":
+        return f"node {port}: cluster_state:{fields.get('cluster_state')}"
+    for name in ("cluster_slots_assigned", "cluster_slots_ok"):
+        if fields.get(name) != str(SLOTS):
+            return f"node {port}: {name}:{fields.get(name)}"
+    if replicas:
+        entries = cluster_command(client, "SLOTS")
+        if len(entries) != primaries or any(len(e) != 4 for e in entries):
+            return (
+                f"node {port}: CLUSTER SLOTS lists {len(entries)} ranges, not each with a replica"
+            )
+    return None
 
 
 def cluster_port() -> int:
@@ -125,30 +159,30 @@ def _join(cluster: RedisClusterNodes) -> None:
         for node in cluster.nodes[1:]:
             cluster_command(clients[0], "MEET", "127.0.0.1", node.port)
 
-        def all_known() -> bool:
+        def unmet() -> str | None:
             for client in clients:
                 lines = cluster_command(client, "NODES").decode().splitlines()
                 if len(lines) != len(clients) or any("handshake" in line for line in lines):
-                    return False
-            return True
+                    port = client.connection_pool.connection_kwargs.get("port")
+                    return f"node {port} knows {len(lines)} of {len(clients)} nodes"
+            return None
 
-        _wait("nodes did not all meet", all_known)
+        _wait("nodes did not all meet", unmet)
         count = len(cluster.primaries)
         for i, client in enumerate(clients[count:]):
             cluster_command(client, "REPLICATE", ids[i])
 
-        def ready() -> bool:
+        def not_ready() -> str | None:
             for client in clients:
-                if b"cluster_state:ok" not in cluster_command(client, "INFO"):
-                    return False
-                entries = cluster_command(client, "SLOTS")
-                if len(entries) != count or any(len(e) != 4 for e in entries):
-                    return False  # every range listed with its primary and one replica
-            return all(
-                c.info("replication").get("master_link_status") == "up" for c in clients[count:]
-            )
+                if (still := _whole(client, count, replicas=True)) is not None:
+                    return still
+            for client in clients[count:]:
+                if client.info("replication").get("master_link_status") != "up":
+                    port = client.connection_pool.connection_kwargs.get("port")
+                    return f"replica {port}: link to its primary not up"
+            return None
 
-        _wait("cluster_state not ok with every replica linked", ready)
+        _wait("not whole", not_ready)
     finally:
         for client in clients:
             with contextlib.suppress(redis.RedisError):
@@ -156,15 +190,16 @@ def _join(cluster: RedisClusterNodes) -> None:
 
 
 def wait_cluster_ok(cluster: RedisClusterNodes) -> None:
-    """Until every running node reports cluster_state:ok (e.g. after a restart)."""
+    """Until every running node reports cluster_state:ok with every slot served (e.g.
+    after a restart)."""
 
-    def ok() -> bool:
+    def not_ok() -> str | None:
         for node in cluster.nodes:
             if node.pid is None:
                 continue
             with node.client() as client:
-                if b"cluster_state:ok" not in cluster_command(client, "INFO"):
-                    return False
-        return True
+                if (still := _whole(client, len(cluster.primaries), replicas=False)) is not None:
+                    return still
+        return None
 
-    _wait("cluster_state not ok", ok)
+    _wait("cluster_state not ok", not_ok)
