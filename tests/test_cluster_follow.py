@@ -24,11 +24,12 @@ import pytest
 from replag.api.app import create_app
 from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
+from replag.discovery.primaries import failover_check
 from replag.lab.server import RedisServer
 from replag.probes.keys import hash_tag_for, key_slot
 from replag.probes.progress import ProbeProgress
 from replag.probes.runner import run_probe, run_probe_all
-from replag.replication import failover_check, history
+from replag.replication import history
 from replag.store import Store
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind

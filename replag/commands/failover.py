@@ -11,9 +11,9 @@ import click
 
 from replag.commands.options import config_option, load
 from replag.commands.repeated_logs import defer_logs
+from replag.discovery.primaries import failover_check
 from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import ReplagError, UsageError
-from replag.replication import failover_check
 from replag.schemas import versioned
 from replag.store import Store, parse_location
 

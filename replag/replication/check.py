@@ -1,4 +1,5 @@
-"""`failover-check`: sample every primary once and say whether failing over is safe now.
+"""`failover-check`: sample every primary once and say whether failing over is safe now
+(`replag.discovery.primaries.failover_check` finds the primaries first).
 
 Unsafe (exit 1) when the best candidate of any primary would lose more than
 `max_bytes` (or `max_lag_s` of writes), or no replica can be promoted; a
@@ -7,15 +8,14 @@ primary that cannot be read is an error (exit 2), not an answer.
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from replag.config import Config
 from replag.errors import UnreachableError, UsageError
 from replag.histogram import LagHistogram
-from replag.replication.follow import sentinel_primary
 from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from replag.replication.state import ReplicationSnapshot
@@ -47,25 +47,6 @@ class FailoverCheck:
         }
 
 
-async def _shard_now(config: Config, region: Region) -> tuple[Region, list[str]]:
-    """A Cluster shard's region as CLUSTER SHARDS has it now, and what moved."""
-    # Here, not at the top: cluster_follow reads probe figures through this module.
-    from replag.discovery.cluster_follow import current_shard
-    from replag.replication.follow import home
-
-    assert region.write is not None
-    now = await current_shard(config.topology, region, timeout_s=config.settings.connect_timeout)
-    assert now.region.write is not None
-    notes = list(now.notes)
-    if home(now.region.write) != home(region.write):
-        notes.insert(
-            0,
-            f"{region.name}: the primary is {home(now.region.write)} now (CLUSTER SHARDS of "
-            f"{now.seen_by}), not {home(region.write)} as configured",
-        )
-    return now.region, notes
-
-
 def recent_lag_p99_ms(
     store: Store, source: str, *, now_ns: int, freshness_s: float
 ) -> dict[str, float]:
@@ -92,37 +73,23 @@ def recent_lag_p99_ms(
     return latest
 
 
-async def failover_check(
+async def assess_primaries(
     config: Config,
+    regions: Sequence[Region],
     *,
-    source: str | None = None,
+    notes: Sequence[str] = (),
     max_bytes: int = 0,
     max_lag_s: float | None = None,
     store: Store | None = None,
 ) -> FailoverCheck:
-    """Sample the primaries of `source` (default: every region writing to a Redis primary).
+    """Sample the primaries of `regions` as given, and assess a failover of each.
 
-    A region under Sentinel is checked at the primary its Sentinels name now, a Redis
-    Cluster shard at the primary CLUSTER SHARDS names now (after a failover, the
-    promoted replica, with the demoted or dead old primary among the candidates), not
-    at the config's write endpoint."""
+    `replag.discovery.primaries.failover_check` first moves each region to the primary
+    it has now (Sentinel's, a Redis Cluster shard's), and passes what it found in
+    `notes`."""
     topology = config.topology
-    sources, resolved = [topology.region(source)] if source else list(topology.regions), []
-    notes: list[str] = []
-    timeout_s = config.settings.connect_timeout
-    for region in sources:
-        if region.write is None:
-            resolved.append(region)
-        elif region.sentinel is not None:
-            write, found = await sentinel_primary(topology, region, timeout_s=timeout_s)
-            resolved.append(dataclasses.replace(region, write=write))
-            notes += found
-        elif region.slots or region.shard:
-            shard, found = await _shard_now(config, region)
-            resolved.append(shard)
-            notes += found
-        else:
-            resolved.append(region)
+    notes = list(notes)
+    resolved = list(regions)
     targets, target_notes = replication_targets(topology, sources=resolved)
     notes += target_notes
     if not targets:
