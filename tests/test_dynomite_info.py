@@ -6,6 +6,7 @@ import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import jsonschema
 from click.testing import CliRunner
 
 from replag.cli import main
@@ -17,6 +18,7 @@ from replag.monitoring.dropped_writes import (
     find_dropped_writes,
 )
 from replag.monitoring.dynomite_stats import collect_dynomite_stats, recent_stats
+from replag.schemas import SCHEMA_VERSION, schema
 from replag.store import Store
 from tests.helpers.dynomite_admin import (
     admin_server,
@@ -161,6 +163,22 @@ def test_the_cron_command_collects_and_exits_1_on_dropped_writes(tmp_path: Path)
         routes["/info"] = info_with("3rack_node1_22222", uptime=20, peer_dropped_requests=4)
         second = runner.invoke(main, ["topology", "dynomite-stats", "-c", str(config), "--json"])
     assert second.exit_code == 1, second.output
-    (finding,) = json.loads(second.stdout)["dropped_writes"]
+    document = json.loads(second.stdout)
+    jsonschema.validate(document, schema("dynomite-stats"))
+    assert document["schema_version"] == SCHEMA_VERSION
+    (finding,) = document["dropped_writes"]
     assert (finding["node"], finding["dropped"]) == (url, 4)
     assert finding["message"] == DROPPED_WRITES_MESSAGE
+
+
+def test_the_cron_command_without_urls_prints_its_error_as_json(tmp_path: Path) -> None:
+    config = tmp_path / "dyn.toml"
+    config.write_text(
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n\n'
+        '[[groups]]\nname = "g"\nmembers = ["redis://127.0.0.1:22121", "redis://127.0.0.1:22122"]\n'
+    )
+    done = CliRunner().invoke(main, ["topology", "dynomite-stats", "-c", str(config), "--json"])
+    assert done.exit_code == 2
+    document = json.loads(done.stdout)
+    jsonschema.validate(document, schema("dynomite-stats"))
+    assert "dynomite_stats_urls is empty" in document["error"] and document["exit_code"] == 2

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 import redis
 from click.testing import CliRunner
@@ -16,6 +17,7 @@ from replag.config import load_config
 from replag.lab.cluster import lab_down, lab_fault, lab_status
 from replag.lab.relay import jitter_draw, read_truth
 from replag.lab.server import free_port, pid_alive
+from replag.schemas import schema
 from tests.helpers.lab import LabFactory
 from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import wait_until
@@ -40,6 +42,7 @@ def test_lab_up_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     state = json.loads(result.output)
+    jsonschema.validate(state, schema("lab-up"))
     pids = [p["pid"] for p in state["processes"]]
     assert len(pids) == 5  # primary, relay, three replicas
     assert all(pid_alive(p) for p in pids)
@@ -168,6 +171,7 @@ def test_a_fleet_lab_with_its_own_postgresql_is_the_store_of_its_topology(
     )
     assert result.exit_code == 0, result.output
     state = json.loads(result.output)
+    jsonschema.validate(state, schema("lab-up"))
     postgres = next(p for p in state["processes"] if p["kind"] == "postgres")
     data_dir = Path((lab_dir / "postgres.dir").read_text().strip())
     try:

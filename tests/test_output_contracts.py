@@ -123,6 +123,20 @@ def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> No
     assert missing.startswith("REPLAG UNKNOWN - ") and "nope.toml" in missing
 
 
+def test_failover_check_nagios(servers: list[RedisServer], config: Path, tmp_path: Path) -> None:
+    check = ["failover-check", "--format", "nagios", "--max-bytes", "64kb"]
+    (line,) = replag([*check, "-c", str(config)], config.parent).splitlines()
+    assert line.startswith("REPLAG OK - 1 primaries safe to fail over: "), line
+    perfdata = line.split(" | ")[1]
+    assert re.fullmatch(r"'[^'=]+ rpo'=\d+B;;65536;0;( '[^'=]+ rpo_s'=[\d.]+s;;;0;)?", perfdata)
+    # Its only replica down: nothing can be promoted (CRITICAL); no config: UNKNOWN.
+    dead = _topology(tmp_path, servers[0].url, f"redis://127.0.0.1:{free_port()}")
+    (line,) = replag([*check, "-c", str(dead)], tmp_path, 2).splitlines()
+    assert line.startswith("REPLAG CRITICAL - a: no replica can be promoted"), line
+    missing = replag([*check, "-c", str(tmp_path / "nope.toml")], tmp_path, 3)
+    assert missing.startswith("REPLAG UNKNOWN - ") and "nope.toml" in missing
+
+
 def test_a_failed_command_still_prints_its_json(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.toml")
     for name, args in [

@@ -1,4 +1,5 @@
-"""`replag failover-check`: is it safe to fail over now? JSON, exit 0 safe / 1 not / 2 error."""
+"""`replag failover-check`: is it safe to fail over now? JSON, exit 0 safe / 1 not / 2 error
+(or a Nagios plugin line: 0 OK / 2 CRITICAL / 3 UNKNOWN)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from replag.commands.repeated_logs import defer_logs
 from replag.discovery.primaries import failover_check
 from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import ReplagError, UsageError
+from replag.probes.nagios import (
+    UNKNOWN,
+    failover_nagios_code,
+    failover_nagios_line,
+    nagios_error,
+)
+from replag.replication.check import FailoverCheck
 from replag.schemas import versioned
 from replag.store import Store, parse_location
 
@@ -28,24 +36,48 @@ from replag.store import Store, parse_location
     help="Safe only if the best replica is at most this far behind: bytes, or 16kb, 1mb.",
 )
 @click.option("--max-lag", help="Also safe only if it lags at most this (e.g. 100ms).")
-def command(config_path: Path, source: str | None, max_bytes: str, max_lag: str | None) -> None:
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["json", "nagios"]),
+    default="json",
+    show_default=True,
+    help="json, or nagios: one plugin line with perfdata (each primary's RPO), "
+    "exit 0 OK / 2 CRITICAL (unsafe) / 3 UNKNOWN (error).",
+)
+def command(
+    config_path: Path, source: str | None, max_bytes: str, max_lag: str | None, output_format: str
+) -> None:
     """Sample each primary and its replicas; print what a failover would lose (JSON).
 
     Exit 0 when every primary has a replica within --max-bytes (and --max-lag,
     from the latest probe figures in the store), 1 when not, 2 on bad input or
     an unreachable primary (then stdout has {"error", "exit_code"}).
     """
-    defer_logs()  # stdout is JSON
+    defer_logs()  # stdout is JSON (or the plugin line)
     try:
-        _check(config_path, source, max_bytes, max_lag)
+        result = _check(config_path, source, max_bytes, max_lag)
     except ReplagError as exc:
+        if output_format == "nagios":
+            click.echo(nagios_error(str(exc)))
+            sys.exit(UNKNOWN)
         document = versioned({"error": str(exc), "exit_code": exc.exit_code})
         click.echo(json.dumps(document, indent=2))
         click.echo(f"replag: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    if output_format == "nagios":
+        click.echo(failover_nagios_line(result))
+        sys.exit(failover_nagios_code(result))
+    click.echo(json.dumps(versioned(result.to_dict()), indent=2))
+    for assessment in result.assessments:
+        state = "SAFE" if assessment.safe else "UNSAFE"
+        click.echo(f"{state}: {assessment.source}: {assessment.verdict}", err=True)
+    sys.exit(result.exit_code)
 
 
-def _check(config_path: Path, source: str | None, max_bytes: str, max_lag: str | None) -> None:
+def _check(
+    config_path: Path, source: str | None, max_bytes: str, max_lag: str | None
+) -> FailoverCheck:
     try:
         limit = parse_bytes(max_bytes)
     except ValueError as exc:
@@ -66,8 +98,4 @@ def _check(config_path: Path, source: str | None, max_bytes: str, max_lag: str |
     finally:
         if store is not None:
             store.close()
-    click.echo(json.dumps(versioned(result.to_dict()), indent=2))
-    for assessment in result.assessments:
-        state = "SAFE" if assessment.safe else "UNSAFE"
-        click.echo(f"{state}: {assessment.source}: {assessment.verdict}", err=True)
-    sys.exit(result.exit_code)
+    return result

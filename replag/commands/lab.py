@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
+from replag.commands.options import fail_as_json
 from replag.commands.status_line import status_line
 from replag.durations import parse_bytes, parse_duration_ns
-from replag.errors import UsageError
+from replag.errors import ReplagError, UsageError
 from replag.lab.cluster import (
     LabSpec,
     lab_down,
@@ -21,6 +22,7 @@ from replag.lab.cluster import (
     state_path,
 )
 from replag.lab.wan import parse_path, parse_paths
+from replag.schemas import versioned
 
 _DIR = click.option(
     "--dir",
@@ -143,7 +145,17 @@ def command() -> None:
     "make it the topology's store, for several `replag serve` on one store.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the lab state as JSON.")
-def up(
+def up(**options: Any) -> None:
+    """Start the lab and return once every replication link is up."""
+    try:
+        _up(**options)
+    except ReplagError as exc:
+        if not options["as_json"]:
+            raise
+        fail_as_json(exc)
+
+
+def _up(
     lab_dir: Path,
     regions: str,
     delay: str,
@@ -160,14 +172,13 @@ def up(
     postgres: bool,
     as_json: bool,
 ) -> None:
-    """Start the lab and return once every replication link is up."""
     if fleet is not None:
         from replag.lab.fleet import fleet_up
 
         state = fleet_up(lab_dir, fleet)
         store = _with_postgres(lab_dir, state) if postgres else None
         if as_json:
-            click.echo(json.dumps(state, indent=2))
+            click.echo(json.dumps(versioned(state), indent=2))
             return
         click.echo(f"fleet lab up in {lab_dir.resolve()}: {fleet} clusters of 3 servers")
         if store:
@@ -198,7 +209,7 @@ def up(
     state = lab_up(lab_dir, spec)
     store = _with_postgres(lab_dir, state) if postgres else None
     if as_json:
-        click.echo(json.dumps(state, indent=2))
+        click.echo(json.dumps(versioned(state), indent=2))
         return
     click.echo(f"lab up in {lab_dir.resolve()} ({engine})")
     paths = spec.paths()

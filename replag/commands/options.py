@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from replag.commands.repeated_logs import defer_logs
 from replag.config import Config, load_config
+from replag.errors import ReplagError
+from replag.schemas import versioned
 from replag.settings import SETTINGS_BY_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,3 +60,11 @@ def setting_option(name: str, *param_decls: str, **attrs: Any) -> Callable[[F], 
 
 def load(config_path: Path) -> Config:
     return load_config(config_path)
+
+
+def fail_as_json(exc: ReplagError) -> NoReturn:
+    """A `--json` command that failed: the error document on stdout (`{"schema_version",
+    "error", "exit_code"}`, each output's schema allows it), one line on stderr, its exit."""
+    click.echo(json.dumps(versioned({"error": str(exc), "exit_code": exc.exit_code}), indent=2))
+    click.echo(f"replag: error: {exc}", err=True)
+    raise SystemExit(exc.exit_code)

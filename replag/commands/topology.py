@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from replag.commands.options import config_option, json_option, load
+from replag.commands.options import config_option, fail_as_json, json_option, load
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
@@ -27,9 +27,10 @@ from replag.discovery.dynomite import (
 from replag.discovery.replication import discover_replication
 from replag.discovery.sentinel import discover_sentinel
 from replag.durations import parse_duration_s
-from replag.errors import UsageError
+from replag.errors import ReplagError, UsageError
 from replag.monitoring.dropped_writes import find_dropped_writes
 from replag.monitoring.dynomite_stats import collect_dynomite_stats
+from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
 from replag.store import Store, parse_location
 
@@ -299,6 +300,15 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
     Run it from cron: a growth of dropped peer requests since the previous
     sample means replicas may have diverged.
     """
+    try:
+        _dynomite_stats(config_path, as_json, timeout)
+    except ReplagError as exc:
+        if not as_json:
+            raise
+        fail_as_json(exc)
+
+
+def _dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> None:
     config = load(config_path)
     urls = config.settings.dynomite_stats_urls
     if not urls:
@@ -311,16 +321,12 @@ def dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> Non
     finally:
         store.close()
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "samples": [s.to_dict() for s in collected.samples],
-                    "errors": dict(collected.errors),
-                    "dropped_writes": [f.to_dict() for f in findings],
-                },
-                indent=2,
-            )
-        )
+        document = {
+            "samples": [s.to_dict() for s in collected.samples],
+            "errors": dict(collected.errors),
+            "dropped_writes": [f.to_dict() for f in findings],
+        }
+        click.echo(json.dumps(versioned(document), indent=2))
     else:
         for s in collected.samples:
             f = s.figures

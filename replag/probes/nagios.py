@@ -1,13 +1,16 @@
-"""A probe run as a Nagios/Icinga plugin line: status, summary, and perfdata per pair.
+"""A probe run, or a failover check, as a Nagios/Icinga plugin line: status, summary, and
+perfdata per pair (per primary).
 
 `REPLAG CRITICAL - 1 of 2 replicas unreachable: … | 'us-east>eu-west-1 p99'=81.5ms;200;;0 …`
 Exit codes are Nagios's: 0 OK, 1 WARNING (unused), 2 CRITICAL (a breach, or a replica
-that could not be measured), 3 UNKNOWN (the probe itself failed: config, write endpoint).
+that could not be measured; a failover that would lose more than allowed), 3 UNKNOWN
+(the command itself failed: config, write endpoint, a primary that cannot be read).
 """
 
 from __future__ import annotations
 
 from replag.probes.report import ProbeReport
+from replag.replication.check import FailoverCheck
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATUS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -51,6 +54,33 @@ def nagios_line(report: ProbeReport, *, max_p99_ms: float | None, max_loss: floa
 
 def nagios_code(report: ProbeReport) -> int:
     return CRITICAL if report.unreachable or report.breaches else OK
+
+
+def failover_nagios_line(result: FailoverCheck) -> str:
+    """`failover-check --format nagios`: OK when every primary has a safe candidate, else
+    CRITICAL naming the unsafe ones; perfdata: each primary's safest RPO in bytes (and
+    seconds, where known) against --max-bytes (--max-lag)."""
+    code = OK if result.safe else CRITICAL
+    unsafe = [a for a in result.assessments if not a.safe]
+    verdicts = "; ".join(f"{a.source}: {a.verdict}" for a in unsafe or result.assessments)
+    count = len(result.assessments)
+    summary = verdicts if unsafe else f"{count} primaries safe to fail over: {verdicts}"
+    perf = []
+    for a in result.assessments:
+        safest = a.safest
+        if safest is None:
+            continue
+        if safest.rpo_bytes is not None:
+            perf.append(f"{_label(a.source + ' rpo')}={safest.rpo_bytes}B;;{a.max_bytes};0;")
+        if safest.rpo_s is not None:
+            limit = _number(a.max_lag_s) if a.max_lag_s is not None else ""
+            perf.append(f"{_label(a.source + ' rpo_s')}={_number(safest.rpo_s)}s;;{limit};0;")
+    line = f"REPLAG {STATUS[code]} - {summary}".replace("|", "/").replace("\n", " ")
+    return line + (" | " + " ".join(perf) if perf else "")
+
+
+def failover_nagios_code(result: FailoverCheck) -> int:
+    return OK if result.safe else CRITICAL
 
 
 def nagios_error(message: str) -> str:
