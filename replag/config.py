@@ -47,6 +47,17 @@ class Config:
         if not self.api_tokens and self.settings.api_token:
             object.__setattr__(self, "api_tokens", all_tokens((), self.settings.api_token))
 
+    def agent_token(self) -> str | None:
+        """The secret the coordinator presents to region agents: the token named by
+        settings.agent_token, else settings.api_token."""
+        name = self.settings.agent_token
+        if name is None:
+            return self.settings.api_token
+        for token in self.api_tokens:
+            if token.name == name:
+                return token.secret
+        return None  # refused when the file is loaded (config_from_dict)
+
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
     """Read and validate `path`; raise ConfigError naming the file and key."""
@@ -87,12 +98,19 @@ def config_from_dict(
     defaults = EndpointDefaults.of(settings, environ, where=where)
     file = validate(ConfigFile, data, where=where, environ=environ)
     named = api_tokens(file.api_tokens, environ, where=where)
+    tokens = all_tokens(named, settings.api_token)
+    if settings.agent_token is not None and settings.agent_token not in {t.name for t in tokens}:
+        declared = ", ".join(t.name for t in tokens) or "none"
+        raise ConfigError(
+            f"no token named {settings.agent_token!r} (declared: {declared})",
+            where=f"{where}: settings.agent_token",
+        )
     return Config(
         path=path,
         settings=settings,
         topology=file.topology(environ, defaults),
         alerts=file.alerts.alerts(environ),
-        api_tokens=all_tokens(named, settings.api_token),
+        api_tokens=tokens,
     )
 
 

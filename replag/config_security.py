@@ -73,18 +73,26 @@ class EndpointDefaults:
     """What every endpoint leaves unsaid comes from here (the file-wide settings)."""
 
     tls: TlsOptions = field(default_factory=TlsOptions)
+    # What the coordinator verifies https:// agents with and presents to them.
+    agent_tls: TlsOptions = field(default_factory=TlsOptions)
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, settings: Settings, environ: Mapping[str, str], *, where: str) -> EndpointDefaults:
         """From `settings`; ConfigError when a password variable or file cannot be read."""
-        for name in ("tls_ca", "tls_cert", "tls_key"):
+        files = ("tls_ca", "tls_cert", "tls_key", "agent_tls_ca", "agent_tls_client_cert",
+                 "agent_tls_client_key")  # fmt: skip
+        for name in files:
             path = getattr(settings, name)
             if path is not None and not os.path.exists(os.path.expanduser(path)):
                 raise ConfigError(f"no such file: {path}", where=f"{where}: settings.{name}")
-        if settings.tls_key is not None and settings.tls_cert is None:
-            raise ConfigError("tls_key is set without tls_cert", where=f"{where}: settings")
+        for cert, key in (
+            ("tls_cert", "tls_key"),
+            ("agent_tls_client_cert", "agent_tls_client_key"),
+        ):
+            if getattr(settings, key) is not None and getattr(settings, cert) is None:
+                raise ConfigError(f"{key} is set without {cert}", where=f"{where}: settings")
         if settings.password_env is not None and settings.password_file is not None:
             raise ConfigError(
                 "password_env and password_file both set: choose one", where=f"{where}: settings"
@@ -111,19 +119,21 @@ class EndpointDefaults:
             verify=verify,
             min_version="1.3" if settings.tls_min_version == "1.3" else "1.2",
         )
-        return cls(tls=tls, username=settings.username, password=password)
+        agent_tls = TlsOptions(
+            ca=_expand(settings.agent_tls_ca),
+            cert=_expand(settings.agent_tls_client_cert),
+            key=_expand(settings.agent_tls_client_key),
+        )
+        return cls(tls=tls, agent_tls=agent_tls, username=settings.username, password=password)
 
 
 def _expand(path: str | None) -> str | None:
     return os.path.expanduser(path) if path else path
 
 
-class AccessKeys(FileTable, frozen=True, kw_only=True):
-    """Keys shared by endpoint and Sentinel tables: TLS and credentials."""
+class TlsKeys(FileTable, frozen=True, kw_only=True):
+    """The TLS keys of an endpoint, Sentinel or region agent table."""
 
-    username: NonEmptyStr | None = None
-    password_env: EnvVar | None = None
-    password_file: SecretFile | None = None
     tls_ca: TlsPath | None = None
     tls_cert: TlsPath | None = None
     tls_key: TlsPath | None = None
@@ -131,15 +141,13 @@ class AccessKeys(FileTable, frozen=True, kw_only=True):
     tls_verify: TlsVerify | None = None
     tls_min_version: Literal["1.2", "1.3"] | None = None
 
-    def check_access(self, *, tls: bool) -> None:
-        """AtKey for keys that contradict each other or the URL's scheme (`tls`: rediss)."""
-        if self.password_env is not None and self.password_file is not None:
-            raise AtKey(("password_file",), "password_env and password_file both set: choose one")
+    def check_tls(self, *, tls: bool, plain: str = "redis://", secure: str = "rediss://") -> None:
+        """AtKey for TLS keys that contradict each other or the URL's scheme (`tls`)."""
         if self.tls_key is not None and self.tls_cert is None:
             raise AtKey(("tls_key",), "tls_key is set without tls_cert")
         if not tls and self.tls_keys():
             first = next(iter(self.tls_keys()))
-            raise AtKey((f"tls_{first}",), "TLS keys on a redis:// endpoint (use rediss://)")
+            raise AtKey((f"tls_{first}",), f"TLS keys on a {plain} URL (use {secure})")
 
     def tls_keys(self) -> dict[str, str]:
         keys = {
@@ -151,6 +159,24 @@ class AccessKeys(FileTable, frozen=True, kw_only=True):
             "min_version": self.tls_min_version,
         }
         return {k: str(v) for k, v in keys.items() if v is not None}
+
+    def tls_options(self, base: TlsOptions) -> TlsOptions:
+        """`base` (the file-wide options) with this table's keys."""
+        return replace(base, **self.tls_keys())  # type: ignore[arg-type]
+
+
+class AccessKeys(TlsKeys, frozen=True, kw_only=True):
+    """Keys shared by endpoint and Sentinel tables: TLS and credentials."""
+
+    username: NonEmptyStr | None = None
+    password_env: EnvVar | None = None
+    password_file: SecretFile | None = None
+
+    def check_access(self, *, tls: bool) -> None:
+        """AtKey for keys that contradict each other or the URL's scheme (`tls`: rediss)."""
+        if self.password_env is not None and self.password_file is not None:
+            raise AtKey(("password_file",), "password_env and password_file both set: choose one")
+        self.check_tls(tls=tls)
 
     def apply(
         self,
@@ -164,7 +190,7 @@ class AccessKeys(FileTable, frozen=True, kw_only=True):
         """`ep` (parsed from `url`) with this table's keys, then `defaults` where neither
         the table nor the URL says (credentials only where `use_defaults`)."""
         if ep.tls is not None:
-            base = replace(defaults.tls, **self.tls_keys())  # type: ignore[arg-type]
+            base = self.tls_options(defaults.tls)
             ep = replace(ep, tls=tls_from_query(urlsplit(url).query, tls=base, url=url))
         username = self.username or ep.username
         password = ep.password

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from replag.alerts.tables import AlertsTable
-from replag.config_security import AccessKeys, ApiTokenTable, EndpointDefaults
+from replag.config_security import AccessKeys, ApiTokenTable, EndpointDefaults, TlsKeys
 from replag.topology import (
     Endpoint,
     EndpointKind,
@@ -25,6 +25,7 @@ from replag.topology import (
     Region,
     ReplicaGroup,
     SentinelRef,
+    TlsOptions,
     Topology,
     sentinel_endpoint,
 )
@@ -56,6 +57,42 @@ class AgentUrl(str):
         if not isinstance(value, str) or not value.startswith(("http://", "https://")):
             raise ValueError(f"expected the agent's http:// or https:// URL, got {value!r}")
         return cls(value.rstrip("/"))
+
+
+class AgentTable(TlsKeys, frozen=True, kw_only=True):
+    """`agent = { url = "https://…", tls_ca = …, tls_cert = …, tls_key = …, tls_server_name
+    = …, tls_verify = … }`: the region's agent, and how the coordinator reaches it over TLS
+    (what it leaves out comes from settings.agent_tls_ca/agent_tls_client_cert/_key)."""
+
+    noun: ClassVar[str] = "agent"
+    url: str
+
+    def __post_init__(self) -> None:
+        try:
+            AgentUrl.parse(self.url)
+        except ValueError as exc:
+            raise AtKey(("url",), str(exc)) from None
+        self.check_tls(tls=self.url.startswith("https://"), plain="http://", secure="https://")
+
+    def tls(self, defaults: EndpointDefaults) -> TlsOptions | None:
+        """How the coordinator speaks TLS to it (None for http://)."""
+        if not self.url.startswith("https://"):
+            return None
+        return self.tls_options(defaults.agent_tls)
+
+    @classmethod
+    def of(cls, url: str, tls: TlsOptions | None) -> str | AgentTable:
+        keys = {f"tls_{k}": v for k, v in tls.changed().items()} if tls is not None else {}
+        return cls(url=url, **keys) if keys else url  # type: ignore[arg-type]  # as written
+
+
+def _agent_table(raw: str | AgentTable) -> AgentTable:
+    if isinstance(raw, AgentTable):
+        return raw
+    try:
+        return AgentTable(url=raw)
+    except AtKey as exc:
+        raise AtKey(("agent",), str(exc)) from None
 
 
 class SentinelAddress(str):
@@ -187,7 +224,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
 
     noun: ClassVar[str] = "region"
     name: NonEmptyStr
-    agent: AgentUrl | None = None
+    agent: str | AgentTable | None = None
     write: str | EndpointTable | None = None
     write_kind: EndpointKind = "redis"
     # Written through in order when `write` does not answer (each rack's Dynomite client
@@ -203,6 +240,8 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
     cluster: NonEmptyStr | None = None
 
     def __post_init__(self) -> None:
+        if self.agent is not None:
+            _agent_table(self.agent)
         if not list(self.endpoints()):  # bare URLs are checked as they are read
             raise ValueError("a region needs a write endpoint or replicas")
         if self.sentinel is not None and self.write is not None:
@@ -251,7 +290,8 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
             slots=tuple((start, end) for start, end in self.slots),
             shard=self.shard,
             sentinel=self.sentinel.ref(environ, defaults) if self.sentinel else None,
-            agent=str(self.agent) if self.agent else None,
+            agent=str(AgentUrl.parse(_agent_table(self.agent).url)) if self.agent else None,
+            agent_tls=_agent_table(self.agent).tls(defaults) if self.agent else None,
             cluster=self.cluster,
         )
 
@@ -260,7 +300,7 @@ class RegionTable(FileTable, frozen=True, kw_only=True):
         write = region.write
         return cls(
             name=region.name,
-            agent=AgentUrl(region.agent) if region.agent else None,
+            agent=AgentTable.of(region.agent, region.agent_tls) if region.agent else None,
             write=EndpointTable.of(write, redact=redact) if write else None,
             write_kind=write.kind if write else "redis",
             write_fallbacks=[EndpointTable.of(ep, redact=redact) for ep in region.write_fallbacks],

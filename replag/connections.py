@@ -1,13 +1,14 @@
 """Redis clients for endpoints, their TLS, and the translation of failures into ReplagErrors.
 
 One `redis.asyncio.Redis` (with its own pool) per endpoint, created here and
-closed by whoever owns it. `tls_context()` is the one place a TLS context is
-made from an endpoint's `TlsOptions`: redis-py's connections, the timing and
-scan `RespConnection`, the blocking scan connection (in scan processes too)
-all use it, so a CA, client certificate or server name set once applies to
-every socket replag opens. `endpoint_errors()` turns redis-py's exceptions
-into `UnreachableError` / `AuthError` / `TlsError` / `PermissionRefused` /
-`EndpointError` naming the endpoint by its redacted URL, never its password.
+closed by whoever owns it. `tls_context()` is where an endpoint's TLS context
+comes from (made by `replag.tls`, as region agents' are): redis-py's
+connections, the timing and scan `RespConnection`, the blocking scan
+connection (in scan processes too) all use it, so a CA, client certificate or
+server name set once applies to every socket replag opens. `endpoint_errors()`
+turns redis-py's exceptions into `UnreachableError` / `AuthError` / `TlsError` /
+`PermissionRefused` / `EndpointError` naming the endpoint by its redacted URL,
+never its password.
 redis-py itself is imported only where a client is made or one of its
 exceptions sorted: `translate` is on the RESP path too, and importing redis-py
 costs more than a cron probe's start.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,8 @@ from replag.errors import (
     TlsError,
     UnreachableError,
 )
-from replag.topology import Endpoint, TlsOptions
+from replag.tls import TlsFilesError, client_context, describe_failure, tls_cause
+from replag.topology import Endpoint
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -50,53 +51,14 @@ def _no_setinfo() -> dict[str, Any]:
 
 def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
     """The client TLS context of `endpoint` (None for redis://), made once per set of
-    options; ConfigError naming the endpoint when a CA, certificate or key cannot be read."""
+    options (`replag.tls.client_context`); ConfigError naming the endpoint when a CA,
+    certificate or key cannot be read."""
     if endpoint.tls is None:
         return None
     try:
-        return _context(endpoint.tls)
-    except (OSError, ssl.SSLError) as exc:
-        what = getattr(exc, "tls_what", "TLS files")
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(
-            f"cannot load {what}: {reason}", where=translate_where(endpoint)
-        ) from None
-
-
-@functools.lru_cache(maxsize=64)
-def _context(options: TlsOptions) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = (
-        ssl.TLSVersion.TLSv1_3 if options.min_version == "1.3" else ssl.TLSVersion.TLSv1_2
-    )
-    if options.verify == "none":
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    else:
-        context.check_hostname = options.verify == "full"
-        context.verify_mode = ssl.CERT_REQUIRED
-        with _loading(f"the CA {options.ca}" if options.ca else "the system's CAs"):
-            if options.ca is None:
-                context.load_default_certs()
-            elif os.path.isdir(options.ca):
-                context.load_verify_locations(capath=options.ca)
-            else:
-                context.load_verify_locations(cafile=options.ca)
-    if options.cert or options.key:
-        with _loading(f"the client certificate {options.cert} (key {options.key})"):
-            if options.cert is None:
-                raise ssl.SSLError("tls_key is set without tls_cert")
-            context.load_cert_chain(options.cert, options.key)
-    return context
-
-
-@contextlib.contextmanager
-def _loading(what: str) -> Iterator[None]:
-    try:
-        yield
-    except (OSError, ssl.SSLError) as exc:
-        exc.tls_what = what  # type: ignore[attr-defined]  # read by tls_context
-        raise
+        return client_context(endpoint.tls)
+    except TlsFilesError as exc:
+        raise ConfigError(str(exc), where=translate_where(endpoint)) from None
 
 
 def server_name(endpoint: Endpoint) -> str:
@@ -202,7 +164,7 @@ def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
         text = text.replace(endpoint.password, "***")
     if isinstance(exc, NotRespError):
         return NotRedisError(text, where=where)
-    tls_failure = _tls_cause(exc)
+    tls_failure = tls_cause(exc)
     if tls_failure is not None:
         return TlsError(describe_tls_failure(tls_failure, endpoint), where=where)
     if isinstance(exc, TimeoutError):
@@ -259,59 +221,9 @@ def _refused_command(text: str) -> str:
     return "a command"
 
 
-def _tls_cause(exc: BaseException) -> ssl.SSLError | None:
-    """The TLS failure behind `exc` (redis-py wraps it in its own ConnectionError)."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-_UNKNOWN_CA = (2, 18, 19, 20, 21, 27)  # X509_V_ERR_*: no trusted issuer in the chain
-
-
 def describe_tls_failure(exc: ssl.SSLError, endpoint: Endpoint) -> str:
-    """One line saying which side's certificate failed and why: expired, wrong name,
-    unknown CA, no client certificate, not a TLS port."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        code, message = exc.verify_code, exc.verify_message or str(exc)
-        if code == 10:
-            return "TLS: the server's certificate has expired"
-        if code == 9:
-            return "TLS: the server's certificate is not valid yet"
-        if code == 62 or "hostname mismatch" in message.lower() or "IP address mismatch" in message:
-            return (
-                f"TLS: the server's certificate is not valid for {server_name(endpoint)!r} "
-                "(wrong name; set tls_server_name to a name it holds)"
-            )
-        if code in _UNKNOWN_CA:
-            ca = endpoint.tls.ca if endpoint.tls else None
-            trusted = f"the CA in {ca}" if ca else "the system's CAs (set tls_ca)"
-            return f"TLS: the server's certificate is signed by an unknown CA (not {trusted})"
-        return f"TLS: the server's certificate was refused: {message}"
-    if isinstance(exc, ssl.SSLEOFError) or "EOF OCCURRED" in str(exc).upper():
-        has_cert = endpoint.tls is not None and endpoint.tls.cert is not None
-        why = (
-            "it may have refused our client certificate"
-            if has_cert
-            else "does it require a client certificate? set tls_cert and tls_key"
-        )
-        return f"TLS: the server closed the connection during the handshake ({why})"
-    reason = (exc.reason or str(exc)).upper()
-    if "CERTIFICATE_REQUIRED" in reason:
-        return "TLS: the server requires a client certificate (set tls_cert and tls_key)"
-    if "ALERT" in reason:
-        alert = reason.split("ALERT_", 1)[-1].replace("_", " ").lower()
-        return f"TLS: the server refused our client certificate ({alert})"
-    if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER_FAILURE" in reason:
-        return "TLS handshake failed: the port does not speak TLS (use redis://?)"
-    if "UNSUPPORTED_PROTOCOL" in reason or "VERSION" in reason:
-        return f"TLS handshake failed: no common TLS version ({exc.reason})"
-    return f"TLS handshake failed: {exc.reason or exc}"
+    """One line saying which side's certificate failed and why (`replag.tls`)."""
+    return describe_failure(exc, tls=endpoint.tls, server_name=server_name(endpoint))
 
 
 def _unreachable(text: str, endpoint: Endpoint, where: str) -> UnreachableError:

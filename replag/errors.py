@@ -17,6 +17,7 @@ route) so the edge (CLI, API) can print one clear line::
     │   │   └── PermissionRefused   NOPERM: the ACL user lacks a command, key or channel
     │   ├── KeyRefused          a server refused a command on one key (that key's error)
     │   └── AgentError          a region agent failed, refused, or has no current tree
+    │       └── AgentTlsError       (also a TlsError) its certificate or ours was refused
     ├── LabError                the local lab could not start or stop
     ├── DiscoveryError          a topology source answered nonsense
     ├── RepairError             a repair run cannot go on (resumable)
@@ -100,6 +101,11 @@ class KeyRefused(EndpointError):
 
 class AgentError(EndpointError):
     """A region agent (`replag agent`) failed us; `where` is its URL or the replica."""
+
+
+class AgentTlsError(AgentError, TlsError):
+    """The TLS handshake with a region agent failed (its certificate, or ours): a
+    configuration mistake, like a Redis endpoint's TlsError."""
 
 
 class LabError(ReplagError):

@@ -496,7 +496,7 @@ class Settings:
         _url_list,
         "Dynomite stats URLs whose /info is collected (written by topology discover).",
     )
-    # Region agents (`replag agent`): the token is `api_token`.
+    # Region agents (`replag agent`): tokens are the service's (api_token, [[api_tokens]]).
     agent_wait: float = setting(
         "60s",
         _positive_duration,
@@ -506,8 +506,15 @@ class Settings:
     agent_state_dir: str = setting(
         str(Path("~/.local/state/replag/agent")),
         _str,
-        "Directory where `replag agent` saves its trees, so a restart against unchanged "
-        "data does not rescan.",
+        "Directory where `replag agent` saves its trees (and its audit file of writes), so "
+        "a restart against unchanged data does not rescan.",
+    )
+    agent_token: str | None = setting(
+        None,
+        _optional_str,
+        "Name of the [[api_tokens]] token the coordinator (probe, repair, serve) presents to "
+        "region agents (unset: settings.api_token). A repair through agents needs one with "
+        "the repair scope.",
     )
     agent_tls_cert: str | None = setting(
         None, _optional_str, "`replag agent`: PEM certificate to serve HTTPS with."
@@ -515,10 +522,26 @@ class Settings:
     agent_tls_key: str | None = setting(
         None, _optional_str, "`replag agent`: PEM private key of `agent_tls_cert`."
     )
+    agent_tls_client_ca: str | None = setting(
+        None,
+        _optional_str,
+        "`replag agent`: CA file (PEM) or directory of hashed CA certificates; when set, the "
+        "agent requires every client to present a certificate signed by it (mutual TLS).",
+    )
     agent_tls_ca: str | None = setting(
         None,
         _optional_str,
-        "CA bundle the coordinator verifies https:// agents with (default: the system's).",
+        "CA file or directory the coordinator verifies https:// agents with (default: the "
+        "system's); an agent's table may set its own tls_ca.",
+    )
+    agent_tls_client_cert: str | None = setting(
+        None,
+        _optional_str,
+        "Client certificate (PEM) the coordinator presents to https:// agents that require "
+        "one (agent_tls_client_ca); an agent's table may set its own tls_cert.",
+    )
+    agent_tls_client_key: str | None = setting(
+        None, _optional_str, "Private key (PEM) of `agent_tls_client_cert`."
     )
 
     def replace(self, **overrides: Any) -> Settings:

@@ -282,8 +282,10 @@ class Region:
     # finds the shard again after a failover or a reshard.
     shard: str | None = None
     sentinel: SentinelRef | None = None
-    # URL of the region's `replag agent` (http:// or https://), if one runs there.
+    # URL of the region's `replag agent` (http:// or https://), if one runs there, and for
+    # https:// how the coordinator verifies it and which client certificate it presents.
     agent: str | None = None
+    agent_tls: TlsOptions | None = None
     # The cluster the region belongs to, where one service watches many (None: the only one).
     cluster: str | None = None
 
@@ -303,6 +305,8 @@ class Region:
             out["sentinel"] = self.sentinel.to_dict()
         if self.agent:
             out["agent"] = self.agent
+        if self.agent_tls is not None and self.agent_tls.changed():
+            out["agent_tls"] = self.agent_tls.changed()
         if self.cluster:
             out["cluster"] = self.cluster
         return out

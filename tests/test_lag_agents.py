@@ -57,7 +57,7 @@ async def test_the_truth_stays_inside_the_bars_of_an_agent_30ms_off(
     assert config.topology.region("far").agent is not None
     report = await run_probe(config, count=30, rate=100, mode="push", timeout_s=10)
     far = next(p for p in report.pairs if p.target == "far")
-    assert (far.observed_by, far.seen, far.lost) == ("agent/push", 30, 0)
+    assert (far.observed_by, far.seen, far.lost) == ("agent/push", 30, 0), report.notes
     agent: dict[str, Any] = next(a for a in report.agents if a["region"] == "far")
     assert agent["error"] is None and agent["clock"]["note"] is None
     # 50 ms stated for each host bounds the offset to ±100 ms; a round trip (at least

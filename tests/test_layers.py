@@ -4,7 +4,7 @@
     configuration  settings, topology, validation, config_security, config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
-    io             connections, stamped_socket, resp, resp_blocking, store, discovery.http,
+    io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent, permissions
@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "io",
         (
+            "replag.tls",
             "replag.connections",
             "replag.stamped_socket",
             "replag.resp",

@@ -3,7 +3,8 @@
 Passwords planted in a URL, a password file and an environment variable (the file-wide
 `password_env`), an API token from the environment and a named one from a file: none
 appears in any command's output or log (debug level), in the store, in any API answer
-or in /metrics. `topology discover --password-env` writes a reference, never the
+or in /metrics; nor, through a region agent, in the agent's log, its audit file or its
+answers. `topology discover --password-env` writes a reference, never the
 password.
 """
 
@@ -14,6 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,8 @@ import tomli_w
 
 from replag.api.app import create_app
 from replag.config import load_config
-from replag.lab.server import RedisServer
+from replag.lab.server import RedisServer, free_port
+from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, wait_listed
 
 URL_PW = "url-pl4nted-Secret"
@@ -160,3 +163,96 @@ def test_discover_writes_a_reference_to_the_password(
     both = replag("topology", "discover", "--redis", f"redis://:{URL_PW}@127.0.0.1:{s1.port}",
                   "--password-env", "DISCOVER_PW")  # fmt: skip
     assert "→ 2" in both and "give the password once" in both
+
+
+def test_planted_secrets_stay_out_of_the_agent_path(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """A region agent (its own process, debug logging) reaches its servers with a password
+    from a file and one from the file-wide variable, takes the legacy token and a named
+    one from a file (which the coordinator presents), and is sent a wrong token: none of
+    them is in its log, its audit file, its answers, or the coordinator's output."""
+    s1, s2, s3 = servers(redis_factory)
+    path = write_config(tmp_path, s1, s2, s3)
+    port = free_port()
+    data = tomllib.loads(path.read_text())
+    data["settings"] |= {"agent_token": "ops", "agent_state_dir": str(tmp_path / "agent"),
+                         "agent_wait": "300s", "allow_config_changes": True}  # fmt: skip
+    [region] = data["regions"]
+    near = {"name": "a", "write": region["write"]}
+    s3_table = {"name": "s3", "url": f"redis://127.0.0.1:{s3.port}"}
+    far = {"name": "b", "agent": f"http://127.0.0.1:{port}",
+           "replicas": [*region["replicas"], s3_table]}  # fmt: skip
+    data["regions"] = [near, far]
+    data["groups"] = [{"name": "g", "members": ["s1", "s3"]}]
+    path.write_text(tomli_w.dumps(data))
+    log = tmp_path / "agent.log"
+    env = {**ENV}
+    agent = start_agent(path, "b", port, log, env=env, log_level="debug")
+    answers: list[str] = []
+    try:
+        shown = [
+            replag("repair", "check", "-c", str(path), "--json"),
+            replag("repair", "run", "-c", str(path), "--policy", "source:s1"),
+            replag("probe", "-c", str(path), "--count", "3", "--timeout", "1s", "--json"),
+        ]
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=60) as http:
+            good = {"Authorization": f"Bearer {NAMED}"}
+            for route in ("/agent/v1/health", "/agent/v1/replicas", "/metrics"):
+                answers.append(http.get(base + route, headers=good).text)
+            wrong = http.get(
+                base + "/agent/v1/replicas", headers={"Authorization": f"Bearer {WRONG}"}
+            )
+            assert wrong.status_code == 401
+    finally:
+        stop_agent(agent)
+    codes = [s.split(" → ", 1)[1].split("\n", 1)[0] for s in shown]
+    assert codes[:2] == ["1", "0"], "\n".join(shown)
+    logged = log.read_text()
+    assert (
+        "replag.audit" in logged and "by token 'ops'" in logged and "wrong bearer token" in logged
+    )
+    kept = (tmp_path / "agent" / "b" / "audit.jsonl").read_text()
+    assert '"token": "ops"' in kept
+    leaks = {
+        "output": planted("\n".join(shown)),
+        "agent log": planted(logged),
+        "audit file": planted(kept),
+        "agent api": planted("\n".join(answers)),
+    }
+    assert leaks == {"output": [], "agent log": [], "audit file": [], "agent api": []}
+
+
+async def test_a_webhook_url_with_credentials_stays_out_of_delivery_errors(tmp_path: Path) -> None:
+    """A webhook that redirects forever: aiohttp's error quotes the URL (its password,
+    its ?token=); the error logged, stored and shown by the API is redacted."""
+    from aiohttp import web
+
+    from replag.alerts.config import AlertSink
+    from replag.alerts.delivery import AlertSender
+    from replag.store import Store
+    from tests.test_alerts_sinks import event
+
+    async def loop(request: web.Request) -> web.Response:
+        raise web.HTTPFound(str(request.url))
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", loop)
+    app.router.add_get("/{tail:.*}", loop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://ops:{URL_PW}@127.0.0.1:{port}/hook?token={NAMED}"
+    hook = AlertSink(name="ops", kind="webhook", url=url, retries=0)
+    sender = AlertSender([hook], Store(tmp_path / "s.sqlite"))
+    try:
+        [result] = await sender.deliver([event()])
+        statuses = sender.statuses()
+    finally:
+        await sender.close()
+        await runner.cleanup()
+    assert not result.ok and result.error
+    assert planted(f"{result.error} {statuses}") == []

@@ -1,9 +1,11 @@
 """The agent's HTTP API: tree levels, leaf contents, key states, metrics.
 
-Everything but `GET /agent/v1/health` needs `Authorization: Bearer
-<settings.api_token>` (the service's token). Handlers are coroutines on the
-event loop the trees are updated on, so a response is never computed from a
-tree half-way through a batch of updates.
+Everything but `GET /agent/v1/health` needs a bearer token of the service's
+(`[[api_tokens]]` or `settings.api_token`) with the route's scope (`agent.auth`:
+read, check or repair); every write is audit-logged with the token's name, the
+client and the coordinator's run. Handlers are coroutines on the event loop the
+trees are updated on, so a response is never computed from a tree half-way
+through a batch of updates.
 
 * `GET /agent/v1/health`: region, version, each tree's state;
 * `GET /agent/v1/replicas`: each tree's state, keys, root, bytes per key, events, rebuilds;
@@ -33,7 +35,6 @@ that is being built.
 from __future__ import annotations
 
 import base64
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -41,11 +42,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
+from replag.agent.auth import Caller, checker, reader, repairer
 from replag.agent.livetree import LiveTree
 from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
@@ -56,7 +57,6 @@ from replag.repair.observe import KeyState
 from replag.repair.roles import read_role
 from replag.repair.walk import first_down
 
-_bearer = HTTPBearer(auto_error=False, description="settings.api_token")
 OCTETS = "application/octet-stream"
 MAX_NODES = 1 << 24
 
@@ -112,18 +112,7 @@ def _agent(request: Request) -> RegionAgent:
 Agent = Annotated[RegionAgent, Depends(_agent)]
 
 
-def require_token(
-    agent: Agent, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    expected = agent.settings.api_token
-    if not expected:  # `replag agent` refuses to start without one; a test app may not
-        raise HTTPException(403, "this agent has no api_token configured")
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise HTTPException(
-            401, "missing bearer token (Authorization: Bearer …)", {"WWW-Authenticate": "Bearer"}
-        )
-    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise HTTPException(401, "wrong bearer token", {"WWW-Authenticate": "Bearer"})
+Repairer = Annotated[Caller, Depends(repairer)]
 
 
 def _tree(agent: RegionAgent, name: str) -> LiveTree:
@@ -141,7 +130,7 @@ def _tree_headers(tree: LiveTree) -> dict[str, str]:
 
 
 health_router = APIRouter(prefix=wire.PREFIX)
-router = APIRouter(prefix=wire.PREFIX, dependencies=[Depends(require_token)])
+router = APIRouter(prefix=wire.PREFIX)
 
 
 @health_router.get("/health")
@@ -154,13 +143,13 @@ async def health(agent: Agent) -> dict[str, Any]:
     }
 
 
-@router.get("/replicas")
+@router.get("/replicas", dependencies=[Depends(reader)])
 async def replicas(agent: Agent) -> dict[str, Any]:
     """Every tree this agent keeps, with its state and counters."""
     return {"region": agent.region, "replicas": [t.to_dict() for t in agent.trees.values()]}
 
 
-@router.post("/replicas/{name}/nodes")
+@router.post("/replicas/{name}/nodes", dependencies=[Depends(checker)])
 async def nodes(agent: Agent, name: str, body: NodesRequest) -> Response:
     """Per requested node of `level`, its 2**down descendants (uint64 little-endian)."""
     tree = _tree(agent, name)
@@ -175,7 +164,7 @@ async def nodes(agent: Agent, name: str, body: NodesRequest) -> Response:
     return Response(wire.u64_bytes(values), media_type=OCTETS, headers=headers)
 
 
-@router.post("/replicas/{name}/leaves")
+@router.post("/replicas/{name}/leaves", dependencies=[Depends(checker)])
 async def leaves(agent: Agent, name: str, body: LeavesRequest) -> Response:
     """Key hash, entry hash and name of every key in the given leaves."""
     tree = _tree(agent, name)
@@ -183,7 +172,7 @@ async def leaves(agent: Agent, name: str, body: LeavesRequest) -> Response:
     return Response(index.to_bytes(), media_type=OCTETS, headers=_tree_headers(tree))
 
 
-@router.get("/replicas/{name}/role")
+@router.get("/replicas/{name}/role", dependencies=[Depends(checker)])
 async def role(agent: Agent, name: str) -> dict[str, Any]:
     """The replica's role (INFO replication, INFO cluster) read here: a repair of a
     replication group behind agents writes only to the member that is its primary now."""
@@ -192,7 +181,7 @@ async def role(agent: Agent, name: str) -> dict[str, Any]:
     return found.to_dict()
 
 
-@router.post("/replicas/{name}/keys/observe")
+@router.post("/replicas/{name}/keys/observe", dependencies=[Depends(checker)])
 async def observe(agent: Agent, name: str, body: ObserveRequest) -> dict[str, Any]:
     """Each key's state read twice, `settle_s` apart, on the replica (verification)."""
     tree = _tree(agent, name)
@@ -219,7 +208,7 @@ def _key_and_state(name: str, body: KeyRequest) -> tuple[bytes, KeyState]:
         raise HTTPException(400, f"key or expected state: {exc}") from None
 
 
-@router.post("/replicas/{name}/keys/read-for-copy")
+@router.post("/replicas/{name}/keys/read-for-copy", dependencies=[Depends(repairer)])
 async def read_winner(agent: Agent, name: str, body: KeyRequest) -> dict[str, Any]:
     """The repair's read of a winner, here: DUMP and PTTL if it still holds `expected`."""
     _tree(agent, name)
@@ -237,8 +226,11 @@ async def read_winner(agent: Agent, name: str, body: KeyRequest) -> dict[str, An
 
 
 @router.post("/replicas/{name}/keys/write")
-async def write_key(agent: Agent, name: str, body: WriteRequest) -> dict[str, Any]:
-    """The repair's compare-and-set write of one key, here (WATCH, compare, MULTI/EXEC)."""
+async def write_key(
+    agent: Agent, caller: Repairer, name: str, body: WriteRequest
+) -> dict[str, Any]:
+    """The repair's compare-and-set write of one key, here (WATCH, compare, MULTI/EXEC);
+    audit-logged with the caller and kept in the agent's audit file."""
     received = time.monotonic()
     _tree(agent, name)
     key, expected = _key_and_state(name, body)
@@ -259,9 +251,15 @@ async def write_key(agent: Agent, name: str, body: WriteRequest) -> dict[str, An
                 conn, key, expected, commands, tolerance_ms=body.tolerance_ms, chunk=agent.chunk
             )
     except KeyRefused as exc:  # READONLY, NOPERM, OOM: the key's error, not the agent's
+        agent.audit.write(caller, replica=name, key=key, op=write.op, outcome="refused")
         return {"refused": exc.message}
+    except BaseException:
+        agent.audit.write(caller, replica=name, key=key, op=write.op, outcome="failed")
+        raise
     if done is None:
+        agent.audit.write(caller, replica=name, key=key, op=write.op, outcome="changed meanwhile")
         return {"written": False}
+    agent.audit.write(caller, replica=name, key=key, op=write.op, outcome="written")
     pre_image, pre_pttl, count = done
     return {
         "written": True,
@@ -329,9 +327,10 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
     app.include_router(router)
     for part in agent.parts:
         if part.router is not None:
-            app.include_router(part.router, dependencies=[Depends(require_token)])
+            # Parts serve probe keys and clocks: read (a route may ask for more itself).
+            app.include_router(part.router, dependencies=[Depends(reader)])
 
-    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_token)])
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(reader)])
     async def metrics_page() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -1,6 +1,6 @@
 """The agent's lag part: it watches probe keys arrive on its region's replicas for a prober.
 
-Routes (under the agent's token, like every route but health):
+Routes (a token with the read scope, like every route but health; `agent.auth`):
 
 * `POST /agent/v1/lag/watches` {run_id, stem, count, pattern, mode, timeout_s}: open a
   watch of keys `stem` + 0 … count−1 on every replica of the region (local addresses);
@@ -21,10 +21,11 @@ import base64
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field
 
+from replag.agent.auth import Caller, reader
 from replag.clockbound import WallClock, host_clock
 from replag.errors import UsageError
 from replag.probes.watch import MAX_KEYS, WatchBook, WatchSpec
@@ -32,6 +33,9 @@ from replag.settings import PROBE_MODES
 
 if TYPE_CHECKING:
     from replag.agent.region import RegionAgent
+
+
+Reader = Annotated[Caller, Depends(reader)]
 
 
 class WatchRequest(BaseModel):
@@ -52,6 +56,7 @@ class LagPart:
     def __init__(self, *, clock: WallClock | None = None) -> None:
         self.clock = clock or WallClock()
         self.book: WatchBook | None = None
+        self.opened_by: dict[str, dict[str, str]] = {}  # watch id → who opened it
         self._bound_s: float | None = None
         self.router: APIRouter | None = self._routes()
 
@@ -78,7 +83,7 @@ class LagPart:
         router = APIRouter(prefix="/agent/v1/lag")
 
         @router.post("/watches")
-        async def open_watch(body: WatchRequest) -> dict[str, Any]:
+        async def open_watch(body: WatchRequest, caller: Reader) -> dict[str, Any]:
             """Watch a probe run's keys on this region's replicas (before the writes)."""
             if body.mode not in PROBE_MODES:
                 raise HTTPException(400, f"mode: one of {', '.join(PROBE_MODES)}")
@@ -97,8 +102,16 @@ class LagPart:
                 watch = await self._book().open(spec)
             except UsageError as exc:
                 raise HTTPException(400, exc.message) from None
+            book = self._book()
+            self.opened_by = {k: v for k, v in self.opened_by.items() if k in book.watches}
+            self.opened_by[watch.id] = caller.to_dict()
             report = watch.report()
-            return {"watch": watch.id, "replicas": report["replicas"], "clock": self.clock_now()}
+            return {
+                "watch": watch.id,
+                "replicas": report["replicas"],
+                "opened_by": caller.to_dict(),
+                "clock": self.clock_now(),
+            }
 
         @router.get("/watches/{watch_id}")
         async def watch_report(
@@ -107,7 +120,8 @@ class LagPart:
             """The arrivals so far, once complete or after `wait_s`."""
             watch = self._watch(watch_id)
             await watch.wait(wait_s)
-            return {**watch.report(), "clock": self.clock_now()}
+            opened_by = self.opened_by.get(watch_id)
+            return {**watch.report(), "opened_by": opened_by, "clock": self.clock_now()}
 
         @router.delete("/watches/{watch_id}")
         async def close_watch(watch_id: str) -> dict[str, Any]:

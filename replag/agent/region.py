@@ -21,6 +21,7 @@ from typing import Protocol
 from fastapi import APIRouter
 from prometheus_client.metrics_core import Metric
 
+from replag.agent.auth import AgentAudit
 from replag.agent.livetree import LiveTree
 from replag.config import Config
 from replag.errors import UsageError
@@ -92,6 +93,7 @@ class RegionAgent:
         if state_dir is None:
             state_dir = Path(self.settings.agent_state_dir).expanduser() / region
         self.state_dir = state_dir
+        self.audit = AgentAudit(state_dir)
         self.trees: dict[str, LiveTree] = {
             m.name: LiveTree(
                 m.in_region(),

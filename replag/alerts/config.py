@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 RuleKind = Literal[
     "lag_p99",
@@ -131,9 +131,17 @@ class AlertSink:
     def secrets(self) -> tuple[str, ...]:
         """Strings that must never be shown (a Slack webhook URL is itself a credential)."""
         values = [self.secret, self.routing_key]
-        if self.kind == "slack":
-            values.append(self.url)
-        return tuple(v for v in values if v)
+        if self.url:
+            # A Slack URL is a credential, and any URL may carry one (user:password@,
+            # ?token=…): an error that quotes the URL (a redirect loop) must not show it.
+            parts = urlsplit(self.url)
+            bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+            values += [self.url, bare, parts.password]
+            values += [value for _, value in parse_qsl(parts.query) if len(value) >= 6]
+            if self.kind == "slack" and len(parts.path) > 1:
+                values.append(parts.path)
+        # Longest first: a URL is redacted whole before any part of it.
+        return tuple(sorted({v for v in values if v}, key=len, reverse=True))
 
     def target_description(self) -> str:
         """Where the sink sends, safe to show: scheme://host[:port] only for URLs."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import ssl
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -11,8 +14,10 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.commands.serve import CleanExitServer, _is_loopback, listen
+from replag.config import Config
 from replag.durations import parse_duration_ns
-from replag.errors import UsageError
+from replag.errors import ConfigError, UsageError
+from replag.tls import TlsFilesError, server_context
 
 log = logging.getLogger("replag.agent")
 DEFAULT_PORT = 8701
@@ -80,7 +85,11 @@ def command(
     from keyspace notifications; `repair check`/`run` and `serve` walk them, so only
     trees and divergent keys cross the WAN.
 
-    Every call but /agent/v1/health needs `Authorization: Bearer <settings.api_token>`.
+    Every call but /agent/v1/health needs `Authorization: Bearer <token>`, a token of
+    [[api_tokens]] (or settings.api_token) with the call's scope; writes are audit-logged.
+    HTTPS with settings.agent_tls_cert/key; client certificates required with
+    settings.agent_tls_client_ca.
+
     Stops cleanly on SIGTERM or Ctrl-C (trees are saved), exiting 0.
     """
     from replag.agent.app import create_agent_app
@@ -93,13 +102,13 @@ def command(
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
     settings = config.settings
-    if not settings.api_token:
+    if not config.api_tokens:
         raise UsageError(
-            "replag agent needs settings.api_token (or REPLAG_API_TOKEN): it serves key "
-            "names and values, so every call but health must carry the token"
+            "replag agent needs a token: settings.api_token (or REPLAG_API_TOKEN) or "
+            "[[api_tokens]]; it serves key names and values, so every call but health must "
+            "carry one"
         )
-    if (settings.agent_tls_cert is None) != (settings.agent_tls_key is None):
-        raise UsageError("settings.agent_tls_cert and agent_tls_key go together")
+    context = server_tls(config)
     host, port = _listen_address(listen_opt, config.topology.region(region).agent)
     offset_ns = _offset_ns(clock_offset)
     if offset_ns:
@@ -109,19 +118,62 @@ def command(
     lag = LagPart(clock=WallClock(offset_ns=offset_ns))
     agent = RegionAgent(config, region, state_dir=state_dir, parts=[lag])
     if not _is_loopback(host):
-        log.warning("agent of %s listening on %s: reachable from the network", region, host)
+        how = "over plain HTTP (tokens cross it in clear: set agent_tls_cert)"
+        if context is not None:
+            how = "over HTTPS" + (
+                ", client certificates required" if settings.agent_tls_client_ca else ""
+            )
+        log.warning("agent of %s listening on %s: reachable from the network %s",
+                    region, host, how)  # fmt: skip
     sock = listen(host, port)
     with sock:
         server = CleanExitServer(
-            uvicorn.Config(
+            _ServerConfig(
                 create_agent_app(agent),
+                context,
                 host=host,
                 port=port,
                 log_level=log_level,
                 access_log=False,
                 lifespan="on",
-                ssl_certfile=settings.agent_tls_cert,
-                ssl_keyfile=settings.agent_tls_key,
             )
         )
         server.run(sockets=[sock])
+
+
+class _ServerConfig(uvicorn.Config):
+    """uvicorn's configuration, serving HTTPS with a context made by `replag.tls` (a client
+    CA may be a directory; the files are checked before the port is bound)."""
+
+    def __init__(self, app: Any, context: ssl.SSLContext | None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._context = context
+
+    def load(self) -> None:
+        super().load()
+        if self._context is not None:
+            self.ssl = self._context
+
+
+def server_tls(config: Config) -> ssl.SSLContext | None:
+    """The agent's HTTPS context (None: plain HTTP); ConfigError naming the setting and
+    file that cannot be used."""
+    s = config.settings
+    where = f"{config.path or 'config'}: settings"
+    if s.agent_tls_key is not None and s.agent_tls_cert is None:
+        raise ConfigError("agent_tls_key is set without agent_tls_cert", where=where)
+    if s.agent_tls_client_ca is not None and s.agent_tls_cert is None:
+        raise ConfigError(
+            "agent_tls_client_ca is set without agent_tls_cert (client certificates need HTTPS)",
+            where=where,
+        )
+    if s.agent_tls_cert is None:
+        return None
+    try:
+        return server_context(
+            os.path.expanduser(s.agent_tls_cert),
+            os.path.expanduser(s.agent_tls_key) if s.agent_tls_key else None,
+            client_ca=os.path.expanduser(s.agent_tls_client_ca) if s.agent_tls_client_ca else None,
+        )
+    except TlsFilesError as exc:
+        raise ConfigError(str(exc), where=where) from None

@@ -37,7 +37,8 @@ class CleanExitServer(uvicorn.Server):
         if sockets and self.started:
             host, port = sockets[0].getsockname()[:2]
             uvicorn_log.info(
-                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                "Uvicorn running on %s://%s:%d (Press CTRL+C to quit)",
+                "https" if self.config.ssl else "http",
                 f"[{host}]" if ":" in host else host,
                 port,
             )

@@ -3,7 +3,8 @@
 A region whose config names an `agent` has its replicas observed there, on
 their local addresses, instead of across the WAN (`RegionWatch`). An agent that
 cannot open the watch is noted and its region observed directly, as without an
-agent. Redis Cluster shards are observed directly (their replicas need
+agent, unless its certificate (or ours) was refused: that stops the run like a
+Redis endpoint's TLS failure. Redis Cluster shards are observed directly (their replicas need
 READONLY for polling, which agents do not send yet).
 """
 
@@ -13,10 +14,10 @@ import base64
 from collections.abc import Sequence
 
 from replag.config import Config
-from replag.errors import AgentError
+from replag.errors import AgentError, AgentTlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.remote import RegionWatch
-from replag.repair.remote import AgentClient
+from replag.repair.remote import agent_client
 from replag.settings import Settings
 from replag.topology import Endpoint
 
@@ -43,7 +44,7 @@ async def open_region_watches(
         "mode": settings.mode,
         "timeout_s": min(MAX_WATCH_S, writing_s + settings.timeout + 60.0),
     }
-    watches = []
+    watches: list[RegionWatch] = []
     for region_name, replicas in by_region.items():
         region = config.topology.region(region_name)
         if region.agent is None:
@@ -53,12 +54,8 @@ async def open_region_watches(
                 f"{region_name}: a Redis Cluster shard is observed directly, not by its agent"
             )
             continue
-        client = AgentClient(
-            region.agent,
-            token=settings.api_token,
-            timeout_s=settings.connect_timeout,
-            ca_file=settings.agent_tls_ca,
-        )
+        client = agent_client(config, region_name, run_id=keys.run_id)
+        assert client is not None
         watch = RegionWatch(
             client,
             region=region_name,
@@ -69,6 +66,13 @@ async def open_region_watches(
         )
         try:
             await watch.open()
+        except AgentTlsError:
+            # A certificate refused is a configuration mistake, as on a Redis endpoint:
+            # the run stops (exit 2), it does not fall back to watching across the WAN.
+            for opened in (*watches, watch):
+                await opened.close()
+                await opened.client.close()
+            raise
         except AgentError as exc:
             notes.append(f"agent of {region_name} could not watch ({exc}); observed directly")
             await client.close()

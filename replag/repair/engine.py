@@ -142,7 +142,7 @@ async def _run_exclusive(
         on_run(run_id)
     started = time.perf_counter()
     reports: list[rp.GroupReport] = []
-    agents = AgentPool(config)
+    agents = AgentPool(config, run_id=run_id, started_by=params.started_by)
     beating = asyncio.create_task(_heartbeat(log)) if log is not None else None
 
     def through_agent(member: Endpoint) -> bool:

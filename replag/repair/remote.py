@@ -7,39 +7,34 @@ number would be 20); a leaf's keys as a `ScanIndex` in its checkpoint form
 bytes); a key state as `null` (absent) or `[type, digest hex or null, expiry
 ms or null]`, the expiry absolute on the agent's clock, as `KeyState` has it.
 
-`AgentClient` turns every failure into an `AgentError` naming the agent:
-unreachable or dead (refused, reset, timed out), token refused (401/403), tree
-not current (503, with the agent's reason), or an answer that does not parse.
-It counts the bytes of the HTTP bodies and headers it receives, per replica:
-with agents, that is what crosses the WAN for a check. `AgentPool` holds one
-client per agent URL of the config.
+`AgentClient` makes the calls over an `AgentLink` (`agent_http`: token, TLS,
+and every failure an `AgentError` naming the agent), and says so too of an
+answer that does not parse. It counts the bytes of the HTTP bodies and headers
+it receives, per replica: with agents, that is what crosses the WAN for a
+check. `AgentPool` holds one client per agent URL of the config.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import ssl
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from replag.config import Config
 from replag.errors import AgentError, KeyRefused
+from replag.repair.agent_http import PREFIX as PREFIX
+from replag.repair.agent_http import AgentLink, run_headers
 from replag.repair.guarded_write import Write
 from replag.repair.observe import ABSENT, KeyState
 from replag.repair.scan_index import ScanIndex
 from replag.topology import Endpoint
 
-if TYPE_CHECKING:
-    import aiohttp
-
 U64 = npt.NDArray[np.uint64]
-PREFIX = "/agent/v1"
 # Response headers describing how a tree was built: the coordinator refuses to compare
 # trees whose entries were hashed with other settings.
 DEPTH_HEADER = "X-Replag-Tree-Depth"
@@ -108,106 +103,8 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None
 
 
-class AgentClient:
-    """HTTP client of the agent at `url` (http:// or https://), with the bearer token."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None,
-        timeout_s: float,
-        ca_file: str | None = None,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._token = token
-        self._ca_file = ca_file
-        self._session: aiohttp.ClientSession | None = None
-        self.bytes_received = 0
-        self.bytes_sent = 0
-        self.requests = 0
-        self._by_replica: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        return f"AgentClient({self.url!r})"
-
-    def _open(self) -> aiohttp.ClientSession:
-        # aiohttp loads when an agent is first asked (a check without agents never does:
-        # its import costs a check ~0.2 s of CPU).
-        import aiohttp
-
-        if self._session is None:
-            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-            connector = None
-            if self.url.startswith("https://"):
-                context = ssl.create_default_context(cafile=self._ca_file)
-                connector = aiohttp.TCPConnector(ssl=context)
-            self._session = aiohttp.ClientSession(headers=headers, connector=connector)
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def take_bytes(self, replica: str) -> int:
-        """Bytes received for `replica`'s calls since the last take."""
-        return self._by_replica.pop(replica, 0)
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        wait_s: float = 0.0,
-        replica: str | None = None,
-    ) -> tuple[bytes, Mapping[str, str]]:
-        """(body, headers) of a 200 answer; AgentError otherwise."""
-        import aiohttp
-        from multidict import CIMultiDict
-
-        session = self._open()
-        url = f"{self.url}{PREFIX}{path}"
-        payload = json.dumps(body).encode() if body is not None else None
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.timeout_s, sock_read=self.timeout_s + wait_s + 30.0
-        )
-        self.requests += 1
-        try:
-            async with session.request(
-                method,
-                url,
-                data=payload,
-                headers={"Content-Type": "application/json"} if payload is not None else None,
-                timeout=timeout,
-            ) as resp:
-                data = await resp.read()
-                self.bytes_sent += len(payload or b"") + len(path) + 200  # request line, headers
-                received = len(data) + sum(len(k) + len(v) + 4 for k, v in resp.raw_headers)
-                self.bytes_received += received
-                if replica is not None:
-                    self._by_replica[replica] = self._by_replica.get(replica, 0) + received
-                if resp.status != 200:
-                    raise self._refused(resp.status, data)
-                return data, CIMultiDict(resp.headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-                reason = "timed out"
-            raise AgentError(f"agent unreachable: {reason}", where=self.url) from None
-
-    def _refused(self, status: int, data: bytes) -> AgentError:
-        try:
-            detail = str(json.loads(data).get("detail", data[:200]))
-        except (ValueError, AttributeError):
-            detail = data[:200].decode("utf-8", "replace")
-        if status in (401, 403):
-            return AgentError(f"agent refused our token ({status}): {detail}", where=self.url)
-        if status == 503:
-            return AgentError(f"agent has no current tree: {detail}", where=self.url)
-        return AgentError(f"agent answered {status}: {detail}", where=self.url)
+class AgentClient(AgentLink):
+    """The calls the coordinator makes to an agent's trees and keys (over `AgentLink`)."""
 
     # --- the calls -------------------------------------------------------------
 
@@ -376,23 +273,54 @@ class AgentReplica:
         return await self.client.observe_once(self.name, keys)
 
 
+def agent_client(
+    config: Config,
+    region_name: str,
+    *,
+    run_id: str | None = None,
+    started_by: Mapping[str, str] | None = None,
+) -> AgentClient | None:
+    """The client of `region_name`'s agent (None when it runs none): its TLS options, the
+    token the coordinator presents (`Config.agent_token`), and what it runs, for the
+    agent's audit log."""
+    region = config.topology.region(region_name)
+    if region.agent is None:
+        return None
+    return AgentClient(
+        region.agent,
+        token=config.agent_token(),
+        timeout_s=config.settings.connect_timeout,
+        tls=region.agent_tls,
+        headers=run_headers(run_id, started_by),
+    )
+
+
 class AgentPool:
     """`client_for(member)`: the client of the agent of the member's region, or None when
-    its region runs no agent (the member is then scanned directly)."""
+    its region runs no agent (the member is then scanned directly). `run_id` and
+    `started_by` go with every request, for the agents' audit logs."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        run_id: str | None = None,
+        started_by: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
+        self.run_id, self.started_by = run_id, started_by
         self._clients: dict[str, AgentClient] = {}
 
     def client_for(self, endpoint: Endpoint) -> AgentClient | None:
         url = self.config.topology.agent_of(endpoint)
-        if url is None:
+        if url is None or endpoint.region is None:
             return None
         if url not in self._clients:
-            s = self.config.settings
-            self._clients[url] = AgentClient(
-                url, token=s.api_token, timeout_s=s.connect_timeout, ca_file=s.agent_tls_ca
+            client = agent_client(
+                self.config, endpoint.region, run_id=self.run_id, started_by=self.started_by
             )
+            assert client is not None
+            self._clients[url] = client
         return self._clients[url]
 
     async def close(self) -> None:

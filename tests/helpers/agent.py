@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -100,21 +101,43 @@ def running_tree(endpoint: Endpoint, *, state_dir: Path | None = None) -> Iterat
         running.stop()
 
 
-def start_agent(config_path: Path, region: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """`replag agent` in its own process; returns once its health endpoint answers."""
+def start_agent(
+    config_path: Path,
+    region: str,
+    port: int,
+    log: Path,
+    *,
+    tls: ssl.SSLContext | None = None,
+    env: dict[str, str] | None = None,
+    log_level: str = "info",
+) -> subprocess.Popen[bytes]:
+    """`replag agent` in its own process; returns once its health endpoint answers (over
+    HTTPS with `tls`, the context to verify it with and present a client certificate)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "agent", "-c", str(config_path), "--region", region],
+            [
+                sys.executable,
+                "-m",
+                "replag",
+                "agent",
+                "-c",
+                str(config_path),
+                "--region",
+                region,
+                "--log-level",
+                log_level,
+            ],
             stdout=out,
             stderr=out,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
         )
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/agent/v1/health"
 
     def healthy() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"agent of {region} exited {proc.returncode}: {log.read_text()}")
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/agent/v1/health").status_code == 200
+            return httpx.get(url, verify=tls or True).status_code == 200
         except httpx.HTTPError:
             return False
 

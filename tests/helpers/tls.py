@@ -1,7 +1,8 @@
 """A test CA and certificates (made with `cryptography`), and redis-servers that speak TLS only.
 
 `make_pki(dir)` writes a CA, a second CA nobody trusts, a server certificate for
-localhost/127.0.0.1 (and an expired one), and a client certificate, as PEM files.
+localhost/127.0.0.1 (and an expired one), a client certificate, and one signed by
+the other CA, as PEM files (region agents serve with the same server certificates).
 `TlsRedisServer` starts `redis-server --port 0 --tls-port … --tls-auth-clients yes`:
 no plain port at all, and every client must present a certificate of the CA.
 """
@@ -37,6 +38,8 @@ class Pki:
     expired_key: Path
     client_cert: Path
     client_key: Path
+    stranger_cert: Path  # a client certificate of the other CA
+    stranger_key: Path
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -138,6 +141,7 @@ def make_pki(directory: Path) -> Pki:
     _write(directory / "server.pem", *_leaf("localhost", ca, server=True))
     _write(directory / "expired.pem", *_leaf("localhost", ca, server=True, expired=True))
     _write(directory / "client.pem", *_leaf("replag client", ca, server=False))
+    _write(directory / "stranger.pem", *_leaf("a stranger", other, server=False))
     return Pki(
         ca=directory / "ca.pem",
         other_ca=directory / "other-ca.pem",
@@ -147,6 +151,8 @@ def make_pki(directory: Path) -> Pki:
         expired_key=directory / "expired.key",
         client_cert=directory / "client.pem",
         client_key=directory / "client.key",
+        stranger_cert=directory / "stranger.pem",
+        stranger_key=directory / "stranger.key",
     )
 
 
