@@ -117,8 +117,9 @@ REQUEST = b"GET /api/v1/lag/matrix?since=5m HTTP/1.1\r\nHost: replag\r\n\r\n"
 FAILED_S = 30.0  # what a failed request counts as (never dropped)
 
 
-async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """One GET of the matrix on a kept-open connection; raise unless it answered 200."""
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """One GET of the matrix on a kept-open connection: whether the answer was fresh (not
+    the previous one, served while the new one is computed); raise unless it is a 200."""
     writer.write(REQUEST)
     head = await reader.readuntil(b"\r\n\r\n")
     status = head.split(b" ", 2)[1]
@@ -127,31 +128,36 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         for line in head.split(b"\r\n")
         if line.lower().startswith(b"content-length:")
     )
-    await reader.readexactly(length)
+    body = await reader.readexactly(length)
     if status != b"200":
         raise OSError(f"HTTP {status.decode()}")
+    return b'"fresh":false' not in body[:300]
 
 
 async def matrix_latencies(
     bases: list[str], *, rate: float, seconds: float, connections: int
-) -> list[float]:
+) -> tuple[list[float], int]:
     """Open loop: request i is due at start + i / rate (spread over the instances), whatever
     the answers before it did; `connections` kept-open connections per instance take the
     due requests in order. Latency is from the due moment to the last byte of the answer,
     so time a request waited for a free connection counts (no coordinated omission). A
-    request that failed or took over FAILED_S counts as FAILED_S."""
+    request that failed or took over FAILED_S counts as FAILED_S. Returns the latencies,
+    sorted, and how many answers were the previous one (`"fresh": false`)."""
     latencies: list[float] = []
+    stale = 0
     queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in bases]
 
     async def worker(base: str, queue: asyncio.Queue[float | None]) -> None:
+        nonlocal stale
         host, port = base.removeprefix("http://").rsplit(":", 1)
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         while (due := await queue.get()) is not None:
             try:
                 if conn is None:
                     conn = await asyncio.open_connection(host, int(port))
-                await asyncio.wait_for(_get(*conn), FAILED_S)
+                fresh = await asyncio.wait_for(_get(*conn), FAILED_S)
                 latencies.append(min(time.perf_counter() - due, FAILED_S))
+                stale += not fresh
             except (OSError, asyncio.IncompleteReadError, TimeoutError, StopIteration, ValueError):
                 latencies.append(FAILED_S)
                 if conn is not None:
@@ -174,7 +180,7 @@ async def matrix_latencies(
         for _ in range(connections):
             queue.put_nowait(None)
     await asyncio.gather(*workers)
-    return sorted(latencies)
+    return sorted(latencies), stale
 
 
 def percentile_ms(latencies: list[float], q: float) -> float:
@@ -207,7 +213,7 @@ def run_case(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres | None)
                 pids = [p.pid for p, _ in procs]
                 size0, cpu0, t0 = store_bytes(store), sum(map(cpu_s, pids)), time.monotonic()
                 load0 = os.getloadavg()[0]
-                latencies = asyncio.run(
+                latencies, stale = asyncio.run(
                     matrix_latencies(
                         [b for _, b in procs],
                         rate=args.rate,
@@ -228,7 +234,8 @@ def run_case(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres | None)
     return (
         f"fleet: {n} groups, {k} instances: cpu {cpu:.0f} % of a core, peak memory "
         f"{peak:.0f} MB, store +{growth:.1f} MB/h, matrix p99 {p99:.1f} ms{share} "
-        f"(p50 {p50:.1f} ms; load average {load:.1f} on {os.cpu_count()} cores)"
+        f"(p50 {p50:.1f} ms, {100 * stale / len(latencies):.0f} % of answers the previous "
+        f"one; load average {load:.1f} on {os.cpu_count()} cores)"
     )
 
 
