@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
-from replag.lab.server import RedisServer, free_port
+from replag.lab.server import RedisServer
 from replag.store import Store
 from tests.helpers.dynomite_cluster import (
     THREE_RACKS,
@@ -35,7 +35,7 @@ from tests.helpers.postgres import (
     empty_database,
     postgres_available,
 )
-from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import RedisFactory, start_redis
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 
 # The tests never touch the real home: a command run without settings.store opens the
@@ -54,15 +54,14 @@ def redis_factory(tmp_path: Path) -> Iterator[RedisFactory]:
     def start(
         name: str = "r", *, password: str | None = None, extra_args: tuple[str, ...] = ()
     ) -> RedisServer:
-        srv = RedisServer(
-            name=f"{name}{len(servers)}",
-            port=free_port(),
-            workdir=tmp_path / "redis",
+        srv = start_redis(
+            f"{name}{len(servers)}",
+            tmp_path / "redis",
             password=password,
             extra_args=extra_args,
         )
         servers.append(srv)
-        return srv.start()
+        return srv
 
     yield start
     for srv in servers:

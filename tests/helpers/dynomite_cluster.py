@@ -31,10 +31,16 @@ import redis
 from replag.config import Config, load_config
 from replag.discovery.dynomite import Address, NodePorts, PortMap, discover_dynomite
 from replag.lab.server import RedisServer, free_port, stop_pid
+from tests.helpers.redis_servers import IN_USE, START_ATTEMPTS, start_redis
 
 DYNOMITE_ENV = "REPLAG_DYNOMITE"
 CONF = Path(__file__).resolve().parents[1] / "fixtures" / "dynomite" / "conf"
 TOKEN = "12345678"  # the same token in every rack: each rack holds a full replica
+
+
+class PortTaken(RuntimeError):
+    """A node could not bind a port that was free when it was picked (another process,
+    e.g. the other xdist worker's, took it meanwhile): the cluster starts again on new ones."""
 
 
 def dynomite_binary() -> str:
@@ -77,6 +83,7 @@ class DynomiteNode:
     consistency: str = "DC_ONE"
     stats_interval_ms: int = 5000
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _log_from: int = field(default=0, repr=False)  # the log's size when this start began
 
     @property
     def stats_url(self) -> str:
@@ -122,8 +129,10 @@ class DynomiteNode:
         )
 
     def start(self, binary: str, others: Sequence[DynomiteNode], *, wait_s: float = 15.0) -> None:
+        """Start and wait for PING; `PortTaken` if one of its ports was taken meanwhile."""
         conf = self.workdir / f"{self.name}.yml"
         conf.write_text(self.yaml(others))
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         self.process = subprocess.Popen(
             [binary, "-c", str(conf), "-o", str(self.log), "-v", "5"],
             stdin=subprocess.DEVNULL,
@@ -134,7 +143,8 @@ class DynomiteNode:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"dynomite {self.name} exited at start: {self._log_tail()}")
+                error = PortTaken if IN_USE in self._log_since_start() else RuntimeError
+                raise error(f"dynomite {self.name} exited at start: {self._log_tail()}")
             try:
                 with self.client(timeout_s=1) as client:
                     client.ping()
@@ -156,7 +166,18 @@ class DynomiteNode:
         return self.process is not None and self.process.poll() is None
 
     def _log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-600:] if self.log.exists() else ""
+        """The end of this start's log, its bind failure first if it had one (Dynomite
+        logs a stack trace after it)."""
+        text = self._log_since_start()
+        failed = [line for line in text.splitlines() if IN_USE in line]
+        return "\n".join([*failed[:1], text[-600:]])
+
+    def _log_since_start(self) -> str:
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as log:
+            log.seek(self._log_from)
+            return log.read().decode(errors="replace")
 
 
 @dataclass
@@ -287,37 +308,61 @@ def dynomite_cluster(
     """
     binary = dynomite_binary()
     workdir.mkdir(parents=True, exist_ok=True)
-    nodes: list[DynomiteNode] = []
-    cluster = DynomiteCluster(binary=binary, nodes=nodes)
-    shared = _shared_ports(len(layout)) if host_per_node else None
+    for attempt in range(1, START_ATTEMPTS + 1):
+        cluster = DynomiteCluster(binary=binary, nodes=[])
+        try:
+            _start_nodes(cluster, workdir, layout, consistency=consistency,
+                         stats_interval_ms=stats_interval_ms, backend_args=backend_args,
+                         host_per_node=host_per_node)  # fmt: skip
+        except PortTaken:
+            cluster.stop()
+            if attempt == START_ATTEMPTS:
+                raise
+            continue  # every node on new ports: the peers' seeds name them
+        except BaseException:
+            cluster.stop()
+            raise
+        break
     try:
-        for i, (dc, rack, *token) in enumerate(layout, start=1):
-            ports = {}
-            if shared is not None:
-                hosts, (peer, client, stats) = shared
-                ports = {"host": hosts[i - 1], "peer_port": peer, "client_port": client,
-                         "stats_port": stats}  # fmt: skip
-            backend = RedisServer(
-                name=f"backend{i}", port=free_port(), workdir=workdir, extra_args=backend_args
-            )
-            backend.start()
-            nodes.append(
-                DynomiteNode(
-                    name=f"node{i}",
-                    dc=dc,
-                    rack=rack,
-                    workdir=workdir,
-                    backend=backend,
-                    token=token[0] if token else TOKEN,
-                    consistency=consistency,
-                    stats_interval_ms=stats_interval_ms,
-                    **ports,
-                )
-            )
-        cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+def _start_nodes(
+    cluster: DynomiteCluster,
+    workdir: Path,
+    layout: Layout,
+    *,
+    consistency: str,
+    stats_interval_ms: int,
+    backend_args: tuple[str, ...],
+    host_per_node: bool,
+) -> None:
+    """Backends and nodes for `layout` on ports picked now (appended to `cluster.nodes` as
+    they start, so a failure stops what started), then the cluster joined."""
+    shared = _shared_ports(len(layout)) if host_per_node else None
+    for i, (dc, rack, *token) in enumerate(layout, start=1):
+        ports = {}
+        if shared is not None:
+            hosts, (peer, client, stats) = shared
+            ports = {"host": hosts[i - 1], "peer_port": peer, "client_port": client,
+                     "stats_port": stats}  # fmt: skip
+        backend = start_redis(f"backend{i}", workdir, extra_args=backend_args)
+        cluster.nodes.append(
+            DynomiteNode(
+                name=f"node{i}",
+                dc=dc,
+                rack=rack,
+                workdir=workdir,
+                backend=backend,
+                token=token[0] if token else TOKEN,
+                consistency=consistency,
+                stats_interval_ms=stats_interval_ms,
+                **ports,
+            )
+        )
+    cluster.start()
 
 
 def _shared_ports(count: int) -> tuple[list[str], tuple[int, int, int]]:

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from replag.lab.server import RedisServer, free_port
-from tests.helpers.redis_servers import FAST_SYNC
+from tests.helpers.redis_servers import FAST_SYNC, start_redis
 
 SLOTS = 16384
 # How long a cluster may take to become whole: only a hang reaches it (nodes meet and
@@ -118,21 +118,24 @@ def start_cluster(
     try:
         for i in range(primaries * 2):
             name = f"cluster{i}"
+            conf = workdir / f"nodes-{name}.conf"
             servers.append(
-                RedisServer(
-                    name=name,
-                    port=cluster_port(),
-                    workdir=workdir,
+                start_redis(
+                    name,
+                    workdir,
+                    port=cluster_port,
+                    # A node that failed to bind may have written its config: a new node.
+                    before_attempt=lambda conf=conf: conf.unlink(missing_ok=True),
                     extra_args=(
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
-                        f"nodes-{name}.conf",
+                        conf.name,
                         "--cluster-node-timeout",
                         str(node_timeout_ms),
                         *FAST_SYNC,
                     ),
-                ).start()
+                )
             )
         cluster = RedisClusterNodes(
             primaries=servers[:primaries],

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis
 
+from replag.errors import LabError
 from replag.lab.server import RedisServer, free_port
 from tests.helpers.waiting import wait_until
 
@@ -15,6 +16,47 @@ from tests.helpers.waiting import wait_until
 RedisFactory = Callable[..., RedisServer]
 
 FAST_SYNC = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+# A free port can be taken by another process (the other xdist worker's servers, an
+# outgoing connection) between free_port() and the server's bind: a start that fails so
+# is tried again on other ports, this many times in all.
+START_ATTEMPTS = 5
+IN_USE = "Address already in use"
+
+
+def start_redis(
+    name: str,
+    workdir: Path,
+    *,
+    password: str | None = None,
+    extra_args: tuple[str, ...] = (),
+    port: Callable[[], int] = free_port,
+    before_attempt: Callable[[], None] | None = None,
+) -> RedisServer:
+    """A started RedisServer on a port from `port()`; a start refused because the port
+    was taken meanwhile is retried on a new one (`before_attempt` runs before each)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        if before_attempt is not None:
+            before_attempt()
+        server = RedisServer(
+            name=name, port=port(), workdir=workdir, password=password, extra_args=extra_args
+        )
+        try:
+            return server.start()
+        except LabError as exc:
+            server.stop()
+            if attempt == START_ATTEMPTS or not port_taken(str(exc), server.logfile):
+                raise
+    raise AssertionError("unreachable")
+
+
+def port_taken(message: str, log: Path) -> bool:
+    """Whether a server's start failed on a port in use (its error or its log says so)."""
+    if IN_USE in message:
+        return True
+    try:
+        return IN_USE in log.read_text(errors="replace")[-2000:]
+    except OSError:
+        return False
 
 
 def replica_of(factory: RedisFactory, upstream: RedisServer, name: str) -> RedisServer:
@@ -66,14 +108,11 @@ def primary_and_replicas(workdir: Path, replicas: int = 2) -> Iterator[list[Redi
     For module-scoped fixtures (redis_factory is per test)."""
     servers: list[RedisServer] = []
     try:
-        primary = RedisServer(name="primary", port=free_port(), workdir=workdir).start()
+        primary = start_redis("primary", workdir)
         servers.append(primary)
         for n in range(replicas):
             args = ("--replicaof", "127.0.0.1", str(primary.port), *FAST_SYNC)
-            replica = RedisServer(
-                name=f"replica{n}", port=free_port(), workdir=workdir, extra_args=args
-            )
-            servers.append(replica.start())
+            servers.append(start_redis(f"replica{n}", workdir, extra_args=args))
         wait_listed(primary, servers[1:])
         yield servers
     finally:
