@@ -89,7 +89,7 @@ _CHECK = (
     Need("xlen", ("XLEN", "KEY")),
     Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
     Need("dump", ("DUMP", "KEY")),
-    # The scan's TTL script; refused, it reads each TTL with PTTL instead.
+    # A bulk refill's TTL script (peer_read); refused, it reads each TTL with PTTL instead.
     Need("script|load", ("SCRIPT", "LOAD", "return 1"), optional=True),
     Need("evalsha", None, optional=True),
 )

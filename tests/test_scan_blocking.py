@@ -35,7 +35,7 @@ def entries(index: ScanIndex) -> list[tuple[bytes, int, int]]:
     )
 
 
-@pytest.mark.parametrize("ttls", ["auto", "pttl", "none"])
+@pytest.mark.parametrize("ttls", ["auto", "pttl", "script", "none"])
 def test_the_blocking_scan_indexes_exactly_what_the_async_scanner_does(
     redis_factory: RedisFactory, ttls: str
 ) -> None:
@@ -57,7 +57,7 @@ def test_the_blocking_scan_indexes_exactly_what_the_async_scanner_does(
     assert entries(got) == entries(expected)
     assert len(got) == 2500 + 7  # every key but the probe key: strings and every type
     assert state.finished and state.cursor == b"0" and state.keys == len(got)
-    assert blocking.ttl_source == ("script" if ttls == "auto" else ttls)
+    assert blocking.ttl_source == ("pttl" if ttls == "auto" else ttls)
     assert blocking.bytes_received > 2500 * 64
 
 

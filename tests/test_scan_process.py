@@ -59,12 +59,14 @@ async def test_ttls_are_read_the_cheapest_way_the_replica_allows(
         # A user who may not run scripts, as some managed services configure them.
         client.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"],
                            commands=["+@all", "-@scripting"])  # fmt: skip
-    by_script, with_ttls = await scan(server.url)
+    per_key, with_ttls = await scan(server.url)
+    assert per_key == "pttl"  # expiring keys: a PTTL per key, the server's cheapest way
+    by_script, scripted = await scan(server.url, ttls="script")
     assert by_script == "script"
-    refused, per_key = await scan(f"redis://noscript:pw@127.0.0.1:{server.port}")
+    refused, fallen_back = await scan(f"redis://noscript:pw@127.0.0.1:{server.port}", ttls="script")
     assert refused == "pttl"
     # The same entries whichever way the TTLs came (they differ from the TTL-less scan).
-    assert with_ttls == per_key and with_ttls != plain
+    assert with_ttls == scripted == fallen_back and with_ttls != plain
 
 
 def write_config(path: Path, servers: list[RedisServer], **settings: str | int) -> Path:

@@ -147,8 +147,8 @@ class BlockingScan:
     def _ttl_source(self, conn: BlockingConnection) -> TtlSource:
         source = self.options.ttls
         if source == "auto":
-            keyspace, cluster = conn.request(TTL_PROBE, 2)
-            source = ttl_source_from_info(keyspace, cluster, self.endpoint.db) or "script"
+            (keyspace,) = conn.request(TTL_PROBE, 1)
+            source = ttl_source_from_info(keyspace, self.endpoint.db)
         if source != "script":
             return source
         if self.scanner.cluster:
