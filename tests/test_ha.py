@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ import tomli_w
 from replag.lab.cluster import lab_fault
 from replag.lab.server import free_port
 from replag.store import Store
+from replag.store.leases import current
 from tests.helpers.configs import TOKEN
 from tests.helpers.lab import LabFactory
 from tests.helpers.postgres import LocalPostgres, empty_database
@@ -118,6 +120,18 @@ def probe_starts(url: str, source: str) -> list[int]:
             "SELECT started_ns FROM probe_runs WHERE source = ? ORDER BY started_ns", (source,)
         )
     return [int(r.started_ns) for r in rows]
+
+
+def work_shared(instances: list[Instance]) -> bool:
+    """Every live instance owns at most its fair share of the units (all owned units over
+    the instances, rounded up): none gives a lease up to share the work any more."""
+    live = [i for i in instances if i.proc.poll() is None]
+    health = live[0].health() if live else None
+    if health is None:
+        return False
+    entries = health["instances"]
+    fair = max(1, math.ceil(sum(len(e["owns"]) for e in entries) / max(1, len(entries))))
+    return len(entries) == len(live) and all(len(e["owns"]) <= fair for e in entries)
 
 
 def probe_runs_counted(inst: Instance, source: str) -> float:
@@ -365,6 +379,9 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     data["settings"].update(count=40, rate=20)
     config.write_text(tomli_w.dumps(data))
     start(fleet, config, tmp_path, 2)
+    # The first instance up takes every unit, then gives some up to the second: pause the
+    # probe's owner once that is done (else it may have given the probe away meanwhile).
+    wait_until(lambda: work_shared(fleet), "the work shared out", timeout_s=90, every_s=0.3)
     wait_until(lambda: owner_of(fleet, "probe:us-east") is not None, "a probe owner", timeout_s=60)
     paused = owner_of(fleet, "probe:us-east")
     assert paused is not None
@@ -372,6 +389,8 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     wait_until(lambda: probe_runs_counted(paused, "us-east") >= 1, "a first run", timeout_s=60)
     time.sleep(0.5)  # inside the next run's writes
     before = probe_runs_counted(paused, "us-east")
+    with Store(ha_store) as store:
+        [held] = current(store, prefix="probe:us-east")
     paused.proc.send_signal(signal.SIGSTOP)
     stopped_ns = time.time_ns()
     try:
@@ -394,7 +413,12 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     # Every run stored since the resume is the new owner's (one run at a time).
     starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
     assert all(b > a for a, b in itertools.pairwise(starts))
-    assert owner_of([paused, other], "probe:us-east") is other
+    # The work may be shared out again, even the probe back to the resumed instance: but
+    # only under a later epoch than the one it was paused with, never its old lease.
+    with Store(ha_store) as store:
+        wait_until(lambda: bool(current(store, prefix="probe:us-east")), "the probe owned")
+        [now] = current(store, prefix="probe:us-east")
+    assert now.epoch > held.epoch
     # What it lost it no longer exports: each gauge is on its unit's owner only.
     wait_until(lambda: gauges_follow_leases(fleet), "gauges follow the leases", timeout_s=60)
 

@@ -11,7 +11,10 @@ Where several instances share the store, a notification is sent only while the
 sender's `Fence` (its lease on alert evaluation) is valid, checked before each
 request; a batch every sink took (or gave up on) is marked delivered in the
 outbox. One the fence stopped stays undelivered, for the next owner to send:
-delivery is at least once, with the alert's fingerprint as the dedup key.
+delivery is at least once, with the alert's fingerprint as the dedup key. The
+sender knows which events it holds (queued, in flight, or sent but not yet marked
+because the store was busy), so an owner never adopts from the outbox, and sends
+again, a notification it is still sending or has sent.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class _Batch:
     events: Sequence[AlertEvent]
     fence: Fence | None
     remaining: int
+    abandoned: bool = False  # a sink's fence check failed: left to the outbox
 
 
 class DeliveryFailed(Exception):
@@ -92,7 +96,7 @@ class AlertSender:
         *,
         external_url: str = "",
         on_result: Callable[[DeliveryResult], None] | None = None,
-        on_delivered: Callable[[Sequence[AlertEvent]], None] | None = None,
+        on_delivered: Callable[[Sequence[AlertEvent]], bool] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.sinks = tuple(sinks)
@@ -104,6 +108,21 @@ class AlertSender:
         self._session: aiohttp.ClientSession | None = None
         self._queues: dict[str, asyncio.Queue[_Batch]] = {}
         self._workers: list[asyncio.Task[None]] = []
+        # (fingerprint, decided_ns) of each event queued, in flight, or sent and not yet
+        # marked delivered; `unmarked` are those sent, waiting for the store.
+        self._holding: set[tuple[str, int]] = set()
+        self._unmarked: list[AlertEvent] = []
+
+    def holds(self, event: AlertEvent) -> bool:
+        """Whether this sender still has `event` (queued, sending, or sent and not yet
+        marked delivered): the outbox's copy is not an orphan."""
+        return _key(event) in self._holding
+
+    def retry_marks(self) -> None:
+        """Mark delivered what was sent while the store could not take the mark."""
+        if self._unmarked and self._on_delivered is not None:
+            sent, self._unmarked = self._unmarked, []
+            self._finish(sent)
 
     async def deliver(self, events: Sequence[AlertEvent]) -> list[DeliveryResult]:
         """Send `events` to every sink concurrently and wait for the outcomes."""
@@ -117,6 +136,7 @@ class AlertSender:
         if not events:
             return
         batch = _Batch(events, fence, len(self.sinks))
+        self._holding.update(_key(e) for e in events)
         for sink in self.sinks:
             queue = self._queues.get(sink.name)
             if queue is None:
@@ -167,6 +187,8 @@ class AlertSender:
     async def _work(self, sink: AlertSink, queue: asyncio.Queue[_Batch]) -> None:
         while True:
             batch = await queue.get()
+            if batch.abandoned:
+                continue
             try:
                 await self._deliver(sink, batch.events, fence=batch.fence)
             except FenceLost:
@@ -176,13 +198,25 @@ class AlertSender:
                     sink.name,
                     len(batch.events),
                 )
+                # Every sink leaves it to the outbox: the owner of the lease (maybe this
+                # instance again) adopts it, once.
+                batch.abandoned = True
+                self._holding.difference_update(_key(e) for e in batch.events)
                 continue
             self._finished(batch)
 
     def _finished(self, batch: _Batch) -> None:
         batch.remaining -= 1
-        if batch.remaining == 0 and self._on_delivered is not None:
-            self._on_delivered(batch.events)
+        if batch.remaining == 0 and not batch.abandoned:
+            self._finish(batch.events)
+
+    def _finish(self, events: Sequence[AlertEvent]) -> None:
+        """Every sink took `events` (or gave up): marked delivered, then let go; kept
+        (and marked at the next `retry_marks`) while the store cannot take the mark."""
+        if self._on_delivered is not None and not self._on_delivered(events):
+            self._unmarked.extend(events)
+            return
+        self._holding.difference_update(_key(e) for e in events)
 
     async def _deliver(
         self, sink: AlertSink, events: Sequence[AlertEvent], *, fence: Fence | None = None
@@ -311,6 +345,11 @@ async def _run_command(sink: AlertSink, body: dict[str, Any]) -> None:
     if proc.returncode != 0:
         tail = stderr.decode(errors="replace").strip()[-200:]
         raise DeliveryFailed(f"{sink.command[0]} exited {proc.returncode}: {tail}", retry=True)
+
+
+def _key(event: AlertEvent) -> tuple[str, int]:
+    """An event's outbox row: its fingerprint and when it was decided."""
+    return (event.fingerprint, event.decided_ns)
 
 
 def _redact(text: str, sink: AlertSink) -> str:

@@ -89,9 +89,14 @@ async def evaluate_and_notify(
     conditions = evaluate_rules(config, index, now_ns=now_ns)
     book = AlertBook(store)
     if fence is not None and sender is not None:
-        # Decided under an older epoch (an instance that died or lost its lease before
-        # sending): this owner sends them (at least once; the fingerprint deduplicates).
-        orphans = book.pending_outbox(before_epoch=fence.epoch)
+        sender.retry_marks()
+        # Decided and never sent: under an older epoch (an instance that died or lost its
+        # lease before sending), or under this one by a send its fence stopped (the lease
+        # lapsed a moment and was taken back). This owner sends them (at least once; the
+        # fingerprint deduplicates), except those its sender still holds.
+        orphans = [
+            (i, e) for i, e in book.pending_outbox(through_epoch=fence.epoch) if not sender.holds(e)
+        ]
         if orphans:
             book.adopt_outbox([i for i, _ in orphans], epoch=fence.epoch)
             sender.submit([e for _, e in orphans], fence=fence)

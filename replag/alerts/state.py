@@ -216,13 +216,14 @@ class AlertBook:
                     self.store.remember("alert_state", fp, row)
         return events
 
-    def pending_outbox(self, *, before_epoch: int) -> list[tuple[int, AlertEvent]]:
-        """Notifications decided under an older epoch and never delivered (their
-        instance died or lost its lease first): (outbox id, event)."""
+    def pending_outbox(self, *, through_epoch: int) -> list[tuple[int, AlertEvent]]:
+        """Notifications decided under `through_epoch` or before and not delivered yet
+        (their instance died or lost its lease first, or is still sending them): (outbox
+        id, event)."""
         rows = self.store.execute(
             """SELECT id, event_json FROM alert_outbox
-               WHERE delivered_ns IS NULL AND epoch < ? ORDER BY id""",
-            (before_epoch,),
+               WHERE delivered_ns IS NULL AND epoch <= ? ORDER BY id""",
+            (through_epoch,),
         )
         return [(int(r.id), event_from_dict(json.loads(r.event_json))) for r in rows]
 

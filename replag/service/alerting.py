@@ -95,11 +95,15 @@ class AlertEvaluation:
         self.counters["alert notifications"] += len(outcome.events)
         self.metrics.alerts_firing.set(self.book.firing_count())
 
-    def _delivered(self, events: Sequence[AlertEvent]) -> None:
+    def _delivered(self, events: Sequence[AlertEvent]) -> bool:
         try:
             self.book.mark_delivered(events, now_ns=time.time_ns())
-        except StoreError as exc:  # sent again by the next owner: at least once
-            log.warning("alert outbox: delivered notifications not marked (%s)", exc)
+        except StoreError as exc:
+            # Marked at the next evaluation (or, should this instance stop first, sent
+            # again by the next owner: at least once).
+            log.warning("alert outbox: delivered notifications not marked yet (%s)", exc)
+            return False
+        return True
 
     def disown(self) -> None:
         """This instance stopped evaluating: the owner exports the firing count."""

@@ -44,20 +44,25 @@ class _Held:
 
 
 class Fence:
-    """The lease of one unit as this instance holds it (see module docstring)."""
+    """The lease of one unit as this instance holds it now, at its current epoch (see
+    module docstring). It stays bound to that epoch: after the lease was lost and taken
+    back (by this instance too) at a later epoch, this fence is no longer valid, so what
+    was decided under the old epoch (a queued notification) is not also acted on under
+    the new one, where the new owner adopts it."""
 
     def __init__(self, keeper: LeaseKeeper, name: str) -> None:
         self.keeper = keeper
         self.name = name
+        held = keeper.held(name)
+        self._epoch = held.lease.epoch if held else 0
 
     @property
     def epoch(self) -> int:
-        held = self.keeper.held(self.name)
-        return held.lease.epoch if held else 0
+        return self._epoch
 
     def valid(self) -> bool:
         held = self.keeper.held(self.name)
-        if held is None or held.lost:
+        if held is None or held.lost or held.lease.epoch != self._epoch:
             return False
         return self.keeper.clock() < held.confirmed_mono + self.keeper.ttl_s * _SAFE_FRACTION
 
@@ -170,8 +175,11 @@ class LeaseKeeper:
                 log.warning("%s: lease not renewed (%s)", name, exc)
                 continue
             with self._lock:
+                now_held = self._held.get(name)
+                if now_held is None or now_held.lease.epoch != h.lease.epoch:
+                    continue  # given up (or taken back) meanwhile by the unit's loop
                 if renewed is None:
-                    self._held[name].lost = True
+                    now_held.lost = True
                     lost.append(name)
                 else:
                     self._held[name] = _Held(renewed, asked)
