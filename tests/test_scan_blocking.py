@@ -21,7 +21,7 @@ from replag.repair.scan import (
     ScanProgress,
     without_prefix,
 )
-from replag.repair.scan_blocking import BlockingScan
+from replag.repair.scan_blocking import REPLY_BUDGET, BlockingScan
 from replag.resp import pack, pack_over_keys
 from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
@@ -59,6 +59,40 @@ def test_the_blocking_scan_indexes_exactly_what_the_async_scanner_does(
     assert state.finished and state.cursor == b"0" and state.keys == len(got)
     assert blocking.ttl_source == ("pttl" if ttls == "auto" else ttls)
     assert blocking.bytes_received > 2500 * 64
+
+
+def test_large_values_are_read_in_smaller_batches_with_the_same_index(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("large")
+    value = b"v" * 8192
+    with server.client() as client:
+        pipe = client.pipeline(transaction=False)
+        for i in range(2500):
+            pipe.set(f"k:{i:07d}", value + str(i).encode())
+        pipe.execute()
+        # TTLs read too, as a default check does; mid-bucket, as in the test above.
+        client.pexpireat("k:0000007", (int(time.time() * 1000) // 2000 + 1800) * 2000 + 1000)
+
+        def scans() -> int:
+            stats = client.info("commandstats").get("cmdstat_scan", {})
+            return int(stats.get("calls", 0))
+
+        before = scans()
+        cursor = None
+        while cursor != 0:  # what COUNT 400 throughout takes
+            cursor, _ = client.scan(cursor or 0, count=400)
+        at_400 = scans() - before
+        endpoint = Endpoint.from_url(server.url, name="n")
+        options = ScanOptions(count=400, ttl_bucket_ms=2000)
+        before = scans()
+        got = BlockingScan(endpoint, options).run(ScanProgress("n"))
+        calls = scans() - before
+    expected = asyncio.run(ReplicaScanner(endpoint, options).run(ScanProgress("n")))
+    assert entries(got) == entries(expected) and len(got) == 2500
+    # Replies held near REPLY_BUDGET (about 30 of these keys), at least 100 keys a batch:
+    # 100 once the first batch told their size (three SCANs go out before), not 400.
+    assert REPLY_BUDGET // len(value) < 100 and calls >= 2 * at_400, (calls, at_400)
 
 
 def test_keys_of_other_types_are_read_together_not_one_batch_at_a_time(

@@ -386,9 +386,10 @@ class ReplicaScanner:
         return digests
 
 
-def scan_arguments(options: ScanOptions) -> list[bytes | int]:
-    """What follows the cursor in every SCAN of a scan with `options`."""
-    extra: list[bytes | int] = [b"COUNT", options.count]
+def scan_arguments(options: ScanOptions, count: int | None = None) -> list[bytes | int]:
+    """What follows the cursor in every SCAN of a scan with `options` (COUNT `count`
+    where given, else `options.count`)."""
+    extra: list[bytes | int] = [b"COUNT", options.count if count is None else count]
     if options.match is not None:
         extra += [b"MATCH", options.match]
     if options.type_filter is not None:
