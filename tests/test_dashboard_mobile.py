@@ -72,6 +72,9 @@ def test_a_replica_refusing_the_password_is_unreachable_auth_failed(tmp_path: Pa
         config.write_text(
             f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\ncount = 10\nrate = 0\n'
             'timeout = "1s"\nprobe_interval = "1s"\n'
+            # It answers every command at once (NOAUTH): a long connect timeout costs nothing
+            # and keeps a starved machine's slow answer from being a round's "no answer".
+            'connect_timeout = "10s"\n'
             f'[[regions]]\nname = "home"\nwrite = "{primary.url}"\n'
             f'[[regions]]\nname = "far"\nreplicas = ["{replica.url}"]\n'
         )
@@ -83,7 +86,9 @@ def test_a_replica_refusing_the_password_is_unreachable_auth_failed(tmp_path: Pa
         base = f"http://127.0.0.1:{port}"
         try:
             wait_until(
-                lambda: _unreachable(base, proc), "a probe round finding the replica", timeout_s=90
+                lambda: _unreachable(base, proc),
+                "a probe round refused by the replica's password",
+                timeout_s=90,
             )
             dom = chromium(tmp_path, "--dump-dom", base + "/?range=15m")
         finally:
@@ -104,4 +109,5 @@ def _unreachable(base: str, proc: subprocess.Popen[Any]) -> bool:
     except httpx.TransportError:
         return False
     probe = health["probes"].get("home") or {}
-    return bool(probe.get("unreachable")) and bool(health["pairs"])
+    refused = [u for u in probe.get("unreachable") or [] if "authentication" in u["error"]]
+    return bool(refused) and bool(health["pairs"])
