@@ -247,7 +247,9 @@ def _start_replicated(launch: _Launcher, state: dict[str, Any]) -> int:
     spec = launch.spec
     first = spec.regions[0]
     backlog = ("--repl-backlog-size", str(spec.backlog_bytes)) if spec.backlog_bytes else ()
-    primary_port = launch.server(f"{first}-primary", first, "primary", backlog)
+    # The primary sends its snapshot at once: a diskless sync otherwise waits its default
+    # repl-diskless-sync-delay (5 s) for more replicas, and the lab for it.
+    primary_port = launch.server(f"{first}-primary", first, "primary", (*backlog, *_SYNC_NOW))
     paths = spec.paths()
     links = [
         ReplicationLink(
@@ -281,11 +283,11 @@ def _replica_args(listen_port: int) -> tuple[str, ...]:
         str(listen_port),
         "--notify-keyspace-events",
         NOTIFY_EVENTS,
-        "--repl-diskless-sync",
-        "yes",
-        "--repl-diskless-sync-delay",
-        "0",
+        *_SYNC_NOW,
     )
+
+
+_SYNC_NOW = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
 def wait_replication(processes: list[dict[str, Any]], *, timeout_s: float) -> None:
