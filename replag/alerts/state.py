@@ -232,9 +232,12 @@ class AlertBook:
             ("UPDATE alert_outbox SET epoch = ? WHERE id = ?", (epoch, i)) for i in ids
         )
 
-    def mark_delivered(self, events: Sequence[AlertEvent], *, now_ns: int) -> None:
-        """The outbox rows of `events` were sent to every sink (or given up on)."""
-        self.store.transaction(
+    def mark_delivered(self, events: Sequence[AlertEvent], *, now_ns: int) -> bool:
+        """The outbox rows of `events` were sent to every sink (or given up on). False when
+        the mark may not have reached their rows: the store is not taking writes now (the
+        mark, or the rows themselves, wait in memory, and a mark written before its row
+        marks nothing), so mark them again once it does."""
+        written = self.store.transaction(
             (
                 """UPDATE alert_outbox SET delivered_ns = ?
                    WHERE fingerprint = ? AND created_ns = ? AND delivered_ns IS NULL""",
@@ -242,6 +245,7 @@ class AlertBook:
             )
             for e in events
         )
+        return written and self.store.health.state == "ok"
 
     def active(self) -> list[dict[str, Any]]:
         return [_public(r) for r in self._unresolved()]

@@ -96,14 +96,14 @@ class AlertEvaluation:
         self.metrics.alerts_firing.set(self.book.firing_count())
 
     def _delivered(self, events: Sequence[AlertEvent]) -> bool:
+        """Mark `events` delivered; False (marked again at the next evaluation, or, should
+        this instance stop first, sent again by the next owner: at least once) when the
+        store could not take the mark."""
         try:
-            self.book.mark_delivered(events, now_ns=time.time_ns())
+            return self.book.mark_delivered(events, now_ns=time.time_ns())
         except StoreError as exc:
-            # Marked at the next evaluation (or, should this instance stop first, sent
-            # again by the next owner: at least once).
             log.warning("alert outbox: delivered notifications not marked yet (%s)", exc)
             return False
-        return True
 
     def disown(self) -> None:
         """This instance stopped evaluating: the owner exports the firing count."""
