@@ -31,6 +31,10 @@ Each verdict line carries what the check found against the injected truth.
 The ceilings' readers are started and connected before their clock starts; a
 check is timed from its command's start to its exit, and its line also shows
 its in-process run and slowest scan, so the start-up's share can be read off.
+replag's modules are compiled to bytecode first, as an install compiles them: run
+from a source tree where PYTHONDONTWRITEBYTECODE is set (as in this project's
+sessions), every check would otherwise compile about 90 modules at its start (70 ms
+of CPU measured), which no installed replag does.
 
     python benchmarks/check_ceiling.py [--keys 1000000] [--rounds 3] [--replicas 2,3]
 """
@@ -61,6 +65,19 @@ from replag.topology import ReplicaGroup, Topology
 DEBIAN_REDIS = "/usr/bin/redis-server"
 TARGET_RATIO, TARGET_RSS_MB, TARGET_DISK_MB = 1.25, 150.0, 10.0
 NICE = 0  # every reader's CPU priority: the check's scan processes and the ceilings'
+
+
+def compile_bytecode() -> int:
+    """Compile replag's modules to bytecode beside them (`__pycache__`, as pip does on
+    install); how many modules there are."""
+    import compileall
+
+    import replag
+
+    root = Path(replag.__file__).parent
+    if not compileall.compile_dir(root, quiet=1):
+        raise SystemExit(f"compiling {root} to bytecode failed")
+    return sum(1 for _ in root.rglob("*.py"))
 
 
 def topology_of(lab_dir: Path, members: int) -> Path:
@@ -166,6 +183,7 @@ def bench(args: argparse.Namespace, lab_dir: Path, ports: list[int], pids: list[
         f"independent redis-server {version} ({redis_server_binary()}) × {args.keys:,} keys "
         f"× {args.value_size} B; {os.cpu_count()} cores"
     )
+    print(f"replag's {compile_bytecode()} modules compiled to bytecode, as an install does")
     info = lab_load(lab_dir, LoadSpec(keys=args.keys, value_size=args.value_size))
     print(f"load: {info['seconds']:.1f} s")
     spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
