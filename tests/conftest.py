@@ -46,6 +46,52 @@ os.environ["HOME"] = _HOME
 atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 
 
+# How the suite spreads over xdist's workers (`-n 2`; pyproject's addopts: --dist loadgroup
+# --no-loadscope-reorder): each test goes to whichever worker is free, except that a
+# module sharing an expensive module-scoped fixture (a Redis Cluster per server kind, a
+# primary with replicas, a TLS server) runs whole on one worker, which starts it once
+# instead of each worker starting its own.
+SHARED_FIXTURE_MODULES = frozenset(
+    {
+        "test_cluster_discovery.py",
+        "test_cluster_follow.py",
+        "test_repair_cluster.py",
+        "test_output_contracts.py",
+        "test_reload.py",
+        "test_tls.py",
+        "test_agent_security.py",
+    }
+)
+# The longest modules (--durations in CI says which) start first, so that no worker is
+# left running a long one alone at the end; the others follow in their usual order.
+LONGEST_FIRST = (
+    "test_ha.py",
+    "test_repair_cluster.py",
+    "test_sentinel.py",
+    "test_cluster_follow.py",
+    "test_api_schema.py",
+    "test_agent_check.py",
+    "test_repair_runs.py",
+    "test_store_service.py",
+    "test_outage.py",
+    "test_replication_alerts.py",
+    "test_big_keys.py",
+    "test_cluster_discovery.py",
+    "test_install.py",
+    "test_lag_agents.py",
+    "test_output_contracts.py",
+    "test_repair_run.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules whole
+    for item in items:
+        if item.path.name in SHARED_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture
 def redis_factory(tmp_path: Path) -> Iterator[RedisFactory]:
     """`redis_factory(name="a", password=None, extra_args=())` → a started RedisServer."""
