@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from replag.lab.server import RedisServer, free_port
+from replag.repair.slots import key_slot
 from tests.helpers.redis_servers import FAST_SYNC, start_redis
 
 SLOTS = 16384
@@ -174,8 +175,10 @@ def _join(cluster: RedisClusterNodes) -> None:
         count = len(cluster.primaries)
         for i, client in enumerate(clients[count:]):
             cluster_command(client, "REPLICATE", ids[i])
+        moved: set[int] = set()
 
         def not_ready() -> str | None:
+            _move_offsets(cluster, clients[:count], moved)
             for client in clients:
                 if (still := _whole(client, count, replicas=True)) is not None:
                     return still
@@ -190,6 +193,24 @@ def _join(cluster: RedisClusterNodes) -> None:
         for client in clients:
             with contextlib.suppress(redis.RedisError):
                 client.close()
+
+
+def _move_offsets(
+    cluster: RedisClusterNodes, primaries: list[redis.Redis], moved: set[int]
+) -> None:
+    """A write (then its delete) on each primary not in `moved` yet, once it takes one.
+    Redis 7 lists a replica in CLUSTER SLOTS only once gossip says its replication offset
+    is not 0, and a new primary's stays 0 until a write or its first PING to its replicas
+    (repl-ping-replica-period, 10 s)."""
+    for i, (client, (first, last)) in enumerate(zip(primaries, cluster.slots, strict=True)):
+        if i in moved:
+            continue
+        keys = (f"replag:harness:{n}".encode() for n in range(100_000))
+        key = next(k for k in keys if first <= key_slot(k) <= last)
+        with contextlib.suppress(redis.ResponseError):  # CLUSTERDOWN: not yet
+            client.set(key, b"1")
+            client.delete(key)
+            moved.add(i)
 
 
 def wait_cluster_ok(cluster: RedisClusterNodes) -> None:
