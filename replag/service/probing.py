@@ -34,6 +34,8 @@ class ProbeRound:
     """Probes from one source region every `probe_interval`."""
 
     claim: Claim = "lease"
+    # Rounds of many regions spread over the interval, not all at once (Scheduler).
+    staggered = True
 
     def __init__(
         self,

@@ -18,6 +18,11 @@ one store:
 Without a `LeaseKeeper` (a library user's service, one process) every unit
 simply runs on its timer. The scheduler keeps each unit alive through a failed
 round.
+
+Units that say `staggered = True` (the probe rounds) do not all start at once: the
+k-th of n such units with one interval first runs k/n of the interval after the
+start. With 100 groups, 100 rounds starting together kept 100 rounds' histograms
+alive at the same moment and made the API wait behind all of them, every interval.
 """
 
 from __future__ import annotations
@@ -83,16 +88,17 @@ class Scheduler:
         self._stopping.clear()
         if self.keeper is not None:
             self.spawn("leases", self._keep_leases(self.keeper))
+        offsets = stagger_offsets(self.units)
         for unit in self.units:
-            self._start_unit(unit)
+            self._start_unit(unit, offsets.get(unit.name, 0.0))
 
-    def _start_unit(self, unit: ScheduledUnit) -> None:
+    def _start_unit(self, unit: ScheduledUnit, offset_s: float = 0.0) -> None:
         if self.keeper is not None and unit.claim == "lease":
-            self.spawn(unit.name, self._leased(unit, self.keeper))
+            self.spawn(unit.name, self._leased(unit, self.keeper, offset_s))
         elif self.slots is not None and unit.claim == "slot":
             self.spawn(unit.name, self._per_slot(unit, self.slots))
         else:
-            self.spawn(unit.name, self._every(unit))
+            self.spawn(unit.name, self._every(unit, offset_s))
         self._running[unit.name] = (unit, self.tasks[-1])
 
     async def replace(self, units: Sequence[ScheduledUnit]) -> None:
@@ -134,17 +140,23 @@ class Scheduler:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), max(0.0, delay_s))
 
-    async def _every(self, unit: ScheduledUnit) -> None:
-        """Run `unit` now and then every `interval_s`, keeping it alive through failures."""
+    async def _every(self, unit: ScheduledUnit, offset_s: float = 0.0) -> None:
+        """Run `unit` after `offset_s`, then every `interval_s`, keeping it alive through
+        failures."""
+        await self._sleep(offset_s)
         while not self._stopping.is_set():
             started = time.monotonic()
             await self.run_once(unit)
             await self._sleep(unit.interval_s - (time.monotonic() - started))
 
-    async def _leased(self, unit: ScheduledUnit, keeper: LeaseKeeper) -> None:
+    async def _leased(
+        self, unit: ScheduledUnit, keeper: LeaseKeeper, offset_s: float = 0.0
+    ) -> None:
         """Run `unit` every `interval_s` while this instance holds its lease; else try to
-        take it every third of the lease time (an expired lease is taken within that)."""
+        take it every third of the lease time (an expired lease is taken within that).
+        The first round waits `offset_s` (see `stagger_offsets`)."""
         retry_s = keeper.ttl_s / 3
+        await self._sleep(offset_s)
         while not self._stopping.is_set():
             fence = keeper.fence(unit.name)
             if fence is not None and keeper.over_share():
@@ -209,6 +221,20 @@ class Scheduler:
             # with its traceback and try again next round.
             self.counters["crashed rounds"] += 1
             log.exception("%s failed; retrying next round", unit.name)
+
+
+def stagger_offsets(units: Sequence[ScheduledUnit]) -> dict[str, float]:
+    """How long each staggered unit waits before its first round: the k-th of the n
+    staggered units sharing an interval waits k/n of it (the first one not at all)."""
+    by_interval: dict[float, list[str]] = {}
+    for unit in units:
+        if getattr(unit, "staggered", False):
+            by_interval.setdefault(unit.interval_s, []).append(unit.name)
+    return {
+        name: interval * k / len(names)
+        for interval, names in by_interval.items()
+        for k, name in enumerate(names)
+    }
 
 
 def _disown(unit: ScheduledUnit) -> None:
