@@ -455,6 +455,13 @@ def main() -> None:
     )
 
 
+def speed(base_ms: float, ours_ms: float) -> str:
+    """`ours_ms` against `base_ms` as "N× faster" or "N× slower"."""
+    if ours_ms <= base_ms:
+        return f"{base_ms / ours_ms:.1f}× faster"
+    return f"{ours_ms / base_ms:.1f}× slower"
+
+
 def compare(
     idle: dict[str, dict[str, float]],
     busy: dict[str, dict[str, float]],
@@ -464,13 +471,13 @@ def compare(
     first = idle["first"]["day_matrix"]
     print(
         f"ratio, cold vs cold (idle): a new service's first 24 h matrix {first:.0f} ms (over "
-        f"HTTP) vs the cold baseline {cold:.0f} ms = {cold / first:.1f}× faster"
+        f"HTTP) vs the cold baseline {cold:.0f} ms: {speed(cold, first)}"
     )
     day = idle["matrix open"]["day_p50"]
     print(
         f"ratio, warm vs warm (idle, open loop): the 24 h matrix's fresh answers p50 "
-        f"{day:.2f} ms (over HTTP) vs the warm baseline {warm:.1f} ms (in process) = "
-        f"{warm / day:.1f}× faster"
+        f"{day:.2f} ms (over HTTP) vs the warm baseline {warm:.1f} ms (in process): "
+        f"{speed(warm, day)}"
     )
     for key in ("matrix open", "series open"):
         print(

@@ -371,12 +371,16 @@ class RespConnection:
 
     async def min_rtt_ns(self, rounds: int = 9) -> int:
         """Smallest PING round trip (on a monotonic-clock connection: a one-way bound)."""
-        best: int | None = None
+        return (await self.rtt_range_ns(rounds))[0]
+
+    async def rtt_range_ns(self, rounds: int = 9) -> tuple[int, int]:
+        """Smallest and largest of `rounds` PING round trips: the likeliest one-way trip is
+        about half the smallest, and none of the trips seen took longer than the largest."""
+        trips = []
         for _ in range(rounds):
             _, sent, arrived = await self.call(b"PING")
-            best = arrived - sent if best is None else min(best, arrived - sent)
-        assert best is not None
-        return best
+            trips.append(arrived - sent)
+        return min(trips), max(trips)
 
     def check(self, replies: Sequence[Any]) -> None:
         """Raise the first error reply as an EndpointError naming the endpoint."""

@@ -452,6 +452,24 @@ def test_events_read_together_get_the_lag_of_the_one_stamped_exactly() -> None:
     assert within_chunks({4: by_seq[4]}, writes) == {4: by_seq[4]}
 
 
+def test_events_read_at_once_keep_the_arrival_of_their_chunk() -> None:
+    """A late packet held back the 4 writes behind it (1 ms apart), and the 5 events came
+    in one chunk that was read at once: they arrived together, so each keeps the chunk's
+    arrival (its lag is the arrival less its own write), bracketed from its write."""
+    ms = 1_000_000
+    writes = {k: (k * ms, k * ms + ms // 10) for k in range(5)}
+    hi = 25 * ms
+    by_seq = {k: Arrival(hi - ms // 20, -300 * ms, hi, merged=True, prompt=True) for k in range(4)}
+    by_seq[4] = Arrival(hi - ms // 20, hi - ms // 10, hi)
+    placed = within_chunks(by_seq, writes)
+    for k in range(4):
+        arrival = placed[k]
+        assert (arrival.estimate_ns, arrival.lo_ns, arrival.hi_ns) == (hi - ms // 20, k * ms, hi)
+        assert arrival.merged and arrival.prompt
+        assert arrival.error_bound_ns == hi - ms // 20 - k * ms  # back to its write
+    assert placed[4] == by_seq[4]
+
+
 async def test_a_late_reader_still_measures_a_burst_at_its_lag(
     lab_factory: LabFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

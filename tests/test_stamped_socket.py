@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from replag.probes.observers import PushObserver
+from replag.probes.observers import ONE_WAY_FLOOR_NS, PROMPT_READ_NS, PushObserver
 from replag.resp import RespConnection, _Protocol, pack
 from replag.stamped_socket import (
     StampedSocket,
@@ -172,15 +172,43 @@ async def test_messages_read_together_get_a_bracket_only_the_last_is_exact() -> 
 
 
 def test_the_push_observer_turns_a_bracket_into_an_honest_arrival() -> None:
+    """An exact event is placed half the smallest PING round trip before it reached us,
+    its bracket reaching back the largest; a chunk read late is bracketed from the read
+    before and placed in the middle (`within_chunks` places it better); one read at once
+    after its last packet keeps the chunk's arrival (its events arrived together)."""
+    us = 1000
     observer = PushObserver(
-        Endpoint.from_url("redis://127.0.0.1:1", name="r"), pattern=b"*", rtt_ns=100, timeout_s=1
+        Endpoint.from_url("redis://127.0.0.1:1", name="r"),
+        pattern=b"*",
+        rtt_ns=40 * us,
+        rtt_max_ns=300 * us,
+        timeout_s=1,
     )
-    observer.on_event(b"__keyspace@0__:exact", 1000, 1000)
-    observer.on_event(b"__keyspace@0__:merged", 1000, 600)
-    exact, merged = observer.arrivals[b"exact"], observer.arrivals[b"merged"]
-    assert (exact.estimate_ns, exact.lo_ns, exact.hi_ns) == (950, 900, 1000)
-    assert (merged.estimate_ns, merged.lo_ns, merged.hi_ns) == (750, 500, 1000)
-    assert merged.half_width_ns == 250
+    now = time.monotonic_ns()
+    late = now - 10 * PROMPT_READ_NS
+    observer.on_event(b"__keyspace@0__:exact", now, now)
+    observer.on_event(b"__keyspace@0__:late", late, late - 5000 * us)
+    observer.on_event(b"__keyspace@0__:prompt", now, now - 5000 * us)
+    exact, late_one, prompt = (observer.arrivals[k] for k in (b"exact", b"late", b"prompt"))
+    assert (exact.estimate_ns, exact.lo_ns, exact.hi_ns) == (now - 20 * us, now - 300 * us, now)
+    assert not exact.merged and not exact.prompt
+    assert (late_one.estimate_ns, late_one.lo_ns, late_one.hi_ns) == (
+        late - 2500 * us - 20 * us,
+        late - 5300 * us,
+        late,
+    )
+    assert late_one.merged and not late_one.prompt
+    assert (prompt.estimate_ns, prompt.lo_ns) == (now - 20 * us, now - 5300 * us)
+    assert prompt.merged and prompt.prompt
+    # However fast the PINGs were, an event's trip is bounded by no less than the floor.
+    quick = PushObserver(
+        Endpoint.from_url("redis://127.0.0.1:1", name="r"),
+        pattern=b"*",
+        rtt_ns=10 * us,
+        timeout_s=1,
+    )
+    quick.on_event(b"__keyspace@0__:k", now, now)
+    assert quick.arrivals[b"k"].lo_ns == now - ONE_WAY_FLOOR_NS
 
 
 async def test_probe_connections_stamp_in_the_kernel(redis_factory: RedisFactory) -> None:

@@ -7,8 +7,9 @@ replica applied the key, on this process's monotonic clock, with the bracket
 Push subscribes on a `RespConnection` of its own (`on_push`), which stamps each
 event with the kernel's receive time (`replag.stamped_socket`): a busy event
 loop reading it late does not make it late. The replica publishes the event when it
-applies the write, so the apply moment lies within one round trip before the
-arrival; the estimate subtracts half the smallest PING round trip.
+applies the write and sends it at the end of that event-loop pass, as it does a PING's
+reply, so the apply moment lies within the largest of a few PING round trips before
+the arrival; the estimate subtracts half the smallest.
 
 Poll sends one MGET of every outstanding key per tick; a key was applied after
 the last round that missed it was evaluated and before the round that found it.
@@ -26,6 +27,19 @@ from replag.errors import EndpointError, PermissionRefused, ReplagError
 from replag.resp import RespConnection, error_text
 from replag.topology import Endpoint
 
+# A chunk read within this of its last packet's arrival was read by a reader that was
+# not behind: an idle event loop wakes and reads in 0.05-0.3 ms, and one that fell
+# behind by a write interval (5 ms at 200 probes/s) reads far later.
+PROMPT_READ_NS = 1_000_000
+
+
+# The least an event's trip from the replica is bounded by, whatever the PINGs said: a
+# few back-to-back PINGs at the start of a run see an idle path, while an event can wait
+# for the replica to be scheduled again on a shared host (measured against MONITOR on
+# both servers, `benchmarks/probe_accuracy.py`: trips up to 0.09 ms where the PINGs'
+# largest was 0.013-0.041 ms).
+ONE_WAY_FLOOR_NS = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
@@ -35,6 +49,11 @@ class Arrival:
     # Read in one chunk with later events and so only bracketed: TCP merges packets
     # queued unread, and the chunk's stamp is its last packet's (`hi_ns`).
     merged: bool = False
+    # Merged, but read at once after the chunk's last packet arrived (`PROMPT_READ_NS`):
+    # the reader was not behind, so the chunk's events arrived together
+    # (a late packet held back the ones behind it) and the estimate is the chunk's own
+    # arrival, not a chunk-mate's lag (`within_chunks`).
+    prompt: bool = False
 
     @property
     def half_width_ns(self) -> int:
@@ -82,15 +101,20 @@ class PushObserver(Observer):
         rtt_ns: int,
         timeout_s: float,
         subscribe: bytes | None = None,
+        rtt_max_ns: int | None = None,
     ) -> None:
         """`pattern`: the run's keys (a glob ending in *); `subscribe`: the key glob
         subscribed to, the probe prefix's (fixed, so an ACL user can be granted exactly
-        that channel pattern: Redis compares PSUBSCRIBE patterns with ACL ones literally)."""
+        that channel pattern: Redis compares PSUBSCRIBE patterns with ACL ones literally).
+        `rtt_ns` is the smallest PING round trip to the replica, `rtt_max_ns` the largest
+        seen (default the smallest): an event's trip from the replica to us is taken as half
+        the first and bounded by the second (or `ONE_WAY_FLOOR_NS`, whichever is more)."""
         super().__init__(replica)
         self.channel_prefix = f"__keyspace@{replica.db}__:".encode()
         self.pattern = self.channel_prefix + (subscribe or pattern)
         self.keys_prefix = pattern.rstrip(b"*")  # other runs' keys publish here too
         self.rtt_ns = rtt_ns
+        self.rtt_max_ns = max(rtt_ns, rtt_max_ns or 0, ONE_WAY_FLOOR_NS)
         self.timeout_s = timeout_s
         self.conn: RespConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -108,13 +132,20 @@ class PushObserver(Observer):
         if key in self.arrivals or not key.startswith(self.keys_prefix):
             return
         earliest = min(earliest_ns, arrived_ns)
-        # The replica published when it applied the write, a one-way trip (half the
-        # smallest round trip) before the event reached us.
+        merged = earliest < arrived_ns
+        # Called while the chunk is read (the connection's clock is the monotonic one).
+        prompt = merged and time.monotonic_ns() - arrived_ns <= PROMPT_READ_NS
+        middle = arrived_ns if prompt else (earliest + arrived_ns) // 2
+        # The replica published when it applied the write, a one-way trip before the
+        # event reached us: likeliest half the smallest round trip, at most the largest
+        # (the event waits for the end of the replica's event-loop pass, as a PING's
+        # reply does, and a pass can be slow).
         self.arrivals[key] = Arrival(
-            estimate_ns=(earliest + arrived_ns) // 2 - self.rtt_ns // 2,
-            lo_ns=earliest - self.rtt_ns,
+            estimate_ns=middle - self.rtt_ns // 2,
+            lo_ns=earliest - self.rtt_max_ns,
             hi_ns=arrived_ns,
-            merged=earliest < arrived_ns,
+            merged=merged,
+            prompt=prompt,
         )
 
     async def start(self) -> None:
@@ -239,10 +270,15 @@ async def open_observer(
     insists rather than quietly polling); in auto mode a refused subscription (an
     ACL user without the channel) polls, as refused notifications do.
     """
-    rtt = await conn.min_rtt_ns()
+    rtt, rtt_max = await conn.rtt_range_ns()
     if await push_allowed(conn, replica, mode, notes, may_configure=may_configure):
         observer: Observer = PushObserver(
-            replica, pattern=pattern, rtt_ns=rtt, timeout_s=timeout_s, subscribe=subscribe
+            replica,
+            pattern=pattern,
+            rtt_ns=rtt,
+            rtt_max_ns=rtt_max,
+            timeout_s=timeout_s,
+            subscribe=subscribe,
         )
         try:
             await observer.start()

@@ -80,12 +80,14 @@ class RemoteObserver(Observer):
         to_mono = base_ns - prober.wall_minus_mono_ns
         widen = prober.uncertainty_ns
         merged = {int(seq) for seq in row.get("merged", [])}
+        prompt = {int(seq) for seq in row.get("prompt", [])}
         for seq, estimate, lo, hi in row.get("arrivals", []):
             self.arrivals[self.stem + str(int(seq)).encode()] = Arrival(
                 estimate_ns=to_mono + int(estimate) - offset.estimate_ns,
                 lo_ns=to_mono + int(lo) - offset.hi_ns - widen,
                 hi_ns=to_mono + int(hi) - offset.lo_ns + widen,
                 merged=int(seq) in merged,
+                prompt=int(seq) in prompt,
             )
 
 

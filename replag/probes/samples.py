@@ -65,6 +65,10 @@ def within_chunks(
 ) -> dict[int, Arrival]:
     """Events read in one chunk, placed in their brackets by the lag of the chunk's own.
 
+    A chunk read at once after it arrived (`Arrival.prompt`) is not a reader that fell
+    behind: its events arrived together, held back by a late one before them, and keep
+    the chunk's arrival. The rest of this applies to chunks read late.
+
     Of several events read together only the last has an exact arrival (the chunk's
     kernel stamp); the others arrived between the previous read and then, and the
     middle of that bracket is a poor guess: after a quiet spell it lies long before
@@ -82,7 +86,15 @@ def within_chunks(
             chunks.setdefault(arrival.hi_ns, []).append(seq)
     out = dict(by_seq)
     for seqs in chunks.values():
-        merged = [s for s in seqs if by_seq[s].merged]
+        for seq in seqs:
+            # Read at once: the events arrived with the chunk, whose arrival each keeps;
+            # only its bracket is cut to start at its write.
+            arrival = by_seq[seq]
+            if arrival.merged and arrival.prompt:
+                lo = min(max(arrival.lo_ns, writes[seq][0]), arrival.hi_ns)
+                estimate = min(max(arrival.estimate_ns, lo), arrival.hi_ns)
+                out[seq] = Arrival(estimate, lo, arrival.hi_ns, merged=True, prompt=True)
+        merged = [s for s in seqs if by_seq[s].merged and not by_seq[s].prompt]
         if not merged:
             continue
         exact = [by_seq[s].estimate_ns - sum(writes[s]) // 2 for s in seqs if not by_seq[s].merged]

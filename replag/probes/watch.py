@@ -151,6 +151,7 @@ class ArrivalWatch:
         for r in self.replicas:
             rows: list[list[int]] = []
             merged: list[int] = []
+            prompt: list[int] = []
             if r.observer is not None:
                 for key, arrival in r.observer.arrivals.items():
                     seq = self._seq.get(key)
@@ -158,6 +159,8 @@ class ArrivalWatch:
                         continue
                     if arrival.merged:
                         merged.append(seq)
+                    if arrival.prompt:
+                        prompt.append(seq)
                     rows.append(
                         [
                             seq,
@@ -177,6 +180,8 @@ class ArrivalWatch:
                     # Arrivals read together with later ones: only bracketed (a field of
                     # its own, so a prober that predates it still reads the rows).
                     "merged": sorted(merged),
+                    # Of those, the ones read at once (`Arrival.prompt`).
+                    "prompt": sorted(prompt),
                 }
             )
         return {
