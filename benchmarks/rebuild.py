@@ -387,7 +387,7 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> None:
             f"3 independent redis-server replicas × {args.keys:,} keys × {args.value_size} B "
             f"(90 % strings, 10 % hash/set/zset/list/stream; 10 % with TTLs) + "
             f"{args.safety_keys:,} writer keys; loaded in {time.perf_counter() - started:.1f} s; "
-            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)"
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         await flush(endpoints[2])
         proc = await asyncio.create_subprocess_exec(
