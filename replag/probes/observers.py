@@ -36,8 +36,9 @@ PROMPT_READ_NS = 1_000_000
 # The least an event's trip from the replica is bounded by, whatever the PINGs said: a
 # few back-to-back PINGs at the start of a run see an idle path, while an event can wait
 # for the replica to be scheduled again on a shared host (measured against MONITOR on
-# both servers, `benchmarks/probe_accuracy.py`: trips up to 0.09 ms where the PINGs'
-# largest was 0.013-0.041 ms).
+# both servers, `benchmarks/probe_accuracy.py`: with the largest PING alone, 0.013-0.041
+# ms, events came up to 0.05 ms later than it allowed; with this floor, 5 in 9000 still
+# did, by at most 0.031 ms, and one by 0.8 ms in a stall of the whole host).
 ONE_WAY_FLOOR_NS = 100_000
 
 
