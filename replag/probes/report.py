@@ -237,7 +237,9 @@ class ProbeReport:
         """The human table: one row per pair, with source and consistency columns when
         the report covers several sources or consistency levels."""
         lines = [self._title(), "", *self._pair_table()]
-        lines.append("(lag in ms; ±p50 = median half-width of each sample's uncertainty bracket)")
+        lines.append(
+            "(lag in ms; ±p50 = median of the samples' uncertainties: how far a true lag can lie)"
+        )
         if self.write_by_consistency:
             for level, w in self.write_by_consistency.items():
                 lines.append(f"write ack ms at {level}: " + _write_line(w, int(w["errors"])))
