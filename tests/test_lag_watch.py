@@ -94,6 +94,9 @@ async def test_arrivals_are_watched_locally_on_a_shifted_clock(
     # Which arrivals were read together with later ones travels too (within_chunks).
     merged = {seq for seq in range(20) if observer.arrivals[stem + str(seq).encode()].merged}
     assert merged == set(row["merged"]) <= set(range(20))
+    # And which of those were read at once (their chunk's arrival is theirs).
+    prompt = {seq for seq in range(20) if observer.arrivals[stem + str(seq).encode()].prompt}
+    assert prompt == set(row["prompt"]) <= merged
     for seq in range(20):
         arrival = observer.arrivals[stem + str(seq).encode()]
         t_in, _t_out = truth[(stem + str(seq).encode()).decode()]
@@ -142,3 +145,37 @@ async def test_watches_end_by_their_timeout_and_only_watch_probe_keys(
     with pytest.raises(UsageError, match="no watch"):
         book.get(watch.id)
     await asyncio.sleep(0)
+
+
+def test_an_agent_row_says_which_arrivals_were_merged_and_which_read_at_once() -> None:
+    """`merged` and `prompt` in an agent's row reach the prober's arrivals, so
+    `within_chunks` places each as the agent's own observer would have; a row from an
+    agent that predates `prompt` reads as no arrival read at once."""
+    stem = b"replag:probe:r:"
+    row = {
+        "name": "far-1",
+        "observed_by": "push",
+        "arrivals": [[0, 900, 800, 1000], [1, 1000, 600, 1000], [2, 1000, 600, 1000]],
+        "merged": [1, 2],
+        "prompt": [2],
+    }
+    observer = RemoteObserver(
+        Endpoint.from_url("redis://127.0.0.1:1", name="far-1"), stem=stem, agent="http://a"
+    )
+    observer.absorb(
+        row,
+        base_ns=0,
+        offset=OffsetInterval(0, 0),
+        prober=ProberMapping(wall_minus_mono_ns=0, uncertainty_ns=0),
+    )
+    arrivals = [observer.arrivals[stem + str(seq).encode()] for seq in range(3)]
+    flags = {seq: (a.merged, a.prompt) for seq, a in enumerate(arrivals)}
+    assert flags == {0: (False, False), 1: (True, False), 2: (True, True)}
+    older = {key: value for key, value in row.items() if key != "prompt"}
+    observer.absorb(
+        older,
+        base_ns=0,
+        offset=OffsetInterval(0, 0),
+        prober=ProberMapping(wall_minus_mono_ns=0, uncertainty_ns=0),
+    )
+    assert not any(arrival.prompt for arrival in observer.arrivals.values())
