@@ -185,6 +185,7 @@ def test_the_push_observer_turns_a_bracket_into_an_honest_arrival() -> None:
         timeout_s=1,
     )
     now = time.monotonic_ns()
+    observer.clock = lambda: now  # every event handled at `now`, however slow the host
     late = now - 10 * PROMPT_READ_NS
     observer.on_event(b"__keyspace@0__:exact", now, now)
     observer.on_event(b"__keyspace@0__:late", late, late - 5000 * us)

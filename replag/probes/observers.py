@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,8 @@ class PushObserver(Observer):
         self.keys_prefix = pattern.rstrip(b"*")  # other runs' keys publish here too
         self.rtt_ns = rtt_ns
         self.rtt_max_ns = max(rtt_ns, rtt_max_ns or 0, ONE_WAY_FLOOR_NS)
+        # The connection's clock, read when an event is handled (while its chunk is read).
+        self.clock: Callable[[], int] = time.monotonic_ns
         self.timeout_s = timeout_s
         self.conn: RespConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -134,8 +137,8 @@ class PushObserver(Observer):
             return
         earliest = min(earliest_ns, arrived_ns)
         merged = earliest < arrived_ns
-        # Called while the chunk is read (the connection's clock is the monotonic one).
-        prompt = merged and time.monotonic_ns() - arrived_ns <= PROMPT_READ_NS
+        # Called while the chunk is read, so `clock()` is about when it was read.
+        prompt = merged and self.clock() - arrived_ns <= PROMPT_READ_NS
         middle = arrived_ns if prompt else (earliest + arrived_ns) // 2
         # The replica published when it applied the write, a one-way trip before the
         # event reached us: likeliest half the smallest round trip, at most the largest
@@ -159,7 +162,7 @@ class PushObserver(Observer):
             self.conn = await RespConnection.open(
                 self.replica,
                 timeout_s=self.timeout_s,
-                clock=time.monotonic_ns,
+                clock=self.clock,
                 on_push=self.on_message,
             )
             reply = await self.conn.checked(b"PSUBSCRIBE", self.pattern)
