@@ -228,3 +228,78 @@ async def test_submit_queues_per_sink_and_returns_at_once(
     await until(lambda: sender.statuses()[0]["last_status"] == "ok")
     await sender.close()
     await runner.cleanup()
+
+
+@dataclass
+class Redirector:
+    """A real HTTP server answering every request with `status` and `location`, and
+    keeping what it was sent (method, headers, body)."""
+
+    status: int = 307
+    location: str = ""
+    requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append(
+            (request.method, request.path, dict(request.headers), await request.read())
+        )
+        if request.path.startswith("/final"):
+            return web.Response(text="ok")
+        return web.Response(status=self.status, headers={"Location": self.location})
+
+
+@pytest.fixture
+async def redirector() -> AsyncIterator[tuple[Redirector, str]]:
+    red = Redirector()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", red.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield red, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_webhook_redirects_never_leave_the_origin_nor_become_a_get(
+    redirector: tuple[Redirector, str], receiver: Receiver, tmp_path: Path
+) -> None:
+    red, base = redirector
+    store = Store(tmp_path / "s.sqlite")
+
+    async def deliver() -> Any:
+        hook = sink(name="ops", kind="webhook", url=base + "/hook", secret="s3cret", retries=2)
+        sender = AlertSender([hook], store)
+        [result] = await sender.deliver([event()])
+        await sender.close()
+        return result
+
+    # A 307 to another origin: neither the body nor the signature goes there.
+    red.status, red.location = 307, receiver.url + "/stolen"
+    result = await deliver()
+    assert not result.ok and result.attempts == 1
+    assert "HTTP 307 redirect to " + receiver.url + "/stolen" in (result.error or "")
+    assert "another origin" in (result.error or "")
+    assert receiver.requests == []
+    # A 302 (and 301, 303) within the origin would turn the POST into an empty GET.
+    for status in (301, 302, 303):
+        red.requests.clear()
+        red.status, red.location = status, "/final"
+        result = await deliver()
+        assert not result.ok and f"a {status} turns the POST into a GET" in (result.error or "")
+        assert [m for m, *_ in red.requests] == ["POST"]
+    # A 307/308 within the origin keeps the POST, its body and signature: delivered.
+    for status in (307, 308):
+        red.requests.clear()
+        red.status, red.location = status, "/final"
+        result = await deliver()
+        assert result.ok, result.error
+        (m1, p1, _, body1), (m2, p2, headers2, body2) = red.requests
+        assert (m1, p1, m2, p2) == ("POST", "/hook", "POST", "/final") and body1 == body2
+        assert headers2[SIGNATURE_HEADER] == signature("s3cret", body2)
+    # A loop within the origin ends, and says so.
+    red.status, red.location = 308, "/again"
+    result = await deliver()
+    assert not result.ok and "redirects" in (result.error or "")
+    [status_row] = AlertSender([sink(name="ops", kind="webhook", url=base)], store).statuses()
+    assert status_row["last_status"] == "failed"

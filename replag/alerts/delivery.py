@@ -3,7 +3,9 @@
 Each attempt that fails with a connection error, a timeout, HTTP 429 or 5xx
 (or a command that fails or times out) is retried after an exponential
 backoff with jitter. Failures are logged, counted and stored per sink
-(`/api/v1/alerts` shows them); they never propagate to the caller. In the
+(`/api/v1/alerts` shows them); they never propagate to the caller. A redirect is
+followed only within the sink's own origin and only when it keeps the POST (307,
+308); any other is a failed delivery that says where it pointed. In the
 service every sink has its own queue and worker task, so a slow sink delays
 neither the other sinks nor probing.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from yarl import URL
 
 from replag.alerts import payloads
 from replag.alerts.config import AlertSink
@@ -40,6 +43,7 @@ from replag.store import Row, Store, Transaction
 log = logging.getLogger(__name__)
 
 _QUEUE_SIZE = 1000
+MAX_REDIRECTS = 3  # same-origin 307/308 only (`redirect_target`)
 
 
 class Fence(Protocol):
@@ -277,22 +281,28 @@ class AlertSender:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         assert sink.url is not None
+        url = URL(sink.url)
         try:
-            async with self._session.post(
-                sink.url,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=sink.timeout_s),
-            ) as response:
-                text = (await response.text(errors="replace"))[:200]
-                if response.status < 300:
-                    return
-                raise DeliveryFailed(
-                    f"HTTP {response.status}: {text}",
-                    retry=response.status == 429 or response.status >= 500,
-                )
+            async with asyncio.timeout(sink.timeout_s):
+                for _ in range(MAX_REDIRECTS + 1):
+                    # Redirects are never followed by aiohttp: one could carry the body and
+                    # its signature to another host, or turn the POST into an empty GET.
+                    async with self._session.post(
+                        url, data=data, headers=headers, allow_redirects=False
+                    ) as response:
+                        if 300 <= response.status < 400:
+                            url = redirect_target(URL(sink.url), response)
+                            continue
+                        text = (await response.text(errors="replace"))[:200]
+                        if response.status < 300:
+                            return
+                        raise DeliveryFailed(
+                            f"HTTP {response.status}: {text}",
+                            retry=response.status == 429 or response.status >= 500,
+                        )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DeliveryFailed(f"{type(exc).__name__}: {exc}", retry=True) from None
+        raise DeliveryFailed(f"more than {MAX_REDIRECTS} redirects (last to {url})", retry=False)
 
     def _record(self, sink: AlertSink, result: DeliveryResult) -> None:
         now = time.time_ns()
@@ -345,6 +355,31 @@ async def _run_command(sink: AlertSink, body: dict[str, Any]) -> None:
     if proc.returncode != 0:
         tail = stderr.decode(errors="replace").strip()[-200:]
         raise DeliveryFailed(f"{sink.command[0]} exited {proc.returncode}: {tail}", retry=True)
+
+
+def redirect_target(configured: URL, response: aiohttp.ClientResponse) -> URL:
+    """Where a redirect of a webhook POST may be followed: only a 307 or 308 (which keep
+    the method and body) to the configured URL's own origin (scheme, host, port). Any
+    other redirect is a failed delivery that says where it pointed: the body and its
+    signature never go to another origin, and a POST turned into a GET is not a delivery."""
+    location = response.headers.get("Location", "")
+    target = response.url.join(URL(location)) if location else None
+    where = f"HTTP {response.status} redirect to {target or '(no Location)'}"
+    if target is None:
+        raise DeliveryFailed(f"{where}: not followed", retry=False)
+    if target.origin() != configured.origin():
+        raise DeliveryFailed(
+            f"{where}: not followed (another origin than {configured.origin()}; "
+            "alerts and their signature go only where the sink's url says)",
+            retry=False,
+        )
+    if response.status not in (307, 308):
+        raise DeliveryFailed(
+            f"{where}: not followed (a {response.status} turns the POST into a GET; "
+            "set the sink's url to where it points)",
+            retry=False,
+        )
+    return target
 
 
 def _key(event: AlertEvent) -> tuple[str, int]:
