@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from _smoke import parse_args
 
 from replag.config import Config, load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up
@@ -151,7 +152,7 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", type=float, default=200)
-    args = parser.parse_args()
+    args = parse_args(parser, probes=20, rounds=1)
     asyncio.run(measure_lag_via_agents(probes=args.probes, rounds=args.rounds, rate=args.rate))
     return 0
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 import redis
+from _smoke import parse_args
 
 from replag.config import load_config, render_config
 from replag.lab.cluster import LabSpec, lab_down, lab_topology, lab_up, read_state
@@ -104,6 +105,7 @@ def wait_current(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]
     """Until every agent's tree is current and saved (a save serialises the key table: the
     agent's memory is measured after it, not during)."""
     deadline = time.monotonic() + 1800
+    unavailable_since: dict[str, float] = {}
     while True:
         states = {}
         for region, port in ports.items():
@@ -115,6 +117,13 @@ def wait_current(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]
                 states[region] = tree["state"] + ("" if saved else " (saving)")
             except httpx.HTTPError:
                 states[region] = "starting"
+                continue
+            # A tree that cannot be kept (notifications off, say) retries for ever: give up
+            # after 30 s saying why, instead of waiting out the deadline.
+            if tree["state"] != "unavailable":
+                unavailable_since.pop(region, None)
+            elif time.monotonic() - unavailable_since.setdefault(region, time.monotonic()) > 30:
+                raise SystemExit(f"agent of {region}: tree unavailable: {tree['reason']}")
         if all(s == "current" for s in states.values()):
             return
         if time.monotonic() > deadline:
@@ -201,7 +210,9 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=1000)
     parser.add_argument("--write-rate", type=int, default=5000)
     parser.add_argument("--cpu-seconds", type=float, default=10.0)
-    args = parser.parse_args()
+    args = parse_args(
+        parser, keys=3000, value_size=64, divergent=50, writes=50, write_rate=500, cpu_seconds=1.0
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="replag-agents-wan-"))
     lab_dir = workdir / "lab"
@@ -221,6 +232,11 @@ def main() -> None:
         state = read_state(lab_dir)
         topology = lab_topology(state)
         ports = {m.region: m.in_region().port for m in topology.groups[0].members}
+        # The agents keep their trees from keyspace notifications, which replag does not
+        # turn on by default (allow_config_changes = false): the operator does, as here.
+        for port in ports.values():
+            with redis.Redis(port=port) as admin:
+                admin.config_set("notify-keyspace-events", "KA")
         load = LoadSpec(keys=args.keys, value_size=args.value_size)
         key_bytes = len(key_name(load, 0))
         data = {r: args.keys * (key_bytes + args.value_size) for r in REGIONS}

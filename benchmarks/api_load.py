@@ -49,6 +49,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import tomli_w
+from _smoke import parse_args
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.load import LoadSpec, lab_load
@@ -420,7 +421,9 @@ def main() -> None:
     parser.add_argument(
         "--only-schedules", action="store_true", help="skip the idle phase and the baseline"
     )
-    args = parser.parse_args()
+    args = parse_args(
+        parser, seconds=2.0, rate=50.0, clients=4, hours=1, keys=2000, check_interval=2.0
+    )
     with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
         directory = Path(tmp)
         store = Store(directory / "bench.sqlite")

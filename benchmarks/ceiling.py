@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import hiredis
+from _smoke import parse_args
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,30 @@ def measure_ceiling(
     )
 
 
+def _smoke_ceiling(ttls: str | None) -> None:
+    """The ceiling of one server of our own holding 2,000 keys, a tenth of them with TTLs."""
+    import tempfile
+    from pathlib import Path
+
+    import redis
+
+    from replag.lab.server import RedisServer, free_port
+
+    with tempfile.TemporaryDirectory(prefix="replag-ceiling-") as tmp:
+        server = RedisServer(name="ceiling", port=free_port(), workdir=Path(tmp)).start()
+        try:
+            client = redis.Redis(port=server.port)
+            pipe = client.pipeline(transaction=False)
+            for i in range(2000):
+                pipe.set(f"k:{i}", b"v" * 64, px=600_000 if i % 10 == 0 else None)
+            pipe.execute()
+            client.close()
+            for method in (None, ttls or TTL_METHODS[0]):
+                print(measure_ceiling([server.port], ttls=method).line())
+        finally:
+            server.stop()
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         method = None if sys.argv[4] == "-" else sys.argv[4]
@@ -232,6 +257,11 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--ttls", choices=TTL_METHODS)
         parser.add_argument("--nice", type=int, default=0)
-        parser.add_argument("ports", type=int, nargs="+")
-        args = parser.parse_args()
-        print(measure_ceiling(args.ports, ttls=args.ttls, nice=args.nice).line())
+        parser.add_argument("ports", type=int, nargs="*", help="servers to read (--smoke: its own)")
+        args = parse_args(parser)
+        if args.ports:
+            print(measure_ceiling(args.ports, ttls=args.ttls, nice=args.nice).line())
+        elif args.smoke:
+            _smoke_ceiling(args.ttls)
+        else:
+            parser.error("name the ports of the servers to read")

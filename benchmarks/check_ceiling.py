@@ -50,6 +50,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _smoke import parse_args
 from ceiling import TTL_METHODS, Ceiling, measure_ceiling
 from runstats import Measured, run_measured
 
@@ -152,7 +153,7 @@ def main() -> int:
     parser.add_argument("--value-size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replicas", default="2,3")
-    args = parser.parse_args()
+    args = parse_args(parser, keys=5000, value_size=64, rounds=1, replicas="2")
     if os.access(DEBIAN_REDIS, os.X_OK):
         os.environ.setdefault("REPLAG_REDIS_SERVER", DEBIAN_REDIS)
     with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:

@@ -43,6 +43,8 @@ import hiredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _smoke import parse_args
+
 from replag.config import load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check
@@ -210,7 +212,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="redis-7,valkey-9")
     parser.add_argument("--tags", default="0,64", help="hash tags per run (0: plain names)")
-    args = parser.parse_args()
+    args = parse_args(parser, keys=3000, rounds=1, servers="valkey-9", tags="0")
     for tags in (int(t) for t in args.tags.split(",")):
         for kind in args.servers.split(","):
             measure(kind, args.keys, args.rounds, tags)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
+from _smoke import parse_args
 from ceiling import measure_ceiling
 from runstats import Measured, run_measured
 
@@ -221,7 +222,7 @@ def main() -> int:
         default="quick",
         help="RedisFullCheck settings tried before the interleaved rounds",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, keys=3000, value_size=64, rounds=1)
     if not args.binary:
         print(
             "no redis-full-check binary: give its path as the first argument or set "

@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _smoke import parse_args
 from runstats import Measured, run_measured
 
 from replag.lab.server import RedisServer, free_port
@@ -102,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fields", type=int, default=1_000_000)
     parser.add_argument("--before", metavar="REV", help="also run replag as of this commit")
-    args = parser.parse_args()
+    args = parse_args(parser, fields=5000)
     with tempfile.TemporaryDirectory(prefix="replag-memory-") as tmp:
         workdir = Path(tmp)
         servers = [RedisServer(f"m{i}", free_port(), workdir / "redis").start() for i in range(3)]

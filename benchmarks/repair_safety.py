@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse_args
+
 from replag.lab.safety.checker import CATEGORIES
 from replag.lab.safety.harness import SafetyRun, SafetySpec, run_once
 
@@ -46,7 +48,7 @@ async def main() -> None:
     )
     parser.add_argument("--settle", default="50ms", help="repair_settle")
     parser.add_argument("--policy", action="append", help="only these policies")
-    args = parser.parse_args()
+    args = parse_args(parser, runs=1, keys=300, faults=60, writes=500, writers=2)
     policies = tuple(args.policy or POLICIES)
     # newest: decides half its keys as conflicts (sets and sorted sets carry no
     # timestamp) and writes the rest: a slower rate keeps its repair as long as the

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import redis
+from _smoke import parse_args
 
 from replag.config import Config, load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--value-size", type=int, default=1024)
     parser.add_argument("--naive", nargs="*", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, keys=3000, value_size=64)
     if args.naive:
         naive(args.naive)
         return

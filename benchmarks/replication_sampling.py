@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import redis
+from _smoke import parse_args
 
 from replag.config import load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up
@@ -127,7 +128,7 @@ class Writer(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=200)
-    args = parser.parse_args()
+    args = parse_args(parser, samples=10)
     n = args.samples
     with tempfile.TemporaryDirectory() as tmp:
         lab_dir = Path(tmp) / "lab"

@@ -14,6 +14,8 @@ import statistics
 import sys
 import time
 
+from _smoke import parse_args
+
 from replag.repair import native
 
 
@@ -21,7 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_args(parser, keys=20000, rounds=1)
     if not native.NATIVE:
         print("replag._scanindex is not built (no compiler at install, or REPLAG_NO_NATIVE)")
         return 1

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse_args
+
 import replag
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 
@@ -110,7 +112,7 @@ def probe_start(argv: list[str], monitors: Monitors) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
-    args = parser.parse_args()
+    args = parse_args(parser, runs=1)
     command = replag_argv()
     compileall.compile_dir(Path(replag.__file__).parent, quiet=1)
     with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
