@@ -66,6 +66,7 @@ SHARED_FIXTURE_MODULES = frozenset(
 # left running a long one alone at the end; the others follow in their usual order.
 LONGEST_FIRST = (
     "test_ha.py",
+    "test_benchmarks.py",
     "test_repair_cluster.py",
     "test_sentinel.py",
     "test_cluster_follow.py",
