@@ -182,11 +182,21 @@ class ReplagGroup(click.Group):
 
 @click.group(cls=ReplagGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    envvar="REPLAG_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines on stderr: human, or json (one object per line: time, level, logger, "
+    "message, and unit, group, region, replica where a line has them), for every command.",
+)
 @click.version_option(package_name="replag")
-def main(verbose: int) -> None:
+def main(verbose: int, log_format: str) -> None:
     """Replication lag and anti-entropy for Redis across racks and regions."""
     from replag.commands import repeated_logs
 
     level = logging.WARNING - 10 * min(verbose, 2)
-    handler = repeated_logs.install(level)
+    handler = repeated_logs.install(level, log_format)
     click.get_current_context().call_on_close(handler.summarise)

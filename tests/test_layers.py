@@ -1,6 +1,6 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
-    values         errors, durations, histogram, clock, clockbound, schemas, tokens
+    values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields
     configuration  settings, topology, validation, config_security, config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.clockbound",
             "replag.schemas",
             "replag.tokens",
+            "replag.logfields",
         ),
     ),
     (

@@ -13,6 +13,7 @@ import click
 import uvicorn
 
 from replag.commands.options import config_option, load
+from replag.commands.repeated_logs import uvicorn_log_config
 from replag.commands.serve import CleanExitServer, _is_loopback, listen
 from replag.config import Config
 from replag.durations import parse_duration_ns
@@ -134,6 +135,7 @@ def command(
                 host=host,
                 port=port,
                 log_level=log_level,
+                log_config=uvicorn_log_config(),
                 access_log=False,
                 lifespan="on",
             )

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
+
+from replag.logfields import JsonLogFormatter
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -22,12 +25,16 @@ class RepeatFoldingHandler(logging.Handler):
         super().__init__()
         self.setFormatter(logging.Formatter(FORMAT))
         self.deferred = False
+        self.folding = True
         self._seen: dict[tuple[str, str, str], tuple[logging.LogRecord, int]] = {}
 
     def defer(self) -> None:
         self.deferred = True
 
     def emit(self, record: logging.LogRecord) -> None:
+        if not self.folding:
+            self._write(self.format(record))
+            return
         key = (record.levelname, record.name, record.getMessage())
         first, count = self._seen.get(key, (record, 0))
         self._seen[key] = (first, count + 1)
@@ -50,12 +57,19 @@ class RepeatFoldingHandler(logging.Handler):
         sys.stderr.flush()
 
 
-def install(level: int) -> RepeatFoldingHandler:
-    """The root logger's only stderr handler, at `level`, for one command."""
+def install(level: int, log_format: str = "human") -> RepeatFoldingHandler:
+    """The root logger's only stderr handler, at `level`, for one command.
+
+    `log_format="json"`: one JSON object per line (`replag.logfields`), every record as
+    it comes (a log platform counts repeats itself, and a line held back until the
+    command ends would reach it late or never)."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, RepeatFoldingHandler)]:
         root.removeHandler(old)
     handler = RepeatFoldingHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+        handler.folding = False
     # As logging.basicConfig: a root that already has handlers (a test's capture) keeps them.
     if not root.handlers:
         root.addHandler(handler)
@@ -63,8 +77,34 @@ def install(level: int) -> RepeatFoldingHandler:
     return handler
 
 
+def json_logs() -> bool:
+    """Whether this command logs JSON lines (servers then route uvicorn's lines here)."""
+    return any(
+        isinstance(h, RepeatFoldingHandler) and not h.folding for h in logging.getLogger().handlers
+    )
+
+
+# uvicorn's own loggers without their handlers: their records reach the root's JSON handler.
+UVICORN_TO_ROOT: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {
+        name: {"handlers": [], "propagate": True}
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+    },
+}
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn.Config's `log_config`: uvicorn's own (human lines) unless logs are JSON."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    return UVICORN_TO_ROOT if json_logs() else LOGGING_CONFIG
+
+
 def defer_logs() -> None:
-    """Hold stderr log lines for the end-of-command summary (machine-readable stdout)."""
+    """Hold stderr log lines for the end-of-command summary (machine-readable stdout).
+    JSON log lines are not held: they are machine-readable already."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, RepeatFoldingHandler):
+        if isinstance(handler, RepeatFoldingHandler) and handler.folding:
             handler.defer()

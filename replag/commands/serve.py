@@ -15,6 +15,7 @@ import click
 import uvicorn
 
 from replag.commands.options import config_option, load
+from replag.commands.repeated_logs import uvicorn_log_config
 from replag.errors import UsageError
 from replag.heap import freeze_long_lived, tune_for_service
 
@@ -108,6 +109,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
                 host=host,
                 port=port,
                 log_level=log_level,
+                log_config=uvicorn_log_config(),
                 access_log=False,
                 lifespan="on",
                 # uvloop and httptools (dependencies): idle closed-loop capacity 3,377

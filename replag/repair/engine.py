@@ -25,6 +25,7 @@ from replag.errors import (
     StoreError,
     UsageError,
 )
+from replag.logfields import bind_log_fields
 from replag.repair import report as rp
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
@@ -166,25 +167,28 @@ async def _run_exclusive(
                 prefix=config.settings.prefix,
             )
             for g in groups:
-                # A member behind an agent has its role read there.
-                shape = await group_shape(
-                    g,
-                    timeout_s=config.settings.connect_timeout,
-                    agents=[agents.client_for(m) if through_agent(m) else None for m in g.members],
-                )
-                policy = _policy(config, params, g, shape, store)
-                run = GroupRun(
-                    config,
-                    g,
-                    params,
-                    policy,
-                    log,
-                    progress,
-                    agents=agents,
-                    key_sink=key_sink,
-                    shape=shape,
-                )
-                reports.append(await run.run())
+                with bind_log_fields(group=g.name):  # every line of this group's work
+                    # A member behind an agent has its role read there.
+                    shape = await group_shape(
+                        g,
+                        timeout_s=config.settings.connect_timeout,
+                        agents=[
+                            agents.client_for(m) if through_agent(m) else None for m in g.members
+                        ],
+                    )
+                    policy = _policy(config, params, g, shape, store)
+                    run = GroupRun(
+                        config,
+                        g,
+                        params,
+                        policy,
+                        log,
+                        progress,
+                        agents=agents,
+                        key_sink=key_sink,
+                        shape=shape,
+                    )
+                    reports.append(await run.run())
     finally:
         if beating is not None:
             await cancel_all([beating])

@@ -145,6 +145,7 @@ class ProbeRound:
                     pair.replica,
                     pair.sent,
                     self.config.settings.timeout,
+                    extra={"replica": pair.replica},
                 )
             elif not silent and pair.replica in self._silent and pair.error is None:
                 self._silent.discard(pair.replica)
@@ -155,4 +156,5 @@ class ProbeRound:
                     pair.replica,
                     pair.seen,
                     pair.sent,
+                    extra={"replica": pair.replica},
                 )

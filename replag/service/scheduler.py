@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from replag.errors import LeaseLost, ReplagError, StoreError
+from replag.logfields import bind_log_fields, unit_fields
 
 if TYPE_CHECKING:
     from replag.service.leasing import Fence, LeaseKeeper
@@ -93,13 +94,18 @@ class Scheduler:
             self._start_unit(unit, offsets.get(unit.name, 0.0))
 
     def _start_unit(self, unit: ScheduledUnit, offset_s: float = 0.0) -> None:
+        # The task copies the context here: every line its rounds log names the unit.
+        with bind_log_fields(**unit_fields(unit.name)):
+            self._spawn_unit(unit, offset_s)
+        self._running[unit.name] = (unit, self.tasks[-1])
+
+    def _spawn_unit(self, unit: ScheduledUnit, offset_s: float) -> None:
         if self.keeper is not None and unit.claim == "lease":
             self.spawn(unit.name, self._leased(unit, self.keeper, offset_s))
         elif self.slots is not None and unit.claim == "slot":
             self.spawn(unit.name, self._per_slot(unit, self.slots))
         else:
             self.spawn(unit.name, self._every(unit, offset_s))
-        self._running[unit.name] = (unit, self.tasks[-1])
 
     async def replace(self, units: Sequence[ScheduledUnit]) -> None:
         """Run `units` from now on (on the loop `start` ran on): a unit kept (the same
