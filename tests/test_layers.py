@@ -12,7 +12,9 @@
 
 Components may use each other, but their packages never form a cycle. Every import
 counts (also inside functions and under TYPE_CHECKING), and nothing is imported by
-name at run time (`import_module`), so what this test reads is what runs.
+name at run time (`import_module`), so what this test reads is what runs. Below the
+packages, no two modules anywhere import each other, directly or round a longer loop
+(imports under TYPE_CHECKING, which never run, aside; one inside a function counts).
 """
 
 from __future__ import annotations
@@ -187,3 +189,61 @@ def test_nothing_is_imported_by_name_at_run_time() -> None:
             if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
         ]
     assert not found, "\n".join(found)
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(n.lineno for n in ast.walk(inner) if hasattr(n, "lineno"))
+    return lines
+
+
+def module_cycles() -> list[list[str]]:
+    """Every set of modules that import each other round a loop (Tarjan's strongly
+    connected components of the import graph, imports under TYPE_CHECKING left out)."""
+    skipped = {
+        name: _type_checking_lines(ast.parse(path.read_text(encoding="utf-8")))
+        for name, path in MODULES.items()
+    }
+    edges: dict[str, set[str]] = {name: set() for name in MODULES}
+    for imp in imports():
+        known = imp.target in MODULES and imp.target != imp.module
+        if known and imp.line not in skipped[imp.module]:
+            edges[imp.module].add(imp.target)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in edges[node]:
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in MODULES:
+        if name not in order:
+            visit(name)
+    return cycles
+
+
+def test_no_modules_import_each_other() -> None:
+    cycles = module_cycles()
+    assert not cycles, "modules importing each other round a loop:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )

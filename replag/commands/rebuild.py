@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from replag.commands.options import config_option, json_option, load
+from replag.commands.status_line import repair_progress_line
 from replag.repair.rebuild import RebuildPlan, rebuild
 from replag.repair.runs import resume_command
 from replag.schemas import versioned
@@ -58,11 +59,9 @@ def command(
     replica of a replication group it says how Redis's own full sync rebuilds it."""
     if resume is None and (group is None or replica is None):
         raise click.UsageError("--group and --replica are required (or --resume RUN)")
-    from replag.commands.repair import _progress  # (repair imports this module)
-
     config = load(config_path)
     store = Store(config.settings.store)
-    progress = _progress(as_json)
+    progress = repair_progress_line(as_json=as_json)
     run_ids: list[str] = []
 
     def show(plan: RebuildPlan) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 import click
 
 from replag.commands.options import config_option, json_option, load, setting_option
+from replag.commands.status_line import repair_progress_line
 from replag.errors import ReplagError, UsageError
-from replag.repair import RepairProgress, RepairReport, check, list_runs, repair
+from replag.repair import RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
 from replag.repair.runs import resumable, resume_command
 from replag.schemas import versioned
@@ -34,39 +35,11 @@ _TYPE = click.option(
 _TTLS = setting_option("repair_ttls", "--ttls")
 
 
-class _ProgressLine:
-    """One \\r-rewritten status line on stderr: keys scanned per replica, rate, ETA."""
-
-    def __init__(self) -> None:
-        self._last = 0.0
-        self._shown = False
-
-    def __call__(self, event: RepairProgress) -> None:
-        now = time.monotonic()
-        if now - self._last < 0.2:
-            return
-        self._last = now
-        total = f"/{event.total:,}" if event.total else ""
-        eta = f" ETA {event.eta_s:4.0f}s" if event.eta_s is not None else ""
-        where = event.replica if event.replica != "*" else event.group
-        line = f"{event.phase} {where}: {event.done:,}{total} keys {event.rate:,.0f}/s{eta}"
-        click.echo(f"\r{line:<78}", nl=False, err=True)
-        self._shown = True
-
-    def close(self) -> None:
-        if self._shown:
-            click.echo("\r" + " " * 78 + "\r", nl=False, err=True)
-
-
 def _emit(report: RepairReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(versioned(report.to_dict()), indent=2))
     else:
         click.echo(report.render())
-
-
-def _progress(as_json: bool) -> _ProgressLine | None:
-    return _ProgressLine() if not as_json and sys.stderr.isatty() else None
 
 
 @contextlib.contextmanager
@@ -109,7 +82,7 @@ def _run_job(
 ) -> RepairReport:
     config = load(config_path)
     store = Store(config.settings.store)
-    progress = _progress(as_json)
+    progress = repair_progress_line(as_json=as_json)
     try:
         report = asyncio.run(
             job(config, store=store, progress=progress, on_run=run_ids.append, **options)

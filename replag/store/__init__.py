@@ -11,6 +11,19 @@ from replag.store.location import StoreLocation, parse_location
 from replag.store.rows import Row, Rows
 from replag.store.windows import LagWindow, summarize
 
+
+def _backend_class(location: StoreLocation) -> type[Store]:
+    if location.backend == "postgresql":
+        from replag.store.postgres import PostgresStore  # psycopg: only when asked for
+
+        return PostgresStore
+    from replag.store.sqlite import SqliteStore
+
+    return SqliteStore
+
+
+Store.backend_class = staticmethod(_backend_class)
+
 __all__ = [
     "LagWindow",
     "Row",

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
 
@@ -51,16 +51,13 @@ class Store(LagWindowTables):
     # expiry is judged on one clock, the database's, never on each instance's).
     now_ns_sql: ClassVar[str]
 
+    # The class that opens a location's backend, set by the package (`replag.store`):
+    # the backends import this module, so this module never imports them.
+    backend_class: ClassVar[Callable[[StoreLocation], type[Store]]]
+
     def __new__(cls, location: str | Path, **options: Any) -> Store:
         if cls is Store:
-            parsed = parse_location(location)
-            if parsed.backend == "postgresql":
-                from replag.store.postgres import PostgresStore
-
-                return super().__new__(PostgresStore)
-            from replag.store.sqlite import SqliteStore
-
-            return super().__new__(SqliteStore)
+            return super().__new__(Store.backend_class(parse_location(location)))
         return super().__new__(cls)
 
     def __init__(self, location: str | Path, **options: Any) -> None:
