@@ -22,8 +22,14 @@ from dataclasses import dataclass, field
 from replag.discovery.cluster import ClusterNode, Shard, read_shards
 from replag.errors import DiscoveryError, EndpointError, ReplagError, UnreachableError
 from replag.replication.check import recent_lag_p99_ms
-from replag.replication.follow import FailoverEvent, failover_event, home, read_info
-from replag.replication.history import WritePrimary, remember_write_primary, write_primary
+from replag.replication.follow import (
+    FailoverEvent,
+    failover_event,
+    home,
+    last_primary,
+    read_info,
+    remember_primary,
+)
 from replag.store import Store
 from replag.topology import Endpoint, Region, Topology
 
@@ -157,8 +163,7 @@ async def follow_shard(
     now = await current_shard(topology, region, timeout_s=timeout_s)
     write = now.region.write
     assert write is not None
-    known = write_primary(store, region.name) if store is not None else None
-    known_address = known.address if known else home(region.write)
+    known, known_address = last_primary(store, region)
     if home(write) == known_address:
         return now
     now.notes.append(
@@ -185,16 +190,5 @@ async def follow_shard(
         if store is not None
         else {},
     )
-    if store is not None:
-        remember_write_primary(
-            store,
-            WritePrimary(
-                region=region.name,
-                master=now.identity,
-                address=home(write),
-                replid=info.replid,
-                offset=info.offset,
-                updated_ns=time.time_ns(),
-            ),
-        )
+    remember_primary(store, region, now.identity, write, info)
     return now

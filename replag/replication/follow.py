@@ -150,8 +150,7 @@ async def resolve_write(
     it is not the one last written to."""
     ref = region.sentinel
     assert ref is not None and region.write is not None
-    known = write_primary(store, region.name) if store is not None else None
-    known_address = known.address if known else home(region.write)
+    known, known_address = last_primary(store, region)
     notes: list[str] = []
     try:
         found = await master_address(ref.sentinels, ref.master, timeout_s=timeout_s)
@@ -186,19 +185,36 @@ async def resolve_write(
             timeout_s=timeout_s,
             lag_p99_ms=lag_p99_ms or {},
         )
-    if store is not None:
-        remember_write_primary(
-            store,
-            WritePrimary(
-                region=region.name,
-                master=ref.master,
-                address=home(endpoint),
-                replid=info.replid,
-                offset=info.offset,
-                updated_ns=time.time_ns(),
-            ),
-        )
+    remember_primary(store, region, ref.master, endpoint, info)
     return resolution
+
+
+def last_primary(store: Store | None, region: Region) -> tuple[WritePrimary | None, str]:
+    """The primary `region` was last written to (the store's record, else the config's)
+    and its address."""
+    assert region.write is not None
+    known = write_primary(store, region.name) if store is not None else None
+    return known, known.address if known else home(region.write)
+
+
+def remember_primary(
+    store: Store | None, region: Region, master: str, endpoint: Endpoint, info: ReplicationInfo
+) -> None:
+    """Record the primary `region` now writes to and its offset, for the next run to compare
+    with (the bytes a later failover loses are counted from it)."""
+    if store is None:
+        return
+    remember_write_primary(
+        store,
+        WritePrimary(
+            region=region.name,
+            master=master,
+            address=home(endpoint),
+            replid=info.replid,
+            offset=info.offset,
+            updated_ns=time.time_ns(),
+        ),
+    )
 
 
 async def _primary_info(endpoint: Endpoint, *, timeout_s: float, why: str) -> ReplicationInfo:
