@@ -7,12 +7,22 @@ key patterns and channel patterns:
 - probe: write and delete probe keys (`~<prefix>*`), read them back (MGET) or
   subscribe to their keyspace events (`&__keyspace@<db>__:<prefix>*`, the fixed
   pattern the probe subscribes to), TIME for clock offsets, INFO for replication
-  state, CONFIG GET to see whether notifications are on.
+  state. Never CONFIG GET (it reads `requirepass` and `masterauth` too): whether a
+  replica publishes is learned from its events (`probes.observers`) or declared
+  (`settings.notify_keyspace_events`).
 - check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
   each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
 - serve: probe and repair (the service does both, and samples INFO).
 - agent: repair, the probe's observation, and keyspace events of every key.
+
+No default recipe grants CONFIG GET, SCRIPT, EVAL*, or a category (`+@…`): the
+user cannot read the server's passwords or run code. Two opt-ins widen it, each
+a setting: `allow_config_changes` (CONFIG GET and SET of notify-keyspace-events:
+SET alone is already full control of the server) and `allow_scripts` (SCRIPT LOAD
+and EVALSHA, for a bulk refill's TTL script: any Lua). Of the commands granted,
+Redis files INFO and RESTORE under @dangerous: INFO shows no secret, and a repair
+cannot copy a key without RESTORE.
 
 `missing(conn, mode)` finds what a connection's ACL user lacks before a run
 starts (`require` does so for endpoints that log in as a named user), without
@@ -59,7 +69,6 @@ _PROBE = (
     Need("del", ("DEL", "KEY")),
     Need("mget", ("MGET", "KEY")),
     Need("time", ("TIME",), optional=True),
-    Need("config|get", ("CONFIG", "GET", "notify-keyspace-events"), optional=True),
     Need("psubscribe", None),
 )
 _CHECK = (
@@ -89,9 +98,6 @@ _CHECK = (
     Need("xlen", ("XLEN", "KEY")),
     Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
     Need("dump", ("DUMP", "KEY")),
-    # A bulk refill's TTL script (peer_read); refused, it reads each TTL with PTTL instead.
-    Need("script|load", ("SCRIPT", "LOAD", "return 1"), optional=True),
-    Need("evalsha", None, optional=True),
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
@@ -136,11 +142,25 @@ NEEDS: dict[Mode, tuple[Need, ...]] = {
 }
 
 
-def commands(mode: Mode, *, allow_config_changes: bool = False) -> list[str]:
+# What the opt-ins add (see the module docstring), and the modes that use them.
+CONFIG_CHANGES = ("config|get", "config|set")
+SCRIPTS = ("script|load", "evalsha")
+SCRIPT_MODES: tuple[Mode, ...] = ("repair", "serve")  # a bulk refill's TTL script
+SCRIPT_WARNING = (
+    "warning: allow_scripts grants SCRIPT LOAD and EVALSHA: this user can run any Lua "
+    "on the server (a loop that blocks it, writes to any key it may write)"
+)
+
+
+def commands(
+    mode: Mode, *, allow_config_changes: bool = False, allow_scripts: bool = False
+) -> list[str]:
     """The ACL command names `mode` needs, each once, in the order they are listed."""
     names = list(dict.fromkeys(n.command for n in NEEDS[mode]))
     if allow_config_changes and mode in ("probe", "serve", "agent"):
-        names.append("config|set")
+        names += CONFIG_CHANGES
+    if allow_scripts and mode in SCRIPT_MODES:
+        names += SCRIPTS
     return names
 
 
@@ -159,11 +179,17 @@ def channel_patterns(mode: Mode, prefix: str, dbs: tuple[int, ...] = (0,)) -> li
 
 
 def acl_rules(
-    mode: Mode, *, prefix: str, dbs: tuple[int, ...] = (0,), allow_config_changes: bool = False
+    mode: Mode,
+    *,
+    prefix: str,
+    dbs: tuple[int, ...] = (0,),
+    allow_config_changes: bool = False,
+    allow_scripts: bool = False,
 ) -> str:
     """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password)."""
     rules = ["resetkeys", "resetchannels", "-@all"]
-    rules += [f"+{c}" for c in commands(mode, allow_config_changes=allow_config_changes)]
+    granted = commands(mode, allow_config_changes=allow_config_changes, allow_scripts=allow_scripts)
+    rules += [f"+{c}" for c in granted]
     rules += [f"~{p}" for p in key_patterns(mode, prefix)]
     rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
     return " ".join(rules)
@@ -176,8 +202,15 @@ def acl_line(
     prefix: str,
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
+    allow_scripts: bool = False,
 ) -> str:
-    rules = acl_rules(mode, prefix=prefix, dbs=dbs, allow_config_changes=allow_config_changes)
+    rules = acl_rules(
+        mode,
+        prefix=prefix,
+        dbs=dbs,
+        allow_config_changes=allow_config_changes,
+        allow_scripts=allow_scripts,
+    )
     return f"ACL SETUSER {user} {rules}"
 
 

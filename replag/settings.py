@@ -330,8 +330,25 @@ class Settings:
         False,
         _bool,
         "May replag change a server's configuration? Only ever notify-keyspace-events "
-        "(CONFIG SET), to observe probes by push (mode auto) and to keep agents' trees: "
+        "(CONFIG GET and SET: `replag acl` then grants both, and CONFIG GET reads "
+        "passwords), to observe probes by push (mode auto) and to keep agents' trees: "
         "false = never; auto mode then polls a replica whose notifications are off.",
+    )
+    allow_scripts: bool = setting(
+        False,
+        _bool,
+        "May replag run its Lua script (SCRIPT LOAD, EVALSHA) to read a batch's TTLs in "
+        "a bulk refill? false = one PTTL per key instead; true also makes `replag acl` "
+        "grant SCRIPT LOAD and EVALSHA, which lets the user run any Lua (it warns).",
+    )
+    notify_keyspace_events: str | None = setting(
+        None,
+        _optional_str,
+        "The servers' notify-keyspace-events as you set them, declared: then trusted, never "
+        "read (a least-privilege user may not CONFIG GET: it reads passwords too). Unset: "
+        "a probe learns whether a replica publishes from the run's own keys (push if their "
+        "events come, else poll); an agent reads them where its user may, else needs them "
+        "declared (K and g$lshzxet, or KA).",
     )
     username: str | None = setting(
         None,

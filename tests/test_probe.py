@@ -95,7 +95,7 @@ async def test_auto_polls_where_config_is_refused(
     report = await run_probe(load_config(path), count=20, rate=0, mode="auto")
     (pair,) = report.pairs
     assert pair.observed_by == "poll" and pair.seen == 20
-    assert any("polling" in n for n in report.notes)
+    assert any("polled" in n for n in report.notes), report.notes
 
 
 def test_partitioned_region_gives_lost_samples_and_exit_1(lab_factory: LabFactory) -> None:

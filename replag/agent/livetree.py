@@ -111,6 +111,7 @@ class LiveTree:
         batch: int = 1000,
         manage_notifications: bool = True,
         merge_every: int = 4096,
+        declared_notifications: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.options = options
@@ -120,6 +121,9 @@ class LiveTree:
         self.save_every_s = save_every_s
         self.batch = batch
         self.manage_notifications = manage_notifications
+        # settings.notify_keyspace_events: trusted, never read with CONFIG GET (which a
+        # least-privilege user is not granted: it reads the server's passwords too).
+        self.declared_notifications = declared_notifications
         self.merge_every = merge_every
         self.snapshot_path = snapshot.snapshot_path(state_dir, endpoint.name) if state_dir else None
         self.shape = snapshot.TableShape(
@@ -354,11 +358,21 @@ class LiveTree:
                 self._query = None
 
     async def _ensure_notifications(self, conn: RespConnection) -> None:
+        declared = self.declared_notifications
+        if declared is not None:
+            if notifications_cover(declared):
+                return
+            raise AgentError(
+                f"settings.notify_keyspace_events declares {declared!r}: the agent needs K "
+                "and g$lshzxet (or KA) to keep a tree (turn them on, and declare them)",
+                where=self.endpoint.name,
+            )
         reply = await conn.request(pack(b"CONFIG", b"GET", b"notify-keyspace-events"), 1)
         if error_text(reply[0]) is not None:
             raise AgentError(
                 f"cannot read notify-keyspace-events ({error_text(reply[0])}); the agent needs "
-                "notifications with K and g$lshzxet (or KA) to keep a tree",
+                "notifications with K and g$lshzxet (or KA) to keep a tree: declare them in "
+                "settings.notify_keyspace_events (a least-privilege user may not read them)",
                 where=self.endpoint.name,
             )
         flags = reply[0][1].decode() if len(reply[0]) > 1 else ""
@@ -507,6 +521,8 @@ class LiveTree:
                 raise _Invalidated(
                     "resync", f"replication link {link}: a full resync would go unseen"
                 )
+        if self.declared_notifications is not None:
+            return  # declared: trusted (see __init__)
         reply = await conn.request(pack(b"CONFIG", b"GET", b"notify-keyspace-events"), 1)
         flags = reply[0][1].decode() if error_text(reply[0]) is None and len(reply[0]) > 1 else ""
         if not notifications_cover(flags):

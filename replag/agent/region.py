@@ -102,6 +102,7 @@ class RegionAgent:
                 state_dir=state_dir,
                 poll_s=poll_s,
                 manage_notifications=self.settings.allow_config_changes,
+                declared_notifications=self.settings.notify_keyspace_events,
             )
             for m in members
         }

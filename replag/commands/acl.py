@@ -11,7 +11,7 @@ import click
 
 from replag.commands.options import load
 from replag.errors import ReplagError
-from replag.permissions import MODES, Mode, acl_line, require
+from replag.permissions import MODES, SCRIPT_MODES, SCRIPT_WARNING, Mode, acl_line, require
 from replag.settings import resolve_settings
 from replag.topology import Endpoint
 
@@ -34,6 +34,12 @@ from replag.topology import Endpoint
     help="Grant CONFIG SET (default: settings.allow_config_changes).",
 )
 @click.option(
+    "--allow-scripts/--no-allow-scripts",
+    default=None,
+    help="Grant SCRIPT LOAD and EVALSHA (repair, serve; default: settings.allow_scripts): "
+    "the user can then run any Lua.",
+)
+@click.option(
     "--check",
     "check_servers",
     is_flag=True,
@@ -46,6 +52,7 @@ def command(
     prefix: str | None,
     dbs: tuple[int, ...],
     allow_config_changes: bool | None,
+    allow_scripts: bool | None,
     check_servers: bool,
 ) -> None:
     """Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair,
@@ -53,6 +60,8 @@ def command(
 
     Probe keys and their keyspace channel are granted by pattern (the probe
     subscribes to `__keyspace@<db>__:<prefix>*`, which the rule grants exactly).
+    No recipe grants CONFIG GET (it reads passwords) or scripts unless
+    allow_config_changes or allow_scripts asks for them (a warning says so).
     """
     chosen = cast(Mode, mode)
     endpoints: list[Endpoint] = []
@@ -63,6 +72,7 @@ def command(
         dbs = dbs or tuple(sorted({ep.db for ep in endpoints})) or (0,)
     else:
         settings = resolve_settings({}, where="defaults")
+    scripts = settings.allow_scripts if allow_scripts is None else allow_scripts
     if check_servers and config_path is None:
         raise click.UsageError("--check needs -c CONFIG (the endpoints to check)")
     line = acl_line(
@@ -73,8 +83,11 @@ def command(
         allow_config_changes=(
             settings.allow_config_changes if allow_config_changes is None else allow_config_changes
         ),
+        allow_scripts=scripts,
     )
     click.echo(line)
+    if scripts and chosen in SCRIPT_MODES:
+        click.echo(f"replag: {SCRIPT_WARNING}", err=True)
     if check_servers:
         failed = asyncio.run(_check(endpoints, chosen, prefix or settings.prefix,
                                     settings.connect_timeout))  # fmt: skip

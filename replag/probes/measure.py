@@ -188,6 +188,7 @@ async def open_target(
             notes=report.notes,
             subscribe=settings.prefix.encode() + b"*",
             may_configure=settings.allow_config_changes,
+            declared=settings.notify_keyspace_events,
         )
         target.observer = observer
     except (TlsError, PermissionRefused) as exc:

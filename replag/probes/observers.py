@@ -254,6 +254,90 @@ class PollObserver(Observer):
                 await self._task
 
 
+class LearningObserver(Observer):
+    """Push where the replica turns out to publish, else poll: whether it does is learned
+    from the run's own keys, never from CONFIG GET (which reads the server's passwords
+    too). Both watch until one decides: the first keyspace event of a run key makes it
+    push (the poll stops); a key the poll found whose event has not come `grace_s`
+    later makes it poll (notifications off there; the subscription ends). With `insist`
+    (--mode push) a replica found not publishing is an error instead."""
+
+    def __init__(
+        self,
+        push: PushObserver,
+        poll: PollObserver,
+        notes: list[str],
+        *,
+        insist: bool = False,
+        grace_s: float = 1.0,
+    ) -> None:
+        super().__init__(push.replica)
+        self.push, self.poll, self.notes = push, poll, notes
+        self.insist = insist
+        self.grace_s = max(grace_s, 2 * poll.interval_s)
+        self.mode = "poll"  # what the arrivals come from once decided ("push" or "poll")
+        self.decided = False
+        self._task: asyncio.Task[None] | None = None
+
+    def expect(self, key: bytes, written_lo_ns: int) -> None:
+        self.push.expect(key, written_lo_ns)
+        self.poll.expect(key, written_lo_ns)
+
+    async def start(self) -> None:
+        if self._task is None:
+            await self.push.start()
+            await self.poll.start()
+            self._task = asyncio.create_task(self._learn())
+
+    async def _learn(self) -> None:
+        loop = asyncio.get_running_loop()
+        found_at: float | None = None
+        while not self.decided:
+            await asyncio.sleep(min(self.poll.interval_s, 0.05))
+            if self.push.arrivals:
+                self.decided, self.mode, self.arrivals = True, "push", self.push.arrivals
+                await self.poll.stop()
+            elif self.poll.arrivals and found_at is None:
+                found_at = loop.time()
+            elif found_at is not None and loop.time() - found_at >= self.grace_s:
+                await self._not_publishing()
+            self.loading = self.poll.loading
+            if self.poll.error is not None and not self.decided:
+                self.error = self.poll.error
+                return
+        chosen: Observer = self.push if self.mode == "push" else self.poll
+        while self.error is None:  # errors of the observer kept (a push connection lost)
+            self.error = chosen.error
+            self.loading = self.loading or chosen.loading
+            await asyncio.sleep(0.05)
+
+    async def _not_publishing(self) -> None:
+        self.decided = True
+        await self.push.stop()
+        said = (
+            f"no keyspace event for a probe key the poll found {self.grace_s:g} s earlier: "
+            "notifications are off there (or cover no `set`)"
+        )
+        if self.insist:
+            self.error = f"push mode: {said} (use --mode auto or poll)"
+            await self.poll.stop()
+            return
+        self.mode, self.arrivals = "poll", self.poll.arrivals
+        self.notes.append(
+            f"{self.replica.name}: {said}; polled (turn on K$ there, or set "
+            "allow_config_changes = true to let replag do it; declare them in "
+            "settings.notify_keyspace_events to decide up front)"
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.push.stop()
+        await self.poll.stop()
+
+
 async def open_observer(
     replica: Endpoint,
     conn: RespConnection,
@@ -265,18 +349,25 @@ async def open_observer(
     notes: list[str],
     subscribe: bytes | None = None,
     may_configure: bool = False,
+    declared: str | None = None,
 ) -> Observer:
-    """Push where `mode` allows it and the replica can publish, else poll on `conn`.
+    """Push where `mode` allows it and the replica publishes, else poll on `conn`.
 
-    The push observer is started (subscribed to `subscribe`, default `pattern`); a
-    poll observer starts with the run. What was decided and why goes to `notes`.
-    EndpointError when `mode` is push and the replica cannot publish (--mode push
-    insists rather than quietly polling); in auto mode a refused subscription (an
-    ACL user without the channel) polls, as refused notifications do.
+    Whether it publishes is `declared` (settings.notify_keyspace_events), read and
+    turned on where `may_configure` (settings.allow_config_changes: CONFIG GET and
+    SET), else learned during the run (`LearningObserver`). The push observer is
+    started (subscribed to `subscribe`, default `pattern`); a poll observer starts
+    with the run. What was decided and why goes to `notes`. EndpointError when `mode`
+    is push and the replica is known not to publish (--mode push insists rather than
+    quietly polling); in auto mode a refused subscription (an ACL user without the
+    channel) polls, as refused notifications do.
     """
     rtt, rtt_max = await conn.rtt_range_ns()
-    if await push_allowed(conn, replica, mode, notes, may_configure=may_configure):
-        observer: Observer = PushObserver(
+    publishes = await notifications_on(
+        conn, replica, mode, notes, may_configure=may_configure, declared=declared
+    )
+    if publishes is not False:
+        push = PushObserver(
             replica,
             pattern=pattern,
             rtt_ns=rtt,
@@ -285,13 +376,16 @@ async def open_observer(
             subscribe=subscribe,
         )
         try:
-            await observer.start()
+            await push.start()
         except PermissionRefused as exc:
             if mode == "push":
                 raise
             notes.append(f"{replica.name}: subscription refused ({exc.message}); polling")
         else:
-            return observer
+            if publishes:
+                return push
+            poll = PollObserver(replica, conn, interval_s=poll_interval_s)
+            return LearningObserver(push, poll, notes, insist=mode == "push")
     elif mode == "push":
         raise EndpointError(
             "push mode: keyspace notifications are off and cannot be turned on "
@@ -301,16 +395,24 @@ async def open_observer(
     return PollObserver(replica, conn, interval_s=poll_interval_s)
 
 
-async def push_allowed(
+def publishes_probe_events(flags: str) -> bool:
+    """Do `notify-keyspace-events` flags publish a probe key's `set` on its keyspace
+    channel?"""
+    return "K" in flags and ("$" in flags or "A" in flags)
+
+
+async def notifications_on(
     conn: RespConnection,
     replica: Endpoint,
     mode: str,
     notes: list[str],
     *,
     may_configure: bool = False,
-) -> bool:
-    """Push where keyspace notifications are on, or can be and `may_configure`
-    (settings.allow_config_changes) lets replag turn them on.
+    declared: str | None = None,
+) -> bool | None:
+    """Whether the replica publishes probe keys' events: declared, or (only where
+    `may_configure`, settings.allow_config_changes) read and turned on; None: not known
+    (learned from the run's keys). False in poll mode.
 
     Once turned on they are left on: restoring them at the end of a run would cut
     off another probe (cron beside the service) still watching the same replica,
@@ -319,20 +421,26 @@ async def push_allowed(
     """
     if mode == "poll":
         return False
-    answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
-    if error_text(answer) is not None or not isinstance(answer, list) or len(answer) < 2:
-        notes.append(f"{replica.name}: cannot read notify-keyspace-events ({answer}); polling")
-        return False
-    flags = answer[1].decode()
-    if "K" in flags and ("$" in flags or "A" in flags):
-        return True
-    if not may_configure:
+    if declared is not None:
+        if publishes_probe_events(declared):
+            return True
         notes.append(
-            f"{replica.name}: keyspace notifications off (notify-keyspace-events {flags!r}) "
-            "and replag may not change server configuration; polling (set "
-            "allow_config_changes = true to let it turn on K$, or set them on the server)"
+            f"{replica.name}: keyspace notifications declared {declared!r} "
+            "(settings.notify_keyspace_events): no `set` events; polling"
         )
         return False
+    if not may_configure:
+        return None
+    answer = (await conn.call("CONFIG", "GET", "notify-keyspace-events"))[0]
+    if error_text(answer) is not None or not isinstance(answer, list) or len(answer) < 2:
+        notes.append(
+            f"{replica.name}: cannot read notify-keyspace-events ({answer}); learned from "
+            "the run's keys"
+        )
+        return None
+    flags = answer[1].decode()
+    if publishes_probe_events(flags):
+        return True
     reply = (await conn.call("CONFIG", "SET", "notify-keyspace-events", flags + "K$"))[0]
     if error_text(reply) is not None:
         notes.append(

@@ -110,6 +110,7 @@ class ArrivalWatch:
                 notes=replica.notes,
                 subscribe=self.settings.prefix.encode() + b"*",
                 may_configure=self.settings.allow_config_changes,
+                declared=self.settings.notify_keyspace_events,
             )
         except ReplagError as exc:
             replica.error = str(exc)

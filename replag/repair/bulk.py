@@ -255,6 +255,7 @@ async def _refill_member(
         timeout_s=s.repair_command_timeout,
         page_elements=s.repair_page_elements,
         compare_ttls=s.repair_ttls != "ignore",
+        scripts=s.allow_scripts,
         scratch_prefix=s.prefix.encode(),
     )
     stood: set[bytes] = set()

@@ -135,10 +135,12 @@ class PeerRead:
 class PeerReader:
     """Reads batches on connections to one peer; knows how that peer's TTLs are read."""
 
-    def __init__(self, *, page_elements: int) -> None:
+    def __init__(self, *, page_elements: int, scripts: bool = False) -> None:
         self.page_elements = page_elements
         self.sha: bytes | None = None  # the TTL script, once loaded; None: one PTTL per key
-        self._ready = False
+        # Only where settings.allow_scripts says so: a user allowed SCRIPT LOAD and
+        # EVALSHA may run any Lua on the server.
+        self._ready = not scripts
 
     async def prepare(self, conn: RespConnection) -> None:
         if self._ready:

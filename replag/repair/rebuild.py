@@ -212,6 +212,7 @@ class Rebuild:
             timeout_s=self.timeout_s,
             page_elements=s.repair_page_elements,
             compare_ttls=s.repair_ttls != "ignore",
+            scripts=s.allow_scripts,
             scratch_prefix=self.prefix,
         )
 

@@ -139,12 +139,13 @@ class Refill:
         page_elements: int,
         compare_ttls: bool = True,
         scratch_prefix: bytes = b"replag:",
+        scripts: bool = False,
     ) -> None:
         if not peers:
             raise ValueError("a refill needs at least one peer")
         self.peers = [ConnectionPool(p, timeout_s) for p in peers]
         self.target = ConnectionPool(target, timeout_s)
-        self.readers = [PeerReader(page_elements=page_elements) for _ in peers]
+        self.readers = [PeerReader(page_elements=page_elements, scripts=scripts) for _ in peers]
         self.settle_s = settle_s
         self.tolerance_ms = tolerance_ms
         self.compare_ttls = compare_ttls
