@@ -68,6 +68,7 @@ async def test_the_majority_repairs_dropped_sets_and_deletes(
                                                            "--dry-run"])  # fmt: skip
     assert human.exit_code == 1 and "dynomite, policy majority" in human.output
     assert "would copy, would delete, left" in human.output
+    assert "would repair 20 key(s): --keys-out FILE lists each" in human.output
     with node3.backend.client() as rack3:
         assert rack3.exists(*[f"gone:{i}" for i in range(10)]) == 10  # untouched
 
@@ -78,6 +79,16 @@ async def test_the_majority_repairs_dropped_sets_and_deletes(
         assert rack3.exists(*[f"gone:{i}" for i in range(10)]) == 0
         assert rack3.get("new:3") == b"v3"
     assert (await check(config, group=GROUP)).divergent == 0
+
+    # A key one rack of three holds, no outage recorded: the majority deletes it, and the
+    # text report names it (a few keys acted on are named; more: see --keys-out).
+    with node1.backend.client() as rack1:
+        rack1.set("lonely", "only on rack1")
+    lone = await asyncio.to_thread(runner.invoke, main, ["repair", "run", "-c", str(path)])
+    assert lone.exit_code == 0, lone.output
+    assert f"{GROUP} 'lonely' extra: delete on dc1-rack1" in lone.output, lone.output
+    with node1.backend.client() as rack1:
+        assert rack1.exists("lonely") == 0
 
     # Two racks cut off: the probes see both miss writes; a delete made meanwhile
     # through rack1 is held by rack1 alone, and the majority would resurrect it.

@@ -105,6 +105,13 @@ async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written
     )
     assert shown.exit_code == 1, shown.output
     assert f"primary {primary.name}, policy primary" in shown.output
+    # One vocabulary: the summary counts keys as the per-replica table does (the stray key
+    # is extra, not missing), and the few keys it would act on are named.
+    summary = next(line for line in shown.output.splitlines() if line.startswith("g "))
+    assert summary.split()[1:4] == ["0", "1", "4"], shown.output
+    assert f"  g 'stray' extra: delete on {writable.name} (through {primary.name})" in (
+        shown.output
+    )
     row = next(line for line in shown.output.splitlines()
                if line.strip().startswith(writable.name) and line.count(",") == 2)  # fmt: skip
     assert row.split()[1:] == ["0", "1", "4", "4,", "1,", "0"], shown.output
@@ -162,5 +169,21 @@ async def test_a_replica_of_another_primary_is_left_for_a_resync(
     (key,) = report["divergent_keys"]
     assert key["status"] == "resync" and f"{lost.name}: it replicates from another" in key["reason"]
     assert report["replicas"][2]["writes"] == 0
+    assert report["groups"][0]["per_replica"][lost.name]["leave"] == 1  # not "copy"
     with lost.client() as c:
         assert c.get("k") == b"other"
+
+    # A key left for a resync is left: the CLI exits 1 (a cron job must not read success),
+    # says so in the summary and `repair runs`, and --keys-out lists it.
+    path = tmp_path / "replag.toml"
+    path.write_text(render_config(config.topology, settings={"store": str(tmp_path / "c.db")}))
+    out = tmp_path / "keys.jsonl"
+    ran = await asyncio.to_thread(
+        CliRunner().invoke, main, ["repair", "run", "-c", str(path), "--keys-out", str(out)]
+    )
+    assert ran.exit_code == 1, ran.output
+    assert "also: resync 1" in ran.output and "'k' value resync" in ran.output
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["key"] == "k" and line["status"] == "resync" and line["findings"], line
+    runs = await asyncio.to_thread(CliRunner().invoke, main, ["repair", "runs", "-c", str(path)])
+    assert "repaired 0, left 1" in runs.output, runs.output

@@ -18,7 +18,7 @@ from replag.commands.status_line import repair_progress_line
 from replag.errors import ReplagError, UsageError
 from replag.repair import RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
-from replag.repair.runs import resumable, resume_command
+from replag.repair.runs import RunLog, resumable, resume_command
 from replag.schemas import versioned
 from replag.store import Store, parse_location
 
@@ -63,6 +63,7 @@ def _run(
     config_path: Path,
     as_json: bool,
     job: Callable[..., Coroutine[Any, Any, RepairReport]],
+    after: Callable[[Store, RepairReport], None] | None = None,
     **options: Any,
 ) -> RepairReport:
     """Load the config, open the store, run `job` with a progress line on a terminal, report.
@@ -70,7 +71,7 @@ def _run(
     Ctrl-C leaves the run `interrupted` in the store; the message says how to resume it."""
     run_ids: list[str] = []
     with _json_errors(as_json, run_ids):
-        return _run_job(config_path, as_json, job, run_ids, **options)
+        return _run_job(config_path, as_json, job, run_ids, after, **options)
 
 
 def _run_job(
@@ -78,6 +79,7 @@ def _run_job(
     as_json: bool,
     job: Callable[..., Coroutine[Any, Any, RepairReport]],
     run_ids: list[str],
+    after: Callable[[Store, RepairReport], None] | None,
     **options: Any,
 ) -> RepairReport:
     config = load(config_path)
@@ -96,6 +98,9 @@ def _run_job(
         again = resume_command(kind, run_ids[-1], str(config_path))
         click.echo(f"replag: interrupted; run {run_ids[-1]} is saved: `{again}`", err=True)
         sys.exit(130)
+    else:
+        if after is not None:
+            after(store, report)
     finally:
         if progress is not None:
             progress.close()
@@ -122,6 +127,19 @@ class _KeysOut:
 
     def close(self) -> None:
         self._file.close()
+
+    def run_keys(self, store: Store, report: RepairReport) -> None:
+        """Every key a finished run recorded, with its outcome and what was planned."""
+        log = RunLog(store, report.run_id)
+        for g in report.groups:
+            for key, kind, status, detail in log.keys(g.group):
+                line = {"group": g.group, **key_text(key), "kind": kind, "status": status}
+                line.update(
+                    (k, detail[k]) for k in ("findings", "plan", "via", "reason") if k in detail
+                )
+                line["replicas"] = detail.get("replicas", {})
+                self._file.write(json.dumps(line) + "\n")
+                self.count += 1
 
 
 @click.group(name="repair")
@@ -232,8 +250,9 @@ def _run_line(run: dict[str, Any]) -> str:
 
 
 def _left(report: dict[str, Any]) -> int:
-    """Keys a run left divergent: conflicts, busy, kept, refused, and a dry run's all."""
-    left = ("conflicts", "busy", "kept", "errors", "would_repair")
+    """Keys a run left divergent: conflicts, busy, kept, refused, left for a resync (the
+    primary's write does not reach that replica), not reached, and a dry run's all."""
+    left = ("conflicts", "busy", "kept", "errors", "resync", "pending", "would_repair")
     return sum(int(report.get(name, 0)) for name in left)
 
 
@@ -270,6 +289,12 @@ def _left(report: dict[str, Any]) -> int:
 )
 @_MATCH
 @_TYPE
+@click.option(
+    "--keys-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every divergent key of the run to this file as JSON Lines once it ends "
+    "(key, key_b64 when not UTF-8, kind, status, findings, plan, reason, replicas).",
+)
 @_TTLS
 @json_option
 def run_command(
@@ -283,26 +308,35 @@ def run_command(
     resume: str | None,
     match: str | None,
     type_filter: str | None,
+    keys_out: Path | None,
     ttls: str | None,
     as_json: bool,
 ) -> None:
     """Find and repair divergence. Exit 1 if divergence was left (conflicts, keys still
-    changing, refused writes; a dry run: anything it would repair)."""
-    report = _run(
-        config_path,
-        as_json,
-        repair,
-        group=group,
-        policy=policy,
-        dry_run=dry_run,
-        allow_deletes=allow_deletes,
-        rate=rate,
-        max_inflight=max_inflight,
-        resume=resume,
-        match=match,
-        type_filter=type_filter,
-        ttls=ttls,
-    )
+    changing, refused writes, replicas left for a resync; a dry run: anything it would
+    repair)."""
+    with _json_errors(as_json, []):
+        sink = _KeysOut(keys_out) if keys_out is not None else None
+    try:
+        report = _run(
+            config_path,
+            as_json,
+            repair,
+            sink.run_keys if sink is not None else None,
+            group=group,
+            policy=policy,
+            dry_run=dry_run,
+            allow_deletes=allow_deletes,
+            rate=rate,
+            max_inflight=max_inflight,
+            resume=resume,
+            match=match,
+            type_filter=type_filter,
+            ttls=ttls,
+        )
+    finally:
+        if sink is not None:
+            sink.close()
     sys.exit(1 if _left(report.to_dict()) else 0)
 
 

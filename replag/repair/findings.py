@@ -19,10 +19,11 @@ from replag.repair import report as rp
 from replag.repair.observe import ABSENT, KeyState
 from replag.repair.policy import Decision
 
-FINDINGS = ("missing", "extra", "different")
+FINDINGS = rp.KEY_FINDINGS
 ACTIONS = ("copy", "delete", "leave")
-# Statuses whose planned writes landed (or, in a dry run, would be made).
-_DONE = (rp.REPAIRED, rp.DRY_RUN, rp.RESYNC)
+# Statuses whose planned writes landed (or, in a dry run, would be made). A key left for a
+# resync is not one: the primary's write did not reach the replica, which stays divergent.
+_DONE = (rp.REPAIRED, rp.DRY_RUN)
 
 
 def reference(states: Sequence[KeyState], primary: int | None) -> KeyState | None:

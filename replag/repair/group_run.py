@@ -30,13 +30,14 @@ from replag.repair.bulk import (
 )
 from replag.repair.decide import GroupDecisions, KeyRecord
 from replag.repair.diff import Divergence, differing_keys
-from replag.repair.findings import per_replica
+from replag.repair.findings import FINDINGS, per_replica
 from replag.repair.lanes import ReplicaLane
 from replag.repair.observe import key_to_json
 from replag.repair.pages import PageOptions
 from replag.repair.policy import Policy
 from replag.repair.progress import ProgressCallback, RepairProgress
 from replag.repair.remote import AgentClient, AgentPool, AgentReplica
+from replag.repair.report import key_finding
 from replag.repair.roles import GroupShape, cluster_members
 from replag.repair.rounds import RepairRounds
 from replag.repair.runs import RunLog
@@ -253,17 +254,21 @@ class GroupRun:
 
     def _summarise(self) -> None:
         counts = dict.fromkeys(self.report.counts, 0)
+        found = dict.fromkeys(FINDINGS, 0)
         outcomes: dict[str, int] = {}
         shown: list[dict[str, Any]] = []
         for key, record in sorted(self.records.items()):
             counts[record.kind] = counts.get(record.kind, 0) + 1
+            found[key_finding(record.kind, record.detail)] += 1
             outcomes[record.status] = outcomes.get(record.status, 0) + 1
             if len(shown) < rp.KEYS_SHOWN:
                 shown.append({**record.detail, "status": record.status, **key_to_json(key)})
         if self.report.bulk_refilled:  # copied in bulk: missing keys, repaired, not listed
             counts["missing"] = counts.get("missing", 0) + self.report.bulk_refilled
+            found["missing"] += self.report.bulk_refilled
             outcomes[rp.REPAIRED] = outcomes.get(rp.REPAIRED, 0) + self.report.bulk_refilled
         self.report.counts, self.report.outcomes, self.report.keys = counts, outcomes, shown
+        self.report.found = found
         self.report.per_replica = per_replica(
             self.names, ((r.status, r.detail) for r in self.records.values())
         )

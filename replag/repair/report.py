@@ -8,6 +8,10 @@ from typing import Any
 from replag.repair.diff import KINDS
 
 KEYS_SHOWN = 100
+# The text report names every key a run acted on when there are at most this many.
+KEYS_NAMED = 10
+# A divergent key in the vocabulary of the per-member table (see `findings`).
+KEY_FINDINGS = ("missing", "extra", "different")
 
 # Per-key outcomes recorded in the store (repair_keys.status).
 FOUND = "found"  # check runs: divergent, nothing attempted
@@ -25,6 +29,16 @@ RESYNC = "resync"
 OUTCOMES = (REPAIRED, CONFLICT, BUSY, KEPT, DRY_RUN, AGREED, PENDING, ERROR, RESYNC)
 # Outcomes that leave a key divergent.
 LEFT = (CONFLICT, BUSY, KEPT, PENDING, ERROR, RESYNC)
+
+
+def key_finding(kind: str, detail: dict[str, Any]) -> str:
+    """A divergent key in the members' vocabulary: `extra` when the reference lacks it
+    (every member that differs holds it), `missing` when some member lacks it, else
+    `different` (value, type or expiry)."""
+    if kind != "missing":
+        return "different"
+    found = set(detail.get("findings", {}).values())
+    return "extra" if found == {"extra"} else "missing"
 
 
 def _size(count: int) -> str:
@@ -85,6 +99,9 @@ class GroupReport:
     reverified: int = 0  # keys a resumed run read again because it had repaired them
     differed_again: int = 0  # ... and found differing again (repaired again or reported)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    # The same keys as `counts`, as missing (some member lacks it), extra (the reference
+    # lacks it: the primary, or most members) or different (value, type or expiry).
+    found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEY_FINDINGS, 0))
     outcomes: dict[str, int] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
     scan_s: float = 0.0
@@ -105,6 +122,7 @@ class GroupReport:
             "policy": self.policy,
             "divergent": self.divergent,
             "counts": dict(self.counts),
+            "found": dict(self.found),
             "candidates": self.candidates,
             "bulk_refilled": self.bulk_refilled,
             "changing_during_check": self.changing,
@@ -169,6 +187,7 @@ class RepairReport:
             "ttls": self.ttls,
             "divergent": self.divergent,
             "counts": {k: sum(g.counts[k] for g in self.groups) for k in KINDS},
+            "found": {k: sum(g.found.get(k, 0) for g in self.groups) for k in KEY_FINDINGS},
             "repaired": self._total(REPAIRED),
             "conflicts": self._total(CONFLICT),
             "busy": self._total(BUSY),
@@ -199,14 +218,16 @@ class RepairReport:
         lines = [
             title,
             "",
-            f"{'group':<14} {'missing':>8} {'value':>8} {'type':>8} {'ttl':>8} "
+            "keys (missing: some replica lacks it; extra: a replica holds it, the primary or "
+            "most do not; different: value, type or expiry)",
+            f"{'group':<14} {'missing':>8} {'extra':>8} {'different':>10} "
             f"{'repaired':>9} {'conflicts':>10} {'busy':>8}",
         ]
         for g in self.groups:
             gd = g.to_dict()
             lines.append(
-                f"{g.group:<14} {g.counts['missing']:>8} {g.counts['value']:>8} "
-                f"{g.counts['type']:>8} {g.counts['ttl']:>8} {gd[REPAIRED]:>9} "
+                f"{g.group:<14} {g.found['missing']:>8} {g.found['extra']:>8} "
+                f"{g.found['different']:>10} {gd[REPAIRED]:>9} "
                 f"{gd[CONFLICT]:>10} {gd[BUSY]:>8}"
             )
         extras = [
@@ -246,15 +267,38 @@ class RepairReport:
                     f"{r.busy_s:>8.2f} {r.writes:>7} {_size(r.bytes_fetched):>10}"
                 )
         lines += self._per_replica()
+        lines += self._acted_on(d)
         left = [(g.group, k) for g in self.groups for k in g.keys if k.get("status") in LEFT]
         if left:
-            lines += ["", "not fixed (first 10; --json lists up to 100, check --keys-out all):"]
-            for group, k in left[:10]:
+            lines += ["", "not fixed (first 10; --json lists up to 100, --keys-out all):"]
+            for group, k in left[:KEYS_NAMED]:
                 name = k.get("key", k.get("key_b64", "?"))
                 reason = f": {k['reason']}" if k.get("reason") else ""
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
         return "\n".join(lines)
+
+    def _acted_on(self, d: dict[str, Any]) -> list[str]:
+        """The keys a repair wrote (a dry run: would write), by name when few; else where
+        to find them all."""
+        if self.kind != "repair":
+            return []
+        done = REPAIRED if not self.dry_run else DRY_RUN
+        total = int(d[done])
+        if not total:
+            return []
+        verb = "would repair" if self.dry_run else "repaired"
+        named = [(g.group, k) for g in self.groups for k in g.keys if k.get("status") == done]
+        if total > KEYS_NAMED or len(named) < total:
+            return ["", f"{verb} {total} key(s): --keys-out FILE lists each, with what was done"]
+        lines = ["", f"{verb}:"]
+        for group, k in named:
+            name = k.get("key", k.get("key_b64", "?"))
+            planned = ", ".join(f"{a} on {m}" for m, a in sorted(k.get("plan", {}).items()))
+            via = f" (through {k['via']})" if k.get("via") else ""
+            what = key_finding(k["kind"], k)
+            lines.append(f"  {group} {name!r} {what}: {planned or 'written'}{via}")
+        return lines
 
     def _per_replica(self) -> list[str]:
         """Per group, how it was treated, and per member what differs there and what the

@@ -5,6 +5,9 @@ from __future__ import annotations
 from replag.schemas.parts import BOOL, INT, NUM, SCHEMA_VERSION, STR, arr, counts, nullable, obj
 
 KIND_COUNTS = counts("missing", "type", "value", "ttl")
+# The same keys in the per-member vocabulary: some member lacks it (missing), the
+# reference (primary, or most members) lacks it (extra), or value/type/expiry differ.
+FOUND_COUNTS = counts("missing", "extra", "different")
 
 REPAIR_REPLICA = obj(
     {"replica": STR, "keys_scanned": INT, "keys_per_s": NUM, "busy_s": NUM, "writes": INT},
@@ -26,6 +29,7 @@ REPAIR_GROUP = obj(
         "primary": nullable(STR),
         "policy": nullable(STR),
         "per_replica": PER_REPLICA,
+        "found": FOUND_COUNTS,
         # Redis Cluster: [first, last] slot ranges that moved during the run, not compared.
         "slots_not_compared": arr(arr(INT)),
     },
@@ -78,6 +82,7 @@ REPAIR_REPORT = obj(
     },
     {
         "seconds": NUM,
+        "found": FOUND_COUNTS,
         "replicas": arr(REPAIR_REPLICA),
         "divergent_keys": arr(DIVERGENT_KEY),
         "error": nullable(STR),
