@@ -116,6 +116,10 @@ async def test_reads_need_a_token_when_settings_say_so(
         assert (await client.get("/api/v1/health", headers=bearer("nope"))).status_code == 401
         assert (await client.get("/api/v1/health", headers=bearer(READER))).status_code == 200
         assert (await client.get("/metrics", headers=bearer(CHECKER))).status_code == 200
+        # A platform's probes need no token and learn nothing about the fleet.
+        assert (await client.get("/-/healthy")).json() == {"status": "ok"}
+        assert (await client.get("/-/ready")).json() == {"status": "ready"}
+    assert not app.state.ready  # stopped: a load balancer sends nothing more
 
 
 @pytest.mark.parametrize(

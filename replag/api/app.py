@@ -65,9 +65,11 @@ def create_app(
             if svc.config.path is not None:  # SIGHUP or a change of the file reloads it
                 reloader = ConfigReloader(svc, svc.config.path)
                 reloader.start()
+        app.state.ready = True
         try:
             yield
         finally:
+            app.state.ready = False  # stopping: a load balancer sends nothing more here
             if reloader is not None:
                 await reloader.stop()
             await svc.stop()
@@ -82,6 +84,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = svc
+    app.state.ready = False
     # Reads are open unless settings.api_reads says token (the dashboard then needs one).
     readers = [Depends(auth.reader)]
     app.include_router(routes.router, dependencies=readers)
@@ -121,6 +124,20 @@ def create_app(
     @app.get("/", include_in_schema=False)
     def dashboard() -> HTMLResponse:
         return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    # Probes for a platform (Kubernetes, Docker's HEALTHCHECK, a load balancer): open
+    # even when reads need a token, and they say nothing about the fleet.
+    @app.get("/-/healthy", include_in_schema=False)
+    def healthy() -> JSONResponse:
+        """Liveness: the process answers HTTP."""
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/-/ready", include_in_schema=False)
+    def ready() -> JSONResponse:
+        """Readiness: started (schedulers running, store open) and not stopping."""
+        if app.state.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready"}, status_code=503)
 
     @app.get("/metrics", include_in_schema=False, dependencies=readers)
     def metrics() -> Response:
