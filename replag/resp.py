@@ -36,7 +36,7 @@ from replag.connections import (
     translate_where,
 )
 from replag.errors import EndpointError, PermissionRefused
-from replag.stamped_socket import StampedSocket, connect_stamped
+from replag.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 from replag.topology import Endpoint
 
 Arg = bytes | str | int | float
@@ -349,6 +349,12 @@ class RespConnection:
         """Replies are stamped with the kernel's receive time (else when read)."""
         transport = self._protocol.transport
         return isinstance(transport, StampedSocket) and transport.kernel_stamps
+
+    @property
+    def last_read(self) -> ReadStamp | None:
+        """How the read being handled (or the last) was stamped; None on TLS (when read)."""
+        transport = self._protocol.transport
+        return transport.last_read if isinstance(transport, StampedSocket) else None
 
     @property
     def bytes_received(self) -> int:

@@ -35,6 +35,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 # <asm-generic/socket.h>; Python's socket module does not export it. Architectures
@@ -93,6 +94,11 @@ def clock_offset(clock: Clock) -> int:
     preemption would move a stamp by half a scheduler slice (milliseconds on a
     busy host), which is why a wide one is not used when a narrower one can be had.
     """
+    return clock_offset_and_width(clock)[0]
+
+
+def clock_offset_and_width(clock: Clock) -> tuple[int, int]:
+    """`clock_offset`, and the width of the sandwich it came from (twice its error bound)."""
     best_width = best_offset = 0
     for attempt in range(_SANDWICHES):
         first = clock()
@@ -103,7 +109,7 @@ def clock_offset(clock: Clock) -> int:
             best_width, best_offset = width, (first + second) // 2 - wall
         if width <= _TIGHT_NS:
             break
-    return best_offset
+    return best_offset, best_width
 
 
 def on_clock(realtime_ns: int, clock: Clock) -> int:
@@ -113,17 +119,44 @@ def on_clock(realtime_ns: int, clock: Clock) -> int:
     return realtime_ns + clock_offset(clock)
 
 
+@dataclass(frozen=True, slots=True)
+class ReadStamp:
+    """How one read was stamped: when it returned (`read_at`), the moment before which
+    none of its bytes can have arrived (`since`: the previous read that emptied the
+    socket began then), whether its arrival is the kernel's receive timestamp (`kernel`;
+    else it is `read_at`), and how far that stamp may be off from moving it onto the
+    connection's clock (`error_ns`: half the clock sandwich's width, 0 on the wall clock)."""
+
+    read_at: int
+    since: int
+    kernel: bool
+    error_ns: int = 0
+
+
 def arrival(ancillary: list[tuple[int, int, bytes]], clock: Clock, since: int, read_at: int) -> int:
-    """When a read's last byte arrived, on `clock`: the kernel's stamp when it is
-    plausible (after `since`, the moment before which the bytes cannot have arrived,
-    and not after `read_at`, when the read returned), else `read_at`. A stamp outside
-    is not believed: a step of the realtime clock between packet and read, or a
-    timestamp on another clock base leaking through a network path."""
+    """When a read's last byte arrived, on `clock` (`stamped_arrival`'s moment)."""
+    return stamped_arrival(ancillary, clock, since, read_at)[0]
+
+
+def stamped_arrival(
+    ancillary: list[tuple[int, int, bytes]], clock: Clock, since: int, read_at: int
+) -> tuple[int, ReadStamp]:
+    """When a read's last byte arrived, on `clock`, and how that was stamped: the
+    kernel's stamp when it is plausible (after `since`, the moment before which the
+    bytes cannot have arrived, and not after `read_at`, when the read returned), else
+    `read_at`. A stamp outside is not believed: a step of the realtime clock between
+    packet and read, or a timestamp on another clock base leaking through a network path."""
     stamp = kernel_stamp(ancillary)
     if stamp is None:
-        return read_at
-    moment = on_clock(stamp, clock)
-    return moment if since <= moment <= read_at else read_at
+        return read_at, ReadStamp(read_at, since, kernel=False)
+    if clock is time.time_ns:
+        moment, width = stamp, 0
+    else:
+        offset, width = clock_offset_and_width(clock)
+        moment = stamp + offset
+    if since <= moment <= read_at:
+        return moment, ReadStamp(read_at, since, kernel=True, error_ns=(width + 1) // 2)
+    return read_at, ReadStamp(read_at, since, kernel=False)
 
 
 class StampedReader:
@@ -156,6 +189,9 @@ class StampedSocket:
         self._receiver = receiver
         self._clock = clock
         self.kernel_stamps = stamped
+        # The read being handed to the receiver (or the last one): what a receiver that
+        # must know how its bytes were stamped reads while `received` runs.
+        self.last_read: ReadStamp | None = None
         self._loop = asyncio.get_running_loop()
         self._pending: collections.deque[memoryview] = collections.deque()
         self._closing = False
@@ -181,7 +217,7 @@ class StampedSocket:
             self._shut(None)
             return
         since = self._since
-        arrived = arrival(ancillary, self._clock, since, read_at)
+        arrived, self.last_read = stamped_arrival(ancillary, self._clock, since, read_at)
         # This read took everything there was, so what comes next arrived after it
         # began; one that filled the buffer may have left bytes that arrived earlier.
         if len(data) < READ_SIZE:

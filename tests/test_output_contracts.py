@@ -80,6 +80,32 @@ def test_real_outputs_validate(name: str, args: list[str], config: Path) -> None
         assert document["runs"]
 
 
+def test_samples_out_lines_validate_against_their_schema(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "samples.jsonl"
+    out.write_text("stale\n")
+    out.chmod(0o644)  # a file that was there keeps no wider mode than the samples get
+    probe = ["probe", "--count", "15", "--no-store", "--json", "--samples-out", str(out)]
+    document = valid("probe", replag([*probe, "-c", str(config)], config.parent))
+    assert out.stat().st_mode & 0o777 == 0o600
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    line_schema = schema("samples")
+    for line in lines:
+        jsonschema.validate(line, line_schema)
+    # One line per write and replica, each matching a pair of the report.
+    seen = {(p["replica"], p["sent"]) for p in document["pairs"]}
+    by_replica: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_replica.setdefault(line["replica"], []).append(line)
+    assert {(name, len(rows)) for name, rows in by_replica.items()} == seen
+    for rows in by_replica.values():
+        assert sorted(r["seq"] for r in rows) == list(range(15))
+        assert all(r["key"].endswith(f":{r['seq']}") for r in rows)
+        assert all(r["lag_ms"] is not None and r["stamp"] for r in rows)
+    pair = document["pairs"][0]
+    assert {r["mode"] for r in lines} == {pair["observed_by"]}
+    assert {r["source"] for r in lines} == {document["source"]}
+
+
 def test_schema_command_prints_each_schema(tmp_path: Path) -> None:
     for name in SCHEMAS:
         assert json.loads(replag(["schema", name], tmp_path)) == schema(name)

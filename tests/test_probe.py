@@ -19,7 +19,7 @@ from replag.probes import run_probe
 from replag.probes.observers import Arrival, PushObserver
 from replag.probes.report import PairResult, ProbeReport
 from replag.probes.samples import within_chunks
-from replag.stamped_socket import StampedSocket
+from replag.stamped_socket import ReadStamp, StampedSocket
 from replag.store import Store
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
@@ -493,10 +493,16 @@ async def test_a_late_reader_still_measures_a_burst_at_its_lag(
     merged: list[str] = []
     real = PushObserver.on_event
 
-    def seen(self: PushObserver, channel: bytes, arrived: int, earliest: int) -> None:
+    def seen(
+        self: PushObserver,
+        channel: bytes,
+        arrived: int,
+        earliest: int,
+        read: ReadStamp | None = None,
+    ) -> None:
         if earliest < arrived:
             merged.append(self.replica.name)
-        real(self, channel, arrived, earliest)
+        real(self, channel, arrived, earliest, read)
 
     monkeypatch.setattr(PushObserver, "on_event", seen)
     state = lab_factory(regions=("near", "far"), delays_ms={"far": 30})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,12 @@ async def probe_once(
     help="Evaluate the config's alert rules on this run and fire its hooks.",
 )
 @click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
+@click.option(
+    "--samples-out",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Also write every sample to this file, JSON Lines, one probe write on one replica "
+    "a line (lag, its uncertainty, how it was stamped; `replag schema samples`). Mode 0600.",
+)
 @json_option
 @click.option(
     "--format",
@@ -167,6 +174,7 @@ def _probe_and_report(
     consistency: str | None,
     with_alerts: bool,
     no_store: bool,
+    samples_out: Path | None,
 ) -> None:
     as_json = fmt != "table"
     config = load(config_path)
@@ -189,6 +197,8 @@ def _probe_and_report(
                 progress=None if status is None else _progress_to(status),
             )
         )
+        if samples_out is not None:
+            write_samples(samples_out, report)
         outcome = _fire_alerts(config, store, report) if with_alerts else None
         unstored = _unstored(store)
     finally:
@@ -215,6 +225,19 @@ def _probe_and_report(
         click.echo(f"replag: error: {unstored}", err=True)
         sys.exit(max(report.exit_code, 2))
     sys.exit(report.exit_code)
+
+
+def write_samples(path: Path, report: ProbeReport) -> None:
+    """Every sample of `report` to `path` as JSON Lines, readable by its owner only (the
+    keys name the probe prefix and the replicas); UsageError when it cannot be written."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        with open(fd, "w", encoding="utf-8") as out:
+            for sample in report.samples:
+                out.write(json.dumps(sample.to_line()) + "\n")
+    except OSError as exc:
+        raise UsageError(f"--samples-out {path}: {exc.strerror or exc}") from None
 
 
 def _unstored(store: Store | None) -> str | None:

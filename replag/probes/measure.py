@@ -100,7 +100,7 @@ class ProbeRun:
         for obs in live:
             await obs.stop()
         await self.replication.sample_end()
-        collect_samples(report, self.targets, writes, by_rack=self.by_rack)
+        collect_samples(report, self.targets, writes, by_rack=self.by_rack, key_of=self.keys.key)
         if self.fence is not None:
             self.fence()
         await delete_keys(writer, [self.keys.key(seq) for seq in writes], report)

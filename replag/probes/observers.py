@@ -9,23 +9,31 @@ event with the kernel's receive time (`replag.stamped_socket`): a busy event
 loop reading it late does not make it late. The replica publishes the event when it
 applies the write and sends it at the end of that event-loop pass, as it does a PING's
 reply, so the apply moment lies within the largest of a few PING round trips before
-the arrival; the estimate subtracts half the smallest.
+the arrival; the estimate subtracts half the smallest. Where that cannot be trusted
+the bar says so: a read without a kernel stamp is bracketed from the previous read
+(`stamp` "loop"), and where processes on this host waited for a CPU before the
+arrival, the replica may have waited between applying and sending, so the bar's
+early end reaches back by that wait (`replag.probes.cpu_wait`, `stamp` "widened").
 
 Poll sends one MGET of every outstanding key per tick; a key was applied after
-the last round that missed it was evaluated and before the round that found it.
+the last round that missed it was evaluated and before the round that found it: a
+bracket that holds whatever the host does (sent before, answered after).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from replag.errors import EndpointError, PermissionRefused, ReplagError
+from replag.probes.cpu_wait import CpuWait
 from replag.resp import RespConnection, error_text
+from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
 
 # A chunk read within this of its last packet's arrival was read by a reader that was
@@ -56,6 +64,23 @@ class Arrival:
     # (a late packet held back the ones behind it) and the estimate is the chunk's own
     # arrival, not a chunk-mate's lag (`within_chunks`).
     prompt: bool = False
+    # The arrival is the kernel's receive timestamp of the bytes (False: the moment they
+    # were read, and the bracket reaches back to the read before).
+    kernel: bool = True
+    # How far the bracket's early end was moved back by the host's wait for a CPU before
+    # the arrival (`replag.probes.cpu_wait`): the replica may have waited as long.
+    widened_ns: int = 0
+
+    @property
+    def stamp(self) -> str:
+        """How the arrival was stamped: "widened" (the bar moved back by the host's
+        measured wait), "chunk-placed" (read with later events: bracketed, placed by
+        `within_chunks`), "kernel" (the kernel's receive stamp), or "loop" (when read)."""
+        if self.widened_ns:
+            return "widened"
+        if self.merged:
+            return "chunk-placed"
+        return "kernel" if self.kernel else "loop"
 
     @property
     def half_width_ns(self) -> int:
@@ -84,6 +109,9 @@ class Observer:
 
     def expect(self, key: bytes, written_lo_ns: int) -> None:
         """A write of `key` was sent at `written_lo_ns`."""
+
+    def settle(self) -> None:
+        """Bring the arrivals so far to their final bars (push widens them; see there)."""
 
     async def start(self) -> None:
         raise NotImplementedError
@@ -123,22 +151,47 @@ class PushObserver(Observer):
         self.conn: RespConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
+        self.cpu_wait = CpuWait()
+        self._settled: set[bytes] = set()
+        self._tls_chunk = self._tls_since = self.clock()
 
     def on_message(self, message: list[Any], arrived_ns: int, earliest_ns: int) -> None:
         """A pushed `pmessage pattern channel event`; only `set` events mark an arrival."""
         if len(message) == 4 and message[0] == b"pmessage" and message[3] == b"set":
-            self.on_event(message[2], arrived_ns, earliest_ns)
+            read = self.conn.last_read if self.conn is not None else None
+            if read is None and self.conn is not None and not self.conn.kernel_stamps:
+                # TLS (asyncio reads it): stamped when read; the socket was emptied by the
+                # read before, whose bytes reached us when that one was handed over.
+                if arrived_ns != self._tls_chunk:
+                    self._tls_since, self._tls_chunk = self._tls_chunk, arrived_ns
+                read = ReadStamp(arrived_ns, self._tls_since, kernel=False)
+            self.on_event(message[2], arrived_ns, earliest_ns, read)
 
-    def on_event(self, channel: bytes, arrived_ns: int, earliest_ns: int) -> None:
+    def on_event(
+        self, channel: bytes, arrived_ns: int, earliest_ns: int, read: ReadStamp | None = None
+    ) -> None:
         """The event reached us at `arrived_ns`, or between `earliest_ns` and then when it
-        was read together with later events (see `replag.stamped_socket`)."""
+        was read together with later events (see `replag.stamped_socket`). `read`: how
+        its read was stamped (None: by the kernel, read now)."""
+        now = self.clock()
+        self.cpu_wait.note(now)
         key = channel[len(self.channel_prefix) :]
         if key in self.arrivals or not key.startswith(self.keys_prefix):
             return
+        if read is not None and not read.kernel:
+            # Stamped when read: it arrived after the read before began, and by this one.
+            self.arrivals[key] = Arrival(
+                estimate_ns=arrived_ns - self.rtt_ns // 2,
+                lo_ns=min(read.since, arrived_ns) - self.rtt_max_ns,
+                hi_ns=arrived_ns,
+                kernel=False,
+            )
+            return
+        slack = read.error_ns if read is not None else 0
         earliest = min(earliest_ns, arrived_ns)
         merged = earliest < arrived_ns
-        # Called while the chunk is read, so `clock()` is about when it was read.
-        prompt = merged and self.clock() - arrived_ns <= PROMPT_READ_NS
+        # Called while the chunk is read, so `now` is about when it was read.
+        prompt = merged and now - arrived_ns <= PROMPT_READ_NS
         middle = arrived_ns if prompt else (earliest + arrived_ns) // 2
         # The replica published when it applied the write, a one-way trip before the
         # event reached us: likeliest half the smallest round trip, at most the largest
@@ -146,11 +199,25 @@ class PushObserver(Observer):
         # reply does, and a pass can be slow).
         self.arrivals[key] = Arrival(
             estimate_ns=middle - self.rtt_ns // 2,
-            lo_ns=earliest - self.rtt_max_ns,
-            hi_ns=arrived_ns,
+            lo_ns=earliest - self.rtt_max_ns - slack,
+            hi_ns=arrived_ns + slack,
             merged=merged,
             prompt=prompt,
         )
+
+    def settle(self) -> None:
+        """Widen every arrival's early end by how long the replica may have waited for a
+        CPU before sending it (`replag.probes.cpu_wait`; once each: `stop` settles, and an
+        agent settles before it reports)."""
+        for key, arrival in self.arrivals.items():
+            if key in self._settled:
+                continue
+            wait = self.cpu_wait.before(arrival.hi_ns)
+            if wait:
+                self.arrivals[key] = dataclasses.replace(
+                    arrival, lo_ns=arrival.lo_ns - wait, widened_ns=wait
+                )
+            self._settled.add(key)
 
     async def start(self) -> None:
         """Subscribe (once: the runner starts every observer, push ones already are).
@@ -186,6 +253,9 @@ class PushObserver(Observer):
         self._stopping = True
         if self.conn is not None:
             await self.conn.close()
+        self.cpu_wait.note(self.clock())
+        self.settle()
+        self.cpu_wait.close()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -231,12 +301,18 @@ class PollObserver(Observer):
                     self.error = f"poll failed: {values}"
                     return
                 else:
-                    self._record(keys, values, t_a, t_b)
+                    read = self.conn.last_read
+                    kernel = read.kernel if read is not None else False
+                    self._record(keys, values, t_a, t_b, kernel=kernel)
             delay = self.interval_s - (loop.time() - started)
             await asyncio.sleep(max(delay, 0))
 
-    def _record(self, keys: list[bytes], values: list[Any], t_a: int, t_b: int) -> None:
-        """One MGET round's answer: a key found arrived since the last round that missed it."""
+    def _record(
+        self, keys: list[bytes], values: list[Any], t_a: int, t_b: int, *, kernel: bool = True
+    ) -> None:
+        """One MGET round's answer: a key found arrived since the last round that missed it.
+        `kernel`: the answer's arrival `t_b` is the kernel's stamp (else when it was read:
+        later, so the bracket still holds)."""
         self.rounds += 1
         mid = (t_a + t_b) // 2
         for key, value in zip(keys, values, strict=True):
@@ -244,7 +320,9 @@ class PollObserver(Observer):
                 self._outstanding[key] = (t_a, mid)
             else:
                 lo, lo_mid = self._outstanding.pop(key)
-                self.arrivals[key] = Arrival(estimate_ns=(lo_mid + mid) // 2, lo_ns=lo, hi_ns=t_b)
+                self.arrivals[key] = Arrival(
+                    estimate_ns=(lo_mid + mid) // 2, lo_ns=lo, hi_ns=t_b, kernel=kernel
+                )
 
     async def stop(self) -> None:
         self._stopping = True

@@ -81,6 +81,8 @@ class RemoteObserver(Observer):
         widen = prober.uncertainty_ns
         merged = {int(seq) for seq in row.get("merged", [])}
         prompt = {int(seq) for seq in row.get("prompt", [])}
+        loop = {int(seq) for seq in row.get("loop", [])}
+        widened = {int(seq): int(ns) for seq, ns in row.get("widened", [])}
         for seq, estimate, lo, hi in row.get("arrivals", []):
             self.arrivals[self.stem + str(int(seq)).encode()] = Arrival(
                 estimate_ns=to_mono + int(estimate) - offset.estimate_ns,
@@ -88,6 +90,8 @@ class RemoteObserver(Observer):
                 hi_ns=to_mono + int(hi) - offset.lo_ns + widen,
                 merged=int(seq) in merged,
                 prompt=int(seq) in prompt,
+                kernel=int(seq) not in loop,
+                widened_ns=widened.get(int(seq), 0),
             )
 
 

@@ -13,6 +13,7 @@ from replag.histogram import LagHistogram, LagSummary
 from replag.replication.follow import FailoverEvent
 from replag.replication.sampler import DYNOMITE_NOTE
 from replag.replication.state import ReplicationSnapshot
+from replag.schemas.parts import SCHEMA_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,34 @@ class ProbeSample:
     write_ns: int = 0  # the write's round trip (send to acknowledgement), part of the uncertainty
     # Read in one chunk with later events: placed inside its bracket (`within_chunks`).
     placed_by_chunk: bool = False
+    key: str = ""
+    source: str = ""
+    mode: str = ""  # how the replica was observed: push, poll, agent/push, agent/poll
+    # How the arrival was stamped (`Arrival.stamp`: kernel, loop, chunk-placed, widened;
+    # "" when lost) and by how much its bar was widened; how the write's acknowledgement was.
+    stamp: str = ""
+    widened_ns: int = 0
+    write_stamp: str = "kernel"
+
+    def to_line(self) -> dict[str, Any]:
+        """One line of `replag probe --samples-out` (`replag schema samples`)."""
+        mode, _, remote = self.mode.partition("/")
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "key": self.key,
+            "seq": self.seq,
+            "source": self.source,
+            "target": self.target,
+            "replica": self.replica,
+            "lag_ms": None if self.lag_ns is None else self.lag_ns / 1e6,
+            "uncertainty_ms": None if self.lag_ns is None else self.uncertainty_ns / 1e6,
+            "mode": remote or mode,
+            "agent": bool(remote),
+            "stamp": self.stamp or None,
+            "widened_ms": self.widened_ns / 1e6,
+            "write_rtt_ms": self.write_ns / 1e6,
+            "write_stamp": self.write_stamp,
+        }
 
 
 @dataclass(kw_only=True)
@@ -111,6 +140,8 @@ class ProbeReport:
     write: LagHistogram = field(default_factory=LagHistogram)
     write_errors: int = 0
     write_error: str | None = None  # the first error a probe write was answered with
+    # Writes whose acknowledgement had no kernel stamp (stamped when read: later).
+    loop_stamped_writes: set[int] = field(default_factory=set)
     clock: list[ClockOffset] = field(default_factory=list)
     # Regions observed by their agent: its URL, replicas, and the clock comparison.
     agents: list[dict[str, Any]] = field(default_factory=list)

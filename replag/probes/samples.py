@@ -8,6 +8,9 @@ write round trip.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 from replag.probes.observers import Arrival, Observer
 from replag.probes.report import PairResult, ProbeReport, ProbeSample
 from replag.probes.targets import ReplicaTarget, observation_units, unit_label
@@ -19,7 +22,9 @@ def collect_samples(
     writes: dict[int, tuple[int, int]],
     *,
     by_rack: bool = False,
+    key_of: Callable[[int], bytes] | None = None,
 ) -> None:
+    """Every write's sample on every unit; `key_of` names a write's key (for the samples)."""
     for unit in observation_units(targets, by_rack=by_rack):
         first = unit[0]
         label, rack = unit_label([t.replica for t in unit], by_rack=by_rack)
@@ -37,7 +42,7 @@ def collect_samples(
         report.pairs.append(pair)
         if not observers:
             continue
-        _record_lags(report, pair, first.region, writes, _first_arrivals(observers))
+        _record_lags(report, pair, first.region, writes, _first_arrivals(observers), key_of)
         for t in unit:
             if t.observer is not None and t.observer.error and pair.lost:
                 pair.error = t.observer.error
@@ -93,7 +98,7 @@ def within_chunks(
             if arrival.merged and arrival.prompt:
                 lo = min(max(arrival.lo_ns, writes[seq][0]), arrival.hi_ns)
                 estimate = min(max(arrival.estimate_ns, lo), arrival.hi_ns)
-                out[seq] = Arrival(estimate, lo, arrival.hi_ns, merged=True, prompt=True)
+                out[seq] = dataclasses.replace(arrival, estimate_ns=estimate, lo_ns=lo)
         merged = [s for s in seqs if by_seq[s].merged and not by_seq[s].prompt]
         if not merged:
             continue
@@ -104,7 +109,7 @@ def within_chunks(
             lo = max(arrival.lo_ns, t_a)
             guess = (lo + arrival.hi_ns) // 2 if lag is None else (t_a + t_b) // 2 + lag
             estimate = min(max(guess, lo), arrival.hi_ns)
-            out[seq] = Arrival(estimate, lo, arrival.hi_ns, merged=True)
+            out[seq] = dataclasses.replace(arrival, estimate_ns=estimate, lo_ns=lo)
     return out
 
 
@@ -114,14 +119,27 @@ def _record_lags(
     region: str,
     writes: dict[int, tuple[int, int]],
     by_seq: dict[int, Arrival],
+    key_of: Callable[[int], bytes] | None,
 ) -> None:
     """Each write's lag (or its loss) into `pair`'s histograms and the report's samples."""
     by_seq = within_chunks(by_seq, writes)
     for seq, (t_a, t_b) in writes.items():
         arrival = by_seq.get(seq)
+        sample = ProbeSample(
+            region,
+            pair.replica,
+            seq,
+            None,
+            0,
+            t_b - t_a,
+            key=key_of(seq).decode("utf-8", "backslashreplace") if key_of else "",
+            source=pair.source,
+            mode=pair.observed_by,
+            write_stamp="loop" if seq in report.loop_stamped_writes else "kernel",
+        )
         if arrival is None:
             pair.lost += 1
-            report.samples.append(ProbeSample(region, pair.replica, seq, None, 0))
+            report.samples.append(sample)
             continue
         lag = arrival.estimate_ns - (t_a + t_b) // 2
         unc = arrival.error_bound_ns + (t_b - t_a) // 2
@@ -132,7 +150,14 @@ def _record_lags(
             pair.negative_beyond_uncertainty += 1
         pair.uncertainty.record_ns(unc)
         report.samples.append(
-            ProbeSample(region, pair.replica, seq, lag, unc, t_b - t_a, arrival.merged)
+            dataclasses.replace(
+                sample,
+                lag_ns=lag,
+                uncertainty_ns=unc,
+                placed_by_chunk=arrival.merged,
+                stamp=arrival.stamp,
+                widened_ns=arrival.widened_ns,
+            )
         )
 
 

@@ -153,7 +153,10 @@ class ArrivalWatch:
             rows: list[list[int]] = []
             merged: list[int] = []
             prompt: list[int] = []
+            loop: list[int] = []
+            widened: list[list[int]] = []
             if r.observer is not None:
+                r.observer.settle()
                 for key, arrival in r.observer.arrivals.items():
                     seq = self._seq.get(key)
                     if seq is None:
@@ -162,6 +165,10 @@ class ArrivalWatch:
                         merged.append(seq)
                     if arrival.prompt:
                         prompt.append(seq)
+                    if not arrival.kernel:
+                        loop.append(seq)
+                    if arrival.widened_ns:
+                        widened.append([seq, arrival.widened_ns])
                     rows.append(
                         [
                             seq,
@@ -183,6 +190,10 @@ class ArrivalWatch:
                     "merged": sorted(merged),
                     # Of those, the ones read at once (`Arrival.prompt`).
                     "prompt": sorted(prompt),
+                    # Stamped when read, not by the kernel (`Arrival.kernel`), and the bars
+                    # widened by the agent's own wait for a CPU: [seq, ns] (already in lo).
+                    "loop": sorted(loop),
+                    "widened": sorted(widened),
                 }
             )
         return {

@@ -128,6 +128,9 @@ async def write_keys(
             refused[str(reply)] = refused.get(str(reply), 0) + 1
             continue
         writes[seq] = (t_a, t_b)
+        read = writer.last_read
+        if read is None or not read.kernel:
+            report.loop_stamped_writes.add(seq)
         if progress is not None:
             progress(
                 ProbeProgress(

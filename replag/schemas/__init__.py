@@ -11,10 +11,10 @@ from typing import Any
 
 from replag.schemas.operations import DYNOMITE_STATS, LAB_UP
 from replag.schemas.parts import INT, SCHEMA_VERSION, STR, Schema, obj
-from replag.schemas.probe import FAILOVER_CHECK, PROBE
+from replag.schemas.probe import FAILOVER_CHECK, PROBE, SAMPLE
 from replag.schemas.repair import CHECK, REBUILD, RUNS
 
-__all__ = ["SCHEMAS", "SCHEMA_VERSION", "Schema", "schema", "versioned"]
+__all__ = ["LINES", "SCHEMAS", "SCHEMA_VERSION", "Schema", "schema", "versioned"]
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -37,16 +37,29 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
         DYNOMITE_STATS,
     ),
     "lab-up": ("`replag lab up --json`: the lab's processes and links", LAB_UP),
+    "samples": (
+        "`replag probe --samples-out FILE`: one line of the JSON Lines file, one probe "
+        "write on one replica",
+        SAMPLE,
+    ),
 }
+# Outputs written line by line, not as one `--json` document: no error alternative
+# (a failed run writes no file), each line validated on its own.
+LINES = {"samples"}
 
 
 def schema(name: str) -> Schema:
     """The full JSON Schema document of one output (KeyError for an unknown name)."""
     title, body = SCHEMAS[name]
-    return {
+    head = {
         "$schema": DIALECT,
         "$id": f"urn:replag:schema:{name}:v{SCHEMA_VERSION}",
         "title": title,
+    }
+    if name in LINES:
+        return {**head, "description": "One line of the file (JSON Lines).", **body}
+    return {
+        **head,
         "description": "The command's result, or (exit code 2) the error that stopped it.",
         "anyOf": [body, ERROR],
     }

@@ -107,3 +107,24 @@ FAILOVER_CHECK = obj(
         "replication": REPLICATION,
     }
 )
+
+# One line of `replag probe --samples-out FILE` (JSON Lines): one probe write seen (or
+# lost) on one replica, with its bar and how it was stamped (docs/lag.md).
+SAMPLE = obj(
+    {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "key": STR,
+        "seq": INT,
+        "source": STR,
+        "target": STR,
+        "replica": STR,
+        "lag_ms": nullable(NUM),
+        "uncertainty_ms": nullable({"type": "number", "minimum": 0}),
+        "mode": {"enum": ["push", "poll"]},
+        "agent": BOOL,
+        "stamp": nullable({"enum": ["kernel", "loop", "chunk-placed", "widened"]}),
+        "widened_ms": {"type": "number", "minimum": 0},
+        "write_rtt_ms": {"type": "number", "minimum": 0},
+        "write_stamp": {"enum": ["kernel", "loop"]},
+    },
+)

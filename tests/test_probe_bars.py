@@ -1,0 +1,116 @@
+"""Error bars that hold when the prober's event loop is held: checked against the servers'
+own MONITOR stamps (the truth `benchmarks/probe_accuracy.py` scores against), and the
+bracket arithmetic of arrivals the kernel did not stamp."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from replag.config import load_config
+from replag.probes import run_probe
+from replag.probes.observers import ONE_WAY_FLOOR_NS, PushObserver
+from replag.stamped_socket import ReadStamp
+from replag.topology import Endpoint
+from tests.helpers.lab import LabFactory
+
+# "1795698143.992190 [0 127.0.0.1:17001] "SET" "key" ..." (a status reply: leading "+").
+MONITOR_SET = re.compile(rb'^\+?(\d+)\.(\d{6}) \[\d+ [^\]]*\] "set" "([^"]+)"', re.IGNORECASE)
+HOLD_S = 0.02
+
+
+@contextmanager
+def monitor(port: int) -> Iterator[bytearray]:
+    """MONITOR on a server, read by a thread into the yielded buffer until the block ends."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"MONITOR\r\n")
+    seen = bytearray(sock.recv(64))
+    assert seen.startswith(b"+OK"), seen
+
+    def read() -> None:
+        while chunk := sock.recv(1 << 16):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        time.sleep(0.2)  # the last SETs' lines are on their way
+        sock.shutdown(socket.SHUT_RDWR)
+        reader.join(10)
+        sock.close()
+
+
+def executed_us(log: bytes, prefix: bytes) -> dict[str, int]:
+    """Key → the server's own µs time it executed the first SET of it."""
+    out: dict[str, int] = {}
+    for line in log.splitlines():
+        match = MONITOR_SET.match(line)
+        if match and match[3].startswith(prefix):
+            out.setdefault(match[3].decode(), int(match[1]) * 1_000_000 + int(match[2]))
+    return out
+
+
+async def test_samples_stamped_while_the_loop_was_held_keep_bars_that_hold_the_truth(
+    lab_factory: LabFactory,
+) -> None:
+    state = lab_factory(regions=("near", "far"), delays_ms={"far": 1})
+    ports = {p["name"]: p["port"] for p in state["processes"]}
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    held_after: list[int] = []  # the writes after which the loop was held
+
+    def hold_now_and_then() -> None:
+        # Called before each write: every 5th time, the event loop is blocked on purpose
+        # for 20 ms while the previous write's event arrives (the writes go back to back).
+        held_after.append(len(held_after) - 1)
+        if len(held_after) % 5 == 0:
+            time.sleep(HOLD_S)
+
+    with monitor(ports["near-primary"]) as primary, monitor(ports["far-1"]) as replica:
+        report = await run_probe(
+            config, count=60, rate=0, mode="push", timeout_s=10, fence=hold_now_and_then
+        )
+    prefix = config.settings.prefix.encode()
+    on_primary = executed_us(bytes(primary), prefix)
+    on_replica = executed_us(bytes(replica), prefix)
+    held = {seq for n, seq in enumerate(held_after, 1) if n % 5 == 0 and seq >= 0}
+    assert len(held) >= 10
+    samples = {s.seq: s for s in report.samples if s.replica == "far-1" and s.seq in held}
+    assert set(samples) == held
+    for seq, sample in samples.items():
+        key = sample.key
+        assert key == f"{config.settings.prefix}{report.run_id}:{seq}"
+        # Not dropped (none is): every held sample was seen, with a bar.
+        assert sample.lag_ns is not None and sample.stamp, sample
+        truth_ns = (on_replica[key] - on_primary[key]) * 1000
+        # MONITOR stamps are whole µs, each truncated: the truth is known to ±1 µs.
+        off = abs(sample.lag_ns - truth_ns) - 1000
+        assert off <= sample.uncertainty_ns, (sample, truth_ns)
+
+
+def test_an_event_the_kernel_did_not_stamp_is_bracketed_from_the_read_before() -> None:
+    """Stamped when read (TLS, or no kernel stamp): it reached us after the previous read
+    began and by this one, however late this one came; the estimate stays the read."""
+    observer = PushObserver(
+        Endpoint.from_url("redis://127.0.0.1:1", name="r"), pattern=b"k*", rtt_ns=0, timeout_s=5
+    )
+    us = 1000
+    read_at, since = 50_000 * us, 30_000 * us  # the loop was held 20 ms before this read
+    observer.on_event(b"__keyspace@0__:k1", read_at, read_at, ReadStamp(read_at, since, False))
+    arrival = observer.arrivals[b"k1"]
+    assert (arrival.lo_ns, arrival.hi_ns) == (since - ONE_WAY_FLOOR_NS, read_at)
+    assert arrival.estimate_ns == read_at and arrival.stamp == "loop"
+    assert arrival.error_bound_ns == read_at - since + ONE_WAY_FLOOR_NS
+    # A kernel stamp's conversion error (half its clock sandwich) widens both ends.
+    stamped = ReadStamp(read_at, since, True, error_ns=7 * us)
+    observer.on_event(b"__keyspace@0__:k2", read_at - 19_000 * us, read_at - 19_000 * us, stamped)
+    exact = observer.arrivals[b"k2"]
+    assert exact.hi_ns == read_at - 19_000 * us + 7 * us
+    assert exact.lo_ns == read_at - 19_000 * us - ONE_WAY_FLOOR_NS - 7 * us
+    assert exact.stamp == "kernel"
