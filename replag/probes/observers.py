@@ -361,6 +361,10 @@ class LearningObserver(Observer):
         self.push.expect(key, written_lo_ns)
         self.poll.expect(key, written_lo_ns)
 
+    def settle(self) -> None:
+        if self.mode == "push":
+            self.push.settle()  # the arrivals are the push observer's own
+
     async def start(self) -> None:
         if self._task is None:
             await self.push.start()
