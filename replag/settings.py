@@ -326,6 +326,24 @@ class Settings:
         "them; token = they need a bearer token (any scope: every token may read).",
         choices=API_READS,
     )
+    api_max_body: int = setting(
+        1 << 20,
+        _positive_int,
+        "Service: the largest request body (bytes) the API reads; a larger one gets 413 "
+        "unread, and only after its bearer token was accepted.",
+    )
+    agent_max_body: int = setting(
+        64 << 20,
+        _positive_int,
+        "`replag agent`: the largest request body (bytes) it reads (a walk's node list, "
+        "a repair's value); a larger one gets 413 unread, after its bearer token.",
+    )
+    max_json_keys: int = setting(
+        1000,
+        _positive_int,
+        "Service and agent: the most JSON object members a request body may hold (counted "
+        "before parsing, as ':' bytes); more gets 413.",
+    )
     allow_config_changes: bool = setting(
         False,
         _bool,

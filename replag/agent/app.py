@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
 from replag import __version__
-from replag.agent.auth import Caller, checker, reader, repairer
+from replag.agent.auth import NO_TOKEN_CONFIGURED, Caller, checker, reader, repairer
 from replag.agent.livetree import LiveTree
 from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
@@ -56,6 +56,7 @@ from replag.repair.guarded_write import Write, compare_and_write, read_for_copy
 from replag.repair.observe import KeyState
 from replag.repair.roles import read_role
 from replag.repair.walk import first_down
+from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, bearer_refusal
 
 OCTETS = "application/octet-stream"
 MAX_NODES = 1 << 24
@@ -343,5 +344,18 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
             status = 502
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    def body_limits() -> BodyLimits:
+        s = agent.settings
+        return BodyLimits(
+            max_bytes=s.agent_max_body,
+            max_json_keys=s.max_json_keys,
+            bytes_setting="agent_max_body",
+        )
+
+    def authorize(scope: Scope) -> Refusal | None:
+        return bearer_refusal(agent.config.api_tokens, scope, none_configured=NO_TOKEN_CONFIGURED)
+
     app.add_middleware(_CountBytes, metrics=metrics)
+    # Outermost: a body is bounded, and its token checked, before anything reads it.
+    app.add_middleware(BoundedBodies, limits=body_limits, authorize=authorize)
     return app

@@ -44,6 +44,7 @@ _bearer = HTTPBearer(
     auto_error=False, description="a token of [[api_tokens]] or settings.api_token"
 )
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+NO_TOKEN_CONFIGURED = "this agent has no api_token or [[api_tokens]] configured"
 # What a coordinator says it runs is shown in logs: short, and no line breaks or quotes.
 _LABEL = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
@@ -106,7 +107,7 @@ def authenticate(
     """The Caller, if its token has `scope`; HTTPException 401/403 otherwise (logged)."""
     tokens = agent.config.api_tokens
     if not tokens:  # `replag agent` refuses to start without one; a test app may not
-        raise HTTPException(403, "this agent has no api_token or [[api_tokens]] configured")
+        raise HTTPException(403, NO_TOKEN_CONFIGURED)
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(
             401, "missing bearer token (Authorization: Bearer …)", {"WWW-Authenticate": "Bearer"}

@@ -32,6 +32,7 @@ from replag import __version__
 from replag.api import auth, dynomite, lag, matrix, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
+from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, Scope, bearer_refusal
 from replag.service import ReplagService
 from replag.service.reload import ConfigReloader
 from replag.store import Store
@@ -171,6 +172,19 @@ def create_app(
     async def replag_error(request: Request, exc: ReplagError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
 
+    def body_limits() -> BodyLimits:
+        s = svc.settings
+        return BodyLimits(
+            max_bytes=s.api_max_body, max_json_keys=s.max_json_keys, bytes_setting="api_max_body"
+        )
+
+    def authorize(scope: Scope) -> Refusal | None:
+        return bearer_refusal(
+            svc.config.api_tokens, scope, none_configured=auth.NO_TOKEN_CONFIGURED
+        )
+
+    # Outside every route: a body is bounded, and its token checked, before it is read.
+    app.add_middleware(BoundedBodies, limits=body_limits, authorize=authorize)
     return app
 
 

@@ -24,6 +24,10 @@ audit = logging.getLogger("replag.audit")
 _bearer = HTTPBearer(
     auto_error=False, description="a token of [[api_tokens]] or settings.api_token"
 )
+NO_TOKEN_CONFIGURED = (
+    "data-changing calls are disabled: this server has no api_token configured "
+    "(set settings.api_token or REPLAG_API_TOKEN, or declare [[api_tokens]])"
+)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -65,11 +69,7 @@ def _authenticate(
 ) -> Caller:  # fmt: skip
     tokens = svc.config.api_tokens
     if not tokens:
-        raise HTTPException(
-            403,
-            "data-changing calls are disabled: this server has no api_token configured "
-            "(set settings.api_token or REPLAG_API_TOKEN, or declare [[api_tokens]])",
-        )
+        raise HTTPException(403, NO_TOKEN_CONFIGURED)
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(
             401,
