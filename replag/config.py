@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replag import reply_limits
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
 from replag.settings import Settings, resolve_settings
@@ -95,6 +96,7 @@ def config_from_dict(
     settings = resolve_settings(
         table if isinstance(table, Mapping) else {}, where=where, environ=environ
     )
+    reply_limits.configure(reply_limits.from_settings(settings))
     defaults = EndpointDefaults.of(settings, environ, where=where)
     file = validate(ConfigFile, data, where=where, environ=environ)
     named = api_tokens(file.api_tokens, environ, where=where)

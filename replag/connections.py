@@ -32,6 +32,7 @@ from replag.errors import (
     TlsError,
     UnreachableError,
 )
+from replag.reply_limits import NotRespHeader, ReplyLimitError
 from replag.tls import TlsFilesError, client_context, describe_failure, tls_cause
 from replag.topology import Endpoint
 
@@ -95,29 +96,53 @@ def async_client(
         # redis-py retries with backoff by default (seconds on a dead node); replag
         # decides itself what to retry, so a dead endpoint is reported at once.
         "retry": Retry(NoBackoff(), 0),
+        # Replies checked against max_reply_* before hiredis allocates them.
+        "parser_class": _guarded_parser_class(),
         **_no_setinfo(),
     }
     context = tls_context(endpoint)
     if context is None:
-        return aioredis.Redis(
+        pool = aioredis.ConnectionPool(host=endpoint.host, port=endpoint.port, **options)
+    else:
+        # redis-py builds its own TLS context from ssl_* arguments (no server name apart
+        # from the host, no CA directory beside a file): give it ours instead.
+        pool = aioredis.ConnectionPool(
+            connection_class=_tls_connection_class(),
             host=endpoint.host,
             port=endpoint.port,
-            single_connection_client=single_connection,
+            tls_context=context,
+            tls_server_name=server_name(endpoint),
             **options,
         )
-    # redis-py builds its own TLS context from ssl_* arguments (no server name apart
-    # from the host, no CA directory beside a file): give it ours instead.
-    pool = aioredis.ConnectionPool(
-        connection_class=_tls_connection_class(),
-        host=endpoint.host,
-        port=endpoint.port,
-        tls_context=context,
-        tls_server_name=server_name(endpoint),
-        **options,
-    )
     client = aioredis.Redis(connection_pool=pool, single_connection_client=single_connection)
     client.auto_close_connection_pool = True  # the pool is this client's alone
     return client
+
+
+@functools.cache
+def _guarded_parser_class() -> type:
+    """redis-py's hiredis parser, feeding hiredis only what a `ReplyGuard` has passed."""
+    from redis._parsers.hiredis import _AsyncHiredisParser
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from replag.reply_limits import ReplyGuard
+
+    class GuardedParser(_AsyncHiredisParser):
+        guard: ReplyGuard
+
+        def on_connect(self, connection: Any) -> None:
+            super().on_connect(connection)  # type: ignore[no-untyped-call]
+            self.guard = ReplyGuard()
+
+        async def read_from_socket(self) -> bool:
+            buffer = await self._stream.read(self._read_size)  # type: ignore[union-attr]
+            if not buffer or not isinstance(buffer, bytes):
+                raise RedisConnectionError("Connection closed by server.")
+            self.guard.feed(buffer)
+            self._reader.feed(buffer)  # type: ignore[attr-defined]
+            return True
+
+    return GuardedParser
 
 
 @functools.cache
@@ -164,6 +189,11 @@ def translate(exc: BaseException, endpoint: Endpoint) -> EndpointError:
         text = text.replace(endpoint.password, "***")
     if isinstance(exc, NotRespError):
         return NotRedisError(text, where=where)
+    if isinstance(exc, ReplyLimitError):
+        # A server that sends what no Redis would is treated as down for this run.
+        return UnreachableError(text, where=where)
+    if isinstance(exc, NotRespHeader):
+        return NotRedisError(f"not a Redis server: it sent {exc.args[0]!r}", where=where)
     tls_failure = tls_cause(exc)
     if tls_failure is not None:
         return TlsError(describe_tls_failure(tls_failure, endpoint), where=where)
@@ -239,7 +269,7 @@ def endpoint_errors(endpoint: Endpoint) -> Iterator[None]:
 
     try:
         yield
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (RedisError, OSError, TimeoutError, ReplyLimitError, NotRespHeader) as exc:
         raise translate(exc, endpoint) from exc
 
 

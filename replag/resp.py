@@ -36,6 +36,7 @@ from replag.connections import (
     translate_where,
 )
 from replag.errors import EndpointError, PermissionRefused
+from replag.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
 from replag.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 from replag.topology import Endpoint
 
@@ -142,9 +143,11 @@ class _Protocol(asyncio.Protocol):
         self.clock = clock
         self.on_push = on_push
         self.reader = hiredis.Reader()
-        self.waiting: collections.deque[tuple[int, asyncio.Future[tuple[list[Any], int]]]] = (
-            collections.deque()
-        )
+        self.guard = ReplyGuard()  # checks each chunk before hiredis allocates what it says
+        # (replies expected, their future, the request's first bytes: to name its command)
+        self.waiting: collections.deque[
+            tuple[int, asyncio.Future[tuple[list[Any], int]], bytes]
+        ] = collections.deque()
         self.current: list[Any] = []
         self.transport: asyncio.Transport | StampedSocket | None = None
         self.lost: BaseException | None = None
@@ -170,6 +173,11 @@ class _Protocol(asyncio.Protocol):
         self.bytes_received += len(data)
         if not self.first_bytes:
             self.first_bytes = data[:48]
+        try:
+            self.guard.feed(data)
+        except (ReplyLimitError, NotRespHeader) as exc:
+            self._refused(exc)
+            return
         if self.on_push is not None:
             self._received_with_pushes(data, arrived, since)
             return
@@ -183,7 +191,7 @@ class _Protocol(asyncio.Protocol):
         append = current.append
         try:
             while waiting:
-                count, future = waiting[0]
+                count, future, _ = waiting[0]
                 for _ in range(count - len(current)):
                     reply = gets()
                     if reply is False:
@@ -196,6 +204,22 @@ class _Protocol(asyncio.Protocol):
                 append = current.append
         except hiredis.ProtocolError:
             self._not_resp()
+
+    def _refused(self, exc: ReplyLimitError | NotRespHeader) -> None:
+        """A reply over a limit (or a header that is no RESP): every request on this connection
+        fails with an error naming the limit and the command answered, and it is dropped."""
+        if isinstance(exc, NotRespHeader):
+            self._not_resp()
+            return
+        what = "a message the server pushed"
+        if self.waiting:
+            count, _, head = self.waiting[0]
+            what = command_name(head)
+            if count > 1:
+                what += f" (reply {len(self.current) + 1} of the {count} of a pipelined request)"
+        self.failure = ReplyLimitError(f"reply to {what} refused: {exc}")
+        if self.transport is not None:
+            self.transport.abort()
 
     def _not_resp(self) -> None:
         """An HTTP listener, a TLS port, garbage: every request on this connection fails
@@ -224,7 +248,7 @@ class _Protocol(asyncio.Protocol):
                 continue
             self.current.append(reply)
             if self.waiting and len(self.current) >= self.waiting[0][0]:
-                _, future = self.waiting.popleft()
+                _, future, _ = self.waiting.popleft()
                 if not future.done():
                     future.set_result((self.current, arrived))
                 self.current = []
@@ -237,7 +261,7 @@ class _Protocol(asyncio.Protocol):
         if not self.closed.done():
             self.closed.set_result(exc or self.failure)
         while self.waiting:
-            _, future = self.waiting.popleft()
+            _, future, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(self.lost)
 
@@ -301,7 +325,8 @@ class RespConnection:
         """Write `payload` (holding `count` commands); the future gets (replies, arrival ns)."""
         protocol = self._protocol
         if protocol.lost is not None or protocol.transport is None:
-            lost = protocol.lost if isinstance(protocol.lost, NotRespError | TimeoutError) else None
+            kept = NotRespError | TimeoutError | ReplyLimitError
+            lost = protocol.lost if isinstance(protocol.lost, kept) else None
             raise translate(lost or ConnectionResetError("connection closed"), self.endpoint)
         future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
         try:
@@ -309,7 +334,7 @@ class RespConnection:
         except OSError as exc:
             # The socket closed (the server hung up) before connection_lost ran.
             raise translate(exc, self.endpoint) from exc
-        protocol.waiting.append((count, future))
+        protocol.waiting.append((count, future, payload[:64]))
         return future
 
     async def wait(
@@ -330,7 +355,7 @@ class RespConnection:
                 )
             self.abort()
             raise translate(protocol.failure, self.endpoint) from None
-        except OSError as exc:
+        except (OSError, ReplyLimitError) as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
 

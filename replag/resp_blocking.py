@@ -13,6 +13,7 @@ non-RESP answer is one `EndpointError` naming the endpoint.
 from __future__ import annotations
 
 import socket
+import time
 from itertools import islice
 from typing import Any
 
@@ -20,6 +21,7 @@ import hiredis
 
 from replag.connections import not_resp, server_name, tls_context, translate
 from replag.errors import EndpointError
+from replag.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
 from replag.resp import check_replies, setup_commands
 from replag.topology import Endpoint
 
@@ -32,10 +34,14 @@ _INCOMPLETE = object()
 class BlockingConnection:
     """One TCP (or TLS) connection to `endpoint`, authenticated and on the right db."""
 
-    def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
+    def __init__(self, endpoint: Endpoint, sock: socket.socket, timeout_s: float) -> None:
         self.endpoint = endpoint
         self._sock = sock
+        self._timeout_s = timeout_s
+        self._deadline = 0.0  # of the exchange under way (time.monotonic)
+        self._sent = b""  # the start of the last request, to name its command
         self._reader = hiredis.Reader(notEnoughData=_INCOMPLETE)
+        self._guard = ReplyGuard()
         self._first_bytes = b""
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0
@@ -54,7 +60,7 @@ class BlockingConnection:
         except OSError as exc:  # ssl.SSLError included
             sock.close()
             raise translate(exc, endpoint) from exc
-        conn = cls(endpoint, sock)
+        conn = cls(endpoint, sock, timeout_s)
         try:
             setup = setup_commands(endpoint)
             if setup:
@@ -65,13 +71,16 @@ class BlockingConnection:
         return conn
 
     def send(self, payload: bytes) -> None:
+        self._sent = payload[:64]
         try:
+            self._sock.settimeout(self._timeout_s)
             self._sock.sendall(payload)
         except OSError as exc:
             raise translate(exc, self.endpoint) from exc
 
     def reply(self) -> Any:
         """The next reply (an error reply is returned, as hiredis makes it)."""
+        self._deadline = time.monotonic() + self._timeout_s
         gets = self._reader.gets
         try:
             while (item := gets()) is _INCOMPLETE:
@@ -84,6 +93,7 @@ class BlockingConnection:
         """The next `count` replies. Taken from hiredis in C (`islice` over `iter`), not
         one Python call each: a batch's pipelined PTTLs are a reply per key."""
         out: list[Any] = []
+        self._deadline = time.monotonic() + self._timeout_s
         gets = self._reader.gets
         try:
             while True:
@@ -102,9 +112,15 @@ class BlockingConnection:
         check_replies(replies, self.endpoint)
 
     def _feed(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise translate(self._late(), self.endpoint)
         try:
+            self._sock.settimeout(left)
             # Into one buffer, reused: a fresh megabyte per read costs page faults.
             size = self._sock.recv_into(self._buffer)
+        except TimeoutError:
+            raise translate(self._late(), self.endpoint) from None
         except OSError as exc:
             raise translate(exc, self.endpoint) from exc
         if not size:
@@ -113,7 +129,21 @@ class BlockingConnection:
         if not self._first_bytes:
             self._first_bytes = bytes(self._buffer[: min(size, 48)])
         self.bytes_received += size
+        try:
+            self._guard.feed(self._buffer, size)
+        except ReplyLimitError as exc:
+            refused = ReplyLimitError(f"reply to {command_name(self._sent)} refused: {exc}")
+            raise translate(refused, self.endpoint) from None
+        except NotRespHeader:
+            self._first_bytes = self._first_bytes or bytes(self._buffer[:48])
+            raise translate(not_resp(self._first_bytes), self.endpoint) from None
         self._reader.feed(self._buffer, 0, size)  # type: ignore[arg-type]  # any buffer
+
+    def _late(self) -> TimeoutError:
+        return TimeoutError(
+            f"no whole reply to {command_name(self._sent)} within {self._timeout_s:g}s "
+            "(the server stalls or sends too slowly)"
+        )
 
     def close(self) -> None:
         self._sock.close()

@@ -81,6 +81,21 @@ def _optional_duration(value: Any) -> float | None:
     return _duration(value)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+
+
+def _size(value: Any) -> int:
+    """A size in bytes: 1048576, "64MB", "512 mb" (units of 1024)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"expected a size like 64MB or 1048576, got {value!r}")
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgb")
+    unit = text[len(number) :]
+    if not number.isdigit() or unit not in _SIZE_UNITS or int(number) == 0:
+        raise ValueError(f"expected a size above 0 like 64MB or 1048576, got {value!r}")
+    return int(number) * _SIZE_UNITS[unit]
+
+
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -229,6 +244,23 @@ class Settings:
     )
     connect_timeout: float = setting(
         "2s", _positive_duration, "Connect and command timeout for every Redis endpoint."
+    )
+    max_reply_bytes: int = setting(
+        "512MB",
+        _size,
+        "Most bytes one reply from a Redis endpoint may announce or carry (a bulk string, or "
+        "an array's elements together), checked before it is read: a server announcing more "
+        "is unreachable for the run, named with what it announced. The default is Redis's "
+        "own proto-max-bulk-len, so no value a default server holds is refused.",
+    )
+    max_reply_elements: int = setting(
+        1_000_000,
+        _positive_int,
+        "Most elements one reply may announce, all its arrays, sets and maps together "
+        "(replag asks for pages of scan_count or repair_page_elements).",
+    )
+    max_reply_depth: int = setting(
+        16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
     count: int = setting(200, _int, "Probe keys written per probe run.")
     rate: float = setting(

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from replag import reply_limits
 from replag.commands.options import config_option, fail_as_json, json_option, load
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
@@ -149,6 +150,7 @@ def discover(
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     settings = resolve_settings({}, where="defaults")
+    reply_limits.configure(reply_limits.from_settings(settings))
     timeout_s = _timeout_s(timeout, settings)
     password = _password_from(password_env, dynomite=dynomite_url is not None)
     defaults = EndpointDefaults.of(settings, os.environ, where="environment")

@@ -16,12 +16,13 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from replag import reply_limits
 from replag.errors import RepairError, ReplagError
 from replag.repair.digest import TYPE_CODES
 from replag.repair.native import hash_each
@@ -39,6 +40,7 @@ from replag.repair.slots import is_moved
 from replag.repair.tictac import leaf_of
 from replag.repair.together import cancel_all
 from replag.repair.values import read_values
+from replag.reply_limits import ReplyLimits
 from replag.resp import (
     RespConnection,
     error_text,
@@ -95,6 +97,8 @@ class ScanOptions:
     nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
+    # This process's reply limits when the options were made: a scan process uses them.
+    reply_limits: ReplyLimits = field(default_factory=reply_limits.current)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from replag import reply_limits
 from replag.errors import RepairError, ReplagError
 from replag.repair.native import entries_with_top, hash_each, hash_names
 from replag.repair.scan import LeafFilter, ScanOptions, ScanProgress
@@ -263,6 +264,7 @@ def _worker(
     _die_with(parent if parent is not None else os.getppid())
     if options.nice > 0:
         os.nice(options.nice)
+    reply_limits.configure(options.reply_limits)  # a fork server's are its own
     try:
         kept = _scan(conn, endpoint, options, state, depth, saved)
         while True:

@@ -1,0 +1,94 @@
+"""Hostile fake servers (`helpers.hostile`) against every command that talks to Redis: a
+reply announcing 10^12 bytes or 2^31 elements, nesting without end, dripping a byte a
+second, HTTP, a hang-up mid-reply; alone or behind a proxy that turns hostile on one
+command. Each case ends in one line naming the endpoint, exit 2 or 3, no traceback,
+and no replag process grows by more than 100 MB (measured from /proc) while it lasts.
+The subprocess timeout is only a guard against a hang, not a timing target
+(benchmarks/hostile_servers.py prints the times)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch
+from tests.helpers.redis_servers import RedisFactory
+
+TIMEOUT_S = 1.0  # connect_timeout of every run here
+GROWTH_MB = 100
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_replag(args: list[str], server: HostileServer, tmp_path: Path) -> tuple[int, str, float]:
+    """Run `python -m replag ARGS` watched; (exit code, output, seconds). Fails the test if
+    a replag process grew by more than GROWTH_MB after the hostile bytes began."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replag", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+        text=True,
+    )
+    with MemoryWatch(proc.pid, server.started) as watch:
+        try:
+            output, _ = proc.communicate(timeout=60)  # a hang guard only
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+            pytest.fail(f"replag {args[0]} hung against {server.behaviour}: {output}")
+    seconds = time.monotonic() - started
+    grown = watch.growth_mb()
+    assert server.hits, f"the hostile server was never asked: {output}"
+    assert grown and max(grown.values()) < GROWTH_MB, (grown, output)
+    return proc.returncode, output, seconds
+
+
+def one_line_naming(output: str, port: int) -> str:
+    """The one line that names the hostile endpoint (no traceback anywhere)."""
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if f"127.0.0.1:{port}" in line]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def group_config(tmp_path: Path, good: str, hostile: str) -> Path:
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
+        f'[[regions]]\nname = "a"\nwrite = "{good}"\n'
+        f'replicas = [{{name = "good", url = "{good}"}}]\n'
+        f'[[regions]]\nname = "b"\n'
+        f'replicas = [{{name = "odd", url = "{hostile}"}}]\n'
+        '[[groups]]\nname = "g"\nmembers = ["good", "odd"]\n'
+    )
+    return config
+
+
+@pytest.mark.parametrize("behaviour", HOSTILE)
+@pytest.mark.parametrize("command", ["probe", "check", "discover"])
+def test_a_hostile_server_costs_one_line_and_bounded_memory(
+    tmp_path: Path, redis_factory: RedisFactory, behaviour: str, command: str
+) -> None:
+    good = redis_factory("ok")
+    with HostileServer(behaviour, stream_s=4 * TIMEOUT_S) as hostile:
+        config = group_config(tmp_path, good.url, hostile.url)
+        args = {
+            "probe": ["probe", "-c", str(config), "--count", "3"],
+            "check": ["repair", "check", "-c", str(config)],
+            "discover": ["topology", "discover", "--redis", hostile.url],
+        }[command]
+        code, output, _ = run_replag(args, hostile, tmp_path)
+    assert code in (2, 3), output
+    line = one_line_naming(output, hostile.port)
+    if behaviour == "drip":
+        assert "within" in line or "timed out" in line, line
+    elif behaviour in ("bulk", "array", "nested"):
+        assert "max_reply_" in line, line
