@@ -1,7 +1,8 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields
-    configuration  settings, reply_limits, topology, validation, config_security, config_tables, config
+    configuration  settings, reply_limits, topology, validation, config_security, config_tables,
+                   config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
     io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
