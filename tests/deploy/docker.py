@@ -120,3 +120,29 @@ def logs(container: str, tail: int = 40) -> str:
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     return result.stdout + result.stderr
+
+
+IMAGES = ROOT / "tests" / "deploy" / "images"
+POSTGRES = "replag-test-postgres:15"
+REDIS = "replag-test-redis:7"
+
+
+def service_image(kind: str) -> str:
+    """PostgreSQL or Redis from Debian on the local base (`tests/deploy/images/KIND`), the
+    stand-ins for the official images where no registry is reachable. Docker's layer cache
+    keeps them: only the first build per machine fetches Debian packages (from the host's
+    network: `--network host`)."""
+    tag = {"postgres": POSTGRES, "redis": REDIS}[kind]
+    run(["docker", "build", "--quiet", "--network", "host", "--build-arg",
+         f"BASE_IMAGE={base_image()}", "--tag", tag, str(IMAGES / kind)], timeout=900)  # fmt: skip
+    return tag
+
+
+def wait_postgres(container: str, timeout_s: float = 60) -> None:
+    """Until PostgreSQL in `container` accepts connections over TCP."""
+    deadline = time.monotonic() + timeout_s
+    probe = ["docker", "exec", container, "pg_isready", "-q", "-h", "127.0.0.1"]
+    while subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{container}: PostgreSQL not ready:\n{logs(container)}")
+        time.sleep(0.5)

@@ -1,0 +1,158 @@
+"""deploy/helm/replag: `helm lint`, `helm template`, and the rendered serve container run
+with docker exactly as rendered until its readiness endpoint answers.
+
+helm is built once per machine from the Go module proxy (`.ci/container-tests`);
+REPLAG_HELM names it, else `helm` on PATH or /var/cache/replag-tools/bin/helm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.deploy.docker import (
+    PREFIX,
+    ROOT,
+    docker,
+    logs,
+    run,
+    service_image,
+    wait_postgres,
+)
+from tests.deploy.kube import Rendered, docker_run_args, probe_port
+
+pytestmark = pytest.mark.container
+
+CHART = ROOT / "deploy" / "helm" / "replag"
+TOKEN = "helm-test-token-0123456789"
+PASSWORD = "helm-test-store-password"
+VALUES = {
+    "image": {"repository": "replag", "tag": "test", "pullPolicy": "Never"},
+    "store": {"url": "postgresql://replag@postgresql:5432/replag", "password": PASSWORD},
+    "apiToken": TOKEN,
+    "agents": [{"region": "eu-west"}],
+    "serviceMonitor": {"enabled": True},
+    "config": """\
+[settings]
+probe_interval = "2s"
+timeout = "500ms"
+
+[[regions]]
+name = "us-east"
+write = "redis://redis-primary:6379"
+replicas = [{ name = "us-east-1", url = "redis://redis-primary:6379" }]
+
+[[regions]]
+name = "eu-west"
+replicas = [{ name = "eu-west-1", url = "redis://redis-replica:6379" }]
+agent = "http://rel-replag-agent-eu-west:8701"
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    for candidate in (
+        os.environ.get("REPLAG_HELM"),
+        shutil.which("helm"),
+        "/var/cache/replag-tools/bin/helm",
+    ):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    pytest.skip("no helm: `go install helm.sh/helm/v3/cmd/helm@v3.22.0` (.ci/container-tests)")
+
+
+@pytest.fixture(scope="module")
+def values(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("helm") / "values.yaml"
+    path.write_text(yaml.safe_dump(VALUES))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: str, values: Path) -> Rendered:
+    out = run([helm, "template", "rel", str(CHART), "-f", str(values)], timeout=120)
+    return Rendered([d for d in yaml.safe_load_all(out) if d])
+
+
+def test_helm_lint_passes_with_the_defaults_and_the_tests_values(helm: str, values: Path) -> None:
+    run([helm, "lint", "--strict", str(CHART)], timeout=120)
+    run([helm, "lint", "--strict", str(CHART), "-f", str(values)], timeout=120)
+
+
+def test_the_chart_renders_what_a_production_deployment_needs(rendered: Rendered) -> None:
+    serve = rendered.find("Deployment", "-serve")
+    assert serve["spec"]["replicas"] == 2
+    pod = serve["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/-/ready"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    env = {e["name"]: e for e in container["env"]}
+    secret = rendered.find("Secret")["metadata"]["name"]
+    assert env["REPLAG_STORE"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "store-url"}
+    assert env["REPLAG_API_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "api-token"
+    assert rendered.data("Secret", secret)["store-password"] == PASSWORD
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/etc/replag/config", "/etc/replag/secrets"} <= mounts
+    assert "[[regions]]" in rendered.find("ConfigMap")["data"]["replag.toml"]
+    assert rendered.find("PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert rendered.find("ServiceMonitor")["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert len(rendered.all("NetworkPolicy")) == 2  # serve's, and the agents'
+    agent = rendered.find("Deployment", "-agent-eu-west")
+    assert "eu-west" in agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert rendered.find("Service", "-agent-eu-west")["spec"]["ports"][0]["port"] == 8701
+
+
+def test_the_rendered_serve_container_becomes_ready_in_docker(
+    rendered: Rendered, image: str, tmp_path: Path
+) -> None:
+    postgres = service_image("postgres")
+    network, store, serve = PREFIX + "helm", PREFIX + "helm-postgres", PREFIX + "helm-serve"
+    docker("network", "create", network)
+    try:
+        docker("run", "-d", "--name", store, "--network", network,
+               "--network-alias", "postgresql", "--env", "POSTGRES_USER=replag",
+               "--env", "POSTGRES_DB=replag", "--env", f"POSTGRES_PASSWORD={PASSWORD}",
+               postgres)  # fmt: skip
+        wait_postgres(store)
+        deployment = rendered.find("Deployment", "-serve")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == image
+        spec = docker_run_args(rendered, deployment, tmp_path)
+        path, port = probe_port(container, "readinessProbe", spec.ports)
+        docker("run", "-d", "--name", serve, "--network", network,
+               "--publish", f"127.0.0.1::{port}", *spec.args)  # fmt: skip
+        host_port = docker("port", serve, f"{port}/tcp").splitlines()[0].rsplit(":", 1)[1]
+        base = f"http://127.0.0.1:{host_port}"
+        deadline = time.monotonic() + 120
+        while True:
+            state = docker("inspect", "-f", "{{.State.Status}}", serve)
+            assert state == "running", f"serve is {state}:\n{logs(serve)}"
+            try:
+                if httpx.get(base + path, timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{path} never answered 200:\n{logs(serve)}"
+            time.sleep(1)
+        live_path, _ = probe_port(container, "livenessProbe", spec.ports)
+        assert httpx.get(base + live_path, timeout=5).json() == {"status": "ok"}
+        # The store is the PostgreSQL the Secret names, with the password from its file.
+        assert httpx.get(base + "/api/v1/health", timeout=10).json()["version"]
+        tables = docker("exec", store, "psql", "-U", "replag", "-d", "replag", "-Atc",
+                        "select count(*) from information_schema.tables "
+                        "where table_schema = 'public'")  # fmt: skip
+        assert int(tables) > 0, logs(serve)
+    finally:
+        docker("rm", "-f", serve, store, check=False)
+        docker("network", "rm", network, check=False)
