@@ -30,6 +30,7 @@ from typing import Any
 from replag import reply_limits
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
+from replag.private_files import write_private
 from replag.settings import Settings, resolve_settings
 from replag.tokens import ApiToken, all_tokens
 from replag.topology import Topology
@@ -193,8 +194,4 @@ def _comment(text: str) -> list[str]:
 
 def write_config_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, mode 0600, so nothing is half-written."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_private(path, text.encode("utf-8"))

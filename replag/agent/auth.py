@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from replag.private_files import open_private
 from replag.repair.agent_http import JOB_HEADER, RUN_HEADER, STARTED_BY_HEADER
 from replag.tokens import ApiToken, Scope, match
 
@@ -178,10 +179,9 @@ class AgentAudit:
         if self.path is None:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists() and self.path.stat().st_size > self.max_bytes:
                 self.path.replace(self.path.with_name("audit.jsonl.1"))
-            with open(self.path, "a", encoding="utf-8") as out:
+            with open_private(self.path, "a") as out:
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")
         except OSError as exc:  # the log line above still says what happened
             log.warning("cannot append to the audit file %s: %s", self.path, exc)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from replag.agent.keytable import KeyTable
+from replag.private_files import open_private
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -73,9 +74,8 @@ def snapshot_path(state_dir: Path, replica: str) -> Path:
 def save(path: Path, body: bytes, keys: int, identity: ReplicaIdentity, shape: TableShape) -> int:
     """Write a table's bytes (`KeyTable.to_bytes`) atomically; returns the bytes written."""
     header = {"format": FORMAT, "identity": asdict(identity), "shape": asdict(shape), "keys": keys}
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with open_private(tmp, "wb") as fh:
         fh.write(json.dumps(header).encode() + b"\n")
         fh.write(body)
         fh.flush()

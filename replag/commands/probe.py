@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import ReplagError, UsageError
+from replag.private_files import open_private
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.nagios import UNKNOWN, nagios_code, nagios_error, nagios_line
 from replag.probes.progress import ProbeProgress, ProgressCallback
@@ -231,9 +231,7 @@ def write_samples(path: Path, report: ProbeReport) -> None:
     """Every sample of `report` to `path` as JSON Lines, readable by its owner only (the
     keys name the probe prefix and the replicas); UsageError when it cannot be written."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-        with open(fd, "w", encoding="utf-8") as out:
+        with open_private(path, "w") as out:
             for sample in report.samples:
                 out.write(json.dumps(sample.to_line()) + "\n")
     except OSError as exc:

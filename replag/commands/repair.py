@@ -16,6 +16,7 @@ import click
 from replag.commands.options import config_option, json_option, load, setting_option
 from replag.commands.status_line import repair_progress_line
 from replag.errors import ReplagError, UsageError
+from replag.private_files import open_private
 from replag.repair import RepairReport, check, list_runs, repair
 from replag.repair.observe import key_text
 from replag.repair.runs import RunLog, resumable, resume_command
@@ -114,7 +115,7 @@ class _KeysOut:
 
     def __init__(self, path: Path) -> None:
         try:
-            self._file = path.open("w", encoding="utf-8")
+            self._file = open_private(path, "w")
         except OSError as exc:
             raise UsageError(f"--keys-out: cannot write {path}: {exc.strerror}") from None
         self.count = 0

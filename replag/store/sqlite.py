@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
+from replag.private_files import narrow, open_private
 from replag.store.base import Store
 from replag.store.migrations import MIGRATIONS
 from replag.store.rows import Rows, make_rows
@@ -38,7 +39,9 @@ class SqliteStore(Store):
         self.path = Path(self.location.target).expanduser()
         self._lock = threading.RLock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Created 0600 before SQLite opens it: its -wal and -shm take the file's mode.
+            if not self.path.exists():
+                open_private(self.path, "ab").close()
             self._conn = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=10
             )
@@ -57,6 +60,7 @@ class SqliteStore(Store):
                     self._conn.close()
                     raise error from None
                 # A full disk: the store still reads, and its writes wait in memory.
+        narrow(self.path, *(self.path.with_name(self.path.name + e) for e in ("-wal", "-shm")))
         try:
             migrate(self, MIGRATIONS)
         except BaseException:
