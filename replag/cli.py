@@ -152,6 +152,44 @@ COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
 }
 
 
+def machine_output(args: list[str]) -> str | None:
+    """ "json" or "nagios" when the command line asks a program's output (`--json`,
+    `--format json|nagios`; `failover-check` prints JSON unless told otherwise), else None.
+    Read from the raw arguments: a usage error stops before any option is parsed."""
+    fmt = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--json":
+            fmt = fmt or "json"
+        elif arg == "--format" and i + 1 < len(args):
+            fmt = args[i + 1] if args[i + 1] in ("json", "nagios") else fmt
+        elif arg.startswith("--format="):
+            value = arg.split("=", 1)[1]
+            fmt = value if value in ("json", "nagios") else fmt
+    if fmt is None and "failover-check" in args:
+        fmt = "json"
+    return fmt
+
+
+def usage_error_for_machines(exc: click.UsageError, output: str) -> None:
+    """A usage error where a program reads stdout: the JSON error document (exit 2), or a
+    Nagios plugin line (UNKNOWN, exit 3: a CRITICAL would page for a typo)."""
+    import json
+
+    from replag.schemas import versioned
+
+    where = exc.ctx.command_path if exc.ctx is not None else "replag"
+    message = f"{where}: {exc.format_message()}"
+    if output == "nagios":
+        click.echo(f"REPLAG UNKNOWN - usage: {message}".replace("|", "/").replace("\n", " "))
+        click.echo(f"replag: error: {message}", err=True)
+        sys.exit(3)
+    click.echo(json.dumps(versioned({"error": message, "exit_code": 2}), indent=2))
+    click.echo(f"replag: error: {message}", err=True)
+    sys.exit(2)
+
+
 class ReplagGroup(click.Group):
     """Subcommands are imported only when one is run (or its own --help is asked for)."""
 
@@ -169,9 +207,18 @@ class ReplagGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(sorted(rows))
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["replag.args"] = list(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            output = machine_output(ctx.meta.get("replag.args", []))
+            if output is None:
+                raise
+            usage_error_for_machines(exc, output)
         except ReplagError as exc:
             click.echo(f"replag: error: {exc}", err=True)
             sys.exit(exc.exit_code)

@@ -69,6 +69,7 @@ def test_every_schema_is_a_valid_json_schema() -> None:
         ("check", ["repair", "check", "--json"]),
         ("repair", ["repair", "run", "--dry-run", "--json"]),
         ("failover-check", ["failover-check"]),
+        ("failover-check", ["failover-check", "--json"]),  # as the README shows it
         ("runs", ["repair", "runs", "--json"]),
     ],
 )
@@ -78,6 +79,24 @@ def test_real_outputs_validate(name: str, args: list[str], config: Path) -> None
     document = valid(name, replag([*args, "-c", str(config)], config.parent))
     if name == "runs":
         assert document["runs"]
+    # Strict: a field the schema does not name is refused, at the top and inside the
+    # typed parts (a pair's replication state, a group, a run's report and params).
+    nested = {
+        "probe": [("pairs", 0), ("pairs", 0, "replication"), ("replication", "primaries", 0)],
+        "check": [("groups", 0), ("groups", 0, "replicas", 0)],
+        "repair": [("groups", 0), ("groups", 0, "found")],
+        "failover-check": [("primaries", 0), ("replication", "primaries", 0, "replicas", 0)],
+        "runs": [("runs", 0), ("runs", 0, "report"), ("runs", 0, "params")],
+    }[name]
+    for path in [(), *nested]:
+        changed = json.loads(json.dumps(document))
+        where = changed
+        for step in path:
+            where = where[step]
+        assert isinstance(where, dict), (name, path)
+        where["surprise"] = 1
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(changed, schema(name))
 
 
 def test_samples_out_lines_validate_against_their_schema(config: Path, tmp_path: Path) -> None:
@@ -135,8 +154,12 @@ def test_an_unreachable_replica_exits_3_and_is_a_breach_too(
     (line,) = replag(probe, tmp_path, 2).splitlines()
     assert line.startswith("REPLAG CRITICAL - 1 unreachable: ") and " | " in line
     perfdata = line.split(" | ")[1]
-    shape = r"'[^'=]+'=[\d.]+(?:ms|%);[^;]*;[^;]*;[^;]*;[^; ]*"
+    shape = r"'[^'=]+'=(?:[\d.]+(?:ms|%)|U);[^;]*;[^;]*;[^;]*;[^; ]*"
     assert re.fullmatch(f"{shape}( {shape})*", perfdata), perfdata
+    # The dead replica's loss is not known (U), never a healthy-looking 0%.
+    dead_name = out["unreachable"][0]["replica"]
+    assert f"{dead_name} lost'=U;" in perfdata, perfdata
+    assert f"{dead_name} lost'=0%" not in perfdata
 
 
 def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> None:
@@ -169,9 +192,28 @@ def test_a_failed_command_still_prints_its_json(tmp_path: Path) -> None:
         ("probe", ["probe", "-c", missing, "--json"]),
         ("check", ["repair", "check", "-c", missing, "--json"]),
         ("failover-check", ["failover-check", "-c", missing]),
+        ("runs", ["repair", "runs", "-c", missing, "--json"]),
     ]:
         document = valid(name, replag(args, tmp_path, 2))
         assert document["exit_code"] == 2 and "nope.toml" in document["error"]
+
+
+def test_a_usage_error_is_one_json_document_or_a_nagios_unknown(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    for name, args, says in [
+        ("probe", ["probe", "-c", missing, "--count", "0", "--json"], "--count"),
+        ("check", ["repair", "check", "-c", missing, "--json", "--bogus"], "--bogus"),
+        ("failover-check", ["failover-check", "-c", missing, "--bogus"], "--bogus"),
+        ("runs", ["repair", "runs", "-c", missing, "--limit", "0", "--json"], "--limit"),
+    ]:
+        document = valid(name, replag(args, tmp_path, 2))
+        assert document["exit_code"] == 2 and says in document["error"], document
+    for args in (
+        ["probe", "-c", missing, "--format", "nagios", "--count", "0"],
+        ["failover-check", "-c", missing, "--format=nagios", "--bogus"],
+    ):
+        (line,) = replag(args, tmp_path, 3).splitlines()
+        assert line.startswith("REPLAG UNKNOWN - usage: replag "), line
 
 
 def test_refused_writes_are_one_warning_with_a_count(tmp_path: Path) -> None:

@@ -45,8 +45,14 @@ from replag.store import Store, parse_location
     help="json, or nagios: one plugin line with perfdata (each primary's RPO), "
     "exit 0 OK / 2 CRITICAL (unsafe) / 3 UNKNOWN (error).",
 )
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json (the default).")
 def command(
-    config_path: Path, source: str | None, max_bytes: str, max_lag: str | None, output_format: str
+    config_path: Path,
+    source: str | None,
+    max_bytes: str,
+    max_lag: str | None,
+    output_format: str,
+    as_json: bool,
 ) -> None:
     """Sample each primary and its replicas; print what a failover would lose (JSON).
 
@@ -56,6 +62,8 @@ def command(
     """
     defer_logs()  # stdout is JSON (or the plugin line)
     try:
+        if as_json and output_format == "nagios":
+            raise UsageError("--json and --format nagios: choose one")
         result = _check(config_path, source, max_bytes, max_lag)
     except ReplagError as exc:
         if output_format == "nagios":

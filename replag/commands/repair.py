@@ -199,6 +199,11 @@ def check_command(
 @json_option
 def runs_command(config_path: Path, limit: int, as_json: bool) -> None:
     """Recent check and repair runs, newest first: state, findings, how to resume."""
+    with _json_errors(as_json, []):
+        _list_runs(config_path, limit, as_json)
+
+
+def _list_runs(config_path: Path, limit: int, as_json: bool) -> None:
     config = load(config_path)
     store = Store(config.settings.store)
     try:

@@ -39,6 +39,7 @@ def nagios_line(report: ProbeReport, *, max_p99_ms: float | None, max_loss: floa
         worst = max((p.summary.lag_ms["p99"] or 0.0 for p in report.pairs), default=0.0)
         summary = f"{pairs} replicas within limits, worst p99 {_number(worst)} ms"
     perf = []
+    unreachable = {u["replica"] for u in report.unreachable}
     warn_p99 = _number(max_p99_ms) if max_p99_ms is not None else ""
     crit_loss = _number(100 * max_loss) if max_loss is not None else ""
     for pair in report.pairs:
@@ -46,8 +47,11 @@ def nagios_line(report: ProbeReport, *, max_p99_ms: float | None, max_loss: floa
         name = f"{s.source}>{s.replica}"
         if s.lag_ms["p99"] is not None:
             perf.append(f"{_label(name + ' p99')}={_number(s.lag_ms['p99'])}ms;;{warn_p99};0;")
-        loss = 100 * s.loss_ratio if s.sent else 0.0
-        perf.append(f"{_label(name + ' lost')}={_number(loss)}%;;{crit_loss};0;100")
+        # Nothing sent or read there (an unreachable replica): the loss is not known, which
+        # Nagios writes U; 0% would graph as a healthy replica.
+        measured = s.sent and s.replica not in unreachable
+        loss = _number(100 * s.loss_ratio) + "%" if measured else "U"
+        perf.append(f"{_label(name + ' lost')}={loss};;{crit_loss};0;100")
     line = f"REPLAG {STATUS[code]} - {summary}".replace("|", "/").replace("\n", " ")
     return line + (" | " + " ".join(perf) if perf else "")
 

@@ -1,7 +1,8 @@
 """JSON Schemas of what `--json` prints: the contract a cron job or a monitoring system reads.
 
 Every document carries `schema_version` (an integer, raised when a field is removed or
-changes meaning; new fields may appear without it, so objects allow extra properties).
+changes meaning; a new field may appear without it). Objects whose shape replag decides
+refuse fields their schema does not name, so the schema is always the whole contract.
 `replag schema NAME` prints a schema; tests validate real outputs against them.
 """
 

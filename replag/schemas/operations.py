@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replag.schemas.parts import BOOL, INT, NUM, SCHEMA_VERSION, STR, arr, nullable, obj
+from replag.schemas.parts import BOOL, INT, NUM, SCHEMA_VERSION, STR, arr, nullable, obj, open_obj
 
 DYNOMITE_STATS = obj(
     {
@@ -10,16 +10,20 @@ DYNOMITE_STATS = obj(
         # One per node that answered; its figures (peer_dropped_requests, …) beside these,
         # null where the node did not report one.
         "samples": arr(
-            obj(
-                {
-                    "node": STR,
-                    "dc": STR,
-                    "rack": STR,
-                    "sampled_ns": INT,
-                    "uptime_s": INT,
-                    "backends": arr(STR),
-                }
-            )
+            {
+                **obj(
+                    {
+                        "node": STR,
+                        "dc": STR,
+                        "rack": STR,
+                        "sampled_ns": INT,
+                        "uptime_s": INT,
+                        "backends": arr(STR),
+                    }
+                ),
+                # The figures: integers, null where the node did not report one.
+                "additionalProperties": nullable(INT),
+            }
         ),
         # Stats URL → why it could not be read.
         "errors": {"type": "object", "additionalProperties": STR},
@@ -53,7 +57,9 @@ LAB_PROCESS = obj(
     }
 )
 
-LAB_UP = obj(
+# The lab's state file as kept (lab.json): its processes and links are typed, the rest
+# (agents, tokens, relay settings) is the lab's own and may grow.
+LAB_UP = open_obj(
     {
         "schema_version": {"const": SCHEMA_VERSION},
         "engine": {"enum": ["replicated", "independent", "fleet"]},
@@ -62,7 +68,7 @@ LAB_UP = obj(
     {
         "regions": arr(STR),
         # Each delayed link the relay runs (replication; with --wan the prober's views).
-        "links": arr(obj({"kind": STR, "listen_port": INT, "name": STR})),
+        "links": arr(open_obj({"kind": STR, "listen_port": INT, "name": STR})),
         "relay_control_port": nullable(INT),
         "prefix": STR,
         "delays_ms": {"type": "object", "additionalProperties": NUM},

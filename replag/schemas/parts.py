@@ -24,13 +24,27 @@ def arr(items: Schema) -> Schema:
 
 
 def obj(required: dict[str, Schema], optional: dict[str, Schema] | None = None) -> Schema:
-    """An object with these fields (extra fields allowed: a consumer ignores what it
-    does not know)."""
+    """An object with exactly these fields: one the schema does not name is refused, so
+    a field added to an output without its schema fails the contract tests (a consumer
+    still ignores what it does not know; `schema_version` is raised only when a field
+    is removed or changes meaning)."""
     return {
         "type": "object",
         "properties": {**required, **(optional or {})},
         "required": list(required),
+        "additionalProperties": False,
     }
+
+
+def open_obj(required: dict[str, Schema], optional: dict[str, Schema] | None = None) -> Schema:
+    """An object with these fields and possibly others: only where the shape is not
+    replag's to fix (the lab's state file, printed as it is kept)."""
+    return {**obj(required, optional), "additionalProperties": True}
+
+
+def mapping(values: Schema) -> Schema:
+    """An object whose keys are names (replicas, regions, URLs), each holding `values`."""
+    return {"type": "object", "additionalProperties": values}
 
 
 def counts(*names: str) -> Schema:
@@ -79,8 +93,13 @@ PRIMARY_STATE = obj(
         "read_skew_ms": nullable(NUM),
         "write_rate_bps": nullable(NUM),
         "replid": nullable(STR),
-        "resyncs": nullable(obj({}, dict.fromkeys(("full", "partial_ok", "partial_err"), INT))),
-        "backlog": nullable(obj({}, {"size": nullable(INT)})),
+        "resyncs": nullable(
+            obj({}, dict.fromkeys(("full", "partial_ok", "partial_err"), nullable(INT)))
+        ),
+        "offset_moved_during_read": INT,
+        "backlog": nullable(
+            obj({}, dict.fromkeys(("size", "first_byte_offset", "histlen"), nullable(INT)))
+        ),
     },
 )
 

@@ -7,11 +7,13 @@ from replag.schemas.parts import (
     INT,
     NUM,
     PERCENTILES,
+    REPLICA_STATE,
     REPLICATION,
     SCHEMA_VERSION,
     STR,
     arr,
     counts,
+    mapping,
     nullable,
     obj,
 )
@@ -32,17 +34,75 @@ PAIR = obj(
         "observed_by": STR,
         "negative": counts("count", "beyond_uncertainty"),
         "error": nullable(STR),
-        "replication": nullable(obj({})),
         "excluded": obj({"count": INT, "because": nullable({"enum": ["syncing", "loading"]})}),
+    },
+    {
+        # The replica's replication state sampled at the end of the run (replication
+        # groups and Cluster shards; null where there is none, e.g. Dynomite).
+        "replication": nullable(REPLICA_STATE),
+        "rack": nullable(STR),  # Dynomite: the replica's rack
     },
 )
 
 BREACH = obj(
-    {"kind": STR, "message": STR},
-    {"source": STR, "target": STR, "replica": STR, "consistency": nullable(STR)},
+    {"kind": {"enum": ["unreachable", "write_errors", "p99", "loss"]}, "message": STR},
+    {
+        "source": STR,
+        "target": STR,
+        "replica": STR,
+        "consistency": nullable(STR),
+        "value": NUM,  # loss: the ratio; write_errors: the count
+        "limit": NUM,
+        "value_ms": NUM,  # p99
+        "limit_ms": NUM,
+    },
 )
 
-UNREACHABLE = obj({"region": STR, "replica": STR, "error": STR})
+# (several sources or consistency levels in one run: labelled with them)
+UNREACHABLE = obj(
+    {"region": STR, "replica": STR, "error": STR}, {"source": STR, "consistency": STR}
+)
+
+CLOCK = obj(
+    {"endpoint": STR, "offset_ms": NUM, "uncertainty_ms": NUM},
+    {"rtt_ms": NUM, "samples": INT},
+)
+
+WRITE_MS = obj({"count": INT, "errors": INT}, PERCENTILES["properties"])
+
+AGENT = obj(
+    {"region": STR, "agent": STR, "replicas": arr(STR)},
+    {
+        # The agent's clock against the prober's: both measured against the write
+        # endpoint (see docs/agents.md); null until compared.
+        "clock": nullable({"type": "object"}),
+        "prober_clock": nullable(CLOCK),
+        "agent_clock": nullable(CLOCK),
+        "error": nullable(STR),
+        "source": STR,
+    },
+)
+
+FAILOVER = obj(
+    {
+        "source": STR,
+        "kind": STR,
+        "old_primary": nullable(STR),
+        "new_primary": nullable(STR),
+        "detected_ns": INT,
+        "detected": STR,
+    },
+    {
+        "master": nullable(STR),
+        "new_primary_name": nullable(STR),
+        "promoted_at_offset": nullable(INT),
+        "old_last_offset": nullable(INT),
+        "bytes_lost": nullable(INT),
+        "lag_before_ms": nullable(NUM),
+        "lag_after_ms": nullable(NUM),
+        "notes": arr(STR),
+    },
+)
 
 PROBE = obj(
     {
@@ -52,22 +112,25 @@ PROBE = obj(
         "write_endpoint": STR,
         "mode": {"enum": ["auto", "push", "poll"]},
         "consistency": nullable(STR),
-        "cluster_consistency": nullable(obj({})),
+        "cluster_consistency": nullable(obj({"read": STR, "write": STR}, {"from": STR})),
         "started": {"type": "string", "format": "date-time"},
         "duration_s": NUM,
         "pairs": arr(PAIR),
-        "write_ms": obj({"count": INT, "errors": INT}),
-        "clock": arr(obj({"endpoint": STR, "offset_ms": NUM, "uncertainty_ms": NUM})),
-        "agents": arr(obj({"region": STR, "agent": STR, "replicas": arr(STR)})),
+        "write_ms": WRITE_MS,
+        "clock": arr(CLOCK),
+        "agents": arr(AGENT),
         "unreachable": arr(UNREACHABLE),
         "breaches": arr(BREACH),
         "notes": arr(STR),
         "replication": nullable(REPLICATION),
-        "failovers": arr(obj({})),
+        "failovers": arr(FAILOVER),
     },
     {
-        "dynomite_seed": arr(obj({})),
-        "write_ms_by_consistency": {"type": "object"},
+        # --method dynomite-seed: per source, what each seed placement measured.
+        "dynomite_seed": arr({"type": "object"}),
+        "write_ms_by_consistency": mapping(WRITE_MS),
+        # --with-alerts: what the run's alert rules decided and sent.
+        "alerts": {"type": "object"},
     },
 )
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from replag.schemas.parts import BOOL, INT, NUM, SCHEMA_VERSION, STR, arr, counts, nullable, obj
+from replag.schemas.parts import (
+    BOOL,
+    INT,
+    NUM,
+    SCHEMA_VERSION,
+    STR,
+    arr,
+    counts,
+    mapping,
+    nullable,
+    obj,
+)
 
 KIND_COUNTS = counts("missing", "type", "value", "ttl")
 # The same keys in the per-member vocabulary: some member lacks it (missing), the
@@ -16,10 +27,11 @@ REPAIR_REPLICA = obj(
 
 # Per member of a group: what differs there against the group's reference (the primary,
 # or the state a majority holds), and what the run did or, dry, would do about it.
-PER_REPLICA = {
-    "type": "object",
-    "additionalProperties": counts("missing", "extra", "different", "copy", "delete", "leave"),
-}
+PER_REPLICA = mapping(counts("missing", "extra", "different", "copy", "delete", "leave"))
+
+# Per key outcome (see replag.repair.report): the group's counts use the singular
+# "conflict" and "error", the run's totals "conflicts" and "errors".
+_OUTCOMES = ("repaired", "busy", "kept", "would_repair", "agreed", "pending", "resync")
 
 REPAIR_GROUP = obj(
     {"group": STR, "divergent": INT, "counts": KIND_COUNTS},
@@ -32,11 +44,32 @@ REPAIR_GROUP = obj(
         "found": FOUND_COUNTS,
         # Redis Cluster: [first, last] slot ranges that moved during the run, not compared.
         "slots_not_compared": arr(arr(INT)),
+        "candidates": INT,
+        "bulk_refilled": INT,
+        "changing_during_check": INT,
+        "undone": INT,
+        "undo_failed": INT,
+        "reverified": INT,
+        "differed_again": INT,
+        **dict.fromkeys(_OUTCOMES, INT),
+        "conflict": INT,
+        "error": INT,
+        "scan_s": NUM,
+        "repair_s": NUM,
+        "replicas": arr(REPAIR_REPLICA),
+        "bytes_by_region": mapping(INT),
     },
 )
 
+# One member's state of a key: absent, present (type, digest, remaining TTL), or in a
+# Cluster slot that moved while it was read (exists null, moved).
+KEY_STATE = obj(
+    {"exists": nullable(BOOL)},
+    {"moved": BOOL, "type": STR, "digest": nullable(STR), "ttl_ms": nullable(INT)},
+)
+
 DIVERGENT_KEY = obj(
-    {"kind": STR, "replicas": {"type": "object"}},
+    {"kind": {"enum": ["missing", "type", "value", "ttl"]}, "replicas": mapping(KEY_STATE)},
     {
         "key": STR,
         "key_b64": STR,
@@ -44,8 +77,8 @@ DIVERGENT_KEY = obj(
         "status": STR,
         "reason": STR,
         # member name → missing | extra | different; and → copy | delete (the decision)
-        "findings": {"type": "object", "additionalProperties": STR},
-        "plan": {"type": "object", "additionalProperties": STR},
+        "findings": mapping({"enum": ["missing", "extra", "different"]}),
+        "plan": mapping({"enum": ["copy", "delete"]}),
         "via": STR,  # the primary a replication group's write was made on
     },
 )
@@ -82,6 +115,8 @@ REPAIR_REPORT = obj(
     },
     {
         "seconds": NUM,
+        "scan_rate": nullable(NUM),
+        "pending": INT,
         "found": FOUND_COUNTS,
         "replicas": arr(REPAIR_REPLICA),
         "divergent_keys": arr(DIVERGENT_KEY),
@@ -96,39 +131,30 @@ REPAIR_REPORT = obj(
 CHECK = obj({"schema_version": {"const": SCHEMA_VERSION}}, REPAIR_REPORT["properties"])
 CHECK["required"] = ["schema_version", *REPAIR_REPORT["required"]]
 
-RUNS = obj(
+# What a check or repair run was asked (the store keeps it; a resume reads it back).
+RUN_PARAMS = obj(
+    {"kind": {"enum": ["check", "repair"]}, "group": nullable(STR)},
     {
-        "schema_version": {"const": SCHEMA_VERSION},
-        "store": STR,
-        "runs": arr(
-            obj(
-                {
-                    "run_id": STR,
-                    "kind": {"enum": ["check", "repair", "rebuild"]},
-                    "status": STR,
-                    "started": NUM,
-                    "finished": nullable(NUM),
-                    "error": nullable(STR),
-                    "resume": nullable(STR),
-                },
-                {
-                    "params": {"type": "object"},
-                    "report": nullable({"type": "object"}),
-                    # The instance running it, its last heartbeat (UTC s, the store's clock),
-                    # and for a run still "running", whether that owner is alive.
-                    "owner": nullable(STR),
-                    "heartbeat": nullable(NUM),
-                    "owner_alive": nullable(BOOL),
-                },
-            )
-        ),
-    }
+        "policy": nullable(STR),
+        "dry_run": BOOL,
+        "allow_deletes": BOOL,
+        "rate": nullable(NUM),
+        "max_inflight": INT,
+        "match": nullable(STR),
+        "type_filter": nullable(STR),
+        "ttls": {"enum": ["compare", "ignore"]},
+        # Who started it through the API (token name, client address, job id).
+        "started_by": nullable(mapping(STR)),
+    },
 )
 
+REBUILD_PARAMS = obj(
+    {"group": STR, "replica": STR},
+    {"source": nullable(STR), "rate": nullable(NUM), "closing_pass": BOOL},
+)
 
-REBUILD = obj(
+REBUILD_REPORT = obj(
     {
-        "schema_version": {"const": SCHEMA_VERSION},
         "run_id": STR,
         "kind": {"const": "rebuild"},
         "status": STR,
@@ -144,7 +170,8 @@ REBUILD = obj(
                 "bytes_estimate": INT,
                 "rate": nullable(NUM),
                 "eta_s": nullable(NUM),
-            }
+            },
+            {"rate_note": STR},
         ),
         **dict.fromkeys(
             (
@@ -166,5 +193,40 @@ REBUILD = obj(
         "seconds": NUM,
         "closing": nullable({"type": "object"}),
         "closing_s": NUM,
+    }
+)
+
+REBUILD = obj({"schema_version": {"const": SCHEMA_VERSION}}, REBUILD_REPORT["properties"])
+REBUILD["required"] = ["schema_version", *REBUILD_REPORT["required"]]
+
+
+RUNS = obj(
+    {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "store": STR,
+        "runs": arr(
+            obj(
+                {
+                    "run_id": STR,
+                    "kind": {"enum": ["check", "repair", "rebuild"]},
+                    "status": STR,
+                    "started": NUM,
+                    "finished": nullable(NUM),
+                    "error": nullable(STR),
+                    "resume": nullable(STR),
+                },
+                {
+                    "params": {"anyOf": [RUN_PARAMS, REBUILD_PARAMS]},
+                    # The run's report without its key and replica lists (a rebuild's:
+                    # its counts); null until it ends.
+                    "report": {"anyOf": [REPAIR_REPORT, REBUILD_REPORT, {"type": "null"}]},
+                    # The instance running it, its last heartbeat (UTC s, the store's clock),
+                    # and for a run still "running", whether that owner is alive.
+                    "owner": nullable(STR),
+                    "heartbeat": nullable(NUM),
+                    "owner_alive": nullable(BOOL),
+                },
+            )
+        ),
     }
 )
