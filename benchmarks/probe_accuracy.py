@@ -7,8 +7,11 @@ reorders, so a late chunk holds back the ones behind it), 500 probes per case, i
 push and in poll mode.
 
 The truth is the servers' own: `MONITOR` on the writing primary and on the
-far replica (each read by a `redis-cli` of its own, outside the measuring
-process) stamps the moment each server executed the probe's SET, on the
+far replica (each read by a process of its own, outside the measuring process,
+at nice 19 by default: a reader woken by the replica's MONITOR line preempted the
+replica before it sent the keyspace event, and so delayed what is measured; at a
+load of 6.5, 20 of 1,500 push samples lay outside their bars with readers at nice 0,
+3 at nice 19) stamps the moment each server executed the probe's SET, on the
 host's one clock to the microsecond; a key's true lag is the replica's stamp
 minus the primary's. That is what a user means by replication lag (written on
 the primary until readable on the replica), and it is independent of every
@@ -111,13 +114,17 @@ def cpu_burners(n: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def monitored(ports: dict[str, int], out_dir: Path) -> Iterator[dict[str, Path]]:
-    """MONITOR on each named server's port, into a file each, while the block runs."""
+def monitored(ports: dict[str, int], out_dir: Path, nice: int = 0) -> Iterator[dict[str, Path]]:
+    """MONITOR on each named server's port, into a file each, while the block runs; the
+    readers at `nice` (see `--monitor-nice`)."""
     paths = {name: out_dir / f"monitor-{name}.log" for name in ports}
     for path in paths.values():  # an earlier case's file would read as started
         path.unlink(missing_ok=True)
     procs = [
-        subprocess.Popen([sys.executable, "-c", MONITOR_READER, str(port), str(paths[name])])
+        subprocess.Popen(
+            [sys.executable, "-c", MONITOR_READER, str(port), str(paths[name])],
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
         for name, port in ports.items()
     ]
     try:
@@ -195,9 +202,11 @@ async def one_case(
     load: int,
     *,
     seed: bool = True,
+    monitor_nice: int = 0,
 ) -> dict:
     config = load_config(lab_dir / "topology.toml")
-    with monitored(server_ports(lab_dir), lab_dir) as monitor, cpu_burners(load):
+    ports = server_ports(lab_dir)
+    with monitored(ports, lab_dir, monitor_nice) as monitor, cpu_burners(load):
         report, samples = await asyncio.to_thread(probe_cli, lab_dir, mode, probes, rate)
         system_load = os.getloadavg()[0]
         seed_rows = await run_seed_method(config, source="near", repeats=5) if seed else []
@@ -375,6 +384,14 @@ async def main() -> int:
         default=None,
         help="run the lab's servers and relay at this nice value (the prober keeps its own)",
     )
+    parser.add_argument(
+        "--monitor-nice",
+        type=int,
+        default=19,
+        help="the MONITOR readers' nice value: a reader woken by the replica's MONITOR line "
+        "can preempt the replica before it sends the keyspace event, delaying the very "
+        "thing measured (0 to see it)",
+    )
     # Smoke: one small case, and neither the seed method nor a long warm-up.
     args = parse_args(parser, probes=30, delays="1", jitters="none")
     warmup = 20 if args.smoke else 100
@@ -414,6 +431,7 @@ async def main() -> int:
                             args.rate,
                             n,
                             seed=not args.smoke,
+                            monitor_nice=args.monitor_nice,
                         )
                         rows[n].append(case)
                         system_load[n].append(case["load"])
@@ -422,7 +440,8 @@ async def main() -> int:
     for n in loads:
         table(
             rows[n],
-            f"probe accuracy, {n} CPU burners on {os.cpu_count()} cores (1-min load "
+            f"probe accuracy, {n} CPU burners on {os.cpu_count()} cores, MONITOR readers at "
+            f"nice {args.monitor_nice} (1-min load "
             f"{min(system_load[n]):.1f}–{max(system_load[n]):.1f}): {args.probes} probes per "
             f"case at {args.rate:g}/s; truth = MONITOR per key; errors in ms",
             burners=n,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from replag.config import load_config
 from replag.probes import run_probe
+from replag.probes.cpu_wait import CpuWait
 from replag.probes.observers import ONE_WAY_FLOOR_NS, PushObserver
 from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
@@ -114,3 +115,19 @@ def test_an_event_the_kernel_did_not_stamp_is_bracketed_from_the_read_before() -
     assert exact.hi_ns == read_at - 19_000 * us + 7 * us
     assert exact.lo_ns == read_at - 19_000 * us - ONE_WAY_FLOOR_NS - 7 * us
     assert exact.stamp == "kernel"
+
+
+def test_a_bar_widens_by_the_prober_s_own_wait_for_a_cpu_around_the_arrival() -> None:
+    """This thread's run-queue wait and scheduling count, sampled every ms: an arrival's
+    widening is the mean wait per scheduling within 10 ms either side of it."""
+    ms = 1_000_000
+    waits = CpuWait()
+    # Scheduled once a ms throughout; from 30 ms to 50 ms each wait 0.4 ms, 1 µs before.
+    waited = 0
+    for t in range(0, 81):
+        waited += 400_000 if 30 <= t < 50 else 1000
+        waits.record(t * ms, waited, t)
+    assert 350_000 < waits.around(40 * ms) <= 400_000  # the window is (about) the busy stretch
+    assert 1000 < waits.around(25 * ms) < 400_000  # half in it
+    assert waits.around(70 * ms) == 0  # quiet: µs waits are a wakeup's cost, not applied
+    assert CpuWait().around(10 * ms) == 0  # nothing sampled: unknown

@@ -1,20 +1,24 @@
-"""How long processes on this host waited for a CPU around an arrival, to widen push bars.
+"""How long processes on this host wait for a CPU around an arrival, to widen push bars.
 
 A push sample's bar assumes the replica sent its keyspace event within a PING round
 trip of applying the write. On a shared host that fails when the replica is
 descheduled between the two: the event reaches us late by the time it waited for a
 CPU, and the estimate with it (measured against MONITOR on both servers with two
 CPU burners: ~1 % of samples 0.1-2.7 ms later than their bars allowed, each read
-promptly and stamped by the kernel, so not the prober's delay). The prober cannot
-see the replica wait, but the kernel counts, host-wide, the time during which at
-least one runnable task waited for a CPU (`/proc/pressure/cpu`, "some" total, in
-µs): a replica on this host cannot have waited longer than that in the time before
-its event arrived, so the bar's early end moves back by the stall counted in the
-`WINDOW_NS` before the arrival (from the last sample before it to the first after).
-On a quiet host that is 0. Without pressure accounting (an old kernel, or not
-Linux) the fallback is this thread's own mean wait per wakeup
-(`/proc/thread-self/schedstat`) in that window: a proxy, not a bound. A replica on
-another host, or held longer than the window, is not covered by either.
+promptly and stamped by the kernel, so not the prober's delay; part of it the
+benchmark's MONITOR readers, woken by the replica, preempting it). The prober cannot
+see the replica wait, but it can see its own: the kernel counts the time this
+thread spent runnable but not running and how often it was scheduled
+(`/proc/thread-self/schedstat`, sampled as events are read and keys written). The
+mean wait per scheduling within `WINDOW_NS` either side of an arrival is how long
+a process on this host was being held then, and the bar's early end moves back by
+it. On a quiet host that is a few µs, below `NOISE_NS`, and not applied.
+
+It is an estimate, not a bound: the kernel gives no wait of another process that
+would bound it (`/proc/schedstat`'s run-queue totals are absent from many kernels;
+`/proc/pressure/cpu` is averaged over CPUs, and read every few milliseconds it
+drops what it had not yet counted, for every reader on the host), and a replica on
+another host is not covered.
 """
 
 from __future__ import annotations
@@ -23,69 +27,54 @@ import bisect
 import os
 
 WINDOW_NS = 10_000_000
-_PRESSURE = "/proc/pressure/cpu"
+NOISE_NS = 20_000
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
-def _open(path: str) -> int | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        os.pread(fd, 256, 0)
-    except OSError:  # present but not readable (pressure accounting off: EOPNOTSUPP)
-        os.close(fd)
-        return None
-    return fd
-
-
 class CpuWait:
-    """CPU waits sampled as reads happen (`note`), asked per arrival (`before`)."""
+    """This thread's CPU waits sampled as reads happen (`note`), asked per arrival."""
 
     def __init__(self) -> None:
         self._moments: list[int] = []
-        self._counts: list[tuple[int, int]] = []  # (ns waited so far, wakeups; 0 for pressure)
-        # Opened on the thread that reads: /proc/thread-self names the opener.
-        self._fd = _open(_PRESSURE)
-        self.source = "pressure"
-        if self._fd is None:
-            self._fd = _open(_SCHEDSTAT)
-            self.source = "own" if self._fd is not None else "none"
+        self._counts: list[tuple[int, int]] = []  # (ns waited so far, times scheduled)
+        try:
+            # Opened on the thread that reads: /proc/thread-self names the opener.
+            self._fd: int | None = os.open(_SCHEDSTAT, os.O_RDONLY)
+        except OSError:
+            self._fd = None
 
     def note(self, moment: int) -> None:
-        """Sample the waits so far, at `moment` on the observer's clock."""
+        """Sample the wait so far, at `moment` on the observer's clock."""
         if self._fd is None:
             return
         try:
-            text = os.pread(self._fd, 256, 0)
-            if self.source == "pressure":
-                total = text.split(b"\n", 1)[0].rsplit(b"total=", 1)[1]
-                counts = (int(total) * 1000, 0)
-            else:
-                fields = text.split()
-                counts = (int(fields[1]), int(fields[2]))
+            fields = os.pread(self._fd, 128, 0).split()
+            waited, scheduled = int(fields[1]), int(fields[2])
         except (OSError, IndexError, ValueError):
             self.close()
             return
+        self.record(moment, waited, scheduled)
+
+    def record(self, moment: int, waited_ns: int, scheduled: int) -> None:
+        """One sample: `waited_ns` runnable but not running so far, `scheduled` times run."""
         if self._moments and moment < self._moments[-1]:
             moment = self._moments[-1]
         self._moments.append(moment)
-        self._counts.append(counts)
+        self._counts.append((waited_ns, scheduled))
 
-    def before(self, arrival: int) -> int:
-        """How long a process may have waited for a CPU in the `WINDOW_NS` before `arrival`
-        (ns, 0 when unknown): the host's stall then, or (fallback) our mean wait per wakeup."""
-        moments = self._moments
-        first = bisect.bisect_right(moments, arrival - WINDOW_NS) - 1
-        last = bisect.bisect_left(moments, arrival)
-        if first < 0 or last >= len(moments) or last <= first:
+    def around(self, arrival: int) -> int:
+        """Mean wait per scheduling within `WINDOW_NS` of `arrival` (ns; 0 when unknown or
+        below `NOISE_NS`), from the last sample before the window to the first after."""
+        moments, counts = self._moments, self._counts
+        if len(moments) < 2:
             return 0
-        waited = self._counts[last][0] - self._counts[first][0]
-        if self.source == "pressure":
-            return max(0, min(waited, moments[last] - moments[first]))
-        wakeups = self._counts[last][1] - self._counts[first][1]
-        return max(0, waited // max(1, wakeups))
+        first = max(0, bisect.bisect_right(moments, arrival - WINDOW_NS) - 1)
+        last = min(len(moments) - 1, bisect.bisect_left(moments, arrival + WINDOW_NS))
+        if last <= first:
+            return 0
+        waited = counts[last][0] - counts[first][0]
+        mean = waited // max(1, counts[last][1] - counts[first][1])
+        return mean if mean >= NOISE_NS else 0
 
     def close(self) -> None:
         if self._fd is not None:

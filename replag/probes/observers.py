@@ -11,9 +11,9 @@ applies the write and sends it at the end of that event-loop pass, as it does a 
 reply, so the apply moment lies within the largest of a few PING round trips before
 the arrival; the estimate subtracts half the smallest. Where that cannot be trusted
 the bar says so: a read without a kernel stamp is bracketed from the previous read
-(`stamp` "loop"), and where processes on this host waited for a CPU before the
-arrival, the replica may have waited between applying and sending, so the bar's
-early end reaches back by that wait (`replag.probes.cpu_wait`, `stamp` "widened").
+(`stamp` "loop"), and where this prober waited for a CPU around the arrival, the
+replica may have waited as long between applying and sending, so the bar's early
+end reaches back by that wait (`replag.probes.cpu_wait`, `stamp` "widened").
 
 Poll sends one MGET of every outstanding key per tick; a key was applied after
 the last round that missed it was evaluated and before the round that found it: a
@@ -67,7 +67,7 @@ class Arrival:
     # The arrival is the kernel's receive timestamp of the bytes (False: the moment they
     # were read, and the bracket reaches back to the read before).
     kernel: bool = True
-    # How far the bracket's early end was moved back by the host's wait for a CPU before
+    # How far the bracket's early end was moved back by this host's wait for a CPU around
     # the arrival (`replag.probes.cpu_wait`): the replica may have waited as long.
     widened_ns: int = 0
 
@@ -155,6 +155,10 @@ class PushObserver(Observer):
         self._settled: set[bytes] = set()
         self._tls_chunk = self._tls_since = self.clock()
 
+    def expect(self, key: bytes, written_lo_ns: int) -> None:
+        # Each write is a moment to sample the host's CPU stall too (`settle`).
+        self.cpu_wait.note(self.clock())
+
     def on_message(self, message: list[Any], arrived_ns: int, earliest_ns: int) -> None:
         """A pushed `pmessage pattern channel event`; only `set` events mark an arrival."""
         if len(message) == 4 and message[0] == b"pmessage" and message[3] == b"set":
@@ -206,13 +210,13 @@ class PushObserver(Observer):
         )
 
     def settle(self) -> None:
-        """Widen every arrival's early end by how long the replica may have waited for a
-        CPU before sending it (`replag.probes.cpu_wait`; once each: `stop` settles, and an
-        agent settles before it reports)."""
+        """Widen every arrival's early end by how long processes on this host waited for a
+        CPU around it (`replag.probes.cpu_wait`): the replica may have waited as long
+        between applying and sending (once each: `stop` settles, an agent before it reports)."""
         for key, arrival in self.arrivals.items():
             if key in self._settled:
                 continue
-            wait = self.cpu_wait.before(arrival.hi_ns)
+            wait = self.cpu_wait.around(arrival.hi_ns)
             if wait:
                 self.arrivals[key] = dataclasses.replace(
                     arrival, lo_ns=arrival.lo_ns - wait, widened_ns=wait
