@@ -92,3 +92,27 @@ def test_a_hostile_server_costs_one_line_and_bounded_memory(
         assert "within" in line or "timed out" in line, line
     elif behaviour in ("bulk", "array", "nested"):
         assert "max_reply_" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "behaviour"),
+    [*(("check", b) for b in HOSTILE), ("run", "bulk"), ("run", "drip"), ("run", "nested")],
+)
+def test_a_replica_hostile_only_on_scan_costs_one_line_and_bounded_memory(
+    tmp_path: Path, redis_factory: RedisFactory, command: str, behaviour: str
+) -> None:
+    """Behind a proxy that relays every command but SCAN: the connection, AUTH, INFO and
+    DBSIZE go well, then the scan's reply is hostile."""
+    good, real = redis_factory("ok"), redis_factory("behind")
+    real.client().mset({f"k{i}": "v" for i in range(50)})
+    upstream = ("127.0.0.1", real.port)
+    with HostileServer(
+        behaviour, upstream=upstream, on_command=b"SCAN", stream_s=4 * TIMEOUT_S
+    ) as proxy:
+        config = group_config(tmp_path, good.url, proxy.url)
+        args = ["repair", command, "-c", str(config)]
+        code, output, _ = run_replag(args, proxy, tmp_path)
+    assert code in (2, 3), output
+    line = one_line_naming(output, proxy.port)
+    if behaviour in ("bulk", "array", "nested"):
+        assert "max_reply_" in line and "SCAN" in line, line
