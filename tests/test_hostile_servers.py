@@ -9,13 +9,17 @@ The subprocess timeout is only a guard against a hang, not a timing target
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from replag.lab.server import free_port
 from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch
 from tests.helpers.redis_servers import RedisFactory
 
@@ -116,3 +120,74 @@ def test_a_replica_hostile_only_on_scan_costs_one_line_and_bounded_memory(
     line = one_line_naming(output, proxy.port)
     if behaviour in ("bulk", "array", "nested"):
         assert "max_reply_" in line and "SCAN" in line, line
+
+
+def _serve_config(tmp_path: Path, good: str, hostile: str, port: int) -> Path:
+    config = group_config(tmp_path, good, hostile)
+    settings = (
+        '[settings]\ncheck_interval = "1s"\nprobe_interval = "1s"\ncount = 5\n'
+        f'api_token = "{"t" * 32}"\n'
+    )
+    config.write_text(config.read_text().replace("[settings]\n", settings, 1))
+    return config
+
+
+def _wait_json(url: str, ok: Any, proc: subprocess.Popen[str], within_s: float = 40) -> Any:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "serve exited"
+        try:
+            response = httpx.get(url, timeout=5)
+            if response.status_code == 200 and ok(response.json()):
+                return response.json()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered as expected")
+
+
+@pytest.mark.parametrize("behaviour", ["drip", "bulk"])
+def test_serve_releases_the_group_a_scheduled_check_failed_on(
+    tmp_path: Path, redis_factory: RedisFactory, behaviour: str
+) -> None:
+    """The scheduled check meets a replica hostile on SCAN: it fails naming the replica,
+    and the group is free again: a check asked for next is accepted (202), not 409."""
+    good, real = redis_factory("ok"), redis_factory("behind")
+    port = free_port()
+    with HostileServer(
+        behaviour, upstream=("127.0.0.1", real.port), on_command=b"SCAN", stream_s=4 * TIMEOUT_S
+    ) as proxy:
+        config = _serve_config(tmp_path, good.url, proxy.url, port)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            with MemoryWatch(proc.pid, proxy.started) as watch:
+                failed = _wait_json(
+                    f"{base}/repairs",
+                    lambda body: any(r["status"] == "failed" for r in body["runs"]),
+                    proc,
+                )
+                run = next(r for r in failed["runs"] if r["status"] == "failed")
+                assert f"127.0.0.1:{proxy.port}" in run["error"], run
+                asked = httpx.post(
+                    f"{base}/repairs",
+                    json={"action": "check", "group": "g"},
+                    headers={"Authorization": f"Bearer {'t' * 32}"},
+                    timeout=10,
+                )
+                assert asked.status_code == 202, asked.text
+                job = asked.json()["job_id"]
+                done = _wait_json(
+                    f"{base}/repairs/{job}", lambda body: body["job"]["state"] != "running", proc
+                )
+                assert f"127.0.0.1:{proxy.port}" in done["job"]["error"], done
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        grown = watch.growth_mb()
+        assert grown and max(grown.values()) < GROWTH_MB, grown
+    assert "Traceback" not in stderr, stderr

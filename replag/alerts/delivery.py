@@ -293,7 +293,9 @@ class AlertSender:
                         if 300 <= response.status < 400:
                             url = redirect_target(URL(sink.url), response)
                             continue
-                        text = (await response.text(errors="replace"))[:200]
+                        # The start of the answer only: a sink cannot make us hold its body.
+                        head = await response.content.read(200)
+                        text = head.decode("utf-8", "replace")
                         if response.status < 300:
                             return
                         raise DeliveryFailed(

@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from replag import reply_limits
 from replag.errors import AgentError, AgentTlsError
 from replag.tls import (
     CLOSED,
@@ -134,8 +135,11 @@ class AgentLink:
         session = self._open()
         url = f"{self.url}{PREFIX}{path}"
         payload = json.dumps(body).encode() if body is not None else None
+        # A deadline for the whole exchange (not each read: an agent, or something in its
+        # place, dripping a byte at a time fails as surely as one that stalls), with room
+        # for the wait asked and for a large answer over a slow link.
         timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.timeout_s, sock_read=self.timeout_s + wait_s + 30.0
+            total=self.timeout_s + wait_s + 30.0, connect=self.timeout_s
         )
         self.requests += 1
         try:
@@ -147,7 +151,7 @@ class AgentLink:
                 timeout=timeout,
                 server_hostname=self._server_name() if self.tls else None,
             ) as resp:
-                data = await resp.read()
+                data = await self._body(resp)
                 self.bytes_sent += len(payload or b"") + len(path) + 200  # request line, headers
                 received = len(data) + sum(len(k) + len(v) + 4 for k, v in resp.raw_headers)
                 self.bytes_received += received
@@ -158,6 +162,26 @@ class AgentLink:
                 return data, CIMultiDict(resp.headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise await self._failed(exc) from None
+
+    async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The answer's body, refused unread beyond max_reply_bytes (whatever it announces)."""
+        limit = reply_limits.current().max_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            raise AgentError(
+                self._too_big(f"announced {resp.content_length} bytes"), where=self.url
+            )
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise AgentError(self._too_big(f"sent over {size} bytes"), where=self.url)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _too_big(said: str) -> str:
+        limit = reply_limits.size_text(reply_limits.current().max_bytes)
+        return f"the agent's answer {said}, over max_reply_bytes = {limit}"
 
     async def _failed(self, exc: BaseException) -> AgentError:
         import aiohttp
