@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from replag.lab.server import free_port
+from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch
 from tests.helpers.redis_servers import RedisFactory
 
@@ -191,3 +192,45 @@ def test_serve_releases_the_group_a_scheduled_check_failed_on(
         grown = watch.growth_mb()
         assert grown and max(grown.values()) < GROWTH_MB, grown
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("behaviour", ["bulk", "drip"])
+def test_an_agent_whose_replica_turns_hostile_stays_bounded_and_says_so(
+    tmp_path: Path, redis_factory: RedisFactory, behaviour: str
+) -> None:
+    """`replag agent` keeps region b's tree from a replica hostile on SCAN: the agent stays
+    up and bounded, and a check through it ends in one line naming the replica."""
+    good, real = redis_factory("ok"), redis_factory("behind")
+    real.client().mset({f"k{i}": "v" for i in range(50)})
+    port = free_port()
+    with HostileServer(
+        behaviour, upstream=("127.0.0.1", real.port), on_command=b"SCAN", stream_s=4 * TIMEOUT_S
+    ) as proxy:
+        config = group_config(tmp_path, good.url, f"redis://127.0.0.1:{free_port()}")
+        text = config.read_text().replace(
+            'replicas = [{name = "odd", url = "redis://127.0.0.1:',
+            f'agent = "http://127.0.0.1:{port}"\nreplicas = [{{name = "odd", '
+            f'local = "{proxy.url}", url = "redis://127.0.0.1:',
+        )
+        settings = (
+            f'[settings]\napi_token = "{"t" * 32}"\nagent_wait = "5s"\n'
+            "allow_config_changes = true\n"
+            f'agent_state_dir = "{tmp_path / "agent"}"\n'
+        )
+        config.write_text(text.replace("[settings]\n", settings, 1))
+        env = {"REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"}
+        agent = start_agent(config, "b", port, tmp_path / "agent.log", env=env)
+        try:
+            with MemoryWatch(agent.pid, proxy.started) as watch:
+                code, output, _ = run_replag(
+                    ["repair", "check", "-c", str(config)], proxy, tmp_path
+                )
+            assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+        finally:
+            stop_agent(agent)
+        grown = watch.growth_mb()
+        assert grown and max(grown.values()) < GROWTH_MB, grown
+    assert code in (2, 3), output
+    assert "Traceback" not in output + (tmp_path / "agent.log").read_text()
+    line = one_line_naming(output, proxy.port)
+    assert "odd" in line, line
