@@ -276,10 +276,13 @@ async def require(
     timeout_s: float,
     what: str,
     always: bool = False,
+    advise: Mode | None = None,
 ) -> list[str]:
     """PermissionRefused naming every command `mode` lacks on `endpoint` (on a connection
     of its own, before a run starts); the optional ones refused are returned, for a note.
-    Only named ACL users are checked (`_checked`), unless `always` (Redis endpoints)."""
+    Only named ACL users are checked (`_checked`), unless `always` (Redis endpoints).
+    `advise`: the mode whose recipe the error suggests, when the process runs in a wider
+    one than `mode` (serve runs repairs: its user needs serve's rules, not repair's)."""
     if not _checked(endpoint) and not (always and endpoint.kind == "redis"):
         return []
     conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
@@ -287,7 +290,7 @@ async def require(
         needed, optional = await missing(conn, mode, prefix=prefix)
     finally:
         await conn.close()
-    _refuse(needed, endpoint, mode, what)
+    _refuse(needed, endpoint, advise or mode, what)
     return optional
 
 
@@ -312,6 +315,7 @@ def _checked(endpoint: Endpoint) -> bool:
 
 
 def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> None:
+    """`mode`: the recipe that grants what is needed and everything else the user does."""
     if needed:
         user = endpoint.username or "default"
         names = ", ".join(c.upper() for c in needed)

@@ -6,6 +6,7 @@ narrow channel grant is enough for push observation. On Redis 7 and Valkey 9."""
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ from replag.cli import main
 from replag.config import Config, config_from_dict
 from replag.errors import PermissionRefused, RepairError
 from replag.lab.server import RedisServer
+from replag.metrics import ServiceMetrics
 from replag.probes import run_probe
 from replag.repair import check, repair
+from replag.service.jobs import JobRunner
+from replag.store import Store
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 
@@ -160,6 +164,17 @@ async def test_repair_user(
     # Refused before any scan, naming what is missing, not after the scans.
     with pytest.raises(RepairError, match=rf"permission refused: RESTORE \(user {USER}\)"):
         await repair(config, group="g", policy="source:m0")
+    if mode == "serve":
+        # The service's repair names the recipe the service's user needs (serve's: repair's
+        # would take away its probe rights).
+        store = Store(config.settings.store)
+        try:
+            jobs = JobRunner(config, store=store, metrics=ServiceMetrics(), counters=Counter())
+            job = await jobs.wait(jobs.start("repair", "g", policy="source:m0").id)
+        finally:
+            store.close()
+        assert job.state == "failed" and job.error is not None
+        assert f"`replag acl --mode serve --user {USER}`" in job.error, job.error
     take_away(servers, "+restore")
     report = await repair(config, group="g", policy="source:m0")
     assert report.divergent == 7

@@ -118,6 +118,13 @@ def test_load_on_a_replicated_lab_goes_through_the_primary(lab_factory: LabFacto
         with redis.Redis(port=proc["port"]) as client:
             assert client.dbsize() == 3000, proc["name"]
     assert json.loads((Path(state["dir"]) / "load.json").read_text())["via"] == primary["name"]
+    # Divergence cannot be written to read-only replicas: the error says which lab to start.
+    refused = CliRunner().invoke(
+        main, ["lab", "diverge", "--dir", str(state["dir"]), "--extra", "3"]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "replag lab up --engine independent" in refused.stderr, refused.output
+    assert "Traceback" not in refused.output
 
 
 def test_load_shows_progress_on_a_terminal_only(lab_factory: LabFactory) -> None:

@@ -214,14 +214,50 @@ def _timeout_s(timeout: str | None, settings: Settings) -> float:
     return timeout_s
 
 
+# Where a printed file expects the password it does not show.
+PRINTED_PASSWORD_ENV = "REPLAG_REDIS_PASSWORD"
+
+
+def printable(found: Discovery) -> Discovery:
+    """`found` as a terminal may show it and a file may hold it: a password the servers
+    share becomes `password_env` (a placeholder variable, said in a comment at the top),
+    so the printed file works once the variable is set. Passwords that differ stay `***`,
+    and the comment says to fill them in."""
+    passwords = {ep.password for ep in found.topology.endpoints() if ep.password}
+    if not passwords:
+        return found
+    if len(passwords) == 1 and "password_env" not in found.settings:
+        topology, references = as_references(
+            found.topology, password=passwords.pop(), password_env=PRINTED_PASSWORD_ENV
+        )
+        note = (
+            f"The servers' password is not printed: set {PRINTED_PASSWORD_ENV} to it\n"
+            '(or replace password_env with password_file = "/path/to/secret");\n'
+            "--out FILE writes it instead (mode 0600)."
+        )
+        settings = {**found.settings, **references}
+        return replace(
+            found, topology=topology, settings=settings, header=f"{found.header}\n{note}"
+        )
+    note = (
+        "Passwords are not printed: replace each *** in a url with its server's password\n"
+        "(or use password_env / password_file per endpoint);\n"
+        "--out FILE writes them (mode 0600)."
+    )
+    return replace(found, header=f"{found.header}\n{note}")
+
+
 def _emit(found: Discovery, out: Path | None) -> None:
-    """Print the file (passwords as ***) or write it to `out` (0600, atomically)."""
+    """Print the file (no password: a placeholder to fill in) or write it to `out` (0600,
+    atomically)."""
     store = parse_location(found.settings["store"]).shown
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
-        click.echo(found.render(redact=True), nl=False)
-        if any(ep.password for ep in found.topology.endpoints()):
-            click.echo("note: passwords shown as ***; --out FILE writes them (mode 0600)", err=True)
+        shown = printable(found)
+        click.echo(shown.render(redact=True), nl=False)
+        if shown is not found:
+            note = shown.header[len(found.header) :].strip().replace("\n", " ")
+            click.echo(f"note: {note}", err=True)
         click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
         return
     write_config_atomic(out, found.render())

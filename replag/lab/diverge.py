@@ -103,8 +103,17 @@ async def _apply(members: tuple[Endpoint, ...], items: list[dict[str, Any]]) -> 
 
 def lab_diverge(lab_dir: Path, spec: DivergeSpec, truth: Path | None) -> dict[str, Any]:
     """Inject `spec` into the lab in `lab_dir`; write and return the ground truth."""
+    state = read_state(lab_dir)
+    if state.get("engine") == "replicated":
+        # Its replicas are read-only (a replica written directly answers READONLY), and
+        # replication would carry a write on the primary everywhere: no divergence.
+        raise UsageError(
+            f"lab diverge writes each replica directly, and the lab in {lab_dir} replicates "
+            "(its replicas refuse writes: READONLY); start one with "
+            "`replag lab up --engine independent` to inject divergence"
+        )
     # The lab writes as the operator on each host would: on the local addresses, not the WAN.
-    members = tuple(m.in_region() for m in lab_topology(read_state(lab_dir)).groups[0].members)
+    members = tuple(m.in_region() for m in lab_topology(state).groups[0].members)
     load = read_load(lab_dir)
     strings = [key_name(load, i) for i in range(load.keys) if key_type(load, i) == "string"]
     items = plan(spec, members, strings)

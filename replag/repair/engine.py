@@ -26,6 +26,7 @@ from replag.errors import (
     UsageError,
 )
 from replag.logfields import bind_log_fields
+from replag.permissions import Mode
 from replag.repair import report as rp
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
@@ -68,20 +69,26 @@ async def _run(
     progress: ProgressCallback | None,
     on_run: Callable[[str], None] | None = None,
     key_sink: KeySink | None = None,
+    acl_mode: Mode | None = None,
 ) -> rp.RepairReport:
     """Run `params` (or resume run `resume`): every member must answer first; no other
-    check or repair of its groups may run meanwhile (`replag.repair.exclusive`)."""
+    check or repair of its groups may run meanwhile (`replag.repair.exclusive`).
+    `acl_mode`: the ACL recipe of the process running it (serve), for a refusal's advice."""
     groups = _groups(config, params.group)
     if resume is not None:
         _, saved = _resumed(config, params.kind, store, resume)
         groups = _groups(config, saved.group, check=False)
     if store is None:
-        return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
+        return await _run_exclusive(
+            config, params, store, resume, progress, on_run, key_sink, acl_mode
+        )
     ttl_s = config.settings.lease_time
     held = await _take_groups(store, [g.name for g in groups], ttl_s)
     keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, asyncio.current_task()))
     try:
-        return await _run_exclusive(config, params, store, resume, progress, on_run, key_sink)
+        return await _run_exclusive(
+            config, params, store, resume, progress, on_run, key_sink, acl_mode
+        )
     finally:
         await cancel_all([keeper])
         await asyncio.to_thread(release_groups, store, held)
@@ -126,6 +133,7 @@ async def _run_exclusive(
     progress: ProgressCallback | None,
     on_run: Callable[[str], None] | None,
     key_sink: KeySink | None,
+    acl_mode: Mode | None = None,
 ) -> rp.RepairReport:
     groups = _groups(config, params.group)
     log: RunLog | None = None
@@ -165,6 +173,7 @@ async def _run_exclusive(
                 # named now, not after the scans).
                 mode="repair" if params.kind == "repair" and not params.dry_run else "check",
                 prefix=config.settings.prefix,
+                advise=acl_mode,
             )
             for g in groups:
                 with bind_log_fields(group=g.name):  # every line of this group's work
@@ -324,10 +333,12 @@ async def check(
     key_sink: KeySink | None = None,
     ttls: str | None = None,
     started_by: dict[str, str] | None = None,
+    acl_mode: Mode | None = None,
 ) -> rp.RepairReport:
     """Find the keys on which the members of `group` (None = every group) differ
     (`ttls`: "compare" or "ignore" expiries; default settings.repair_ttls; `started_by`:
-    who asked through the API, stored with the run).
+    who asked through the API, stored with the run; `acl_mode`: the ACL recipe of the
+    process running it, e.g. serve, which a missing permission's error suggests).
 
     `on_run(run_id)` is called once the run is recorded; `key_sink(group, key, dict)`
     with each divergent key as it is verified (resumed: those found before, first)."""
@@ -352,6 +363,7 @@ async def check(
         progress=progress,
         on_run=on_run,
         key_sink=key_sink,
+        acl_mode=acl_mode,
     )
 
 
@@ -372,11 +384,12 @@ async def repair(
     on_run: Callable[[str], None] | None = None,
     ttls: str | None = None,
     started_by: dict[str, str] | None = None,
+    acl_mode: Mode | None = None,
 ) -> rp.RepairReport:
     """Find and repair divergence; see the module docstring of `policy` for the rules
     (`policy` None: each group's kind's default: primary, majority or quorum).
-    A resumed run first reads again every key it had repaired. `ttls` and `started_by`
-    as for `check`."""
+    A resumed run first reads again every key it had repaired. `ttls`, `started_by` and
+    `acl_mode` as for `check`."""
     if rate is not None and rate < 0:
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
@@ -394,7 +407,15 @@ async def repair(
         ttls=_ttls(config, ttls),
         started_by=started_by,
     )
-    return await _run(config, params, store=store, resume=resume, progress=progress, on_run=on_run)
+    return await _run(
+        config,
+        params,
+        store=store,
+        resume=resume,
+        progress=progress,
+        on_run=on_run,
+        acl_mode=acl_mode,
+    )
 
 
 __all__ = ["ProgressCallback", "RepairProgress", "check", "key_from_json", "repair"]

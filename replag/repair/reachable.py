@@ -33,10 +33,12 @@ async def _ping(member: Endpoint, timeout_s: float) -> EndpointError | None:
 
 
 async def _permitted(
-    member: Endpoint, timeout_s: float, mode: Mode, prefix: str
+    member: Endpoint, timeout_s: float, mode: Mode, prefix: str, advise: Mode | None
 ) -> EndpointError | None:
     try:
-        await require(member, mode, prefix=prefix, timeout_s=timeout_s, what=f"a {mode}")
+        await require(
+            member, mode, prefix=prefix, timeout_s=timeout_s, what=f"a {mode}", advise=advise
+        )
     except EndpointError as exc:
         return exc
     return None
@@ -49,16 +51,18 @@ async def members_reachable(
     through_agent: Callable[[Endpoint], bool] = lambda _: False,
     mode: Mode | None = None,
     prefix: str = "replag:probe:",
+    advise: Mode | None = None,
 ) -> None:
     """Connect (AUTH, SELECT) and PING every member at once, and check its user may do
-    what `mode` does (check or repair); raise the first failure as an
+    what `mode` does (check or repair; a refusal suggests `advise`'s recipe, the mode the
+    process runs in, when given); raise the first failure as an
     EndpointError that names the others that failed too. Members read through their
     region's agent are left to it (the tree walk names them if it fails)."""
     members = list({m.name: m for g in groups for m in g.members if not through_agent(m)}.values())
     answers = await all_of(_ping(m, timeout_s) for m in members)
     failures = [f for f in answers if f is not None]
     if not failures and mode is not None:  # once every member answers
-        answers = await all_of(_permitted(m, timeout_s, mode, prefix) for m in members)
+        answers = await all_of(_permitted(m, timeout_s, mode, prefix, advise) for m in members)
         failures = [f for f in answers if f is not None]
     if not failures:
         return

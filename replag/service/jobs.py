@@ -232,6 +232,7 @@ class JobRunner:
                     resume=resume,
                     on_run=recorded,
                     started_by=job.started_by,
+                    acl_mode="serve",
                 )
             elif resume is not None:
                 report = await repair(
@@ -240,6 +241,7 @@ class JobRunner:
                     resume=resume,
                     on_run=recorded,
                     started_by=job.started_by,
+                    acl_mode="serve",
                 )
             else:
                 report = await repair(
@@ -248,6 +250,7 @@ class JobRunner:
                     store=self.store,
                     on_run=recorded,
                     started_by=job.started_by,
+                    acl_mode="serve",
                     **options,
                 )
             job.run_id, job.divergent = report.run_id, int(report.divergent)
