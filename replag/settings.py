@@ -370,6 +370,12 @@ class Settings:
         "`replag agent`: the largest request body (bytes) it reads (a walk's node list, "
         "a repair's value); a larger one gets 413 unread, after its bearer token.",
     )
+    agent_watches_per_token: int = setting(
+        16,
+        _positive_int,
+        "`replag agent`: the most lag watches one token may hold open at once (of 64 in "
+        "all); another gets 429 until one is closed or ends.",
+    )
     max_json_keys: int = setting(
         1000,
         _positive_int,

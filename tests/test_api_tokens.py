@@ -116,6 +116,11 @@ async def test_reads_need_a_token_when_settings_say_so(
         assert (await client.get("/api/v1/health", headers=bearer("nope"))).status_code == 401
         assert (await client.get("/api/v1/health", headers=bearer(READER))).status_code == 200
         assert (await client.get("/metrics", headers=bearer(CHECKER))).status_code == 200
+        # The API's own description is a read too (and its pages load nothing from a CDN).
+        for page in ("/openapi.json", "/docs", "/redoc"):
+            assert (await client.get(page)).status_code == 401, page
+            shown = await client.get(page, headers=bearer(READER))
+            assert shown.status_code == 200 and "cdn." not in shown.text, page
         # A platform's probes need no token and learn nothing about the fleet.
         assert (await client.get("/-/healthy")).json() == {"status": "ok"}
         assert (await client.get("/-/ready")).json() == {"status": "ready"}

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replag import __version__
 from replag.agent.auth import NO_TOKEN_CONFIGURED, Caller, checker, reader, repairer
@@ -62,10 +62,19 @@ OCTETS = "application/octet-stream"
 MAX_NODES = 1 << 24
 
 
+# A node's or leaf's number in a tree of at most 24 levels (`descendants` and
+# `leaf_keys` check it against the tree's own depth): anything larger is a 422 here,
+# not an overflow in numpy.
+NodeNumber = Annotated[int, Field(ge=0, lt=MAX_NODES)]
+# Milliseconds: a TTL, an age, a tolerance; bounded so that no arithmetic on them can
+# leave a 64-bit integer (Redis's own limit for PEXPIRE).
+Millis = Annotated[int, Field(ge=0, le=1 << 50)]
+
+
 class NodesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     level: int = Field(ge=0, le=24)
-    nodes: list[int] = Field(max_length=MAX_NODES)
+    nodes: list[NodeNumber] = Field(max_length=MAX_NODES)
     down: int = Field(ge=0, le=24)
     auto: bool = False  # `down` is the most: go as deep as the tree's key count calls for
     fresh: bool = False
@@ -74,7 +83,7 @@ class NodesRequest(BaseModel):
 
 class LeavesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    leaves: list[int] = Field(max_length=MAX_NODES)
+    leaves: list[NodeNumber] = Field(max_length=MAX_NODES)
 
 
 class ObserveRequest(BaseModel):
@@ -90,19 +99,25 @@ class WriteSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     op: Literal["delete", "restore", "expire", "undo", "purge"]
     payload: str | None = None  # base64
-    pttl: int = -1
+    pttl: int = Field(default=-1, ge=-1, le=1 << 50)
+
+    @model_validator(mode="after")
+    def _restore_has_a_payload(self) -> WriteSpec:
+        if self.op == "restore" and not self.payload:
+            raise ValueError("a restore needs its payload (the winner's DUMP, base64)")
+        return self
 
 
 class KeyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     key: str  # base64
     expected: list[Any] | None  # a key state (null: absent)
-    tolerance_ms: int = Field(ge=0)
+    tolerance_ms: Millis
 
 
 class WriteRequest(KeyRequest):
     write: WriteSpec
-    age_ms: int = Field(ge=0)  # time since the source was read, when the request left
+    age_ms: Millis  # time since the source was read, when the request left
 
 
 def _agent(request: Request) -> RegionAgent:
@@ -321,6 +336,12 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
         lifespan=lifespan,
         description="Tictac trees of one region's replicas, kept current from keyspace "
         "notifications; leaf contents and key states for `repair check` and `run`.",
+        # Nothing but health without a token (docs/agents.md): the OpenAPI document is
+        # served below behind the read scope, and no browser page (which would load
+        # Swagger UI from a CDN, and could not send the token) is served at all.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.agent = agent
     metrics = AgentMetrics(agent)
@@ -330,6 +351,10 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
         if part.router is not None:
             # Parts serve probe keys and clocks: read (a route may ask for more itself).
             app.include_router(part.router, dependencies=[Depends(reader)])
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(reader)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(reader)])
     async def metrics_page() -> Response:

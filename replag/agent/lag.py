@@ -8,6 +8,9 @@ Routes (a token with the read scope, like every route but health; `agent.auth`):
 * `GET /agent/v1/lag/watches/{id}?wait_s=S`: once every key arrived everywhere, or after
   S seconds (a long poll: one WAN round trip), the arrivals on this host's wall clock;
 * `DELETE /agent/v1/lag/watches/{id}`: stop it (it also ends itself after `timeout_s`);
+
+A watch is its opener's: only the token that opened it may read or close it (another
+gets 404), and one token holds at most `agent_watches_per_token` at once (429).
 * `GET /agent/v1/lag/clock`: {clock: {now_ns, host}}: this host's wall clock now, and
   what the kernel (or `clock_error_bound`) says of its error, for the prober's round trips.
 
@@ -57,6 +60,8 @@ class LagPart:
         self.clock = clock or WallClock()
         self.book: WatchBook | None = None
         self.opened_by: dict[str, dict[str, str]] = {}  # watch id → who opened it
+        self.owner: dict[str, str] = {}  # watch id → the token's name: only it may see it
+        self.per_token = 16  # settings.agent_watches_per_token, once started
         self._bound_s: float | None = None
         self.router: APIRouter | None = self._routes()
 
@@ -64,6 +69,7 @@ class LagPart:
         settings = agent.settings
         replicas = agent.config.topology.region(agent.region).replicas
         self._bound_s = settings.clock_error_bound
+        self.per_token = settings.agent_watches_per_token
         self.book = WatchBook(replicas, settings, clock=self.clock)
 
     async def stop(self) -> None:
@@ -98,13 +104,22 @@ class LagPart:
                 )
             except ValueError:
                 raise HTTPException(400, "stem, pattern: expected base64") from None
-            try:
-                watch = await self._book().open(spec)
-            except UsageError as exc:
-                raise HTTPException(400, exc.message) from None
             book = self._book()
             self.opened_by = {k: v for k, v in self.opened_by.items() if k in book.watches}
+            self.owner = {k: v for k, v in self.owner.items() if k in book.watches}
+            held = sum(1 for name in self.owner.values() if name == caller.name)
+            if held >= self.per_token:
+                raise HTTPException(
+                    429,
+                    f"token {caller.name!r} already holds {held} watches "
+                    f"(agent_watches_per_token); close one or let it end",
+                )
+            try:
+                watch = await book.open(spec)
+            except UsageError as exc:
+                raise HTTPException(400, exc.message) from None
             self.opened_by[watch.id] = caller.to_dict()
+            self.owner[watch.id] = caller.name
             report = watch.report()
             return {
                 "watch": watch.id,
@@ -115,17 +130,17 @@ class LagPart:
 
         @router.get("/watches/{watch_id}")
         async def watch_report(
-            watch_id: str, wait_s: Annotated[float, Query(ge=0, le=3600)] = 0.0
+            watch_id: str, caller: Reader, wait_s: Annotated[float, Query(ge=0, le=3600)] = 0.0
         ) -> dict[str, Any]:
             """The arrivals so far, once complete or after `wait_s`."""
-            watch = self._watch(watch_id)
+            watch = self._watch(watch_id, caller)
             await watch.wait(wait_s)
             opened_by = self.opened_by.get(watch_id)
             return {**watch.report(), "opened_by": opened_by, "clock": self.clock_now()}
 
         @router.delete("/watches/{watch_id}")
-        async def close_watch(watch_id: str) -> dict[str, Any]:
-            self._watch(watch_id)
+        async def close_watch(watch_id: str, caller: Reader) -> dict[str, Any]:
+            self._watch(watch_id, caller)
             await self._book().close(watch_id)
             return {"closed": watch_id}
 
@@ -136,11 +151,16 @@ class LagPart:
 
         return router
 
-    def _watch(self, watch_id: str) -> Any:
+    def _watch(self, watch_id: str, caller: Caller) -> Any:
+        """The watch, if `caller`'s token opened it: another token's is answered as one
+        that does not exist (404), so a token learns nothing of other callers' watches."""
         try:
-            return self._book().get(watch_id)
+            watch = self._book().get(watch_id)
         except UsageError as exc:
             raise HTTPException(404, exc.message) from None
+        if self.owner.get(watch_id) != caller.name:
+            raise HTTPException(404, f"no watch {watch_id!r} (ended, or never opened)")
+        return watch
 
     def collect(self) -> Iterator[Metric]:
         book = self.book

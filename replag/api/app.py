@@ -80,7 +80,9 @@ def create_app(
         version=__version__,
         lifespan=lifespan,
         description="Replication lag, divergence checks and alerts for Redis across regions.",
-        # Served below from files installed with the package: no CDN, works offline.
+        # Served below, as reads (open unless settings.api_reads is token), the pages
+        # from files installed with the package: no CDN, works offline.
+        openapi_url=None,
         docs_url=None,
         redoc_url=None,
     )
@@ -102,7 +104,11 @@ def create_app(
     app.mount("/static/docs", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
-    @app.get("/docs", include_in_schema=False)
+    @app.get("/openapi.json", include_in_schema=False, dependencies=readers)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=readers)
     def docs() -> HTMLResponse:
         return get_swagger_ui_html(
             openapi_url="/openapi.json",
@@ -112,7 +118,7 @@ def create_app(
             swagger_favicon_url="/static/docs/favicon.png",
         )
 
-    @app.get("/redoc", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False, dependencies=readers)
     def redoc() -> HTMLResponse:
         return get_redoc_html(
             openapi_url="/openapi.json",

@@ -89,11 +89,19 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
         type_name, digest, expiry, *rest = item
         extra: dict[str, Any] = rest[0] if rest else {}
         fields = extra.get("fields")
+        number = int(digest, 16) if digest is not None else None
+        expires = int(expiry) if expiry is not None else None
+        # A digest is 64 bits and an expiry milliseconds: larger ones are not states
+        # (and would overflow where they are compared with numpy's integers).
+        if (number is not None and not 0 <= number < 1 << 64) or (
+            expires is not None and abs(expires) >= 1 << 62
+        ):
+            raise ValueError("digest or expiry out of range")
         return KeyState(
             True,
             str(type_name),
-            int(digest, 16) if digest is not None else None,
-            int(expiry) if expiry is not None else None,
+            number,
+            expires,
             base64.b64decode(extra["data"]) if "data" in extra else None,
             {base64.b64decode(k): base64.b64decode(v) for k, v in fields.items()}
             if fields
