@@ -146,7 +146,8 @@ def test_agent_logs_json_lines_when_the_environment_says_so(tmp_path: Path) -> N
         {"REPLAG_LOG_FORMAT": "json", "REPLAG_AGENT_STATE_DIR": str(tmp_path / "agent")},
     )
     try:
-        reader.until("from uvicorn", lambda e: "Uvicorn running" in e["message"])
+        running = reader.until("from uvicorn", lambda e: "Uvicorn running" in e["message"])
+        assert running["region"] == "eu-west"  # every line of a region's agent names it
     finally:
         reader.stop()
 

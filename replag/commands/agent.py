@@ -18,6 +18,7 @@ from replag.commands.serve import CleanExitServer, _is_loopback, listen
 from replag.config import Config
 from replag.durations import parse_duration_ns
 from replag.errors import ConfigError, UsageError
+from replag.logfields import bind_log_fields
 from replag.tls import TlsFilesError, server_context
 
 log = logging.getLogger("replag.agent")
@@ -140,7 +141,8 @@ def command(
                 lifespan="on",
             )
         )
-        server.run(sockets=[sock])
+        with bind_log_fields(region=region):  # every line of this agent names its region
+            server.run(sockets=[sock])
 
 
 class _ServerConfig(uvicorn.Config):
