@@ -19,6 +19,7 @@ from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
 from replag.discovery.cluster import discover_cluster
+from replag.discovery.contacts import Contacts, parse_networks
 from replag.discovery.dynomite import (
     PortMap,
     discover_dynomite,
@@ -108,6 +109,14 @@ def command() -> None:
     "--sentinel's data nodes): the file gets `password_env = NAME`, never the password.",
 )
 @click.option(
+    "--allow-networks",
+    "allow_networks",
+    metavar="CIDR,...",
+    help="Contact only hosts in these networks (e.g. 10.0.0.0/8,192.168.1.0/24): discovery "
+    "follows what servers say (INFO replication) and sends them the URL's credentials; "
+    "a host outside is neither contacted nor written.",
+)
+@click.option(
     "--store",
     "store_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -129,6 +138,7 @@ def discover(
     port_map_file: Path | None,
     timeout: str | None,
     password_env: str | None,
+    allow_networks: str | None,
     store_path: Path | None,
 ) -> None:
     """Discover a topology and print (or --out) the TOML file replag reads.
@@ -136,6 +146,10 @@ def discover(
     A password given in a URL is written into the file (mode 0600); one given with
     --password-env NAME is read from NAME and the file refers to NAME only. rediss://
     URLs are read with the tls_* settings (REPLAG_TLS_CA, …), written into the file.
+
+    --redis follows INFO replication (master_host, slaveN) and sends the URL's user and
+    password to every host it names: the hosts that got them are listed on stderr and in
+    the file; --allow-networks keeps discovery inside the networks you trust.
     """
     sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
     if sentinel_addresses:
@@ -149,6 +163,9 @@ def discover(
     dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
+    if allow_networks and not (redis_url or cluster_url):
+        raise UsageError("--allow-networks applies to --redis and --cluster")
+    contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
     reply_limits.configure(reply_limits.from_settings(settings))
     timeout_s = _timeout_s(timeout, settings)
@@ -176,7 +193,7 @@ def discover(
         )
         found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
     elif redis_url:
-        found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s))
+        found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts))
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
@@ -185,12 +202,17 @@ def discover(
         )
     else:
         assert cluster_url is not None
-        found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s))
+        found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s, contacts=contacts))
     topology, references = as_references(
         found.topology, password=password, password_env=password_env
     )
     found = replace(found, topology=topology, settings={**found.settings, **references})
+    lines = contacts.header_lines()
+    if lines:
+        found = replace(found, header="\n".join([found.header, *lines]))
     _emit(with_store(found, store_path or settings.store), out)
+    for line in lines:
+        click.echo(f"note: {line}", err=True)
 
 
 def _password_from(name: str | None, *, dynomite: bool) -> str | None:

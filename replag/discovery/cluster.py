@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from replag.connections import async_client, endpoint_errors
+from replag.discovery.contacts import Contacts
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
@@ -151,8 +152,12 @@ def _slots_node(raw: Any, *, seed_host: str, where: str) -> ClusterNode:
     )
 
 
-async def read_shards(seed: Endpoint, *, timeout_s: float) -> tuple[list[Shard], str, str]:
+async def read_shards(
+    seed: Endpoint, *, timeout_s: float, contacts: Contacts | None = None
+) -> tuple[list[Shard], str, str]:
     """(shards, the command that answered, cluster_state) as seen from `seed`."""
+    if contacts is not None:
+        await contacts.reach(seed)
     client = async_client(seed, timeout_s=timeout_s)
     where = seed.url()
     try:
@@ -199,13 +204,15 @@ def _cluster_state(info: Any) -> str:
     return "unknown"
 
 
-async def discover_cluster(url: str, *, timeout_s: float) -> Discovery:
+async def discover_cluster(
+    url: str, *, timeout_s: float, contacts: Contacts | None = None
+) -> Discovery:
     """Every shard of the Redis Cluster that the node at `url` belongs to."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
         raise UsageError(f"--cluster: {exc}") from None
-    shards, command, state = await read_shards(seed, timeout_s=timeout_s)
+    shards, command, state = await read_shards(seed, timeout_s=timeout_s, contacts=contacts)
     if not shards:
         raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
     return cluster_topology(shards, seed=seed, command=command, state=state)

@@ -3,7 +3,8 @@
 Starting anywhere in the tree (a replica's `master_host` leads up to the
 primary), each node's `slaveN:ip=…,port=…` lines lead down to its replicas,
 chained ones included. Replicas are reached with the credentials of the URL
-given, as replicas of one primary normally share them.
+given, as replicas of one primary normally share them: `Contacts` records every
+address they went to, and refuses hosts outside --allow-networks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from replag.connections import async_client, endpoint_errors
+from replag.discovery.contacts import Contacts, OutsideNetworks
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
@@ -30,7 +32,11 @@ class ReplicaLink:
     offset: int | None
 
 
-async def read_replication_info(endpoint: Endpoint, *, timeout_s: float) -> dict[str, Any]:
+async def read_replication_info(
+    endpoint: Endpoint, *, timeout_s: float, contacts: Contacts | None = None
+) -> dict[str, Any]:
+    if contacts is not None:
+        await contacts.reach(endpoint)
     client = async_client(endpoint, timeout_s=timeout_s)
     try:
         with endpoint_errors(endpoint):
@@ -79,11 +85,13 @@ def _node(like: Endpoint, host: str, port: int) -> Endpoint:
     return replace(like, name=f"{host}:{port}", host=host, port=port, kind="redis", region=None)
 
 
-async def find_primary(seed: Endpoint, *, timeout_s: float) -> Endpoint:
+async def find_primary(
+    seed: Endpoint, *, timeout_s: float, contacts: Contacts | None = None
+) -> Endpoint:
     """Follow `master_host:master_port` up from `seed` to the node whose role is master."""
     node = seed
     for _ in range(_MAX_HOPS):
-        info = await read_replication_info(node, timeout_s=timeout_s)
+        info = await read_replication_info(node, timeout_s=timeout_s, contacts=contacts)
         if info["role"] == "master":
             return node
         host, port = info.get("master_host"), info.get("master_port")
@@ -93,13 +101,16 @@ async def find_primary(seed: Endpoint, *, timeout_s: float) -> Endpoint:
     raise DiscoveryError(f"no primary within {_MAX_HOPS} hops up (a loop?)", where=seed.url())
 
 
-async def discover_replication(url: str, *, timeout_s: float) -> Discovery:
-    """The primary of `url`'s replication tree and every replica under it."""
+async def discover_replication(
+    url: str, *, timeout_s: float, contacts: Contacts | None = None
+) -> Discovery:
+    """The primary of `url`'s replication tree and every replica under it (those outside
+    `contacts.networks` left out, never contacted)."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
         raise UsageError(f"--redis: {exc}") from None
-    primary = await find_primary(seed, timeout_s=timeout_s)
+    primary = await find_primary(seed, timeout_s=timeout_s, contacts=contacts)
     primary = replace(primary, name=primary.address, region="primary")
     links: list[ReplicaLink] = []
     unread: dict[str, str] = {}
@@ -110,7 +121,9 @@ async def discover_replication(url: str, *, timeout_s: float) -> Discovery:
         below = []
         for node in frontier:
             try:
-                info = await read_replication_info(node, timeout_s=timeout_s)
+                info = await read_replication_info(node, timeout_s=timeout_s, contacts=contacts)
+            except OutsideNetworks:
+                continue  # left out of the file: later runs would send it the credentials too
             except EndpointError as exc:
                 if node is primary:
                     raise
@@ -124,6 +137,8 @@ async def discover_replication(url: str, *, timeout_s: float) -> Discovery:
                     links.append(link)
                     below.append(link.endpoint)
         frontier = below
+    if contacts is not None and contacts.refused:
+        links = [link for link in links if link.endpoint.address not in contacts.refused]
     return replication_topology(primary, links, unread=unread, source=seed.url())
 
 
