@@ -243,7 +243,10 @@ class Settings:
         "How long a probe waits for a key on a replica before counting it lost.",
     )
     connect_timeout: float = setting(
-        "2s", _positive_duration, "Connect and command timeout for every Redis endpoint."
+        "2s",
+        _positive_duration,
+        "Connect timeout of every Redis endpoint, and the deadline of each request's whole "
+        "reply (not of each read: a server sending a byte a second misses it too).",
     )
     max_reply_bytes: int = setting(
         "512MB",
