@@ -148,6 +148,9 @@ def test_agent_logs_json_lines_when_the_environment_says_so(tmp_path: Path) -> N
     try:
         running = reader.until("from uvicorn", lambda e: "Uvicorn running" in e["message"])
         assert running["region"] == "eu-west"  # every line of a region's agent names it
+        # A tree's lines name its replica (here: the replica's port is closed).
+        tree = reader.until("of a replica's tree", lambda e: "replica" in e)
+        assert tree["replica"] == "eu-west-1" and tree["logger"].startswith("replag.agent")
     finally:
         reader.stop()
 

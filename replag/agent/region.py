@@ -25,6 +25,7 @@ from replag.agent.auth import AgentAudit
 from replag.agent.livetree import LiveTree
 from replag.config import Config
 from replag.errors import UsageError
+from replag.logfields import bind_log_fields
 from replag.repair.lanes import ReplicaLane
 from replag.repair.scan import ScanOptions
 from replag.repair.tictac import DEFAULT_DEPTH
@@ -117,7 +118,8 @@ class RegionAgent:
 
     async def start(self) -> None:
         for name, tree in self.trees.items():
-            self._tasks.append(asyncio.create_task(tree.run(), name=f"tree-{name}"))
+            with bind_log_fields(replica=name):  # the task's lines name its replica
+                self._tasks.append(asyncio.create_task(tree.run(), name=f"tree-{name}"))
         for part in self.parts:
             await part.start(self)
         log.info(
