@@ -1,12 +1,13 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
-    values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields
+    values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
+                   private_files
     configuration  settings, reply_limits, topology, validation, config_security, config_tables,
                    config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
     io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
-                   background, heap
+                   background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, agent, permissions
     service → api → cli (commands, docs_gen)
@@ -39,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.schemas",
             "replag.tokens",
             "replag.logfields",
+            "replag.private_files",
         ),
     ),
     (
@@ -69,6 +71,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.discovery.http",
             "replag.background",
             "replag.heap",
+            "replag.request_bodies",
         ),
     ),
     (
