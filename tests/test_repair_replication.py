@@ -187,3 +187,66 @@ async def test_a_replica_of_another_primary_is_left_for_a_resync(
     assert line["key"] == "k" and line["status"] == "resync" and line["findings"], line
     runs = await asyncio.to_thread(CliRunner().invoke, main, ["repair", "runs", "-c", str(path)])
     assert "repaired 0, left 1" in runs.output, runs.output
+
+
+async def test_a_database_with_keys_is_checked_or_said_to_be_unchecked(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    primary = redis_factory("p")
+    replica = replica_of(redis_factory, primary, "r")
+    wait_listed(primary, [replica])
+    with replica.client() as r:
+        r.config_set("replica-read-only", "no")
+    with primary.client() as p:
+        p.set("in-db0", "x")
+        p.execute_command("SELECT", "3")
+        p.mset({f"k{i}": i for i in range(100)})
+    await until(lambda: asyncio.to_thread(_db3_size, replica, 100), "db3 replicated")
+    with replica.client() as r:
+        r.execute_command("SELECT", "3")
+        r.set("k1", "changed")
+        r.delete("k2")
+        r.set("stray", "1")
+
+    # A config naming db0 only: the check compares db0, finds it clean, and says plainly
+    # that db3 holds keys nobody compared: not clean, exit 1.
+    path = tmp_path / "db0.toml"
+    path.write_text(render_config(
+        _config(tmp_path, [primary, replica], kind="replication").topology,
+        settings={"store": str(tmp_path / "c.db")},
+    ))  # fmt: skip
+    shown = await asyncio.to_thread(CliRunner().invoke, main, ["repair", "check", "-c", str(path)])
+    assert shown.exit_code == 1, shown.output
+    assert f"{primary.name} (127.0.0.1:{primary.port}) db3: 100 keys" in shown.output, shown.output
+    assert "NOT CLEAN: 2 database(s) holding keys were not checked" in shown.output
+    as_json = await asyncio.to_thread(
+        CliRunner().invoke, main, ["repair", "check", "-c", str(path), "--json"]
+    )
+    document = json.loads(as_json.stdout)
+    jsonschema.validate(document, schema("check"))
+    assert document["divergent"] == 0 and as_json.exit_code == 1
+    unchecked = sorted((u["member"], u["db"], u["keys"]) for u in document["unchecked_databases"])
+    assert unchecked == sorted([(primary.name, 3, 100), (replica.name, 3, 100)]), unchecked
+
+    # Discovery writes a group per database that holds keys: every difference is found.
+    found = tmp_path / "found.toml"
+    discovered = await asyncio.to_thread(
+        CliRunner().invoke,
+        main,
+        ["topology", "discover", "--redis", primary.url, "--out", str(found)],
+    )
+    assert discovered.exit_code == 0, discovered.output
+    env = {"REPLAG_STORE": str(tmp_path / "d.db")}
+    checked = await asyncio.to_thread(
+        CliRunner(env=env).invoke, main, ["repair", "check", "-c", str(found), "--json"]
+    )
+    document = json.loads(checked.stdout)
+    assert checked.exit_code == 1 and document["unchecked_databases"] == [], checked.output
+    by_group = {g["group"]: g["divergent"] for g in document["groups"]}
+    assert by_group == {"replication": 0, "replication-db3": 3}, by_group
+
+
+def _db3_size(server: RedisServer, size: int) -> bool:
+    with server.client() as client:
+        client.execute_command("SELECT", "3")
+        return bool(client.dbsize() == size)

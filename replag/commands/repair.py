@@ -172,7 +172,8 @@ def check_command(
     ttls: str | None,
     as_json: bool,
 ) -> None:
-    """Compare the replicas; exit 0 if they agree, 1 if divergence is found."""
+    """Compare the replicas; exit 0 if they agree, 1 if divergence is found (or a
+    database holding keys is covered by no group: it was not compared)."""
     with _json_errors(as_json, []):
         sink = _KeysOut(keys_out) if keys_out is not None else None
     try:
@@ -190,7 +191,8 @@ def check_command(
     finally:
         if sink is not None:
             sink.close()
-    sys.exit(1 if report.divergent else 0)
+    # A database with keys that nothing compared is not a clean result.
+    sys.exit(1 if report.divergent or report.unchecked_databases else 0)
 
 
 @command.command("runs")
@@ -343,7 +345,7 @@ def run_command(
     finally:
         if sink is not None:
             sink.close()
-    sys.exit(1 if _left(report.to_dict()) else 0)
+    sys.exit(1 if _left(report.to_dict()) or report.unchecked_databases else 0)
 
 
 def _add_rebuild() -> None:

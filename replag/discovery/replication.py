@@ -9,6 +9,7 @@ address they went to, and refuses hosts outside --allow-networks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,6 +47,41 @@ async def read_replication_info(
     if "role" not in info:
         raise DiscoveryError("INFO replication has no `role` line", where=endpoint.url())
     return info
+
+
+async def read_keyspace(endpoint: Endpoint, *, timeout_s: float) -> dict[int, int]:
+    """Database number → keys (INFO keyspace) of `endpoint`."""
+    client = async_client(endpoint, timeout_s=timeout_s)
+    try:
+        with endpoint_errors(endpoint):
+            info: dict[str, Any] = await client.info("keyspace")
+    finally:
+        await client.aclose()
+    return {
+        int(name[2:]): int(value.get("keys", 0))
+        for name, value in info.items()
+        if name.startswith("db") and name[2:].isdigit() and isinstance(value, dict)
+    }
+
+
+def database_groups(
+    group: ReplicaGroup, databases: Mapping[int, int]
+) -> tuple[list[ReplicaGroup], dict[str, str]]:
+    """A group per other database that holds keys on `group`'s servers (the same members,
+    their URLs naming that database), and a comment for each: a check compares them all."""
+    groups, comments = [], {}
+    own = group.members[0].db
+    for db, keys in sorted(databases.items()):
+        if db == own or keys <= 0:
+            continue
+        name = f"{group.name}-db{db}"
+        members = tuple(replace(m, db=db, name=f"{m.name}/db{db}") for m in group.members)
+        groups.append(replace(group, name=name, members=members))
+        comments[name] = (
+            f"database {db} of the same servers ({keys:,} keys in INFO keyspace at discovery): "
+            "compared as a group of its own"
+        )
+    return groups, comments
 
 
 def replicas_listed(info: dict[str, Any], upstream: Endpoint) -> list[ReplicaLink]:
@@ -139,11 +175,19 @@ async def discover_replication(
         frontier = below
     if contacts is not None and contacts.refused:
         links = [link for link in links if link.endpoint.address not in contacts.refused]
-    return replication_topology(primary, links, unread=unread, source=seed.url())
+    databases = await read_keyspace(primary, timeout_s=timeout_s)
+    return replication_topology(
+        primary, links, unread=unread, source=seed.url(), databases=databases
+    )
 
 
 def replication_topology(
-    primary: Endpoint, links: list[ReplicaLink], *, unread: dict[str, str], source: str
+    primary: Endpoint,
+    links: list[ReplicaLink],
+    *,
+    unread: dict[str, str],
+    source: str,
+    databases: Mapping[int, int] | None = None,
 ) -> Discovery:
     """One region "primary" (write = primary, replicas = all) and one replica group."""
     replicas = tuple(replace(link.endpoint, region="primary") for link in links)
@@ -167,10 +211,11 @@ def replication_topology(
         "leads to (lag per replica)",
     }
     if replicas:
-        groups = (
-            ReplicaGroup(name="replication", members=(primary, *replicas), kind="replication"),
-        )
+        group = ReplicaGroup(name="replication", members=(primary, *replicas), kind="replication")
         comments["replication"] = "the primary and every replica: they should hold the same data"
+        others, more = database_groups(group, databases or {})
+        groups = (group, *others)
+        comments.update(more)
     header = [f"Discovered from INFO replication, starting at {source}."]
     if not replicas:
         header.append("The primary lists no replicas: nothing to probe or repair against.")

@@ -28,6 +28,7 @@ from replag.errors import (
 from replag.logfields import bind_log_fields
 from replag.permissions import Mode
 from replag.repair import report as rp
+from replag.repair.databases import unchecked_databases
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
 from replag.repair.observe import key_from_json
@@ -162,6 +163,7 @@ async def _run_exclusive(
             and params.type_filter is None
         )
 
+    unchecked: list[dict[str, Any]] = []
     try:
         with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
             # Every member answers first, or nothing is scanned (the run is recorded as failed).
@@ -198,6 +200,13 @@ async def _run_exclusive(
                         shape=shape,
                     )
                     reports.append(await run.run())
+            # What this run did not look at: databases with keys no group covers.
+            unchecked = await unchecked_databases(
+                config.topology,
+                groups,
+                timeout_s=config.settings.connect_timeout,
+                skip={m.name for g in groups for m in g.members if through_agent(m)},
+            )
     finally:
         if beating is not None:
             await cancel_all([beating])
@@ -214,6 +223,7 @@ async def _run_exclusive(
         seconds=time.perf_counter() - started,
         scan_rate=config.settings.scan_rate or None,
         ttls=params.ttls,
+        unchecked_databases=unchecked,
     )
     if log is not None:
         log.set_status(DONE, report=report.to_dict())

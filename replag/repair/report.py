@@ -164,6 +164,8 @@ class RepairReport:
     scan_rate: float | None = None
     # "compare" or "ignore": whether expiries were compared (settings.repair_ttls).
     ttls: str = "compare"
+    # Databases holding keys on a compared server that no group covers: not looked at.
+    unchecked_databases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def divergent(self) -> int:
@@ -205,6 +207,7 @@ class RepairReport:
             "groups": [g.to_dict() for g in self.groups],
             "divergent_keys": keys[:KEYS_SHOWN],
             "divergent_keys_total": self.divergent,
+            "unchecked_databases": self.unchecked_databases,
         }
 
     def render(self) -> str:
@@ -275,8 +278,25 @@ class RepairReport:
                 name = k.get("key", k.get("key_b64", "?"))
                 reason = f": {k['reason']}" if k.get("reason") else ""
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
-        lines += ["", f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"]
+        lines += self._unchecked()
+        done = f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"
+        if self.unchecked_databases:
+            n = len(self.unchecked_databases)
+            done += f"; NOT CLEAN: {n} database(s) holding keys were not checked (above)"
+        lines += ["", done]
         return "\n".join(lines)
+
+    def _unchecked(self) -> list[str]:
+        if not self.unchecked_databases:
+            return []
+        lines = ["", "not checked: databases that hold keys and that no group covers:"]
+        for u in self.unchecked_databases:
+            lines.append(f"  {u['member']} ({u['address']}) db{u['db']}: {u['keys']:,} keys")
+        lines.append(
+            "  add a group for each (`replag topology discover` writes one per database "
+            "that holds keys; a member's url names its database: redis://host:port/N)"
+        )
+        return lines
 
     def _acted_on(self, d: dict[str, Any]) -> list[str]:
         """The keys a repair wrote (a dry run: would write), by name when few; else where

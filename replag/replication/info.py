@@ -29,6 +29,19 @@ def parse_info(text: bytes | str) -> dict[str, str]:
     return fields
 
 
+def keyspace_keys(text: bytes | str) -> dict[int, int]:
+    """Database number → keys, from an INFO keyspace answer (`db3:keys=100,expires=0,…`)."""
+    out: dict[int, int] = {}
+    for name, value in parse_info(text).items():
+        if not name.startswith("db") or not name[2:].isdigit():
+            continue
+        for part in value.split(","):
+            key, _, number = part.partition("=")
+            if key == "keys" and number.isdigit():
+                out[int(name[2:])] = int(number)
+    return out
+
+
 def _int(fields: dict[str, str], key: str) -> int | None:
     value = fields.get(key)
     if value is None:

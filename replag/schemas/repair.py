@@ -116,6 +116,8 @@ REPAIR_REPORT = obj(
     {
         "seconds": NUM,
         "scan_rate": nullable(NUM),
+        # Databases holding keys on a compared server that no group covers (not checked).
+        "unchecked_databases": arr(obj({"member": STR, "address": STR, "db": INT, "keys": INT})),
         "pending": INT,
         "found": FOUND_COUNTS,
         "replicas": arr(REPAIR_REPLICA),
