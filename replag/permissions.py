@@ -170,12 +170,17 @@ def key_patterns(mode: Mode, prefix: str) -> list[str]:
 
 def channel_patterns(mode: Mode, prefix: str, dbs: tuple[int, ...] = (0,)) -> list[str]:
     """The probe subscribes to `__keyspace@<db>__:<prefix>*` exactly (Redis compares a
-    PSUBSCRIBE pattern with the ACL's literally); an agent follows every key."""
+    PSUBSCRIBE pattern with the ACL's literally); an agent follows every key, and
+    watches probe keys as the probe does."""
     if mode == "check" or mode == "repair":
         return []
-    keys = "*" if mode == "agent" else f"{prefix}*"
-    channels = [f"__keyspace@{db}__:{keys}" for db in dbs]
-    return [*channels, "__redis__:invalidate"] if mode == "agent" else channels
+    probe = [f"__keyspace@{db}__:{prefix}*" for db in dbs]
+    if mode != "agent":
+        return probe
+    # The agent's trees follow every key; its lag watches subscribe to the probe's own
+    # pattern, which `&__keyspace@0__:*` does not allow (compared literally).
+    every = [f"__keyspace@{db}__:*" for db in dbs]
+    return [*every, *probe, "__redis__:invalidate"]
 
 
 def acl_rules(

@@ -1,33 +1,39 @@
 """What each mode's user, made from exactly the line `replag acl` prints, cannot do, on
-Redis 7 and Valkey 9: read the server's passwords, run Lua, flush, reconfigure, KEYS,
-DEBUG, SHUTDOWN; the probe's cannot write outside its prefix. And the agent keeps a
-tree with only its line (the other modes: `test_acl.py`). Opt-ins widen a line only
-when asked, with a warning for scripts."""
+Redis 7, Valkey 9 and Redis 6.2 (the same lines work there): read the server's
+passwords, run Lua, flush, reconfigure, KEYS, DEBUG, SHUTDOWN; the probe's cannot
+write outside its prefix. And what they still do with only their line: the agent keeps
+a tree and watches probes by push, serve probes by push (probe, check, repair: also
+`test_acl.py`); `acl --check` names every missing command at once. Opt-ins widen a line
+only when asked, with a warning for scripts."""
 
 from __future__ import annotations
 
 import asyncio
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+import tomli_w
 from click.testing import CliRunner
 
 from replag.agent.livetree import LiveTree
 from replag.cli import main
+from replag.config import config_from_dict
 from replag.lab.server import RedisServer
 from replag.permissions import MODES
+from replag.probes import run_probe
 from replag.topology import Endpoint
 from tests.helpers.agent import OPTIONS, scanned_tree
-from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import RedisFactory, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 
 USER, PASSWORD = "replag-recipe", "recipe-s3cret-pw"
 ADMIN_SECRET = "the-admin-s3cret"
 
 
-@pytest.fixture(params=["redis-7", "valkey-9"])
+@pytest.fixture(params=["redis-7", "valkey-9", "redis-6.2"])
 def acl_kind(request: pytest.FixtureRequest) -> Iterator[str]:
     binary, missing = kind_binary(request.param)
     if binary is None:
@@ -67,7 +73,9 @@ def test_no_default_line_grants_secrets_code_or_a_category() -> None:
 
 async def test_each_modes_user_can_do_no_harm(acl_kind: str, redis_factory: RedisFactory) -> None:
     # DEBUG enabled, so that what refuses it is the user's ACL, not the server's default.
-    server = redis_factory("recipes", extra_args=("--enable-debug-command", "yes"))
+    # (Redis 6.2 has no such option: DEBUG is enabled there.)
+    debug = () if acl_kind == "redis-6.2" else ("--enable-debug-command", "yes")
+    server = redis_factory("recipes", extra_args=debug)
     for mode in MODES:
         user = make_user(server, mode)
         harmful: list[tuple[str, ...]] = [
@@ -76,7 +84,6 @@ async def test_each_modes_user_can_do_no_harm(acl_kind: str, redis_factory: Redi
             ("CONFIG", "GET", "*"),
             ("EVAL", "return 1", "0"),
             ("SCRIPT", "LOAD", "return 1"),
-            ("FUNCTION", "LIST"),
             ("FLUSHALL",),
             ("FLUSHDB",),
             ("CONFIG", "SET", "notify-keyspace-events", "KA"),
@@ -86,6 +93,8 @@ async def test_each_modes_user_can_do_no_harm(acl_kind: str, redis_factory: Redi
             ("ACL", "LIST"),
             ("MODULE", "LIST"),
         ]
+        if acl_kind != "redis-6.2":  # Redis 6.2 has no functions
+            harmful.append(("FUNCTION", "LIST"))
         if mode == "probe":
             harmful += [("SET", "not-a-probe-key", "x"), ("DEL", "not-a-probe-key")]
         with user:
@@ -139,3 +148,53 @@ async def test_the_agent_keeps_a_tree_with_only_its_line(
     finally:
         await tree.stop()
         await asyncio.wait_for(task, 30)
+
+
+@pytest.mark.parametrize("mode", ["serve", "agent"])
+async def test_serve_and_agent_users_probe_by_push_with_their_line(
+    mode: str, redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    primary = redis_factory("p")
+    replica = redis_factory(
+        "r", extra_args=("--replicaof", "127.0.0.1", str(primary.port),
+                         "--notify-keyspace-events", "K$"),
+    )  # fmt: skip
+    wait_listed(primary, [replica])
+    for server in (primary, replica):
+        make_user(server, mode).close()
+    config = config_from_dict(
+        {"settings": {"store": str(tmp_path / "s.sqlite"), "username": USER,
+                      "password_env": "RECIPE_PASSWORD"},
+         "regions": [{"name": "a", "write": f"redis://127.0.0.1:{primary.port}",
+                      "replicas": [{"name": "r", "url": f"redis://127.0.0.1:{replica.port}"}]}]},
+        where="recipe.toml", environ={"RECIPE_PASSWORD": PASSWORD},
+    )  # fmt: skip
+    report = await run_probe(config, count=10, rate=0, mode="auto")
+    [pair] = report.pairs
+    assert (pair.observed_by, pair.seen) == ("push", 10), report.notes
+
+
+def test_acl_check_names_every_missing_command_at_once(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    servers = [redis_factory("check"), redis_factory("check")]
+    for server in servers:
+        make_user(server, "repair").close()
+    with servers[0].client() as admin:
+        admin.execute_command("ACL", "SETUSER", USER, "-type", "-restore", "-hset")
+    path = tmp_path / "replag.toml"
+    path.write_text(
+        tomli_w.dumps({
+            "settings": {"username": USER, "password_env": "RECIPE_PASSWORD"},
+            "groups": [{"name": "g", "members": [f"redis://127.0.0.1:{s.port}" for s in servers]}],
+        })
+    )  # fmt: skip
+    result = CliRunner().invoke(
+        main,
+        ["acl", "--mode", "repair", "--user", USER, "-c", str(path), "--check"],
+        env={"RECIPE_PASSWORD": PASSWORD},
+    )
+    assert result.exit_code == 1, result.output
+    [line] = [x for x in result.stderr.splitlines() if "permission refused" in x]
+    assert "permission refused: TYPE, RESTORE, HSET (user replag-recipe)" in line
+    assert f"127.0.0.1:{servers[1].port}): repair permissions ok" in result.stderr
