@@ -81,8 +81,9 @@ def compile_bytecode() -> int:
     return sum(1 for _ in root.rglob("*.py"))
 
 
-def topology_of(lab_dir: Path, members: int) -> Path:
-    """The lab's topology with its group cut to the first `members` replicas."""
+def topology_of(lab_dir: Path, members: int, extra: dict[str, object] | None = None) -> Path:
+    """The lab's topology with its group cut to the first `members` replicas (and the
+    settings `extra` beside the benchmark's own)."""
     config = load_config(lab_dir / "topology.toml")
     group = config.topology.groups[0]
     cut = Topology(
@@ -94,6 +95,7 @@ def topology_of(lab_dir: Path, members: int) -> Path:
         "store": str(lab_dir / "replag.sqlite"),
         "prefix": "replag:probe:",
         "scan_nice": NICE,
+        **(extra or {}),
     }
     write_config_atomic(path, render_config(cut, settings=settings))
     return path

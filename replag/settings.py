@@ -547,6 +547,22 @@ class Settings:
         "CPU priority increment (nice) of scan processes: on a busy host they yield to "
         "the service's API and probes, and to servers on the same host (0 = as replag).",
     )
+    check_memory_mb: int = setting(
+        256,
+        _positive_int,
+        "Memory (MB) a check or repair may use for one group's scans, whatever the "
+        "keyspace: each scan process keeps the keys it read in memory up to its share "
+        "and spills the rest to a temporary file (see check_spill_mb). Below ~64 MB "
+        "the processes' own fixed size (~50 MB for 2 replicas) leaves little to share.",
+    )
+    check_spill_mb: int = setting(
+        16384,
+        _int,
+        "Disk (MB) a check or repair may use for one group's spilled keys (about 17 bytes "
+        "plus the name per key and replica, in $TMPDIR, in files with no name that "
+        "vanish when the scan ends or is killed). A keyspace past it is not kept: the "
+        "leaves that differ are read again from each replica (0 = never spill).",
+    )
     scan_checkpoint: float = setting(
         "30s",
         _duration,

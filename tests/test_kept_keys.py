@@ -1,4 +1,4 @@
-"""A scan process's kept keys (`_KeptKeys`): compact, and still exact.
+"""A scan process's kept keys (`KeptKeys`): compact, bounded in memory, and still exact.
 
 Plain data, no server: the scans that fill it run against real servers in
 test_scan_process.py and test_repair_scan.py.
@@ -14,9 +14,18 @@ import pytest
 from replag.repair import native
 from replag.repair.diff import in_leaves
 from replag.repair.scan import ScanIndex, index_batch
-from replag.repair.scan_process import _KeptKeys
+from replag.repair.scan_keep import KeepLimits, KeptKeys, keep_limits
 
 DEPTH = 10
+
+
+# Held in memory, or spilled a few hundred keys at a time (every path of the file).
+HELD, SPILLED = KeepLimits(), KeepLimits(memory_bytes=8 << 10)
+
+
+@pytest.fixture(params=["held", "spilled"])
+def limits(request: pytest.FixtureRequest) -> KeepLimits:
+    return HELD if request.param == "held" else SPILLED
 
 
 @pytest.fixture(params=["native", "python"])
@@ -37,20 +46,22 @@ def _batches(keys: list[bytes], size: int) -> list[ScanIndex]:
     return [_index(keys[i : i + size]) for i in range(0, len(keys), size)]
 
 
-def test_a_key_scan_returned_twice_counts_once(implementation: str) -> None:
+def test_a_key_scan_returned_twice_counts_once(implementation: str, limits: KeepLimits) -> None:
     keys = [b"key:%d" % i for i in range(3000)]
     # SCAN saw some keys twice and some three times, in other batches than the first.
     seen = [*keys, *keys[10:20], *keys[100:103], *keys[100:103]]
     random.Random(1).shuffle(seen)
-    kept = _KeptKeys(DEPTH)
+    kept = KeptKeys(DEPTH, limits)
     for part in _batches(seen, 256):
         kept.add(part)
     kept.count_duplicates_once()
     assert np.array_equal(kept.tree.leaves, _index(keys).tree(DEPTH).leaves)
+    assert (kept.spilled_bytes > 0) == (limits is SPILLED)
+    kept.close()
 
 
 def test_entries_alike_in_their_top_bits_are_not_repeats(implementation: str) -> None:
-    kept = _KeptKeys(DEPTH)
+    kept = KeptKeys(DEPTH)
     part = _index([b"a", b"b"])
     # A decoy whose entry shares the top 32 bits of another's but is not the same.
     part.entries = np.array([part.entries[0], part.entries[0] ^ np.uint64(1)], np.uint64)
@@ -61,10 +72,12 @@ def test_entries_alike_in_their_top_bits_are_not_repeats(implementation: str) ->
 
 
 @pytest.mark.parametrize("name_size", [5, 300, 70_000])  # lengths kept in 1, 2 and 4 bytes
-def test_the_keys_of_some_leaves_are_exact(implementation: str, name_size: int) -> None:
+def test_the_keys_of_some_leaves_are_exact(
+    implementation: str, name_size: int, limits: KeepLimits
+) -> None:
     keys = [b"%d:" % i + b"k" * name_size for i in range(200)]
     parts = _batches(keys, 64)
-    kept = _KeptKeys(4)
+    kept = KeptKeys(4, limits)
     for part in parts:
         kept.add(part)
     wanted = np.array([0, 3, 7, 15], np.int64)
@@ -75,3 +88,21 @@ def test_the_keys_of_some_leaves_are_exact(implementation: str, name_size: int) 
     assert got.key_hashes.tolist() == want.key_hashes.tolist()
     assert got.entries.tolist() == want.entries.tolist()
     assert got.lengths.dtype == np.uint32
+
+
+def test_past_the_disk_limit_nothing_is_kept() -> None:
+    keys = [b"key:%d" % i for i in range(3000)]
+    kept = KeptKeys(DEPTH, KeepLimits(memory_bytes=8 << 10, disk_bytes=20 << 10))
+    for part in _batches(keys, 256):
+        kept.add(part)
+    kept.count_duplicates_once()
+    # The tree is whole; the keys are not (a walk reads its leaves again).
+    assert np.array_equal(kept.tree.leaves, _index(keys).tree(DEPTH).leaves)
+    assert not kept.kept and kept.spilled_bytes <= 20 << 10
+
+
+def test_a_checks_memory_is_shared_by_its_scans() -> None:
+    assert keep_limits(256, 16384, 2) == KeepLimits(16 << 20, 8192 << 20)
+    small = keep_limits(80, 1000, 2)
+    assert small.memory_bytes == (80 - 35 - 16 << 20) // 8 and small.disk_bytes == 500 << 20
+    assert keep_limits(10, 0, 3) == KeepLimits(1 << 20, 0)

@@ -42,6 +42,7 @@ from replag.repair.roles import GroupShape, cluster_members
 from replag.repair.rounds import RepairRounds
 from replag.repair.runs import RunLog
 from replag.repair.scan import ScanOptions, ScanProgress
+from replag.repair.scan_keep import keep_limits
 from replag.repair.scan_process import WorkerTree
 from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
@@ -121,6 +122,7 @@ class GroupRun:
             checkpoint_every_s=s.scan_checkpoint,
             nice=s.scan_nice,
         )
+        self.keep_limits = keep_limits(s.check_memory_mb, s.check_spill_mb, len(group.members))
 
         # Members whose region runs an agent are compared through it: their trees and key
         # reads stay in the region. A --match/--type check needs a filtered scan: direct.
@@ -438,6 +440,7 @@ class GroupRun:
                 depth=DEFAULT_DEPTH,
                 progress=self._scan_progress,
                 checkpoint=checkpoint,
+                limits=self.keep_limits,
             )
         self.stats[i].bytes_fetched += worker.bytes_received
         self.stats[i].keys_scanned, self.stats[i].scan_s = state.keys, state.seconds

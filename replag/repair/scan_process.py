@@ -1,15 +1,17 @@
 """A member's scan in a process of its own: the client side of a full check is CPU-bound.
 
 `WorkerTree.scan` forks a worker that runs `BlockingScan` on one member and
-keeps the parts of the `ScanIndex` it builds (its keys never cross into this
-process). Back come a progress event per batch, a checkpoint every
-`checkpoint_every_s` (the cursor and the Tictac tree of the keys so far: 512
-KB, whatever the keyspace), and, when the scan ends, the member's tree. The
+keeps its keys (entry hash and name; `scan_keep.KeptKeys`: in memory up to a
+limit, the rest in a temporary file; they never cross into this process).
+Back come a progress event per batch, a checkpoint every `checkpoint_every_s`
+(the cursor and the Tictac tree of the keys so far: 512 KB, whatever the
+keyspace), and, when the scan ends, the member's tree. The
 walk then asks the worker for the keys of the differing leaves only
 (`leaf_keys`), which is what makes it a `MemberTree`.
 
 A scan resumed from a checkpoint starts from its cursor with the tree saved
-there; the keys read before the checkpoint are not kept anywhere, so the keys
+there; the keys read before the checkpoint are not kept anywhere (nor are those
+of a keyspace past the spill file's limit), so the keys
 of differing leaves are then found by a second pass that reads only keys in
 those leaves (SCAN of the names, values of the few that fall in them).
 
@@ -45,11 +47,11 @@ import numpy.typing as npt
 
 from replag import reply_limits
 from replag.errors import RepairError, ReplagError
-from replag.repair.native import entries_with_top, hash_each, hash_names
 from replag.repair.scan import LeafFilter, ScanOptions, ScanProgress
 from replag.repair.scan_blocking import BlockingScan
 from replag.repair.scan_index import ScanIndex
-from replag.repair.tictac import TictacTree, leaf_of
+from replag.repair.scan_keep import KeepLimits, KeptKeys
+from replag.repair.tictac import TictacTree
 from replag.repair.walk import first_down, nodes_below
 from replag.topology import Endpoint
 
@@ -60,6 +62,7 @@ Progressed = Callable[[ScanProgress], None]
 _PROGRESS_EVERY_S = 0.05
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 # How scan processes start: forked from this process, or from the fork server.
 _context: multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext = (
     multiprocessing.get_context("fork")
@@ -119,6 +122,7 @@ class WorkerTree:
         depth: int,
         progress: Progressed | None = None,
         checkpoint: Checkpointed | None = None,
+        limits: KeepLimits | None = None,
     ) -> WorkerTree:
         """Scan `endpoint` from `state` (with `saved`, the tree of what a checkpoint
         covered) in a new process; returns once its tree is complete. `state` follows
@@ -131,7 +135,7 @@ class WorkerTree:
         parents = (parent_end, os.getpid()) if forked_here else (None, None)
         process = context.Process(
             target=_worker,
-            args=(child_end, *parents, endpoint, options, state, depth, saved),
+            args=(child_end, *parents, endpoint, options, state, depth, saved, limits),
             name=f"replag-scan {endpoint.name}",
             daemon=True,
         )
@@ -250,6 +254,7 @@ def _worker(
     state: ScanProgress,
     depth: int,
     saved: TictacTree | None,
+    limits: KeepLimits | None,
 ) -> None:
     """The forked process: scan, send the tree, answer `leaf_keys` until told to exit."""
     # Ctrl-C reaches the whole process group: the parent decides, and stops us.
@@ -265,15 +270,18 @@ def _worker(
     if options.nice > 0:
         os.nice(options.nice)
     reply_limits.configure(options.reply_limits)  # a fork server's are its own
+    _fixed_mmap_threshold()
+    kept = KeptKeys(depth, limits)
     try:
-        kept = _scan(conn, endpoint, options, state, depth, saved)
+        _scan(conn, endpoint, options, state, saved, kept)
         while True:
             message = conn.recv()
             if message[0] != "leaf_keys":
                 break
             leaves = np.frombuffer(message[1], dtype=np.int64)
-            if saved is not None:
-                # Keys read before the checkpoint are not here: read those leaves again.
+            if saved is not None or not kept.kept:
+                # Keys read before the checkpoint, or past the spill's limit, are not
+                # here: read those leaves again.
                 found = _rescan(endpoint, options, leaves, depth)
             else:
                 found = kept.in_leaves(leaves)
@@ -285,9 +293,25 @@ def _worker(
     except BaseException as exc:  # a bug: reported, not a silent hang in the parent
         _send(conn, ("error", RepairError(f"scan failed: {exc!r}", where=endpoint.name)))
     finally:
+        kept.close()
         conn.close()
         # Forked: leave without the parent's exit handlers (its store, its temp files).
         os._exit(0)
+
+
+def _fixed_mmap_threshold() -> None:
+    """Large blocks (chunks, batches) from mmap, given back when freed: glibc otherwise
+    raises its threshold to the largest block freed so far (up to 32 MB) and serves the
+    next ones from a heap it seldom returns, so a scan process grew by what it once
+    held rather than staying at what it holds."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):
+        pass  # not glibc: its own policy
 
 
 def _die_with(parent: int) -> None:
@@ -308,96 +332,14 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
         conn.send(message)
 
 
-class _KeptKeys:
-    """A worker's keys, compactly: per key its entry hash, name length and name (22 bytes
-    for a 13-byte name, against 33 in a `ScanIndex`). Key hashes, and so leaves, are
-    recomputed from the names (in C) when a walk asks for the keys of some leaves."""
-
-    def __init__(self, depth: int) -> None:
-        self.depth = depth
-        self.tree = TictacTree(depth)
-        self._entries: list[U64] = []
-        self._lengths: list[npt.NDArray[np.unsignedinteger[Any]]] = []
-        self._blobs: list[bytes] = []
-
-    def add(self, part: ScanIndex, *, keep: bool = True) -> None:
-        np.bitwise_xor.at(self.tree.leaves, leaf_of(part.key_hashes, self.depth), part.entries)
-        if not keep:
-            return
-        self._entries.append(part.entries)
-        self._lengths.append(part.lengths.astype(_narrowest(part.lengths), copy=False))
-        self._blobs.append(part.blob)
-
-    def count_duplicates_once(self) -> None:
-        """A key SCAN returned twice (while the server resized its table) was XORed in
-        twice, which cancels it: put it back. Same key, same state, same entry hash."""
-        if not self._entries:
-            return
-        # A quarter of the entries (by their top 2 bits) sorted at a time: the peak holds
-        # a quarter of a copy, not a copy.
-        repeats: list[U64] = []
-        for top in range(4):
-            quarter = entries_with_top(self._entries, 2, top)
-            quarter.sort()
-            repeats.append(quarter[1:][quarter[1:] == quarter[:-1]])
-            del quarter
-        repeated = np.concatenate(repeats)
-        if not len(repeated):
-            return
-        values, counts = np.unique(repeated, return_counts=True)  # counts = sightings - 1
-        for value in values[counts % 2 == 1]:  # an even number of sightings cancelled out
-            for entries, lengths, blob in zip(
-                self._entries, self._lengths, self._blobs, strict=True
-            ):
-                at = np.flatnonzero(entries == value)
-                if len(at):
-                    start = int(lengths[: at[0]].sum(dtype=np.int64))
-                    name = blob[start : start + int(lengths[at[0]])]
-                    leaf = int(leaf_of(hash_each([name]), self.depth)[0])
-                    self.tree.leaves[leaf] ^= value
-                    break
-
-    def in_leaves(self, wanted: I64) -> ScanIndex:
-        # A mask over all leaves: one gather per part, no search.
-        mask = np.zeros(len(self.tree.leaves), dtype=np.bool_)
-        mask[wanted] = True
-        found: list[ScanIndex] = []
-        for entries, lengths, blob in zip(self._entries, self._lengths, self._blobs, strict=True):
-            hashes = hash_names(blob, lengths)
-            picked = np.flatnonzero(mask[leaf_of(hashes, self.depth)])
-            if not len(picked):
-                continue
-            ends = np.cumsum(lengths, dtype=np.int64)[picked]
-            starts = ends - lengths[picked]
-            names = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-            found.append(
-                ScanIndex(
-                    hashes[picked],
-                    entries[picked],
-                    lengths[picked].astype(np.uint32),
-                    b"".join(names),
-                )
-            )
-        return ScanIndex.concat(found)
-
-
-def _narrowest(lengths: npt.NDArray[np.unsignedinteger[Any]]) -> type[np.unsignedinteger[Any]]:
-    """The narrowest unsigned type that holds every length (key names are mostly short)."""
-    longest = int(lengths.max()) if len(lengths) else 0
-    if longest < 1 << 8:
-        return np.uint8
-    return np.uint16 if longest < 1 << 16 else np.uint32
-
-
 def _scan(
     conn: Connection,
     endpoint: Endpoint,
     options: ScanOptions,
     state: ScanProgress,
-    depth: int,
     saved: TictacTree | None,
-) -> _KeptKeys:
-    kept = _KeptKeys(depth)
+    kept: KeptKeys,
+) -> None:
     if saved is not None:
         kept.tree.leaves[:] = saved.leaves
     last_progress = 0.0
@@ -426,10 +368,9 @@ def _scan(
         )
         scanner.run_parts(state)
         received = scanner.bytes_received
-    if saved is None:
+    if saved is None and kept.kept:
         kept.count_duplicates_once()
     conn.send(("done", _fields(state), kept.tree.to_bytes(), received))
-    return kept
 
 
 def _rescan(endpoint: Endpoint, options: ScanOptions, leaves: I64, depth: int) -> ScanIndex:

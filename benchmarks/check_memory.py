@@ -1,0 +1,110 @@
+"""A full check's peak memory against the keyspace: 2 replicas × 1M, 3M, 10M keys × 100 B.
+
+Two independent redis-server processes get the same N keys (pipelined MSET,
+`replag lab load`), then 1,000 injected divergences (missing, changed, extra,
+type, expiry). `replag repair check` runs as its own process tree, once timed
+without the memory sampler and once sampled: peak memory is the largest sum
+of its processes' PSS (a page shared by a forked scan process and its parent
+counts half to each), sampled every 20 ms from /proc; the largest single
+process's RSS is printed beside it. Each line carries what the check found
+against the injected truth. The marginal bytes per key between two key counts
+is the difference of their peaks over the difference of their keys (for the two
+replicas together), the fixed size apart: a check whose memory does not grow
+with the keyspace shows a marginal near 0 however many keys. Targets:
+peak ≤ `check_memory` (the budget line), marginal ≤ 4 B per key, time per key
+no worse at the largest count than at the smallest.
+
+    python benchmarks/check_memory.py [--keys 1000000,3000000,10000000] [--budget-mb 256]
+    python benchmarks/check_memory.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from check_ceiling import DEBIAN_REDIS, compile_bytecode, run_check, topology_of
+from runstats import Measured
+
+from replag.lab.cluster import LabSpec, lab_down, lab_up
+from replag.lab.diverge import DivergeSpec, lab_diverge
+from replag.lab.load import LoadSpec, lab_load
+from replag.repair.observe import key_from_json
+
+TARGET_MARGINAL = 4.0  # bytes per key, 2 replicas together
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", default="1000000,3000000,10000000")
+    parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--budget-mb", type=int, default=None, help="check_memory (MB)")
+    parser.add_argument("--smoke", action="store_true", help="20k and 60k keys: it runs")
+    args = parser.parse_args()
+    counts = [20_000, 60_000] if args.smoke else [int(x) for x in args.keys.split(",")]
+    if os.access(DEBIAN_REDIS, os.X_OK):
+        os.environ.setdefault("REPLAG_REDIS_SERVER", DEBIAN_REDIS)
+    print(f"replag's {compile_bytecode()} modules compiled to bytecode, as an install does")
+    rows: list[tuple[int, Measured]] = []
+    for n in counts:
+        with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
+            lab_dir = Path(tmp) / "lab"
+            lab_up(lab_dir, LabSpec(regions=("a", "b"), delays_ms={}, engine="independent"))
+            try:
+                rows.append((n, one(args, lab_dir, n)))
+            finally:
+                lab_down(lab_dir)
+    summarize(rows, args.budget_mb)
+    return 0
+
+
+def one(args: argparse.Namespace, lab_dir: Path, n: int) -> Measured:
+    info = lab_load(lab_dir, LoadSpec(keys=n, value_size=args.value_size))
+    spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
+    injected = lab_diverge(lab_dir, spec, None)
+    truth = {key_from_json(d) for d in injected["divergent"]}
+    extra = {} if args.budget_mb is None else {"check_memory_mb": args.budget_mb}
+    config = topology_of(lab_dir, 2, extra)
+    store = lab_dir / "replag.sqlite"
+    timed, found_t, fp_t = run_check(config, store, truth, ttls="compare", sample_memory=False)
+    load = os.getloadavg()
+    sampled, found, fp = run_check(config, store, truth, ttls="compare", sample_memory=True)
+    print(
+        f"{n:>11,} keys × {args.value_size} B, 2 replicas (loaded in {info['seconds']:.1f} s): "
+        f"check {timed.seconds:.2f} s ({timed.seconds / n * 1e6:.2f} µs/key), CPU "
+        f"{timed.cpu_s:.1f} s, found {found_t}/{len(truth)} fp {fp_t}; sampled run "
+        f"{sampled.seconds:.2f} s: peak {sampled.tree_rss_mb:.1f} MiB (PSS of the process "
+        f"tree; largest process RSS {sampled.max_rss_mb:.1f} MiB), disk written "
+        f"{sampled.disk_write_mb:.1f} MB, found {found}/{len(truth)} fp {fp} "
+        f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
+        flush=True,
+    )
+    return sampled
+
+
+def summarize(rows: list[tuple[int, Measured]], budget_mb: int | None) -> None:
+    for (n0, m0), (n1, m1) in itertools.pairwise(rows):
+        marginal = (m1.tree_rss_mb - m0.tree_rss_mb) * 2**20 / (n1 - n0)
+        verdict = "met" if marginal <= TARGET_MARGINAL else "MISSED"
+        print(
+            f"marginal {n0:,} -> {n1:,} keys: {marginal:+.2f} B per key for 2 replicas "
+            f"(≤ {TARGET_MARGINAL:.0f}: {verdict})"
+        )
+    if len(rows) > 1:
+        (n0, m0), (n1, m1) = rows[0], rows[-1]
+        marginal = (m1.tree_rss_mb - m0.tree_rss_mb) * 2**20 / (n1 - n0)
+        print(f"marginal {n0:,} -> {n1:,} keys: {marginal:+.2f} B per key for 2 replicas")
+    peak = max(m.tree_rss_mb for _, m in rows)
+    if budget_mb is not None:
+        verdict = "met" if peak <= budget_mb else "MISSED"
+        print(f"budget: check_memory {budget_mb} MB; largest peak {peak:.1f} MiB ({verdict})")
+    else:
+        print(f"budget: check_memory at its default; largest peak {peak:.1f} MiB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""A scan process's keys, in bounded memory: chunks spilled to a private temporary file.
+
+A full check keeps, per key of a member, its entry hash and its name, so the
+walk can ask for the keys of the leaves that differ (`KeptKeys.in_leaves`).
+Held in memory that grew with the keyspace (~25 bytes a key per member). Here
+the keys are gathered into chunks of at most `KeepLimits.memory_bytes`; a full
+chunk is written to a file and dropped from memory, so a scan process holds one
+chunk (and a sorted copy of its entries) whatever the keyspace. A keyspace that
+fits in one chunk never touches the disk.
+
+The file: made by `tempfile.TemporaryFile` (O_TMPFILE on Linux: it has no name,
+mode 0600, in `$TMPDIR` or the directory named), so nothing is left on disk once
+the process ends, however it ends (a kill included). Per key it holds the entry
+hash twice (in name order, and sorted) and the name with its length: 17 bytes
+plus the name. It grows to at most `KeepLimits.disk_bytes`: a keyspace that would
+pass that stops being kept (the file is dropped), and the walk's leaves are then
+read again from the replica by a second pass over only those leaves, as a
+resumed scan's are (`KeptKeys.kept` is then False).
+
+Each chunk's entries are also written sorted, with where each value of their
+top byte starts (257 offsets), so the duplicates SCAN returned (while the
+server resized its table) are found by sorting one range of top bytes at a time
+across all chunks, each range's entries at most one chunk's worth.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replag.repair.native import hash_each, hash_names
+from replag.repair.scan_index import ScanIndex
+from replag.repair.tictac import TictacTree, leaf_of
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+_TOP_SHIFT = np.uint64(56)
+
+
+@dataclass(frozen=True)
+class KeepLimits:
+    """What a scan process may use for the keys it keeps."""
+
+    # Keys held at most: a chunk being gathered, then its entries joined and sorted.
+    memory_bytes: int = 16 << 20
+    disk_bytes: int = 8 << 30  # the spill file; past it the keys are not kept
+    directory: str | None = None  # None: tempfile's ($TMPDIR, else /tmp)
+
+
+@dataclass
+class _Chunk:
+    n: int
+    itemsize: int  # bytes per name length
+    blob_size: int
+    bounds: I64  # where each top byte's run starts in the sorted entries (257)
+    at: int = -1  # offset in the file of entries, lengths, blob, sorted entries; -1: held
+    held: tuple[U64, npt.NDArray[Any], bytes, U64] | None = field(default=None, repr=False)
+
+    @property
+    def record_size(self) -> int:
+        return self.n * (8 + self.itemsize) + self.blob_size
+
+
+class KeptKeys:
+    """A member's keys as a scan read them: per key its entry hash and its name (key
+    hashes, and so leaves, are recomputed from the names, in C, when asked for)."""
+
+    def __init__(self, depth: int, limits: KeepLimits | None = None) -> None:
+        self.depth = depth
+        self.limits = limits if limits is not None else KeepLimits()
+        self.tree = TictacTree(depth)
+        self.kept = True  # False once the keys outgrew `disk_bytes` (and were dropped)
+        self.spilled_bytes = 0
+        self._chunks: list[_Chunk] = []
+        self._pending: list[ScanIndex] = []
+        self._pending_bytes = 0
+        self._file: IO[bytes] | None = None
+
+    def add(self, part: ScanIndex, *, keep: bool = True) -> None:
+        np.bitwise_xor.at(self.tree.leaves, leaf_of(part.key_hashes, self.depth), part.entries)
+        if not keep or not self.kept or not len(part):
+            return
+        self._pending.append(part)
+        # Entries twice (as read and sorted), a length, the name.
+        self._pending_bytes += 17 * len(part) + len(part.blob)
+        if self._pending_bytes >= self.limits.memory_bytes * 2 // 3:
+            self._seal(spill=True)
+
+    def finish(self) -> None:
+        """Every part added: the last, partial chunk stays in memory."""
+        if self._pending:
+            self._seal(spill=False)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _seal(self, *, spill: bool) -> None:
+        parts, self._pending, self._pending_bytes = self._pending, [], 0
+        entries = np.concatenate([p.entries for p in parts])
+        ordered = np.sort(entries)
+        bounds = np.searchsorted(
+            ordered >> _TOP_SHIFT, np.arange(257, dtype=np.uint64), side="left"
+        ).astype(np.int64)
+        itemsize = np.dtype(_narrowest(np.array([p.lengths.max() for p in parts]))).itemsize
+        lengths = [p.lengths.astype(f"u{itemsize}", copy=False) for p in parts]
+        blob_size = sum(len(p.blob) for p in parts)
+        chunk = _Chunk(len(entries), itemsize, blob_size, bounds)
+        if not spill:
+            chunk.held = (
+                entries,
+                np.concatenate(lengths),
+                b"".join(p.blob for p in parts),
+                ordered,
+            )
+            self._chunks.append(chunk)
+            return
+        size = chunk.record_size + 8 * chunk.n
+        if self.spilled_bytes + size > self.limits.disk_bytes:
+            self._give_up()
+            return
+        if self._file is None:
+            # Unbuffered: chunks are read back with pread, past any buffer.
+            self._file = tempfile.TemporaryFile(buffering=0, dir=self.limits.directory)  # noqa: SIM115
+        chunk.at = self.spilled_bytes
+        # Written as they are, not joined first: a chunk is held once, not twice.
+        _write_all(self._file, [entries, *lengths, *(p.blob for p in parts), ordered])
+        self.spilled_bytes += size
+        self._chunks.append(chunk)
+
+    def _give_up(self) -> None:
+        """Past the disk limit: keep nothing (a walk then reads its leaves again)."""
+        self.kept = False
+        self._chunks, self._pending, self._pending_bytes = [], [], 0
+        self.close()
+
+    def _arrays(self, chunk: _Chunk) -> tuple[U64, npt.NDArray[Any], bytes]:
+        if chunk.held is not None:
+            return chunk.held[0], chunk.held[1], chunk.held[2]
+        data = self._read(chunk.at, chunk.record_size)
+        n, itemsize = chunk.n, chunk.itemsize
+        entries = np.frombuffer(data, np.uint64, n)
+        lengths = np.frombuffer(data, np.dtype(f"u{itemsize}"), n, 8 * n)
+        return entries, lengths, data[n * (8 + itemsize) :]
+
+    def _sorted_range(self, chunk: _Chunk, first: int, stop: int) -> U64:
+        """The chunk's sorted entries whose top byte is in [first, stop)."""
+        start, end = int(chunk.bounds[first]), int(chunk.bounds[stop])
+        if chunk.held is not None:
+            return chunk.held[3][start:end]
+        data = self._read(chunk.at + chunk.record_size + 8 * start, 8 * (end - start))
+        return np.frombuffer(data, np.uint64)
+
+    def _read(self, at: int, size: int) -> bytes:
+        assert self._file is not None
+        data = os.pread(self._file.fileno(), size, at)
+        if len(data) != size:
+            raise OSError(f"short read from a scan's spill file ({len(data)} of {size} bytes)")
+        return data
+
+    def count_duplicates_once(self) -> None:
+        """A key SCAN returned twice (while the server resized its table) was XORed in
+        twice, which cancels it: put it back. Same key, same state, same entry hash."""
+        self.finish()
+        if not self._chunks:
+            return
+        counts = np.sum([np.diff(c.bounds) for c in self._chunks], axis=0)
+        # Entries sorted at a time: with their sorted copy and repeats, about the limit.
+        per_group = max(1, self.limits.memory_bytes // 24)
+        repeats: list[U64] = []
+        first = 0
+        while first < 256:
+            stop, total = first + 1, int(counts[first])
+            while stop < 256 and total + int(counts[stop]) <= per_group:
+                total += int(counts[stop])
+                stop += 1
+            group = np.concatenate([self._sorted_range(c, first, stop) for c in self._chunks])
+            group.sort()
+            repeats.append(group[1:][group[1:] == group[:-1]])
+            del group
+            first = stop
+        repeated = np.concatenate(repeats)
+        if not len(repeated):
+            return
+        values, counts = np.unique(repeated, return_counts=True)  # counts = sightings - 1
+        for value in values[counts % 2 == 1]:  # an even number of sightings cancelled out
+            self._restore(value)
+
+    def _restore(self, value: np.uint64) -> None:
+        for chunk in self._chunks:
+            entries, lengths, blob = self._arrays(chunk)
+            at = np.flatnonzero(entries == value)
+            if len(at):
+                start = int(lengths[: at[0]].sum(dtype=np.int64))
+                name = blob[start : start + int(lengths[at[0]])]
+                leaf = int(leaf_of(hash_each([name]), self.depth)[0])
+                self.tree.leaves[leaf] ^= value
+                return
+
+    def in_leaves(self, wanted: I64) -> ScanIndex:
+        """The kept keys in the leaves `wanted`."""
+        self.finish()
+        # A mask over all leaves: one gather per chunk, no search.
+        mask = np.zeros(len(self.tree.leaves), dtype=np.bool_)
+        mask[wanted] = True
+        found: list[ScanIndex] = []
+        for chunk in self._chunks:
+            entries, lengths, blob = self._arrays(chunk)
+            hashes = hash_names(blob, lengths)
+            picked = np.flatnonzero(mask[leaf_of(hashes, self.depth)])
+            if not len(picked):
+                continue
+            ends = np.cumsum(lengths, dtype=np.int64)[picked]
+            starts = ends - lengths[picked]
+            names = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+            found.append(
+                ScanIndex(
+                    hashes[picked],
+                    entries[picked],
+                    lengths[picked].astype(np.uint32),
+                    b"".join(names),
+                )
+            )
+        return ScanIndex.concat(found)
+
+
+def _write_all(file: IO[bytes], pieces: list[Any]) -> None:
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while view:
+            written = file.write(view)
+            if written is None:  # pragma: no cover - a blocking file always writes
+                continue
+            view = view[written:]
+
+
+def _narrowest(lengths: npt.NDArray[np.unsignedinteger[Any]]) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned type that holds every length (key names are mostly short)."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest < 1 << 8:
+        return np.uint8
+    return np.uint16 if longest < 1 << 16 else np.uint32
+
+
+# What a check's processes take whatever the keyspace (PSS, measured with 2 replicas:
+# ~51 MB, of which the check's own process ~43 MB before it forks its scans).
+FIXED_MB, FIXED_PER_SCAN_MB = 35, 8
+# A scan process's peak grows by ~2.5x the keys it holds (the chunk being gathered,
+# its sealing, the scan's own buffers): each is given a quarter of its share.
+SHARE_HELD = 4
+# Past this a chunk held in memory buys nothing: it is read back from the page cache
+# about as fast as from memory.
+MOST_HELD_BYTES = 16 << 20
+
+
+def keep_limits(memory_mb: int, spill_mb: int, scans: int) -> KeepLimits:
+    """Each of `scans` scan processes' share of a check's `memory_mb` and `spill_mb`."""
+    scans = max(1, scans)
+    spare = (memory_mb - FIXED_MB - FIXED_PER_SCAN_MB * scans) << 20
+    held = min(MOST_HELD_BYTES, max(1 << 20, spare // scans // SHARE_HELD))
+    return KeepLimits(memory_bytes=held, disk_bytes=(max(0, spill_mb) << 20) // scans)
