@@ -4,6 +4,7 @@ bracket arithmetic of arrivals the kernel did not stamp."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -14,11 +15,13 @@ from pathlib import Path
 
 from replag.config import load_config
 from replag.probes import run_probe
-from replag.probes.cpu_wait import CpuWait
-from replag.probes.observers import ONE_WAY_FLOOR_NS, PushObserver
+from replag.probes.cpu_wait import CpuWait, local_server
+from replag.probes.observers import ONE_WAY_FLOOR_NS, PushObserver, server_pid
+from replag.resp import RespConnection
 from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
 from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory
 
 # "1795698143.992190 [0 127.0.0.1:17001] "SET" "key" ..." (a status reply: leading "+").
 MONITOR_SET = re.compile(rb'^\+?(\d+)\.(\d{6}) \[\d+ [^\]]*\] "set" "([^"]+)"', re.IGNORECASE)
@@ -131,3 +134,33 @@ def test_a_bar_widens_by_the_prober_s_own_wait_for_a_cpu_around_the_arrival() ->
     assert 1000 < waits.around(25 * ms) < 400_000  # half in it
     assert waits.around(70 * ms) == 0  # quiet: µs waits are a wakeup's cost, not applied
     assert CpuWait().around(10 * ms) == 0  # nothing sampled: unknown
+
+
+async def test_a_replica_on_this_host_is_found_and_its_cpu_wait_bounds_the_bar(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory("bars")
+    endpoint = Endpoint.from_url(server.url, name="r")
+    conn = await RespConnection.open(endpoint, timeout_s=5)
+    try:
+        pid = await server_pid(conn)
+    finally:
+        await conn.close()
+    assert pid is not None
+    found = local_server(pid, server.port)
+    assert found == f"/proc/{pid}/schedstat"
+    assert local_server(pid, server.port + 1) is None  # another port: not that server
+    assert local_server(os.getpid(), server.port) is None  # not a Redis server
+    waits = CpuWait(found)
+    assert waits.sees_replica
+    waits.note(1_000)  # reads it
+    # The replica's wait between a sample at or before the window and one after the
+    # arrival: here it waited 3 ms between 2 and 3 ms (counted when it ran again).
+    ms = 1_000_000
+    for t, waited in enumerate([0, 0, 0, 3 * ms, 3 * ms, 3 * ms], start=1):
+        waits.record(t * ms + 1_000, 0, 0, replica_waited_ns=waited)
+    waits.close()
+    assert waits.replica_waited(3 * ms + 1_000, 4 * ms) == 3 * ms
+    assert waits.replica_waited(4 * ms + 1_000, 5 * ms) == 0
+    assert waits.replica_waited(0, 5 * ms) is None  # no sample that early
+    assert CpuWait().replica_waited(0, ms) is None  # no replica seen

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.errors import EndpointError, PermissionRefused, ReplagError
-from replag.probes.cpu_wait import CpuWait
+from replag.probes.cpu_wait import CpuWait, local_server
 from replag.resp import RespConnection, error_text
 from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
@@ -132,13 +132,16 @@ class PushObserver(Observer):
         timeout_s: float,
         subscribe: bytes | None = None,
         rtt_max_ns: int | None = None,
+        replica_pid: int | None = None,
     ) -> None:
         """`pattern`: the run's keys (a glob ending in *); `subscribe`: the key glob
         subscribed to, the probe prefix's (fixed, so an ACL user can be granted exactly
         that channel pattern: Redis compares PSUBSCRIBE patterns with ACL ones literally).
         `rtt_ns` is the smallest PING round trip to the replica, `rtt_max_ns` the largest
         seen (default the smallest): an event's trip from the replica to us is taken as half
-        the first and bounded by the second (or `ONE_WAY_FLOOR_NS`, whichever is more)."""
+        the first and bounded by the second (or `ONE_WAY_FLOOR_NS`, whichever is more).
+        `replica_pid`: the server's process id (`INFO server`), to read how long it waited
+        for a CPU where it runs on this host (`replag.probes.cpu_wait`)."""
         super().__init__(replica)
         self.channel_prefix = f"__keyspace@{replica.db}__:".encode()
         self.pattern = self.channel_prefix + (subscribe or pattern)
@@ -151,7 +154,8 @@ class PushObserver(Observer):
         self.conn: RespConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
-        self.cpu_wait = CpuWait()
+        local = local_server(replica_pid, replica.port) if replica_pid else None
+        self.cpu_wait = CpuWait(local)
         self._settled: set[bytes] = set()
         self._tls_chunk = self._tls_since = self.clock()
 
@@ -216,7 +220,10 @@ class PushObserver(Observer):
         for key, arrival in self.arrivals.items():
             if key in self._settled:
                 continue
-            wait = self.cpu_wait.around(arrival.hi_ns)
+            # The replica's own wait where it runs here (a bound); else this prober's.
+            wait = self.cpu_wait.replica_waited(arrival.lo_ns, arrival.hi_ns)
+            if wait is None:
+                wait = self.cpu_wait.around(arrival.hi_ns)
             if wait:
                 self.arrivals[key] = dataclasses.replace(
                     arrival, lo_ns=arrival.lo_ns - wait, widened_ns=wait
@@ -449,6 +456,8 @@ async def open_observer(
     channel) polls, as refused notifications do.
     """
     rtt, rtt_max = await conn.rtt_range_ns()
+    # Not through a Dynomite port: it closes the connection on commands it does not proxy.
+    pid = await server_pid(conn) if replica.kind == "redis" else None
     publishes = await notifications_on(
         conn, replica, mode, notes, may_configure=may_configure, declared=declared
     )
@@ -460,6 +469,7 @@ async def open_observer(
             rtt_max_ns=rtt_max,
             timeout_s=timeout_s,
             subscribe=subscribe,
+            replica_pid=pid,
         )
         try:
             await push.start()
@@ -479,6 +489,21 @@ async def open_observer(
             where=f"{replica.name} ({replica.url()})",
         )
     return PollObserver(replica, conn, interval_s=poll_interval_s)
+
+
+async def server_pid(conn: RespConnection) -> int | None:
+    """The server's process id (`INFO server`), None where INFO is refused or lacks it."""
+    try:
+        reply = (await conn.call("INFO", "server"))[0]
+    except ReplagError:
+        return None
+    if not isinstance(reply, bytes):
+        return None
+    for line in reply.splitlines():
+        if line.startswith(b"process_id:"):
+            value = line.partition(b":")[2].strip()
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def publishes_probe_events(flags: str) -> bool:
