@@ -98,6 +98,21 @@ async def test_auto_polls_where_config_is_refused(
     assert any("polled" in n for n in report.notes), report.notes
 
 
+async def test_auto_learns_notifications_are_off_even_within_a_short_timeout(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    # No CONFIG GET: a replica that publishes nothing is found out from the run's keys,
+    # and a run shorter than that decision still keeps what the poll saw.
+    path = _config_refusing_replica(redis_factory, tmp_path)
+    for timeout_s in (0.3, 3.0):
+        report = await run_probe(
+            load_config(path), count=10, rate=0, mode="auto", timeout_s=timeout_s
+        )
+        (pair,) = report.pairs
+        assert (pair.observed_by, pair.seen) == ("poll", 10), (timeout_s, report.notes)
+    assert any("no keyspace event for a probe key" in n for n in report.notes), report.notes
+
+
 def test_partitioned_region_gives_lost_samples_and_exit_1(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b", "c"), delays_ms={"b": 1, "c": 1})
     lab_dir = Path(state["dir"])
