@@ -146,6 +146,10 @@ NEEDS: dict[Mode, tuple[Need, ...]] = {
 CONFIG_CHANGES = ("config|get", "config|set")
 SCRIPTS = ("script|load", "evalsha")
 SCRIPT_MODES: tuple[Mode, ...] = ("repair", "serve")  # a bulk refill's TTL script
+CONFIG_WARNING = (
+    "warning: allow_config_changes grants CONFIG GET and SET: this user can read the "
+    "server's passwords (requirepass, masterauth) and change any setting"
+)
 SCRIPT_WARNING = (
     "warning: allow_scripts grants SCRIPT LOAD and EVALSHA: this user can run any Lua "
     "on the server (a loop that blocks it, writes to any key it may write)"

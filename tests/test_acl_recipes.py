@@ -67,8 +67,9 @@ def test_no_default_line_grants_secrets_code_or_a_category() -> None:
     line, warning = printed("--mode", "repair", "--user", USER, "--allow-scripts")
     assert "+script|load" in line and "+evalsha" in line
     assert "can run any Lua" in warning
-    line, _ = printed("--mode", "probe", "--user", USER, "--allow-config-changes")
+    line, warning = printed("--mode", "probe", "--user", USER, "--allow-config-changes")
     assert "+config|get" in line and "+config|set" in line
+    assert "can read the server's passwords" in warning
 
 
 async def test_each_modes_user_can_do_no_harm(acl_kind: str, redis_factory: RedisFactory) -> None:

@@ -11,7 +11,15 @@ import click
 
 from replag.commands.options import load
 from replag.errors import ReplagError
-from replag.permissions import MODES, SCRIPT_MODES, SCRIPT_WARNING, Mode, acl_line, require
+from replag.permissions import (
+    CONFIG_WARNING,
+    MODES,
+    SCRIPT_MODES,
+    SCRIPT_WARNING,
+    Mode,
+    acl_line,
+    require,
+)
 from replag.settings import resolve_settings
 from replag.topology import Endpoint
 
@@ -88,6 +96,8 @@ def command(
     click.echo(line)
     if scripts and chosen in SCRIPT_MODES:
         click.echo(f"replag: {SCRIPT_WARNING}", err=True)
+    if "+config|get" in line.split():
+        click.echo(f"replag: {CONFIG_WARNING}", err=True)
     if check_servers:
         failed = asyncio.run(_check(endpoints, chosen, prefix or settings.prefix,
                                     settings.connect_timeout))  # fmt: skip
