@@ -220,10 +220,14 @@ class ReplagGroup(click.Group):
                 raise
             usage_error_for_machines(exc, output)
         except ReplagError as exc:
-            click.echo(f"replag: error: {exc}", err=True)
+            from replag.commands.repeated_logs import stderr_line
+
+            stderr_line(str(exc))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("replag: interrupted", err=True)
+            from replag.commands.repeated_logs import stderr_line
+
+            stderr_line("interrupted", prefix="")
             sys.exit(130)
 
 

@@ -164,3 +164,21 @@ def test_human_lines_stay_the_default(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and not out.stderr.startswith("{"), out.stderr
+
+
+def test_a_failing_command_s_last_word_is_a_json_line_too(tmp_path: Path) -> None:
+    """A cron probe or a repair that cannot reach a replica: every stderr line parses, the
+    error included (level error, naming the endpoint)."""
+    config = str(closed_ports_config(tmp_path))
+    for command in (["probe", "--config", config], ["repair", "check", "--config", config]):
+        out = subprocess.run(
+            [sys.executable, "-m", "replag", "--log-format", "json", "-v", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2, out.stderr
+        entries = [json.loads(line) for line in out.stderr.splitlines()]
+        assert all(KEYS <= set(e) for e in entries)
+        last = entries[-1]
+        assert last["level"] == "error" and "unreachable" in last["message"], out.stderr

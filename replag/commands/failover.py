@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from replag.commands.options import config_option, load
-from replag.commands.repeated_logs import defer_logs
+from replag.commands.repeated_logs import defer_logs, stderr_line
 from replag.discovery.primaries import failover_check
 from replag.durations import parse_bytes, parse_duration_s
 from replag.errors import ReplagError, UsageError
@@ -71,7 +71,7 @@ def command(
             sys.exit(UNKNOWN)
         document = versioned({"error": str(exc), "exit_code": exc.exit_code})
         click.echo(json.dumps(document, indent=2))
-        click.echo(f"replag: error: {exc}", err=True)
+        stderr_line(str(exc))
         sys.exit(exc.exit_code)
     if output_format == "nagios":
         click.echo(failover_nagios_line(result))

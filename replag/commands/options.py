@@ -9,7 +9,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from replag.commands.repeated_logs import defer_logs
+from replag.commands.repeated_logs import defer_logs, stderr_line
 from replag.config import Config, load_config
 from replag.errors import ReplagError
 from replag.schemas import versioned
@@ -66,5 +66,5 @@ def fail_as_json(exc: ReplagError) -> NoReturn:
     """A `--json` command that failed: the error document on stdout (`{"schema_version",
     "error", "exit_code"}`, each output's schema allows it), one line on stderr, its exit."""
     click.echo(json.dumps(versioned({"error": str(exc), "exit_code": exc.exit_code}), indent=2))
-    click.echo(f"replag: error: {exc}", err=True)
+    stderr_line(str(exc))
     raise SystemExit(exc.exit_code)

@@ -18,6 +18,7 @@ from replag.commands.options import (
     machine_readable,
     setting_option,
 )
+from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
@@ -155,7 +156,7 @@ def command(config_path: Path, as_json: bool, output_format: str | None, **optio
             sys.exit(UNKNOWN)
         document = versioned({"error": str(exc), "exit_code": exc.exit_code})
         click.echo(json.dumps(document, indent=2))
-        click.echo(f"replag: error: {exc}", err=True)
+        stderr_line(str(exc))
         sys.exit(exc.exit_code)
 
 
@@ -222,7 +223,7 @@ def _probe_and_report(
             click.echo(line)
     if unstored is not None:
         # Measured and shown, but not kept: say so in one line, and exit 2 for cron.
-        click.echo(f"replag: error: {unstored}", err=True)
+        stderr_line(str(unstored))
         sys.exit(max(report.exit_code, 2))
     sys.exit(report.exit_code)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from replag.commands.options import config_option, json_option, load
+from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
 from replag.repair.rebuild import RebuildPlan, rebuild
 from replag.repair.runs import resume_command
@@ -91,7 +92,7 @@ def command(
         if not run_ids:
             raise
         again = resume_command("rebuild", run_ids[-1], str(config_path))
-        click.echo(f"replag: interrupted; run {run_ids[-1]} is saved: `{again}`", err=True)
+        stderr_line(f"interrupted; run {run_ids[-1]} is saved: `{again}`", prefix="")
         sys.exit(130)
     finally:
         if progress is not None:

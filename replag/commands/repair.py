@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from replag.commands.options import config_option, json_option, load, setting_option
+from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
 from replag.errors import ReplagError, UsageError
 from replag.private_files import open_private
@@ -56,7 +57,7 @@ def _json_errors(as_json: bool, run_ids: list[str]) -> Iterator[None]:
         if run_ids:
             out["run_id"] = run_ids[-1]
         click.echo(json.dumps(out, indent=2))
-        click.echo(f"replag: error: {exc}", err=True)
+        stderr_line(str(exc))
         sys.exit(exc.exit_code)
 
 
@@ -97,7 +98,7 @@ def _run_job(
             raise
         kind = "check" if job is check else "repair"
         again = resume_command(kind, run_ids[-1], str(config_path))
-        click.echo(f"replag: interrupted; run {run_ids[-1]} is saved: `{again}`", err=True)
+        stderr_line(f"interrupted; run {run_ids[-1]} is saved: `{again}`", prefix="")
         sys.exit(130)
     else:
         if after is not None:

@@ -102,6 +102,19 @@ def uvicorn_log_config() -> dict[str, Any]:
     return UVICORN_TO_ROOT if json_logs() else LOGGING_CONFIG
 
 
+def stderr_line(message: str, *, prefix: str = "error: ") -> None:
+    """A command's last word on stderr (an error, an interruption): `replag: error: …`, or,
+    when logs are JSON, one JSON object (level error, logger replag), so that every line
+    a platform reads from replag's stderr parses."""
+    if json_logs():
+        record = logging.LogRecord("replag", logging.ERROR, __file__, 0, message, None, None)
+        sys.stderr.write(JsonLogFormatter().format(record) + "\n")
+        sys.stderr.flush()
+    else:
+        sys.stderr.write(f"replag: {prefix}{message}\n")
+        sys.stderr.flush()
+
+
 def defer_logs() -> None:
     """Hold stderr log lines for the end-of-command summary (machine-readable stdout).
     JSON log lines are not held: they are machine-readable already."""
