@@ -193,7 +193,7 @@ def check_command(
         if sink is not None:
             sink.close()
     # A database with keys that nothing compared is not a clean result.
-    sys.exit(1 if report.divergent or report.unchecked_databases else 0)
+    sys.exit(1 if report.divergent or report.not_clean else 0)
 
 
 @command.command("runs")
@@ -346,7 +346,7 @@ def run_command(
     finally:
         if sink is not None:
             sink.close()
-    sys.exit(1 if _left(report.to_dict()) or report.unchecked_databases else 0)
+    sys.exit(1 if _left(report.to_dict()) or report.not_clean else 0)
 
 
 def _add_rebuild() -> None:

@@ -45,6 +45,7 @@ from replag.repair.scan import ScanOptions, ScanProgress
 from replag.repair.scan_keep import keep_limits
 from replag.repair.scan_process import WorkerTree
 from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
+from replag.repair.stray_slots import stray_keys
 from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
 from replag.repair.together import all_of, cancel_all
 from replag.repair.verify import Changing, Verifier
@@ -343,8 +344,26 @@ class GroupRun:
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
         if slot_map is not None:
-            skipped = not_compared(slot_map, await self._slot_map()) | self.verifier.moved_slots
+            after = await self._slot_map()
+            skipped = not_compared(slot_map, after) | self.verifier.moved_slots
             self._forget_slots(skipped)
+            stale: dict[str, set[int]] = {}
+            for slot, node in {**slot_map.stale, **after.stale}.items():
+                if slot not in skipped:
+                    stale.setdefault(node, set()).add(slot)
+            self.report.stale_marks = [
+                {"node": node, "slots": [list(r) for r in ranges(slots)]}
+                for node, slots in sorted(stale.items())
+            ]
+            # Keys members hold in slots the shard serves at neither end (a reshard's
+            # leftovers on a replica): not in the scan, and no repair through the primary.
+            self.report.stray_keys = await stray_keys(
+                self.config.topology,
+                [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
+                slot_map.owned | after.owned,
+                timeout_s=self.timeout_s,
+                skip=skipped,
+            )
             if self.key_sink is not None:
                 for key, detail in held:
                     if key in self.records:

@@ -41,6 +41,22 @@ def key_finding(kind: str, detail: dict[str, Any]) -> str:
     return "extra" if found == {"extra"} else "missing"
 
 
+def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Keys in slots the shard does not serve: where, who serves the slots, what fixes them."""
+    lines = []
+    for row in rows:
+        slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in row["slots"])
+        named = ", ".join(repr(k.get("key", k.get("key_b64"))) for k in row["examples"])
+        lines += [
+            f"  {row['member']} holds {row['keys']} key(s) in slots this shard does not serve: "
+            f"{slots} (served by {row['served_by']}, {row['served_at']}); e.g. {named}",
+            "    left by a reshard (MIGRATE moves the primary's keys only); clients never "
+            f"read them ({row['member']} answers MOVED) and this shard's primary cannot "
+            f"delete them: a full resync of {row['member']} removes them",
+        ]
+    return lines
+
+
 def _size(count: int) -> str:
     value = float(count)
     for unit in ("B", "kB", "MB"):
@@ -92,6 +108,11 @@ class GroupReport:
     # Redis Cluster: slots that moved (or were migrating) during the check: their keys
     # were not compared, and nothing found in them is reported.
     slots_not_compared: list[tuple[int, int]] = field(default_factory=list)
+    # Redis Cluster: keys members hold in slots the shard does not serve (`stray_slots`).
+    stray_keys: list[dict[str, Any]] = field(default_factory=list)
+    # Redis Cluster: migrating/importing marks with no move under way (their slots were
+    # compared): {node, slots}.
+    stale_marks: list[dict[str, Any]] = field(default_factory=list)
     candidates: int = 0
     changing: int = 0
     undone: int = 0  # target writes put back because the winner moved before they stood
@@ -136,6 +157,8 @@ class GroupReport:
             "replicas": [r.to_dict() for r in self.replicas],
             "per_replica": self.per_replica,
             "slots_not_compared": [list(r) for r in self.slots_not_compared],
+            "stray_keys": self.stray_keys,
+            "stale_marks": self.stale_marks,
             "bytes_by_region": self.bytes_by_region(),
         }
 
@@ -170,6 +193,12 @@ class RepairReport:
     @property
     def divergent(self) -> int:
         return sum(g.divergent for g in self.groups)
+
+    @property
+    def not_clean(self) -> bool:
+        """Something is wrong beyond the divergent keys: a database with keys no group
+        covers, or keys left in slots their shard does not serve."""
+        return bool(self.unchecked_databases) or any(g.stray_keys for g in self.groups)
 
     def _total(self, outcome: str) -> int:
         return sum(g.outcomes.get(outcome, 0) for g in self.groups)
@@ -283,6 +312,9 @@ class RepairReport:
         if self.unchecked_databases:
             n = len(self.unchecked_databases)
             done += f"; NOT CLEAN: {n} database(s) holding keys were not checked (above)"
+        strays = sum(row["keys"] for g in self.groups for row in g.stray_keys)
+        if strays:
+            done += f"; NOT CLEAN: {strays} key(s) in slots their shard does not serve (above)"
         lines += ["", done]
         return "\n".join(lines)
 
@@ -334,7 +366,17 @@ class RepairReport:
             lines += ["", how + (f" ({g.kind_why})" if g.kind_why else "")]
             if g.slots_not_compared:
                 moved = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in g.slots_not_compared)
-                lines.append(f"  slots not compared (moved during the run; check again): {moved}")
+                lines.append(
+                    f"  slots not compared (a live move during the run; check again): {moved}"
+                )
+            for mark in g.stale_marks:
+                slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in mark["slots"])
+                lines.append(
+                    f"  stale slot mark on {mark['node']}: {slots} marked migrating/importing "
+                    "with no move under way (compared; clear it there with "
+                    "`CLUSTER SETSLOT <slot> STABLE`)"
+                )
+            lines += _stray_lines(g.stray_keys)
             if not g.divergent:
                 continue
             head = f"  {'replica':<24} {'missing':>8} {'extra':>8} {'different':>10}"

@@ -67,31 +67,57 @@ def ranges_text(slots: Iterable[int]) -> str:
 
 @dataclass
 class SlotMap:
-    """The slots a group's nodes serve, and those migrating to or importing from elsewhere."""
+    """The slots a group's nodes serve, those migrating to or importing from elsewhere,
+    and marks left behind with no move under way (`stale`: slot → the node holding it)."""
 
     owned: set[int] = field(default_factory=set)
     moving: set[int] = field(default_factory=set)
+    stale: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, texts: Sequence[str], addresses: set[str]) -> SlotMap:
         """From `CLUSTER NODES` of each member: slots of the nodes at `addresses`
-        (host:port), and the migrating/importing slots of each node's own line."""
+        (host:port), and the migrating/importing slots of each node's own line.
+
+        A mark is stale, not a move, when it names a node that is not a live primary, or
+        sits on a replica whose primary has none for that slot (Valkey replicates
+        SETSLOT MIGRATING to replicas; a move ended with SETSLOT NODE on the primaries,
+        or a failover, can leave the mark there for ever). Its slot is compared."""
         out = cls()
+        primaries: set[str] = set()
+        primary_of: dict[str, str] = {}
+        marks: list[tuple[str, str, int, str]] = []  # node id, address, slot, peer id
         for text in texts:
             for line in text.splitlines():
                 parts = line.split()
                 if len(parts) < 8:
                     continue
+                node, flags = parts[0], parts[2].split(",")
                 address = parts[1].split("@", 1)[0].split(",", 1)[0]
+                if "master" in flags and not {"fail", "fail?", "noaddr"} & set(flags):
+                    primaries.add(node)
+                if "slave" in flags and parts[3] != "-":
+                    primary_of[node] = parts[3]
                 mine = address in addresses
                 for item in parts[8:]:
                     if item.startswith("["):
                         # [slot->-id] migrating, [slot-<-id] importing: on the node's own line.
-                        if "myself" in parts[2]:
-                            out.moving.add(int(item[1:].split("-", 1)[0]))
+                        if "myself" in flags:
+                            number, _, peer = item[1:-1].partition("-")
+                            marks.append((node, address, int(number), peer[2:]))
                     elif mine:
                         first, _, last = item.partition("-")
                         out.owned.update(range(int(first), int(last or first) + 1))
+        marked = {(node, slot) for node, _, slot, _ in marks}
+        for node, address, slot, peer in marks:
+            primary = primary_of.get(node)
+            orphan = primary is not None and (primary, slot) not in marked
+            if peer not in primaries or orphan:
+                out.stale.setdefault(slot, address)
+            else:
+                out.moving.add(slot)
+        for slot in out.moving:
+            out.stale.pop(slot, None)
         return out
 
     @classmethod

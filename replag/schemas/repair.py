@@ -44,6 +44,24 @@ REPAIR_GROUP = obj(
         "found": FOUND_COUNTS,
         # Redis Cluster: [first, last] slot ranges that moved during the run, not compared.
         "slots_not_compared": arr(arr(INT)),
+        # Redis Cluster: keys a member holds in slots the shard does not serve (a reshard's
+        # leftovers on a replica), by the group serving them: where, and a few named.
+        "stray_keys": arr(
+            obj(
+                {
+                    "member": STR,
+                    "keys": INT,
+                    "slots": arr(arr(INT)),
+                    "served_by": STR,
+                    "served_at": STR,
+                    "examples": arr(obj({}, {"key": STR, "key_b64": STR})),
+                }
+            )
+        ),
+        # Redis Cluster: migrating/importing marks with no move under way (a mark on a
+        # replica its primary no longer has, or naming a node that is not a live primary):
+        # their slots were compared.
+        "stale_marks": arr(obj({"node": STR, "slots": arr(arr(INT))})),
         "candidates": INT,
         "bulk_refilled": INT,
         "changing_during_check": INT,
