@@ -28,6 +28,7 @@ from replag.topology import Endpoint
 from tests.helpers.agent import OPTIONS, scanned_tree
 from tests.helpers.redis_servers import RedisFactory, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
+from tests.helpers.waiting import until
 
 USER, PASSWORD = "replag-recipe", "recipe-s3cret-pw"
 ADMIN_SECRET = "the-admin-s3cret"
@@ -124,8 +125,12 @@ async def test_the_agent_keeps_a_tree_with_only_its_line(
     tree = LiveTree(endpoint, options=OPTIONS, poll_s=0.1, manage_notifications=False)
     task = asyncio.create_task(tree.run())
     try:
-        with pytest.raises(Exception, match=r"declare them in settings\.notify_keyspace_events"):
-            await tree.fresh(10.0)
+        await until(
+            lambda: "declare them in settings.notify_keyspace_events" in tree.reason,
+            "the tree saying to declare notifications",
+            timeout_s=60,
+        )
+        assert tree.state != "current"
     finally:
         await tree.stop()
         await asyncio.gather(task, return_exceptions=True)

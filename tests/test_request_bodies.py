@@ -188,13 +188,15 @@ def upload(port: int, path: str, total: int, *, chunked: bool, token: str | None
     return int(answer.split(b" ", 2)[1])
 
 
-def _start(args: list[str], log: Path, health: str) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "replag", *args], stdout=out, stderr=out,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )  # fmt: skip
 
+
+def _wait_up(proc: subprocess.Popen[bytes], health: str, log: Path) -> None:
     def up() -> bool:
         assert proc.poll() is None, log.read_text()
         try:
@@ -202,8 +204,7 @@ def _start(args: list[str], log: Path, health: str) -> subprocess.Popen[bytes]:
         except httpx.HTTPError:
             return False
 
-    wait_until(up, f"{args[0]} answering", timeout_s=120)
-    return proc
+    wait_until(up, f"{health} answering", timeout_s=120)
 
 
 def test_a_500_mb_upload_without_a_token_costs_the_service_and_agent_nothing(
@@ -215,16 +216,19 @@ def test_a_500_mb_upload_without_a_token_costs_the_service_and_agent_nothing(
     config = tmp_path / "replag.toml"
     config.write_text(tomli_w.dumps(data))
     serve_port = free_port()
+    # Both start at once (each takes seconds to import on a busy host).
     procs = [
-        (_start(["serve", "-c", str(config), "--port", str(serve_port)], tmp_path / "serve.log",
-                f"http://127.0.0.1:{serve_port}/api/v1/health"),
-         serve_port, "/api/v1/repairs"),
-        (_start(["agent", "-c", str(config), "--region", "here"], tmp_path / "agent.log",
-                f"http://127.0.0.1:{agent_port}/agent/v1/health"),
-         agent_port, "/agent/v1/replicas/r/keys/observe"),
+        (_start(["serve", "-c", str(config), "--port", str(serve_port)], tmp_path / "serve.log"),
+         serve_port, "/api/v1/repairs", f"http://127.0.0.1:{serve_port}/api/v1/health",
+         tmp_path / "serve.log"),
+        (_start(["agent", "-c", str(config), "--region", "here"], tmp_path / "agent.log"),
+         agent_port, "/agent/v1/replicas/r/keys/observe",
+         f"http://127.0.0.1:{agent_port}/agent/v1/health", tmp_path / "agent.log"),
     ]  # fmt: skip
     try:
-        for proc, port, path in procs:
+        for proc, _, _, health, log in procs:
+            _wait_up(proc, health, log)
+        for proc, port, path, _, _ in procs:
             peak, rss = _peak_and_rss(proc.pid)
             assert upload(port, path, 500 * MB, chunked=False) == 401
             assert upload(port, path, 500 * MB, chunked=True) == 401
@@ -234,6 +238,6 @@ def test_a_500_mb_upload_without_a_token_costs_the_service_and_agent_nothing(
             # With a token, a chunked body is read up to the limit (64 MiB for an agent).
             assert upload(port, path, 500 * MB, chunked=True, token=TOKEN) == 413
     finally:
-        for proc, _, _ in procs:
+        for proc, *_ in procs:
             proc.terminate()
             proc.wait(30)
