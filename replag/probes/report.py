@@ -77,6 +77,9 @@ class PairResult:
     # "loading": it was loading its dataset).
     excluded: int = 0
     excluded_because: str | None = None
+    # How the seen samples were stamped (`ProbeSample.stamp`: kernel, loop, chunk-placed,
+    # widened) → how many.
+    stamps: dict[str, int] = field(default_factory=dict)
 
     @property
     def seen(self) -> int:
@@ -108,6 +111,7 @@ class PairResult:
         }
         out["error"] = self.error
         out["excluded"] = {"count": self.excluded, "because": self.excluded_because}
+        out["stamps"] = dict(sorted(self.stamps.items()))
         return out
 
     def exclude(self, because: str) -> None:
@@ -116,6 +120,7 @@ class PairResult:
         self.sent = self.lost = 0
         self.lag, self.uncertainty = LagHistogram(), LagHistogram()
         self.negative_beyond_uncertainty = 0
+        self.stamps = {}
 
     @property
     def label(self) -> str:

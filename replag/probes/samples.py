@@ -149,6 +149,7 @@ def _record_lags(
         if lag + unc < 0:
             pair.negative_beyond_uncertainty += 1
         pair.uncertainty.record_ns(unc)
+        pair.stamps[arrival.stamp] = pair.stamps.get(arrival.stamp, 0) + 1
         report.samples.append(
             dataclasses.replace(
                 sample,

@@ -41,6 +41,12 @@ PAIR = obj(
         # groups and Cluster shards; null where there is none, e.g. Dynomite).
         "replication": nullable(REPLICA_STATE),
         "rack": nullable(STR),  # Dynomite: the replica's rack
+        # How the seen samples were stamped → how many (`replag schema samples`, `stamp`).
+        "stamps": {
+            "type": "object",
+            "propertyNames": {"enum": ["kernel", "loop", "chunk-placed", "widened"]},
+            "additionalProperties": INT,
+        },
     },
 )
 
