@@ -177,9 +177,19 @@ async def test_metrics_show_trees_events_and_bytes(client: httpx.AsyncClient) ->
     ):
         assert f'replag_agent_{family}{{replica="r"}}' in text, family
     assert 'replag_agent_restores_total{replica="r"} 0.0' in text  # built, not restored
-    resident = [line for line in text.splitlines() if line.startswith("replag_agent_resident_")]
-    rss, per_key = (float(line.split()[1]) for line in resident)
-    assert rss > 10 << 20 and per_key == pytest.approx(rss / 3007, rel=0.05)
+    resident = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("replag_agent_resident_")
+    }
+    rss, fixed = (
+        resident["replag_agent_resident_bytes"],
+        resident["replag_agent_resident_fixed_bytes"],
+    )
+    # The marginal cost: what the agent holds beyond its size before any tree, per key.
+    assert rss > fixed > 10 << 20
+    per_key = resident["replag_agent_resident_bytes_per_key"]
+    assert per_key == pytest.approx((rss - fixed) / 3007, rel=0.05)
     assert 'replag_agent_response_bytes_total{route="leaves"}' in text
     assert TOKEN not in text
 

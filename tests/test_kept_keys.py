@@ -102,7 +102,7 @@ def test_past_the_disk_limit_nothing_is_kept() -> None:
 
 
 def test_a_checks_memory_is_shared_by_its_scans() -> None:
-    assert keep_limits(256, 16384, 2) == KeepLimits(16 << 20, 8192 << 20)
+    assert keep_limits(256, 16384, 2) == KeepLimits(4 << 20, 8192 << 20)
     small = keep_limits(80, 1000, 2)
     assert small.memory_bytes == (80 - 35 - 16 << 20) // 8 and small.disk_bytes == 500 << 20
     assert keep_limits(10, 0, 3) == KeepLimits(1 << 20, 0)

@@ -12,8 +12,10 @@ notifications, restart, resync), `_build_seconds` and
 scan), `_replica_cpu_seconds_total` (the replica's used_cpu, to rate()); and
 `replag_agent_response_bytes_total{route}`: what the agent sent, i.e. what
 crosses the WAN; `replag_agent_resident_bytes` (the process's RSS) and
-`replag_agent_resident_bytes_per_key` (RSS over the keys of all its trees):
-what an agent really costs its host per key, beside the key table's share.
+`replag_agent_resident_fixed_bytes` (its RSS when it started, before any tree:
+the fixed size) and `replag_agent_resident_bytes_per_key` (what it holds beyond
+that, over the keys of all its trees): what an agent really costs its host per
+key, the fixed size apart, beside the key table's share.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ class _TreeCollector(Collector):
     def __init__(self, agent: RegionAgent, sent: dict[str, int]) -> None:
         self.agent = agent
         self.sent_bytes = sent
+        # Made with the app, before its lifespan starts the trees: the agent without keys.
+        self.fixed_bytes = resident_bytes()
 
     def collect(self) -> Iterator[Metric]:
         trees = self.agent.trees
@@ -146,12 +150,19 @@ class _TreeCollector(Collector):
             yield GaugeMetricFamily(
                 "replag_agent_resident_bytes", "The agent process's resident memory.", value=rss
             )
+            if self.fixed_bytes is not None:
+                yield GaugeMetricFamily(
+                    "replag_agent_resident_fixed_bytes",
+                    "The agent's resident memory when it started, before any tree.",
+                    value=self.fixed_bytes,
+                )
             keys = sum(len(t.table) for t in trees.values() if t.table is not None)
-            if keys:
+            if keys and self.fixed_bytes is not None:
                 yield GaugeMetricFamily(
                     "replag_agent_resident_bytes_per_key",
-                    "The agent's resident memory over the keys of all its trees.",
-                    value=rss / keys,
+                    "The agent's resident memory beyond its fixed size, over the keys of all "
+                    "its trees: the marginal cost of a key.",
+                    value=max(0, rss - self.fixed_bytes) / keys,
                 )
         for part in self.agent.parts:
             yield from part.collect()

@@ -255,8 +255,8 @@ FIXED_MB, FIXED_PER_SCAN_MB = 35, 8
 # its sealing, the scan's own buffers): each is given a quarter of its share.
 SHARE_HELD = 4
 # Past this a chunk held in memory buys nothing: it is read back from the page cache
-# about as fast as from memory.
-MOST_HELD_BYTES = 16 << 20
+# about as fast as from memory (2 replicas, default budget: ~71 MB at any keyspace).
+MOST_HELD_BYTES = 4 << 20
 
 
 def keep_limits(memory_mb: int, spill_mb: int, scans: int) -> KeepLimits:
