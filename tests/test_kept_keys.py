@@ -6,7 +6,10 @@ test_scan_process.py and test_repair_scan.py.
 
 from __future__ import annotations
 
+import os
 import random
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,3 +109,15 @@ def test_a_checks_memory_is_shared_by_its_scans() -> None:
     small = keep_limits(80, 1000, 2)
     assert small.memory_bytes == (80 - 35 - 16 << 20) // 8 and small.disk_bytes == 500 << 20
     assert keep_limits(10, 0, 3) == KeepLimits(1 << 20, 0)
+
+
+def test_the_spill_file_has_no_name_and_only_its_owner_reads_it(tmp_path: Path) -> None:
+    kept = KeptKeys(DEPTH, KeepLimits(memory_bytes=8 << 10, directory=str(tmp_path)))
+    for part in _batches([b"key:%d" % i for i in range(3000)], 256):
+        kept.add(part)
+    assert kept.spilled_bytes > 0 and kept._file is not None
+    # Nothing in the directory: a killed scan leaves nothing behind.
+    assert list(tmp_path.iterdir()) == []
+    assert os.readlink(f"/proc/self/fd/{kept._file.fileno()}").endswith("(deleted)")
+    assert stat.S_IMODE(os.fstat(kept._file.fileno()).st_mode) == 0o600
+    kept.close()
