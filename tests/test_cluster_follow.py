@@ -20,8 +20,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from replag.api.app import create_app
+from replag.cli import main
 from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.discovery.primaries import failover_check
@@ -170,6 +172,19 @@ async def test_a_killed_shard_primary_is_followed_and_the_others_probed_througho
             return bool(report.failovers)
 
         await until(followed, "the probe follows the shard's failover", timeout_s=90)
+        # Discovery again, its old primary dead, rewriting the file: every shard keeps its
+        # name (without a shard id, Redis 6.2/7.0 named it by a node id that may be the dead
+        # one's; its slots survive).
+        path = tmp_path / "c.toml"
+        live = next(n for n in cluster.nodes if n.pid is not None)
+        again_found = await asyncio.to_thread(
+            CliRunner().invoke,
+            main,
+            ["topology", "discover", "--cluster", live.url, "--out", str(path)],
+        )
+        assert again_found.exit_code == 0, again_found.output
+        kept = load_config(path, environ={"REPLAG_STORE": str(store_path)}).topology
+        assert [r.name for r in kept.regions] == [r.name for r in config.topology.regions]
         # failover-check with the config from before the kill: an answer about the promoted
         # replica (no replica of its own left: unsafe), the dead old primary a candidate
         # that cannot be promoted; not "primary unreachable" (exit 2).

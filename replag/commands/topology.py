@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -202,7 +203,11 @@ def discover(
         )
     else:
         assert cluster_url is not None
-        found = asyncio.run(discover_cluster(cluster_url, timeout_s=timeout_s, contacts=contacts))
+        found = asyncio.run(
+            discover_cluster(
+                cluster_url, timeout_s=timeout_s, contacts=contacts, previous=_shards_in(out)
+            )
+        )
     topology, references = as_references(
         found.topology, password=password, password_env=password_env
     )
@@ -213,6 +218,27 @@ def discover(
     _emit(with_store(found, store_path or settings.store), out)
     for line in lines:
         click.echo(f"note: {line}", err=True)
+
+
+def _shards_in(path: Path | None) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+    """(name, slots) of each region with slots in the file --out rewrites: a shard keeps
+    its name through the death of the node it was named after."""
+    if path is None or not path.exists():
+        return []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"--out: cannot read the file it would rewrite, {path}: {exc}") from None
+    out = []
+    for region in data.get("regions", []):
+        slots = region.get("slots") if isinstance(region, dict) else None
+        if isinstance(slots, list) and isinstance(region.get("name"), str):
+            try:
+                pairs = tuple((int(a), int(b)) for a, b in slots)
+            except (TypeError, ValueError):
+                continue  # not slot ranges: the file's own check says so when it is loaded
+            out.append((region["name"], pairs))
+    return out
 
 
 def _password_from(name: str | None, *, dynomite: bool) -> str | None:

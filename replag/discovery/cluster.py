@@ -10,7 +10,7 @@ id among its primary and replicas; `shard-<first 8 hex digits>`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -204,10 +204,19 @@ def _cluster_state(info: Any) -> str:
     return "unknown"
 
 
+Slots = tuple[tuple[int, int], ...]
+
+
 async def discover_cluster(
-    url: str, *, timeout_s: float, contacts: Contacts | None = None
+    url: str,
+    *,
+    timeout_s: float,
+    contacts: Contacts | None = None,
+    previous: Sequence[tuple[str, Slots]] = (),
 ) -> Discovery:
-    """Every shard of the Redis Cluster that the node at `url` belongs to."""
+    """Every shard of the Redis Cluster that the node at `url` belongs to. `previous`: the
+    (name, slots) of the shards of an earlier discovery (the file being rewritten): a
+    shard keeps the name of the one whose slots it holds (see `kept_names`)."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
@@ -215,13 +224,45 @@ async def discover_cluster(
     shards, command, state = await read_shards(seed, timeout_s=timeout_s, contacts=contacts)
     if not shards:
         raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
-    return cluster_topology(shards, seed=seed, command=command, state=state)
+    return cluster_topology(
+        shards, seed=seed, command=command, state=state, names=kept_names(shards, previous)
+    )
+
+
+def _slot_set(slots: Slots) -> set[int]:
+    return {s for a, b in slots for s in range(a, b + 1)}
+
+
+def kept_names(shards: Sequence[Shard], previous: Sequence[tuple[str, Slots]]) -> dict[str, str]:
+    """Shard identity → the earlier name of the shard that held most of its slots (at least
+    half). Without a shard id (Redis before 7.2) a shard is named by its lowest node id,
+    which changes when that node dies: its slots do not."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for shard in shards:
+        held = _slot_set(shard.slots)
+        best, overlap = None, 0
+        for name, slots in previous:
+            common = len(held & _slot_set(slots))
+            if name not in taken and common > overlap:
+                best, overlap = name, common
+        if best is not None and 2 * overlap >= len(held):
+            names[shard.identity] = best
+            taken.add(best)
+    return names
 
 
 def cluster_topology(
-    shards: Sequence[Shard], *, seed: Endpoint, command: str, state: str
+    shards: Sequence[Shard],
+    *,
+    seed: Endpoint,
+    command: str,
+    state: str,
+    names: Mapping[str, str] | None = None,
 ) -> Discovery:
-    """One region and one replica group per shard, in slot order."""
+    """One region and one replica group per shard, in slot order (`names`: identity → a
+    name kept from an earlier discovery)."""
+    names = names or {}
     regions, groups = [], []
     comments: dict[str, str] = {}
     endpoint_comments: dict[str, str] = {}
@@ -239,15 +280,16 @@ def cluster_topology(
         return ep
 
     for shard in sorted(shards, key=lambda s: s.slots[0]):
-        primary = endpoint(shard.primary, shard.name)
-        replicas = tuple(endpoint(node, shard.name) for node in shard.replicas)
+        name = names.get(shard.identity, shard.name)
+        primary = endpoint(shard.primary, name)
+        replicas = tuple(endpoint(node, name) for node in shard.replicas)
         endpoint_comments[primary.name] = f"primary, cluster node {shard.primary.node_id}"
         for node, ep in zip(shard.replicas, replicas, strict=True):
             health = "" if node.health == "online" else f"; health {node.health} at discovery"
             endpoint_comments[ep.name] = f"replica, cluster node {node.node_id}{health}"
         regions.append(
             Region(
-                name=shard.name,
+                name=name,
                 write=primary,
                 replicas=replicas,
                 slots=shard.slots,
@@ -256,14 +298,16 @@ def cluster_topology(
         )
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
         named = "shard id" if shard.shard_id else "lowest node id"
-        comments[shard.name] = (
+        if name != shard.name:
+            named = "slots, as the file it rewrote named them"
+        comments[name] = (
             f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "
             "the probe re-reads where it is and which slots it holds"
         )
         if replicas:
             groups.append(
                 ReplicaGroup(
-                    name=shard.name,
+                    name=name,
                     members=(primary, *replicas),
                     slots=shard.slots,
                     kind="replication",
@@ -275,7 +319,7 @@ def cluster_topology(
         header.append(f"cluster_state was {state!r} at discovery.")
     if covered != SLOT_COUNT:
         header.append(f"Only {covered} of {SLOT_COUNT} slots are served.")
-    lonely = [s.name for s in shards if not s.replicas]
+    lonely = [names.get(s.identity, s.name) for s in shards if not s.replicas]
     if lonely:
         header.append(f"Shards without replicas (nothing to compare): {', '.join(lonely)}.")
     return Discovery(
