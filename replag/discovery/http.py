@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+from replag import reply_limits
 from replag.errors import DiscoveryError, UnreachableError
 
 
@@ -26,7 +27,7 @@ async def fetch_text(url: str, *, timeout_s: float) -> str | None:
                 return None
             if response.status != 200:
                 raise DiscoveryError(f"answered HTTP {response.status}", where=url)
-            body = await response.read()
+            body = await _bounded_body(response, url)
     except TimeoutError:
         raise UnreachableError(f"no answer within {timeout_s:g}s", where=url) from None
     except aiohttp.ClientPayloadError as exc:
@@ -37,6 +38,19 @@ async def fetch_text(url: str, *, timeout_s: float) -> str | None:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         raise DiscoveryError("the answer is not UTF-8 text", where=url) from None
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, url: str) -> bytes:
+    """The body, refused once it passes max_reply_bytes (whatever the server announces)."""
+    limit = reply_limits.current().max_bytes
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            shown = reply_limits.size_text(limit)
+            raise DiscoveryError(f"the answer passed max_reply_bytes = {shown}", where=url)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def fetch_required_text(url: str, *, timeout_s: float) -> str:
