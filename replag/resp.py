@@ -209,7 +209,10 @@ class _Protocol(asyncio.Protocol):
         """A reply over a limit (or a header that is no RESP): every request on this connection
         fails with an error naming the limit and the command answered, and it is dropped."""
         if isinstance(exc, NotRespHeader):
-            self._not_resp()
+            # Named by the bytes where a reply should begin (not the connection's first).
+            self.failure = not_resp(exc.args[0] if exc.args else self.first_bytes)
+            if self.transport is not None:
+                self.transport.abort()
             return
         what = "a message the server pushed"
         if self.waiting:

@@ -134,9 +134,9 @@ class BlockingConnection:
         except ReplyLimitError as exc:
             refused = ReplyLimitError(f"reply to {command_name(self._sent)} refused: {exc}")
             raise translate(refused, self.endpoint) from None
-        except NotRespHeader:
-            self._first_bytes = self._first_bytes or bytes(self._buffer[:48])
-            raise translate(not_resp(self._first_bytes), self.endpoint) from None
+        except NotRespHeader as exc:
+            # Named by the bytes where a reply should begin (not the connection's first).
+            raise translate(not_resp(exc.args[0]), self.endpoint) from None
         self._reader.feed(self._buffer, 0, size)  # type: ignore[arg-type]  # any buffer
 
     def _late(self) -> TimeoutError:

@@ -75,7 +75,10 @@ class ProbeRun:
                 report.clock.insert(0, offset)
             except ReplagError as exc:
                 report.notes.append(no_clock_note(writer.endpoint.name, exc))
-        await self.replication.sample_start()
+        # A replica found unreachable (a stall, a reply over a limit) is not asked again
+        # in this run: each ask would wait out its own timeout.
+        down = {t.replica.name: t.error for t in self.targets if t.error is not None}
+        await self.replication.sample_start(down)
         live = [t.observer for t in self.targets if t.observer is not None]
         for obs in live:
             await obs.start()

@@ -48,6 +48,7 @@ class ProbeReplication:
         self._own = own_sampler
         self._cost_commands = 0
         self._cost_ns = 0
+        self._down: dict[str, str] = {}  # replicas unreachable earlier in this run: left alone
 
     @classmethod
     async def open(
@@ -91,17 +92,22 @@ class ProbeReplication:
             event=event,
         )
 
-    async def sample_start(self) -> None:
-        """The baseline of the write rate (and a warm connection to every server)."""
+    async def sample_start(self, down: dict[str, str] | None = None) -> None:
+        """The baseline of the write rate (and a warm connection to every server); servers
+        in `down` (name → error: unreachable earlier in this run) are not contacted again."""
+        self._down = dict(down or {})
         if self.targets:
-            first = await self._sampler.sample(self.targets)
+            first = await self._sampler.sample(self.targets, skip=self._down)
+            self._down |= self._sampler.down
             self._cost_commands += first.commands
             self._cost_ns += first.duration_ns
             self.start_snapshot = first
 
     async def sample_end(self) -> None:
         """The state reported for this run, read once the probe keys have arrived."""
-        snapshot = await self._sampler.sample(self.targets) if self.targets else None
+        snapshot = (
+            await self._sampler.sample(self.targets, skip=self._down) if self.targets else None
+        )
         snapshot = snapshot or ReplicationSnapshot()
         snapshot.commands += self._cost_commands
         snapshot.duration_ns += self._cost_ns

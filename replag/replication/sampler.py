@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from replag.errors import ReplagError
+from replag.errors import ReplagError, UnreachableError
 from replag.replication.backlog import Backlog
 from replag.replication.info import ListedReplica, ReplicationInfo, parse_info
 from replag.replication.state import (
@@ -92,6 +92,10 @@ class ReplicationSampler:
         # address → [(mono ns, offset, replid)] of the last RATE_WINDOW_S
         self._previous: dict[str, list[tuple[int, int, str]]] = {}
         self._unreachable: dict[str, str] = {}  # endpoint name → why the last connect failed
+        # Endpoints the current sample leaves alone (unreachable earlier in the same run),
+        # and those it found unreachable: a run asks a server that stalls once, not thrice.
+        self._skip: dict[str, str] = {}
+        self.down: dict[str, str] = {}
 
     async def __aenter__(self) -> ReplicationSampler:
         return self
@@ -104,8 +108,13 @@ class ReplicationSampler:
         for conn in conns.values():
             await conn.close()
 
-    async def sample(self, targets: list[SampleTarget]) -> ReplicationSnapshot:
-        """Sample every target at once (each with its own bracket of reads)."""
+    async def sample(
+        self, targets: list[SampleTarget], *, skip: dict[str, str] | None = None
+    ) -> ReplicationSnapshot:
+        """Sample every target at once (each with its own bracket of reads); endpoints
+        named in `skip` are not contacted (reported with the error given). `down` then
+        holds those this sample found unreachable."""
+        self._skip, self.down = dict(skip or {}), {}
         started = time.monotonic_ns()
         results = await asyncio.gather(*(self._sample(t) for t in targets))
         snapshot = ReplicationSnapshot(
@@ -129,6 +138,8 @@ class ReplicationSampler:
         """One INFO round trip, unparsed (`_parse` after the bracket); a failure drops the
         connection (reopened next sample)."""
         sent = time.monotonic_ns()
+        if endpoint.name in self._skip:
+            return _Read(None, sent, sent, error=self._skip[endpoint.name])
         conn = self._conns.get((endpoint.host, endpoint.port, endpoint.db))
         if conn is None:
             return _Read(
@@ -140,6 +151,8 @@ class ReplicationSampler:
             replies, arrived = await conn.wait(conn.send(payload, 2 if stats else 1))
         except ReplagError as exc:
             await self._drop(endpoint)
+            if isinstance(exc, UnreachableError):
+                self.down[endpoint.name] = exc.message
             return _Read(None, sent, time.monotonic_ns(), error=exc.message)
         return _Read(None, sent, arrived, replies=list(replies))
 
@@ -255,9 +268,13 @@ class ReplicationSampler:
 
     async def _warm(self, endpoint: Endpoint) -> str | None:
         """Connect (or reuse); the error text if the endpoint cannot be reached."""
+        if endpoint.name in self._skip:
+            return self._skip[endpoint.name]
         try:
             await self._connection(endpoint)
         except ReplagError as exc:
+            if isinstance(exc, UnreachableError):
+                self.down[endpoint.name] = exc.message
             return exc.message
         return None
 
