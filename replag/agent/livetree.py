@@ -117,6 +117,7 @@ class LiveTree:
         self.options = options
         self.depth = depth
         self.timeout_s = options.timeout_s
+        self._last_failure: str | None = None  # why the last generation failed, until a build
         self.poll_s = poll_s
         self.save_every_s = save_every_s
         self.batch = batch
@@ -293,6 +294,7 @@ class LiveTree:
                 else:  # a bug: say so loudly, but keep the agent (and other replicas) going
                     log.exception("%s: tree keeper failed; retrying", self.endpoint.name)
                 self._set_state("unavailable", str(exc))
+                self._last_failure = str(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, max(self.poll_s * 5, 1.0))
         self._set_state("stale", "agent stopped")
@@ -428,12 +430,16 @@ class LiveTree:
         return table
 
     async def _build(self, conn: RespConnection, info: dict[str, str]) -> KeyTable:
-        self._set_state("building", "full scan")
+        # A build after a failed one says why that failed: whoever asks meanwhile (a check
+        # waiting for the tree) learns which server is at fault, not just "building".
+        failed = f" (the last attempt failed: {self._last_failure})" if self._last_failure else ""
+        self._set_state("building", "full scan" + failed)
         cpu_before = _cpu(info)
         started = time.perf_counter()
         progress = ScanProgress(self.endpoint.name)
         self.build_progress = progress
         index = await ReplicaScanner(self.endpoint, self.options).run(progress)
+        self._last_failure = None
         table = KeyTable.from_index(index.deduplicated(), merge_every=self.merge_every)
         del index
         release_freed_memory()
