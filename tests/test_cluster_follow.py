@@ -259,6 +259,17 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
             return any(e["source"] == shard.name and e["kind"] == "cluster" for e in events)
 
         await until(failover_recorded, "serve records the shard's failover", timeout_s=90)
+
+        async def dead_primary_listed() -> bool:
+            # The dead old primary stays one of the shard's servers, its link down: never
+            # a shard without replicas while it is down.
+            primaries = (await get("/api/v1/replication"))["primaries"]
+            (now,) = [p for p in primaries if p["source"] == shard.name]
+            rows = {r["replica"]: r for r in now["replicas"]}
+            old = rows.get(shard.write.name) if now["primary"] != shard.write.name else None
+            return old is not None and old["link_up"] is not True
+
+        await until(dead_primary_listed, "the dead old primary listed, link down", timeout_s=30)
         # The other shards went on being probed meanwhile (their rounds ran and ended).
         probes = (await get("/api/v1/health"))["probes"]
         for name, end in killed_at.items():

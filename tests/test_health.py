@@ -113,6 +113,12 @@ async def test_failed_and_stale_sources_and_unreachable_replicas_fail_health(
     assert body["status"] == "failing"
     [problem] = body["problems"]
     assert problem["kind"] == "unreachable" and problem["replica"] == "eu-west-1"
+    # Its probes were not seen either (a dead node): said once, as unreachable, never also
+    # as "reachable, not replicating".
+    run(store, "eu-west", end_ns=now, sent=20, seen=0, lag_ms=0)
+    body = await health(client)
+    assert [(p["kind"], p["replica"]) for p in body["problems"]] == [("unreachable", "eu-west-1")]
+    run(store, "eu-west", end_ns=now + S, sent=20, seen=20, lag_ms=80)  # back
     # 3 intervals + the timeout (35 s) without a successful probe: stale.
     record_probe(store, source="us-east", run_id="r2", unreachable=[], error=None,
                  at_ns=now - 40 * S)  # fmt: skip

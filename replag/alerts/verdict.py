@@ -124,12 +124,17 @@ def replication_health(
     replicas: dict[tuple[str, str], list[str]] = {}
     for source, target, replica in index.replicas():
         replicas.setdefault((source, target), []).append(replica)
+    # A replica the latest run could not reach is said once, as unreachable: not also as
+    # "reachable, not replicating" from the probes it could not see.
+    unreachable = {(p.source, p.replica) for p in problems if p.kind == "unreachable"}
     for source, target in index.pairs():
         if source not in sources or target not in targets:
             continue
         pair = _pair_health(index, source, target, replicas.get((source, target), []))
         pairs.append(pair)
         for one in pair.replicas:
+            if (source, one.replica) in unreachable:
+                continue
             problems += _pair_problems(one, max_loss=settings.max_loss or 0.0, now_ns=now_ns)
     if alerts_firing:
         problems.append(

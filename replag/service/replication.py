@@ -70,7 +70,12 @@ class ReplicationState:
                 if known is not None:
                     host, _, port = known.address.rpartition(":")
                     moved = endpoint_at(self.config.topology, region, host, int(port))
-                    region = dataclasses.replace(region, write=moved)
+                    # The configured primary, demoted (or dead), is one of the set's servers
+                    # like the others: sampled as a replica, its link down while it is.
+                    replicas = region.replicas
+                    if not any(r.address == region.write.address for r in replicas):
+                        replicas = (*replicas, region.write)
+                    region = dataclasses.replace(region, write=moved, replicas=replicas)
             regions.append(region)
         return replication_targets(self.config.topology, sources=regions)[0]
 
