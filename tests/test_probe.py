@@ -104,12 +104,13 @@ async def test_auto_learns_notifications_are_off_even_within_a_short_timeout(
     # No CONFIG GET: a replica that publishes nothing is found out from the run's keys,
     # and a run shorter than that decision still keeps what the poll saw.
     path = _config_refusing_replica(redis_factory, tmp_path)
-    for timeout_s in (0.3, 3.0):
-        report = await run_probe(
-            load_config(path), count=10, rate=0, mode="auto", timeout_s=timeout_s
-        )
-        (pair,) = report.pairs
-        assert (pair.observed_by, pair.seen) == ("poll", 10), (timeout_s, report.notes)
+    short = await run_probe(load_config(path), count=10, rate=0, mode="auto", timeout_s=0.5)
+    (pair,) = short.pairs
+    # (Within 0.5 s on a starved host a key may still be on its way: some, not all.)
+    assert pair.observed_by == "poll" and pair.seen > 0, short.notes
+    report = await run_probe(load_config(path), count=10, rate=0, mode="auto", timeout_s=3.0)
+    (pair,) = report.pairs
+    assert (pair.observed_by, pair.seen) == ("poll", 10), report.notes
     assert any("no keyspace event for a probe key" in n for n in report.notes), report.notes
 
 

@@ -427,9 +427,9 @@ class LearningObserver(Observer):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if not self.decided and not self.insist:
-            # The run ended before the grace did (a short --timeout): what either saw
-            # is still an observation; the events win where there are any.
+        if not self.decided and (self.push.arrivals or not self.insist):
+            # The run ended before a decision (a short --timeout): what either saw is
+            # still an observation; the events win where there are any.
             self.decided = True
             self.mode = "push" if self.push.arrivals else "poll"
             self.arrivals = self.push.arrivals or self.poll.arrivals
