@@ -51,11 +51,12 @@ from replag.agent.livetree import LiveTree
 from replag.agent.metrics import AgentMetrics
 from replag.agent.region import RegionAgent
 from replag.errors import AgentError, EndpointError, KeyRefused, ReplagError
-from replag.repair import remote as wire
-from replag.repair.guarded_write import Write, compare_and_write, read_for_copy
-from replag.repair.observe import KeyState
-from replag.repair.roles import read_role
-from replag.repair.walk import first_down
+from replag.repair.decisions.roles import read_role
+from replag.repair.keyspace.observe import KeyState
+from replag.repair.keyspace.write import Write
+from replag.repair.trees import remote as wire
+from replag.repair.trees.walk import first_down
+from replag.repair.writes.guarded_write import compare_and_write, read_for_copy
 from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, bearer_refusal
 
 OCTETS = "application/octet-stream"
@@ -99,7 +100,9 @@ class WriteSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     op: Literal["delete", "restore", "expire", "undo", "purge"]
     payload: str | None = None  # base64
-    pttl: int = Field(default=-1, ge=-1, le=1 << 50)
+    # PTTL's answer when the value was read: -1 no expiry, -2 no key (an undo's pre-image
+    # of a key that did not exist), else milliseconds left.
+    pttl: int = Field(default=-1, ge=-2, le=1 << 50)
 
     @model_validator(mode="after")
     def _restore_has_a_payload(self) -> WriteSpec:
