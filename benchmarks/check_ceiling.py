@@ -58,7 +58,7 @@ from replag.config import load_config, render_config, write_config_atomic
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.diverge import DivergeSpec, lab_diverge
 from replag.lab.load import LoadSpec, lab_load
-from replag.repair.observe import key_from_json
+from replag.repair.keyspace.observe import key_from_json
 from replag.repair.runs import RunLog
 from replag.store import Store
 from replag.topology import ReplicaGroup, Topology

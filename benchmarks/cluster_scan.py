@@ -48,8 +48,8 @@ from _smoke import parse_args
 from replag.config import load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check
-from replag.repair.scan import ReplicaScanner, ScanOptions
-from replag.repair.slots import slot_groups
+from replag.repair.keyspace.slots import slot_groups
+from replag.repair.scan.scanner import ReplicaScanner, ScanOptions
 from replag.resp import pack, pack_over_keys, pack_per_key
 from replag.topology import Endpoint
 from tests.helpers.redis_cluster import start_cluster

@@ -48,7 +48,7 @@ from runstats import Measured, run_measured
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.diverge import DivergeSpec, lab_diverge
 from replag.lab.load import LoadSpec, lab_load
-from replag.repair.observe import key_from_json
+from replag.repair.keyspace.observe import key_from_json
 from replag.repair.runs import RunLog
 from replag.store import Store
 

@@ -42,7 +42,7 @@ from replag.lab.safety.model import LOADED, Keyspace, state_commands
 from replag.lab.safety.workload import WorkloadSpec, read_history
 from replag.lab.server import RedisServer, free_port
 from replag.repair import repair
-from replag.repair.observe import observe_keys
+from replag.repair.keyspace.observe import observe_keys
 from replag.repair.rebuild import rebuild
 from replag.repair.runs import RunLog
 from replag.resp import RespConnection, pack

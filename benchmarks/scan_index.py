@@ -16,7 +16,7 @@ import time
 
 from _smoke import parse_args
 
-from replag.repair import native
+from replag.repair.keyspace import native
 
 
 def main() -> int:

@@ -15,8 +15,8 @@ from replag.agent.app import create_agent_app
 from replag.agent.region import RegionAgent
 from replag.config import Config, config_from_dict, render_config
 from replag.errors import ConfigError
-from replag.repair import remote
-from replag.repair.scan import ScanIndex
+from replag.repair.scan.scanner import ScanIndex
+from replag.repair.trees import remote
 from tests.helpers.agent import AGENT_TIMEOUT_S
 from tests.helpers.docs import docs_text
 from tests.helpers.keyspace import fill, write_every_type

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replag.agent.keytable import KeyTable
-from replag.repair.scan import ScanIndex
-from replag.repair.tictac import TictacTree
+from replag.repair.scan.scanner import ScanIndex
+from replag.repair.trees.tictac import TictacTree
 
 DEPTH = 8  # few leaves, so leaves hold several keys
 NAMES = [b"k%d" % i for i in range(40)] + [b"\xff\x00bin", b"L" * 70_000]

@@ -28,7 +28,7 @@ import pytest
 import tomli_w
 
 from replag.lab.server import RedisServer, free_port
-from replag.repair.remote import keys_to_wire
+from replag.repair.trees.remote import keys_to_wire
 from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.redis_servers import FAST_SYNC, wait_listed
 from tests.helpers.tls import Pki, make_pki

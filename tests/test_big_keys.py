@@ -14,8 +14,8 @@ import redis
 from replag.errors import RepairError
 from replag.lab.server import RedisServer
 from replag.repair import repair
-from replag.repair.observe import observe_keys
-from replag.repair.timeouts import request_within
+from replag.repair.keyspace.observe import observe_keys
+from replag.repair.keyspace.timeouts import request_within
 from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint

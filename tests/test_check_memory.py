@@ -26,7 +26,7 @@ from pathlib import Path
 from replag.config import load_config, render_config, write_config_atomic
 from replag.lab.diverge import DivergeSpec, lab_diverge
 from replag.lab.load import LoadSpec, lab_load
-from replag.repair.observe import key_from_json
+from replag.repair.keyspace.observe import key_from_json
 from replag.repair.runs import RunLog
 from replag.store import Store
 from tests.helpers.lab import LabFactory

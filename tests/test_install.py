@@ -71,11 +71,11 @@ def test_wheels_install_in_a_fresh_venv_and_run_the_demo(tmp_path: Path) -> None
     for wheel, has_c, again in ((native, True, []), (plain, False, reinstall)):
         _run([*pip, *again, str(wheel)], env=clean)
         # Run from elsewhere than the tree, or `python -c` would import the tree's replag.
-        probe = "import replag.repair.native as n; print(n.NATIVE, n.__file__)"
+        probe = "import replag.repair.keyspace.native as n; print(n.NATIVE, n.__file__)"
         found, where = _run([str(python), "-c", probe], env=clean, cwd=tmp_path).split()
         assert found == str(has_c) and where.startswith(str(env_dir)), (wheel.name, found, where)
         if has_c:  # the C module loads and hashes as the Python twin does
-            same = "import replag.repair.native as n; k = [b'a', b'bc' * 99]; " + (
+            same = "import replag.repair.keyspace.native as n; k = [b'a', b'bc' * 99]; " + (
                 "print((n.hash_each(k) == n.hash_each_python(k)).all())"
             )
             assert _run([str(python), "-c", same], env=clean, cwd=tmp_path).strip() == "True"

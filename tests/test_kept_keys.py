@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replag.repair import native
-from replag.repair.diff import in_leaves
-from replag.repair.scan import ScanIndex, index_batch
-from replag.repair.scan_keep import KeepLimits, KeptKeys, keep_limits
+from replag.repair.keyspace import native
+from replag.repair.scan.keep import KeepLimits, KeptKeys, keep_limits
+from replag.repair.scan.scanner import ScanIndex, index_batch
+from replag.repair.trees.diff import in_leaves
 
 DEPTH = 10
 

@@ -120,7 +120,7 @@ def imports() -> Iterator[Import]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # `from replag.repair import report` imports the module replag.repair.report
+                # `from replag.repair import engine` imports the module replag.repair.engine
                 named = [f"{node.module}.{a.name}" for a in node.names]
                 targets = [t if t in MODULES else node.module for t in named]
             else:
@@ -252,3 +252,45 @@ def test_no_modules_import_each_other() -> None:
     assert not cycles, "modules importing each other round a loop:\n" + "\n".join(
         " <-> ".join(c) for c in cycles
     )
+
+
+# The repair room's sub-rooms, each with what it may use (arrows one way). The modules
+# left directly in replag/repair/ (the runs: engine, group_run, runs, rebuild, ...) may
+# use every sub-room; no sub-room uses them, nor the package's own __init__.
+REPAIR_ROOMS: dict[str, frozenset[str]] = {
+    "keyspace": frozenset(),
+    "trees": frozenset({"keyspace"}),
+    "scan": frozenset({"trees", "keyspace"}),
+    "decisions": frozenset({"trees", "keyspace"}),
+    "writes": frozenset({"decisions", "trees", "keyspace"}),
+    "bulk": frozenset({"writes", "decisions", "scan", "trees", "keyspace"}),
+}
+REPAIR_TOP_MODULES_AT_MOST = 12
+
+
+def _repair_room(module: str) -> str | None:
+    """The sub-room of replag.repair that `module` is in; "" for the room's own top level;
+    None outside replag.repair."""
+    if module == "replag.repair":
+        return ""
+    if not module.startswith("replag.repair."):
+        return None
+    part = module.split(".")[2]
+    return part if part in REPAIR_ROOMS else ""
+
+
+def test_repair_sub_rooms_point_one_way() -> None:
+    wrong = []
+    for imp in imports():
+        room, target = _repair_room(imp.module), _repair_room(imp.target)
+        if not room or target is None or room == target:
+            continue
+        if target == "" or target not in REPAIR_ROOMS[room]:
+            wrong.append(f"{imp} ({room} → {target or 'the runs at replag.repair'})")
+    assert not wrong, "arrows between repair's sub-rooms the wrong way:\n" + "\n".join(wrong)
+
+
+def test_repair_keeps_few_modules_at_its_top() -> None:
+    top = sorted(p.stem for p in (PACKAGE / "repair").glob("*.py") if p.stem != "__init__")
+    assert set(REPAIR_ROOMS) <= {p.name for p in (PACKAGE / "repair").iterdir() if p.is_dir()}
+    assert len(top) <= REPAIR_TOP_MODULES_AT_MOST, f"{len(top)} modules at the top: {top}"

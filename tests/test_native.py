@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from replag.repair import native
-from replag.repair.digest import string_entry_hashes
+from replag.repair.keyspace import native
+from replag.repair.keyspace.digest import string_entry_hashes
 
 needs_native = pytest.mark.skipif(not native.NATIVE, reason="replag._scanindex was not built")
 

@@ -16,12 +16,12 @@ from replag.cli import main
 from replag.config import Config, render_config
 from replag.lab.server import RedisServer
 from replag.repair import check, list_runs, repair
-from replag.repair.bulk import bulk_allowed
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.policy import Majority, Newest, Quorum, Source
+from replag.repair.bulk.copy import bulk_allowed
+from replag.repair.bulk.rebuild_log import RebuildLog
+from replag.repair.bulk.refill import Refill
+from replag.repair.decisions.policy import Majority, Newest, Quorum, Source
+from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.rebuild import rebuild
-from replag.repair.rebuild_log import RebuildLog
-from replag.repair.refill import Refill
 from replag.resp import RespConnection
 from replag.schemas import schema
 from replag.store import Store

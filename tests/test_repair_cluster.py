@@ -23,7 +23,7 @@ import redis
 from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check, repair
-from replag.repair.slots import key_slot
+from replag.repair.keyspace.slots import key_slot
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 from tests.helpers.waiting import until

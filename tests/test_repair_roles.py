@@ -11,7 +11,7 @@ import tomli_w
 from replag.config import load_config
 from replag.lab.server import free_port
 from replag.repair import repair
-from replag.repair.roles import MemberRole, shape_of
+from replag.repair.decisions.roles import MemberRole, shape_of
 from replag.topology import Endpoint, ReplicaGroup
 from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed

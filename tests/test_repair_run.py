@@ -17,9 +17,9 @@ from replag.config import render_config
 from replag.errors import UsageError
 from replag.lab.server import RedisServer
 from replag.repair import RepairProgress, check, get_run, list_runs, repair
-from replag.repair.guarded_write import typed_writes
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.values import read_values
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.values import read_values
+from replag.repair.writes.guarded_write import typed_writes
 from replag.resp import RespConnection
 from replag.store import Store
 from tests.helpers.configs import group_config

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from replag.repair.together import all_of, cancel_all
+from replag.repair.keyspace.together import all_of, cancel_all
 
 
 class _SlowToStop:

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import pytest
 
 from replag.errors import AuthError, UnreachableError
-from replag.repair.scan import (
+from replag.repair.scan.blocking import REPLY_BUDGET, BlockingScan
+from replag.repair.scan.scanner import (
     ReplicaScanner,
     ScanIndex,
     ScanOptions,
     ScanProgress,
     without_prefix,
 )
-from replag.repair.scan_blocking import REPLY_BUDGET, BlockingScan
 from replag.resp import pack, pack_over_keys
 from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint

@@ -19,10 +19,11 @@ import pytest
 
 from replag.config import load_config
 from replag.lab.server import RedisServer, free_port
-from replag.repair import check, scan_process
+from replag.repair import check
 from replag.repair.runs import RunLog
-from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
-from replag.repair.scan_process import WorkerTree, fork_scans_from_server
+from replag.repair.scan import process as scan_process
+from replag.repair.scan.process import WorkerTree, fork_scans_from_server
+from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
 from replag.store import Store
 from replag.topology import Endpoint
 from tests.helpers.configs import group_config

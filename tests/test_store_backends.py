@@ -19,10 +19,10 @@ from replag.alerts.state import AlertBook
 from replag.errors import ConfigError, StoreError
 from replag.monitoring.dynomite_figures import FIGURE_NAMES, DynomiteStats
 from replag.monitoring.dynomite_stats import prune_stats, recent_stats, record_stats
-from replag.repair.rebuild_log import RebuildLog
+from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.runs import RUNNING, RunLog, count_runs, get_run, list_runs
-from replag.repair.scan import ScanProgress
-from replag.repair.tictac import TictacTree
+from replag.repair.scan.scanner import ScanProgress
+from replag.repair.trees.tictac import TictacTree
 from replag.replication import history
 from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import Store, parse_location

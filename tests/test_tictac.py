@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replag.errors import RepairError
-from replag.repair.diff import brute_force_candidates, candidate_keys
-from replag.repair.scan import ScanIndex
-from replag.repair.tictac import TictacTree, differing_leaves
+from replag.repair.scan.scanner import ScanIndex
+from replag.repair.trees.diff import brute_force_candidates, candidate_keys
+from replag.repair.trees.tictac import TictacTree, differing_leaves
 
 keys = st.binary(min_size=0, max_size=12)
 contents = st.dictionaries(keys, st.integers(0, 3), max_size=60)
@@ -82,7 +82,7 @@ def test_index_checkpoint_round_trip() -> None:
 
 
 def test_unordered_digests_ignore_page_order_and_splits_but_not_content() -> None:
-    from replag.repair.digest import UnorderedDigest
+    from replag.repair.keyspace.digest import UnorderedDigest
 
     fields = [(b"f%d" % i, b"v%d" % i) for i in range(1000)]
 
@@ -102,7 +102,7 @@ def test_unordered_digests_ignore_page_order_and_splits_but_not_content() -> Non
 
 
 def test_a_collection_read_with_an_element_seen_twice_counts_as_changed() -> None:
-    from replag.repair.values import _Reader
+    from replag.repair.keyspace.values import _Reader
 
     reader = _Reader(b"h", "hash", 2, keep=False)
     reader.feed([3, [b"7", [b"a", b"1", b"b", b"2"]]])  # HLEN 3, first page

@@ -29,7 +29,7 @@ from replag.errors import TlsError
 from replag.lab.server import free_port
 from replag.probes import run_probe
 from replag.repair import check, repair
-from replag.repair.scan_process import fork_scans_from_server
+from replag.repair.scan.process import fork_scans_from_server
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.redis_servers import FAST_SYNC, wait_listed

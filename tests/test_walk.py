@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replag.repair.diff import brute_force_candidates, differing_keys, in_leaves
-from replag.repair.scan import ScanIndex
-from replag.repair.tictac import TictacTree, leaf_of
-from replag.repair.walk import (
+from replag.repair.scan.scanner import ScanIndex
+from replag.repair.trees.diff import brute_force_candidates, differing_keys, in_leaves
+from replag.repair.trees.tictac import TictacTree, leaf_of
+from replag.repair.trees.walk import (
     CONTENTS_BUDGET,
     I64,
     KEY_BYTES,

@@ -3,7 +3,7 @@
  * A full check hashes every key name and every value it reads (xxh3_64, the same
  * function as the `xxhash` package's xxh3_64_intdigest) and folds them into entry
  * hashes; in Python that is four passes over the batch plus one object per hash. Here
- * it is one loop. Every function has a pure-Python twin in replag/repair/native.py
+ * it is one loop. Every function has a pure-Python twin in replag/repair/keyspace/native.py
  * (used when this module was not built) and tests/test_native.py checks the two agree
  * bit for bit.
  *
@@ -18,7 +18,7 @@
 #include "xxhash.h"
 
 static inline uint64_t mix(uint64_t x) {
-    /* splitmix64's finaliser: replag/repair/digest.py's _mix */
+    /* splitmix64's finaliser: replag/repair/keyspace/digest.py's _mix */
     x ^= x >> 30;
     x *= 0xBF58476D1CE4E5B9ULL;
     x ^= x >> 27;

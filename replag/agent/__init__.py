@@ -20,7 +20,7 @@ only to its own region's replicas on their addresses inside the region
 The coordinator (`repair check`/`run`, `serve`) walks the trees from the root
 across agents, fetching only nodes under differing ones, then the keys of
 the differing leaves, then two reads of only the candidate keys, done by each
-agent in its region (`replag.repair.walk`, `replag.repair.remote`). Trees,
+agent in its region (`replag.repair.trees.walk`, `replag.repair.trees.remote`). Trees,
 not values, cross the WAN.
 
 The HTTP API (`app`) needs the service's bearer token on everything but

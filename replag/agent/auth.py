@@ -33,7 +33,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from replag.private_files import open_private
-from replag.repair.agent_http import JOB_HEADER, RUN_HEADER, STARTED_BY_HEADER
+from replag.repair.trees.agent_http import JOB_HEADER, RUN_HEADER, STARTED_BY_HEADER
 from replag.tokens import ApiToken, Scope, match
 
 if TYPE_CHECKING:

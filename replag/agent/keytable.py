@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.scan_index import ScanIndex
-from replag.repair.tictac import TictacTree
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.tictac import TictacTree
 
 U64 = npt.NDArray[np.uint64]
 _LONG = 0xFFFF

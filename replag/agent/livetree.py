@@ -53,10 +53,10 @@ from replag.agent.keyspace import (
 from replag.agent.keytable import KeyTable
 from replag.agent.memory import release_freed_memory, release_now_and_then
 from replag.errors import AgentError, EndpointError, ReplagError, UsageError
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
-from replag.repair.scan_index import ScanIndex
-from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 

@@ -26,9 +26,9 @@ from replag.agent.livetree import LiveTree
 from replag.config import Config
 from replag.errors import UsageError
 from replag.logfields import bind_log_fields
-from replag.repair.lanes import ReplicaLane
-from replag.repair.scan import ScanOptions
-from replag.repair.tictac import DEFAULT_DEPTH
+from replag.repair.scan.scanner import ScanOptions
+from replag.repair.trees.tictac import DEFAULT_DEPTH
+from replag.repair.writes.lanes import ReplicaLane
 from replag.settings import Settings
 from replag.topology import Endpoint
 

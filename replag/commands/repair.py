@@ -19,7 +19,7 @@ from replag.commands.status_line import repair_progress_line
 from replag.errors import ReplagError, UsageError
 from replag.private_files import open_private
 from replag.repair import RepairReport, check, list_runs, repair
-from replag.repair.observe import key_text
+from replag.repair.keyspace.observe import key_text
 from replag.repair.runs import RunLog, resumable, resume_command
 from replag.schemas import versioned
 from replag.store import Store, parse_location

@@ -80,7 +80,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     alert sender and the store are closed.
     """
     from replag.api.app import create_app
-    from replag.repair.scan_process import fork_scans_from_server
+    from replag.repair.scan.process import fork_scans_from_server
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
@@ -95,7 +95,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     sock = listen(host, port)
     with sock:
         # Checks fork a scan process per replica: from a small server, not from this
-        # process (its heap and the API's thread; see replag.repair.scan_process).
+        # process (its heap and the API's thread; see replag.repair.scan.process).
         fork_scans_from_server()
         bound = f"http://{host}:{sock.getsockname()[1]}"
         app = create_app(config, external_url=config.settings.public_url or bound, freeze_heap=True)

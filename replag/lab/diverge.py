@@ -18,7 +18,7 @@ from typing import Any
 from replag.errors import UsageError
 from replag.lab.cluster import lab_topology, read_state
 from replag.lab.load import key_name, key_type, read_load
-from replag.repair.observe import key_to_json
+from replag.repair.keyspace.observe import key_to_json
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
 

@@ -17,7 +17,7 @@ from replag.config import Config
 from replag.errors import AgentError, AgentTlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.remote import RegionWatch
-from replag.repair.remote import agent_client
+from replag.repair.trees.remote import agent_client
 from replag.settings import Settings
 from replag.topology import Endpoint
 

@@ -32,7 +32,7 @@ from replag.clockbound import (
 )
 from replag.errors import AgentError
 from replag.probes.observers import Arrival, Observer
-from replag.repair.remote import AgentClient
+from replag.repair.trees.remote import AgentClient
 from replag.topology import Endpoint
 
 

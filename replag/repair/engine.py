@@ -27,17 +27,17 @@ from replag.errors import (
 )
 from replag.logfields import bind_log_fields
 from replag.permissions import Mode
-from replag.repair import report as rp
-from replag.repair.databases import unchecked_databases
+from replag.repair.decisions import report as rp
+from replag.repair.decisions.outages import cut_off_replicas
+from replag.repair.decisions.policy import Policy, parse_policy
+from replag.repair.decisions.roles import GroupShape, group_shape
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
 from replag.repair.group_run import GroupRun, KeySink, RunParams
-from replag.repair.observe import key_from_json
-from replag.repair.outages import cut_off_replicas
-from replag.repair.policy import Policy, parse_policy
-from replag.repair.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.databases import unchecked_databases
+from replag.repair.keyspace.observe import key_from_json
+from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.together import cancel_all
 from replag.repair.reachable import members_reachable
-from replag.repair.remote import AgentPool
-from replag.repair.roles import GroupShape, group_shape
 from replag.repair.runs import (
     DONE,
     FAILED,
@@ -48,7 +48,7 @@ from replag.repair.runs import (
     new_run_id,
     resume_command,
 )
-from replag.repair.together import cancel_all
+from replag.repair.trees.remote import AgentPool
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.store.leases import Lease

@@ -19,37 +19,37 @@ from typing import Any
 
 from replag.config import Config
 from replag.errors import AgentError
-from replag.repair import report as rp
-from replag.repair.apply import Applier
-from replag.repair.bulk import (
+from replag.repair.bulk.copy import (
     BULK_MIN,
     bulk_allowed,
     refill_members,
     refill_plan,
     settle_members,
 )
-from replag.repair.decide import GroupDecisions, KeyRecord
-from replag.repair.diff import Divergence, differing_keys
-from replag.repair.findings import FINDINGS, per_replica
-from replag.repair.lanes import ReplicaLane
-from replag.repair.observe import key_to_json
-from replag.repair.pages import PageOptions
-from replag.repair.policy import Policy
-from replag.repair.progress import ProgressCallback, RepairProgress
-from replag.repair.remote import AgentClient, AgentPool, AgentReplica
-from replag.repair.report import key_finding
-from replag.repair.roles import GroupShape, cluster_members
-from replag.repair.rounds import RepairRounds
+from replag.repair.decisions import report as rp
+from replag.repair.decisions.decide import GroupDecisions, KeyRecord
+from replag.repair.decisions.findings import FINDINGS, per_replica
+from replag.repair.decisions.policy import Policy
+from replag.repair.decisions.report import key_finding
+from replag.repair.decisions.roles import GroupShape, cluster_members
+from replag.repair.keyspace.observe import key_to_json
+from replag.repair.keyspace.pages import PageOptions
+from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.slots import SlotMap, key_slot, not_compared, ranges
+from replag.repair.keyspace.together import all_of, cancel_all
 from replag.repair.runs import RunLog
-from replag.repair.scan import ScanOptions, ScanProgress
-from replag.repair.scan_keep import keep_limits
-from replag.repair.scan_process import WorkerTree
-from replag.repair.slots import SlotMap, key_slot, not_compared, ranges
+from replag.repair.scan.keep import keep_limits
+from replag.repair.scan.process import WorkerTree
+from replag.repair.scan.scanner import ScanOptions, ScanProgress
 from replag.repair.stray_slots import stray_keys
-from replag.repair.tictac import DEFAULT_DEPTH, TictacTree
-from replag.repair.together import all_of, cancel_all
-from replag.repair.verify import Changing, Verifier
-from replag.repair.walk import AgentTree, MemberTree, differing_leaves
+from replag.repair.trees.diff import Divergence, differing_keys
+from replag.repair.trees.remote import AgentClient, AgentPool, AgentReplica
+from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
+from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves
+from replag.repair.writes.apply import Applier
+from replag.repair.writes.lanes import ReplicaLane
+from replag.repair.writes.rounds import RepairRounds
+from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
 
 # Receives (group, key, the divergent key's dict) as a check finds each one.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from replag.errors import EndpointError
 from replag.permissions import Mode, require
-from replag.repair.together import all_of
+from replag.repair.keyspace.together import all_of
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
 

@@ -23,17 +23,17 @@ from typing import Any
 
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
-from replag.repair.bulk import copy_batches, settle_pending
+from replag.repair.bulk.copy import copy_batches, settle_pending
+from replag.repair.bulk.rebuild_log import RebuildLog
+from replag.repair.bulk.refill import BATCH, BatchResult, Refill
+from replag.repair.decisions.replica_role import replica_of, resync_advice
 from replag.repair.engine import repair
-from replag.repair.pages import copy_big_keys
-from replag.repair.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.pages import copy_big_keys
+from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.together import all_of
 from replag.repair.reachable import members_reachable
-from replag.repair.rebuild_log import RebuildLog
-from replag.repair.refill import BATCH, BatchResult, Refill
-from replag.repair.replica_role import replica_of, resync_advice
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
-from replag.repair.scan import without_prefix
-from replag.repair.together import all_of
+from replag.repair.scan.scanner import without_prefix
 from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup

@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from replag.repair.scan import ScanProgress
-from replag.repair.tictac import TictacTree
+from replag.repair.scan.scanner import ScanProgress
+from replag.repair.trees.tictac import TictacTree
 from replag.store import Row, Store
 from replag.store.leases import instance_id
 

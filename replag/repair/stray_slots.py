@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from replag.errors import EndpointError
-from replag.repair.observe import key_to_json
-from replag.repair.slots import SLOTS, ranges
-from replag.repair.together import all_of
+from replag.repair.keyspace.observe import key_to_json
+from replag.repair.keyspace.slots import SLOTS, ranges
+from replag.repair.keyspace.together import all_of
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, Topology
 

@@ -29,7 +29,7 @@ REPAIR_REPLICA = obj(
 # or the state a majority holds), and what the run did or, dry, would do about it.
 PER_REPLICA = mapping(counts("missing", "extra", "different", "copy", "delete", "leave"))
 
-# Per key outcome (see replag.repair.report): the group's counts use the singular
+# Per key outcome (see replag.repair.decisions.report): the group's counts use the singular
 # "conflict" and "error", the run's totals "conflicts" and "errors".
 _OUTCOMES = ("repaired", "busy", "kept", "would_repair", "agreed", "pending", "resync")
 

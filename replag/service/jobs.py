@@ -26,8 +26,8 @@ from replag.config import Config
 from replag.errors import JobConflict, ReplagError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.repair import RepairReport, check, repair
+from replag.repair.decisions.policy import parse_policy
 from replag.repair.exclusive import lease_name
-from replag.repair.policy import parse_policy
 from replag.service.job_table import JobTable
 from replag.service.scheduler import Claim
 from replag.settings import Settings

@@ -17,8 +17,8 @@ from typing import TypeVar
 import httpx
 
 from replag.agent.livetree import LiveTree
-from replag.repair.scan import ReplicaScanner, ScanOptions, ScanProgress
-from replag.repair.tictac import TictacTree
+from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
+from replag.repair.trees.tictac import TictacTree
 from replag.topology import Endpoint
 from tests.helpers.waiting import wait_until
 

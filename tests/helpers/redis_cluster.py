@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from replag.lab.server import RedisServer, free_port
-from replag.repair.slots import key_slot
+from replag.repair.keyspace.slots import key_slot
 from tests.helpers.redis_servers import FAST_SYNC, start_redis
 
 SLOTS = 16384

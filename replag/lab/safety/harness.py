@@ -39,7 +39,7 @@ from replag.lab.safety.monitor import END_MARKER, repair_touches
 from replag.lab.safety.workload import Op, WorkloadSpec, read_history
 from replag.lab.server import RedisServer, free_port
 from replag.repair import repair
-from replag.repair.report import RepairReport
+from replag.repair.decisions.report import RepairReport
 from replag.repair.runs import RunLog
 from replag.resp import RespConnection, pack
 from replag.store import Store

@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from replag.config import Config
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.pages import copy_big_keys
-from replag.repair.policy import Majority, Policy, Quorum, Source
-from replag.repair.rebuild_log import RebuildLog
-from replag.repair.refill import BATCH, IN_FLIGHT, BatchResult, Refill
-from replag.repair.replica_role import replica_of
-from replag.repair.scan_index import ScanIndex
-from replag.repair.together import all_of, cancel_all
+from replag.repair.bulk.rebuild_log import RebuildLog
+from replag.repair.bulk.refill import BATCH, IN_FLIGHT, BatchResult, Refill
+from replag.repair.decisions.policy import Majority, Policy, Quorum, Source
+from replag.repair.decisions.replica_role import replica_of
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.pages import copy_big_keys
+from replag.repair.keyspace.together import all_of, cancel_all
+from replag.repair.trees.index import ScanIndex
 from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
 
 if TYPE_CHECKING:
-    from replag.repair.progress import ProgressCallback
+    from replag.repair.keyspace.progress import ProgressCallback
 
 BULK_MIN = 1000
 _Tag = TypeVar("_Tag")
@@ -242,7 +242,7 @@ async def _refill_member(
     log: RebuildLog | None,
     progress: ProgressCallback | None,
 ) -> set[bytes]:
-    from replag.repair.progress import RepairProgress
+    from replag.repair.keyspace.progress import RepairProgress
 
     s = config.settings
     target = group.members[t]

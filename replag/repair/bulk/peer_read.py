@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from xxhash import xxh3_64_intdigest
 
-from replag.repair.digest import (
+from replag.repair.keyspace.digest import (
     TYPE_CODES,
     TYPE_NAMES,
     OrderedDigest,
@@ -33,10 +33,10 @@ from replag.repair.digest import (
     set_digest,
     zset_digest,
 )
-from replag.repair.native import hash_each
-from replag.repair.observe import KeyState
-from replag.repair.scan_ttls import TTL_SCRIPT, TtlSource, batch_ttls
-from replag.repair.values import Data, StreamEntry, read_values
+from replag.repair.keyspace.native import hash_each
+from replag.repair.keyspace.observe import KeyState
+from replag.repair.keyspace.values import Data, StreamEntry, read_values
+from replag.repair.scan.ttls import TTL_SCRIPT, TtlSource, batch_ttls
 from replag.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
 
 CARD = {

@@ -39,9 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import RepairError
-from replag.repair.digest import TYPE_NAMES
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.peer_read import (
+from replag.repair.bulk.peer_read import (
     MERGEABLE,
     PeerRead,
     PeerReader,
@@ -50,10 +48,12 @@ from replag.repair.peer_read import (
     whole_data,
     whole_read,
 )
-from replag.repair.timeouts import request_within
-from replag.repair.together import all_of
-from replag.repair.undo import PreImage, undo
-from replag.repair.values import Data
+from replag.repair.keyspace.digest import TYPE_NAMES
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.timeouts import request_within
+from replag.repair.keyspace.together import all_of
+from replag.repair.keyspace.values import Data
+from replag.repair.writes.undo import PreImage, undo
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replag.repair import report as rp
-from replag.repair.diff import Divergence
-from replag.repair.findings import findings, plan
-from replag.repair.policy import Decision, Policy, through_primary
-from replag.repair.roles import GroupShape
+from replag.repair.decisions import report as rp
+from replag.repair.decisions.findings import findings, plan
+from replag.repair.decisions.policy import Decision, Policy, through_primary
+from replag.repair.decisions.roles import GroupShape
+from replag.repair.trees.diff import Divergence
 
 
 @dataclass

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from replag.repair import report as rp
-from replag.repair.observe import ABSENT, KeyState
-from replag.repair.policy import Decision
+from replag.repair.decisions import report as rp
+from replag.repair.decisions.policy import Decision
+from replag.repair.keyspace.observe import ABSENT, KeyState
 
 FINDINGS = rp.KEY_FINDINGS
 ACTIONS = ("copy", "delete", "leave")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from replag.errors import NotFound, UsageError
-from replag.repair.observe import KeyState
+from replag.repair.keyspace.observe import KeyState
 from replag.topology import Endpoint
 
 Action = Literal["copy", "delete", "conflict", "keep", "resync"]

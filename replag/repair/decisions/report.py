@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from replag.repair.diff import KINDS
+from replag.repair.trees.diff import KINDS
 
 KEYS_SHOWN = 100
 # The text report names every key a run acted on when there are at most this many.

@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from replag.errors import AgentError, EndpointError
-from replag.repair.together import all_of
+from replag.repair.keyspace.together import all_of
 from replag.replication.info import parse_info
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
 
 if TYPE_CHECKING:
-    from replag.repair.remote import AgentClient
+    from replag.repair.trees.remote import AgentClient
 
 RepairKind = Literal["replication", "dynomite", "peers"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replag.errors import EndpointError
-from replag.repair.together import all_of
+from replag.repair.keyspace.together import all_of
 from replag.replication.info import keyspace_keys
 from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup, Topology

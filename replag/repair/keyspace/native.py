@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from replag.repair.digest import string_entry_hashes
+from replag.repair.keyspace.digest import string_entry_hashes
 
 U64 = npt.NDArray[np.uint64]
 _native: Any

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from replag.repair.digest import string_digest
-from replag.repair.slots import is_moved
-from replag.repair.values import Data, read_values
+from replag.repair.keyspace.digest import string_digest
+from replag.repair.keyspace.slots import is_moved
+from replag.repair.keyspace.values import Data, read_values
 from replag.resp import RespConnection, error_text, pack
 
 

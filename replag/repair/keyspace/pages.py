@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from replag.config import Config
-from replag.repair.digest import OrderedDigest, UnorderedDigest
-from replag.repair.observe import ABSENT, KeyState, observe_keys
-from replag.repair.timeouts import request_within
+from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
+from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
+from replag.repair.keyspace.timeouts import request_within
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import EndpointError
-from replag.repair.together import all_of
+from replag.repair.keyspace.together import all_of
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 

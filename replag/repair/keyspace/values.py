@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag.repair.digest import OrderedDigest, UnorderedDigest, string_digest
+from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.scan import (
+from replag.repair.scan.scanner import (
     Checkpoint,
     Progress,
     ReplicaScanner,
@@ -36,14 +36,14 @@ from replag.repair.scan import (
     batch_keys,
     scan_arguments,
 )
-from replag.repair.scan_index import ScanIndex, index_batch
-from replag.repair.scan_ttls import (
+from replag.repair.scan.ttls import (
     LOAD_TTL_SCRIPT,
     TTL_PROBE,
     TtlSource,
     batch_ttls,
     ttl_source_from_info,
 )
+from replag.repair.trees.index import ScanIndex, index_batch
 from replag.resp import RespConnection, pack
 from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from replag.repair.scan_ttls import TtlSource
-from replag.repair.slots import is_moved, key_slot, slot_groups
+from replag.repair.keyspace.slots import is_moved, key_slot, slot_groups
+from replag.repair.scan.ttls import TtlSource
 from replag.resp import error_text, pack_over_keys, pack_per_key
 
 

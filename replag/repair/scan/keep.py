@@ -33,9 +33,9 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.native import hash_each, hash_names
-from replag.repair.scan_index import ScanIndex
-from replag.repair.tictac import TictacTree, leaf_of
+from replag.repair.keyspace.native import hash_each, hash_names
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.tictac import TictacTree, leaf_of
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

@@ -47,12 +47,12 @@ import numpy.typing as npt
 
 from replag import reply_limits
 from replag.errors import RepairError, ReplagError
-from replag.repair.scan import LeafFilter, ScanOptions, ScanProgress
-from replag.repair.scan_blocking import BlockingScan
-from replag.repair.scan_index import ScanIndex
-from replag.repair.scan_keep import KeepLimits, KeptKeys
-from replag.repair.tictac import TictacTree
-from replag.repair.walk import first_down, nodes_below
+from replag.repair.scan.blocking import BlockingScan
+from replag.repair.scan.keep import KeepLimits, KeptKeys
+from replag.repair.scan.scanner import LeafFilter, ScanOptions, ScanProgress
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.tictac import TictacTree
+from replag.repair.trees.walk import first_down, nodes_below
 from replag.topology import Endpoint
 
 I64 = npt.NDArray[np.int64]

@@ -24,11 +24,13 @@ import numpy.typing as npt
 
 from replag import reply_limits
 from replag.errors import RepairError, ReplagError
-from replag.repair.digest import TYPE_CODES
-from replag.repair.native import hash_each
-from replag.repair.scan_cluster import cluster_batch_replies, cluster_fetch_request
-from replag.repair.scan_index import ScanIndex, index_batch
-from replag.repair.scan_ttls import (
+from replag.repair.keyspace.digest import TYPE_CODES
+from replag.repair.keyspace.native import hash_each
+from replag.repair.keyspace.slots import is_moved
+from replag.repair.keyspace.together import cancel_all
+from replag.repair.keyspace.values import read_values
+from replag.repair.scan.cluster import cluster_batch_replies, cluster_fetch_request
+from replag.repair.scan.ttls import (
     LOAD_TTL_SCRIPT,
     TTL_PROBE,
     TTL_SCRIPT,
@@ -36,10 +38,8 @@ from replag.repair.scan_ttls import (
     batch_ttls,
     ttl_source_from_info,
 )
-from replag.repair.slots import is_moved
-from replag.repair.tictac import leaf_of
-from replag.repair.together import cancel_all
-from replag.repair.values import read_values
+from replag.repair.trees.index import ScanIndex, index_batch
+from replag.repair.trees.tictac import leaf_of
 from replag.reply_limits import ReplyLimits
 from replag.resp import (
     RespConnection,

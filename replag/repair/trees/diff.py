@@ -15,9 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.observe import KeyState, key_to_json
-from replag.repair.scan_index import ScanIndex
-from replag.repair.tictac import TictacTree, differing_leaves, leaf_of
+from replag.repair.keyspace.observe import KeyState, key_to_json
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.tictac import TictacTree, differing_leaves, leaf_of
 
 Kind = Literal["missing", "type", "value", "ttl"]
 KINDS: tuple[Kind, ...] = ("missing", "type", "value", "ttl")

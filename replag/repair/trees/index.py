@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from replag.repair.digest import TYPE_CODES, entry_hashes, expiry_buckets
-from replag.repair.native import hash_each, string_index
-from replag.repair.tictac import TictacTree
+from replag.repair.keyspace.digest import TYPE_CODES, entry_hashes, expiry_buckets
+from replag.repair.keyspace.native import hash_each, string_index
+from replag.repair.trees.tictac import TictacTree
 
 U64 = npt.NDArray[np.uint64]
 _CHUNK_HEADER = struct.Struct("<Q")

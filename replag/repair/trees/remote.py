@@ -27,11 +27,11 @@ import numpy.typing as npt
 
 from replag.config import Config
 from replag.errors import AgentError, KeyRefused
-from replag.repair.agent_http import PREFIX as PREFIX
-from replag.repair.agent_http import AgentLink, run_headers
-from replag.repair.guarded_write import Write
-from replag.repair.observe import ABSENT, KeyState
-from replag.repair.scan_index import ScanIndex
+from replag.repair.keyspace.observe import ABSENT, KeyState
+from replag.repair.keyspace.write import Write
+from replag.repair.trees.agent_http import PREFIX as PREFIX
+from replag.repair.trees.agent_http import AgentLink, run_headers
+from replag.repair.trees.index import ScanIndex
 from replag.topology import Endpoint
 
 U64 = npt.NDArray[np.uint64]

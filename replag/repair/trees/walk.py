@@ -32,9 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.errors import AgentError
-from replag.repair.remote import BUCKET_HEADER, DEPTH_HEADER, KEYS_HEADER, AgentClient
-from replag.repair.scan_index import ScanIndex
-from replag.repair.together import all_of
+from replag.repair.keyspace.together import all_of
+from replag.repair.trees.index import ScanIndex
+from replag.repair.trees.remote import BUCKET_HEADER, DEPTH_HEADER, KEYS_HEADER, AgentClient
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

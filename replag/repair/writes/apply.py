@@ -76,10 +76,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from replag.errors import EndpointError, KeyRefused
-from replag.repair.guarded_write import (
+from replag.repair.decisions.policy import Decision
+from replag.repair.keyspace.observe import ABSENT, KeyState
+from replag.repair.keyspace.pages import PageOptions, copied_in_pages, repair_big_key
+from replag.repair.keyspace.together import all_of
+from replag.repair.keyspace.values import Data
+from replag.repair.keyspace.write import Write
+from replag.repair.writes.guarded_write import (
     CHUNK,
     Refused,
-    Write,
     compare_and_write,
     elapsed_ms,
     raise_refusal,
@@ -87,13 +92,8 @@ from replag.repair.guarded_write import (
     read_for_copy_with_data,
     typed_writes,
 )
-from replag.repair.lanes import BusyClock, RateLimiter, RemoteReplica, ReplicaLane
-from replag.repair.observe import ABSENT, KeyState
-from replag.repair.pages import PageOptions, copied_in_pages, repair_big_key
-from replag.repair.policy import Decision
-from replag.repair.together import all_of
-from replag.repair.undo import PreImage
-from replag.repair.values import Data
+from replag.repair.writes.lanes import BusyClock, RateLimiter, RemoteReplica, ReplicaLane
+from replag.repair.writes.undo import PreImage
 
 # Where these lived before apply.py was split; other modules import them from here still.
 __all__ = [

@@ -3,7 +3,7 @@
 `read_for_copy` (step 1 on the winner) and `compare_and_write` (step 2 on a
 target) each WATCH the key, require the state the decision saw, and run their
 commands in MULTI/EXEC, so a write replaces exactly the compared state (the
-safety argument is in `apply`). A `Write` is such a write as data: an agent
+safety argument is in `apply`). A `Write` (`keyspace.write`) is such a write as data: an agent
 receives it over HTTP and computes its TTL when it writes. `typed_writes`
 rebuild a value for a server that refuses the winner's DUMP format.
 """
@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from replag.errors import KeyRefused
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.timeouts import request_within
-from replag.repair.undo import collection_data
-from replag.repair.values import Data, StreamEntry
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.timeouts import request_within
+from replag.repair.keyspace.values import Data, StreamEntry
+from replag.repair.writes.undo import collection_data
 from replag.resp import RespConnection, error_text, pack
 
 
@@ -35,40 +35,6 @@ class Refused:
 
 
 CHUNK = 1000
-WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
-
-
-@dataclass(frozen=True)
-class Write:
-    """A repair write as data: made over a key only once it still holds what was compared.
-
-    `pttl` is the source's remaining TTL (ms, -1 none) when it was read: the copy's TTL
-    is computed when the write is made, from the time elapsed since (`commands`).
-    """
-
-    op: WriteOp
-    payload: bytes | None = None  # the winner's DUMP (restore) or the target's pre-image (undo)
-    pttl: int = -1
-
-    def commands(self, key: bytes, elapsed_ms: int) -> list[bytes] | None:
-        """The commands to run now; None when nothing valid is left (the source expired)."""
-        if self.op == "delete":
-            return [pack(b"DEL", key)]
-        if self.op == "purge":
-            # On a primary lacking the key: a DEL of a missing key is not replicated, a
-            # SET then DEL in one transaction is, and removes the key from its replicas.
-            return [pack(b"SET", key, b""), pack(b"DEL", key)]
-        left = self.pttl - elapsed_ms if self.pttl >= 0 else 0  # 0: no expiry
-        if self.op == "undo":
-            if self.payload is None or (self.pttl >= 0 and left <= 0):
-                return [pack(b"DEL", key)]  # there was no key, or it would have expired
-            return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
-        if self.pttl >= 0 and left <= 0:
-            return None
-        if self.op == "expire":
-            return [pack(b"PEXPIRE", key, left) if left else pack(b"PERSIST", key)]
-        assert self.payload is not None
-        return [pack(b"RESTORE", key, left, self.payload, b"REPLACE")]
 
 
 def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:

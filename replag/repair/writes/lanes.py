@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from replag.errors import EndpointError
-from replag.repair.guarded_write import (
-    Write,
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.values import Data, read_values
+from replag.repair.keyspace.write import Write
+from replag.repair.writes.guarded_write import (
     compare_and_write,
     elapsed_ms,
     read_for_copy_with_data,
 )
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.undo import PreImage, overwritten, undo
-from replag.repair.values import Data, read_values
+from replag.repair.writes.undo import PreImage, overwritten, undo
 from replag.resp import RespConnection
 from replag.topology import Endpoint
 

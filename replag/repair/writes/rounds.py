@@ -14,13 +14,13 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from replag.repair import report as rp
-from replag.repair.apply import Applier
-from replag.repair.decide import GroupDecisions, KeyRecord
-from replag.repair.diff import Divergence
-from replag.repair.guarded_write import Refused
-from replag.repair.policy import Decision
-from replag.repair.verify import VERIFY_BATCH, Verifier
+from replag.repair.decisions import report as rp
+from replag.repair.decisions.decide import GroupDecisions, KeyRecord
+from replag.repair.decisions.policy import Decision
+from replag.repair.trees.diff import Divergence
+from replag.repair.writes.apply import Applier
+from replag.repair.writes.guarded_write import Refused
+from replag.repair.writes.verify import VERIFY_BATCH, Verifier
 
 RECHECK_ROUNDS = 3
 

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.values import Data, read_values
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.values import Data, read_values
 from replag.resp import RespConnection, pack
 
 # Elements of a copied collection kept (until the copy stands or is undone) to merge an

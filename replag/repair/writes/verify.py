@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replag.errors import AgentError
-from replag.repair.diff import Divergence, Kind, classify
-from replag.repair.lanes import ReplicaLane
-from replag.repair.observe import KeyState, observe_keys
-from replag.repair.policy import Newest, Policy
-from replag.repair.progress import ProgressCallback, RepairProgress
-from replag.repair.remote import AgentClient
-from replag.repair.slots import key_slot
-from replag.repair.together import all_of, cancel_all
+from replag.repair.decisions.policy import Newest, Policy
+from replag.repair.keyspace.observe import KeyState, observe_keys
+from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.slots import key_slot
+from replag.repair.keyspace.together import all_of, cancel_all
+from replag.repair.trees.diff import Divergence, Kind, classify
+from replag.repair.trees.remote import AgentClient
+from replag.repair.writes.lanes import ReplicaLane
 
 VERIFY_BATCH = 256
 # Through an agent a batch costs a WAN round trip; a key's two states are ~100 bytes.

@@ -1,4 +1,4 @@
-"""A rebuild's checkpoint (`replag.repair.rebuild_log`): its scan cursor and counters, and
+"""A rebuild's checkpoint (`replag.repair.bulk.rebuild_log`): its scan cursor and counters, and
 the batches written but not yet verified."""
 
 from __future__ import annotations
