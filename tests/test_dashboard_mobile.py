@@ -3,6 +3,7 @@ reachable; and what it says about a replica that refuses our password."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -111,3 +112,93 @@ def _unreachable(base: str, proc: subprocess.Popen[Any]) -> bool:
     probe = health["probes"].get("home") or {}
     refused = [u for u in probe.get("unreachable") or [] if "authentication" in u["error"]]
     return bool(refused) and bool(health["pairs"])
+
+
+TILE = """(() => {
+  const td = document.querySelector('td.cell[data-source="a"][data-target="b"]');
+  if (!td) return null;
+  const box = td.getBoundingClientRect();
+  const flags = [...td.querySelectorAll(".flag")].map((f) => ({ text: f.textContent,
+    clipped: f.scrollWidth > f.clientWidth + 1
+      || f.getBoundingClientRect().right > box.right + 1 }));
+  const heads = [...document.querySelectorAll("table.replication th, table.replication td")]
+    .filter((e) => getComputedStyle(e).display !== "none")
+    .map((e) => ({ text: e.textContent.trim().slice(0, 20),
+                   right: e.getBoundingClientRect().right }));
+  return { cls: td.className, text: td.textContent, flags, heads,
+           width: document.documentElement.clientWidth };
+})()"""
+
+
+def _tile(tmp_path: Path, base: str, width: int) -> Any:
+    return asyncio.run(evaluate_when_loaded(tmp_path, base + "/?range=15m", TILE, width=width))
+
+
+def _pair_state(base: str, proc: subprocess.Popen[Any], want: str, recovered: bool) -> bool:
+    assert proc.poll() is None, "replag serve exited"
+    try:
+        pairs = httpx.get(base + "/api/v1/health").json()["pairs"]
+    except httpx.TransportError:
+        return False
+    pair = next((p for p in pairs if (p["source"], p["target"]) == ("a", "b")), None)
+    return (
+        pair is not None
+        and pair["state"] == want
+        and (not recovered or pair.get("recovered_ns") is not None)
+    )
+
+
+def test_a_partitioned_pair_is_red_now_and_says_when_it_recovered(
+    lab_factory: Any, tmp_path: Path
+) -> None:
+    """A real lab, partitioned then healed under `serve`: the tile is red while the pair does
+    not replicate (whatever its window's figures), and after the heal takes the live colour
+    and says since when; at 1400 and 390 px, nothing in the tile cut off."""
+    from replag.config import render_config
+    from replag.lab.cluster import lab_fault, lab_topology
+
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    lab_dir = Path(state["dir"])
+    config = tmp_path / "replag.toml"
+    config.write_text(render_config(lab_topology(state), settings={
+        "store": str(tmp_path / "s.sqlite"), "probe_interval": "1s", "count": 10, "rate": 0,
+        "timeout": "1s", "replication_interval": "1s"}))  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    try:
+        wait_until(lambda: _pair_state(base, proc, "ok", False), "a→b probed", timeout_s=120)
+        lab_fault(lab_dir, "b", "partition")
+        wait_until(lambda: _pair_state(base, proc, "not_replicating", False),
+                   "a→b not replicating", timeout_s=60)  # fmt: skip
+        during = {w: _tile(tmp_path, base, w) for w in (1400, PHONE)}
+        for w in (1400, PHONE):
+            chromium(tmp_path, f"--screenshot={shots / f'partition-{w}.png'}",
+                     f"--window-size={w},1200", base + "/?range=15m")  # fmt: skip
+        lab_fault(lab_dir, "b", "heal")
+        wait_until(lambda: _pair_state(base, proc, "ok", True), "a→b recovered", timeout_s=60)
+        after = {w: _tile(tmp_path, base, w) for w in (1400, PHONE)}
+        for w in (1400, PHONE):
+            chromium(tmp_path, f"--screenshot={shots / f'healed-{w}.png'}",
+                     f"--window-size={w},1200", base + "/?range=15m")  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for w, tile in during.items():
+        assert tile is not None and "sev-critical" in tile["cls"], (w, tile)
+        assert any("not replicating" in f["text"].lower() for f in tile["flags"]), (w, tile)
+        assert not any(f["clipped"] for f in tile["flags"]), (w, tile)
+    for w, tile in after.items():
+        assert tile is not None and "sev-critical" not in tile["cls"], (w, tile)
+        assert re.search(r"recovered \d+ s ago", tile["text"]), (w, tile)
+        assert not any(f["clipped"] for f in tile["flags"]), (w, tile)
+    phone = after[PHONE]
+    # On the phone the replication table keeps its link and RPO columns on screen.
+    rpo = [h for h in phone["heads"] if h["text"].startswith("RPO")]
+    link = [h for h in phone["heads"] if h["text"] == "link"]
+    assert rpo and link and all(h["right"] <= PHONE for h in rpo + link), phone["heads"]

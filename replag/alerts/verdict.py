@@ -71,6 +71,9 @@ class PairHealth:
     last_seen_ns: int | None  # end of the last run in which a probe was seen
     replica: str | None = None
     replicas: tuple[PairHealth, ...] = ()
+    # A pair replicating again: the end of the first run that saw probes after its last
+    # run that saw none (None: not down before, or down now).
+    recovered_ns: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -85,6 +88,7 @@ class PairHealth:
         }
         if self.replica is None:
             out["replicas"] = [r.to_dict() for r in self.replicas]
+            out["recovered_ns"] = self.recovered_ns
         return out
 
 
@@ -201,10 +205,12 @@ def _pair_health(index: LagIndex, source: str, target: str, replicas: list[str])
     ]
     total = index.summary(source, target, since_ns=run_end)
     seen = [r.last_seen_ns for r in latest if r.last_seen_ns is not None]
+    state: PairState = max((r.state for r in latest), key=_STATE_ORDER.index, default="ok")
     return PairHealth(
         source=source,
         target=target,
-        state=max((r.state for r in latest), key=_STATE_ORDER.index, default="ok"),
+        state=state,
+        recovered_ns=index.recovered_end_ns(source, target) if state != "not_replicating" else None,
         run_end_ns=run_end,
         sent=total.sent,
         lost=total.lost,

@@ -65,6 +65,11 @@ class PairHealth(Open):
     replicas: list[ReplicaHealth] = Field(
         default=[], description="each replica the source's latest run observed"
     )
+    recovered_ns: int | None = Field(
+        default=None,
+        description="replicating again: the end of the first run that saw probes after the "
+        "last run that saw none (null: not down before, or down now)",
+    )
 
 
 class ProbeHealth(Open):

@@ -5,6 +5,7 @@ const REFRESH_MS = 10000;
 const SVG = "http://www.w3.org/2000/svg";
 const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
 const RANGE_STEP = { "15m": "10s", "1h": "30s", "6h": "2m", "24h": "6m", "7d": "42m" };
+const RANGE_MS = { "15m": 9e5, "1h": 36e5, "6h": 216e5, "24h": 864e5, "7d": 6048e5 };
 const REPAIRS_PER_PAGE = 10;
 const state = { range: "1h", cluster: "", focus: null, repairsPage: 0, health: null, lastSeries: [], cells: new Map(), replication: new Map() };
 
@@ -145,7 +146,16 @@ function drawMatrix(data) {
     const flag = down.length ? el("div", { class: "flag", title: down.map((u) => `${u.replica}: ${u.error}`).join("\n") },
       `unreachable: ${whyUnreachable(down[0].error)}`)
       : pairFlag(pairNow, (c.replicas || []).length);
-    const colour = down.length ? "critical" : c.colour;
+    // The tile's colour is the pair's state now (red while it does not replicate, whatever
+    // the window's figures); replicating again after an outage in the range, it says since
+    // when, and takes the live colour: the window's figures (the outage's) stay beside.
+    const notReplicating = pairNow && pairNow.state === "not_replicating";
+    const recovered = !down.length && !notReplicating && pairNow && pairNow.recovered_ns &&
+      Date.now() - pairNow.recovered_ns / 1e6 < RANGE_MS[state.range] ? pairNow.recovered_ns : null;
+    const colour = down.length || notReplicating ? "critical"
+      : recovered && c.colour !== "ok" ? (pairNow.state === "lossy" ? "warning" : "ok") : c.colour;
+    const healed = recovered ? [el("div", { class: "recovered", title: `replicating again since ${new Date(recovered / 1e6).toISOString()}; the figures above are the last ${state.range}'s, the outage included` },
+      `recovered ${ago(recovered)} · ${state.range}: ${c.colour === "ok" ? "within limits" : `was ${c.colour}`}`)] : [];
     return el("td", {
       class: `cell sev-${colour}${flag ? " now-bad" : ""}`, "data-source": s, "data-target": t, "data-p99": c.p99_ms ?? "",
       "data-loss": c.loss_ratio,
@@ -155,7 +165,7 @@ function drawMatrix(data) {
       onclick: () => focusPair(s, t),
     },
       el("div", { class: "p99" }, figure, el("span", { class: "unit" }, unit)),
-      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicaRows(c, pairNow), ...replicationLine(s, t), ...(flag ? [flag] : []));
+      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicaRows(c, pairNow), ...replicationLine(s, t), ...(flag ? [flag] : []), ...healed);
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
