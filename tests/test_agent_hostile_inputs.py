@@ -129,9 +129,18 @@ def test_only_health_is_open_and_nothing_loads_from_a_cdn(running: Running) -> N
         assert running.call("GET", path).status_code == 401, path
     document = running.call("GET", "/openapi.json", "alice")
     assert document.status_code == 200 and "/agent/v1/replicas/{name}/nodes" in document.text
-    for page in ("/docs", "/redoc"):  # no browser page (it would load Swagger from a CDN)
-        assert running.call("GET", page, "alice").status_code == 404
-    assert "cdn" not in document.text.lower()
+    # Swagger UI behind the token too, from files installed with replag: no CDN.
+    page = running.call("GET", "/docs", "alice")
+    assert page.status_code == 200 and "cdn" not in page.text.lower()
+    assert "/static/docs/swagger-ui-bundle.js" in page.text
+    for path in ("/docs", "/static/docs/swagger-ui-bundle.js"):
+        assert running.call("GET", path).status_code == 401, path
+    asset = running.call("GET", "/static/docs/swagger-ui-bundle.js", "alice")
+    assert asset.status_code == 200 and asset.headers["content-type"].startswith(
+        "application/javascript"
+    )
+    assert running.call("GET", "/static/docs/..%2Fapp.py", "alice").status_code == 404
+    assert running.call("GET", "/redoc", "alice").status_code == 404
 
 
 # Values that are in range only where harmless (0, a millisecond), else extreme.

@@ -38,10 +38,12 @@ import base64
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from importlib import resources
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,6 +62,13 @@ from replag.repair.writes.guarded_write import compare_and_write, read_for_copy
 from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, bearer_refusal
 
 OCTETS = "application/octet-stream"
+# Swagger UI as the fastapi-offline wheel ships it: /docs loads nothing from the network.
+DOCS_ASSETS = resources.files("fastapi_offline") / "static"
+DOCS_ASSET_TYPES = {
+    "swagger-ui-bundle.js": "application/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon.png": "image/png",
+}
 MAX_NODES = 1 << 24
 
 
@@ -339,9 +348,9 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
         lifespan=lifespan,
         description="Tictac trees of one region's replicas, kept current from keyspace "
         "notifications; leaf contents and key states for `repair check` and `run`.",
-        # Nothing but health without a token (docs/agents.md): the OpenAPI document is
-        # served below behind the read scope, and no browser page (which would load
-        # Swagger UI from a CDN, and could not send the token) is served at all.
+        # Nothing but health without a token (docs/agents.md): the OpenAPI document and
+        # the Swagger UI page (its files installed with fastapi-offline, no CDN) are
+        # served below behind the read scope.
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
@@ -358,6 +367,23 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(reader)])
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(reader)])
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="replag agent API",
+            swagger_js_url="/static/docs/swagger-ui-bundle.js",
+            swagger_css_url="/static/docs/swagger-ui.css",
+            swagger_favicon_url="/static/docs/favicon.png",
+        )
+
+    @app.get("/static/docs/{name}", include_in_schema=False, dependencies=[Depends(reader)])
+    async def docs_asset(name: str) -> Response:
+        if name not in DOCS_ASSET_TYPES:
+            raise HTTPException(404, f"no {name!r} here")
+        body = (DOCS_ASSETS / name).read_bytes()
+        return Response(body, media_type=DOCS_ASSET_TYPES[name])
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(reader)])
     async def metrics_page() -> Response:
