@@ -117,13 +117,16 @@ def test_two_instances_share_the_work_and_one_takes_over_from_a_killed_one(
     for service in ("serve-a", "serve-b", "agent-eu-west"):
         wait_healthy(compose.container(service), timeout_s=180)
 
+    before: dict[str, list[str]] = {}
+
     def shared() -> bool:
-        owned = owners(url_a)
-        return len(owned) == 2 and all(owned.values())
+        before.clear()
+        before.update(owners(url_a))
+        return len(before) == 2 and all(before.values())
 
     poll("both instances owning units", shared)
-    before = owners(url_b)
-    units = sorted(u for names in before.values() for u in names)
+    # Taken from one answer: a unit given up to share the work is unowned for a moment.
+    units = {u for names in before.values() for u in names}
     print("before the kill:", before)
 
     def measured() -> bool:  # the probes reached the replica, with Redis' password file
@@ -137,10 +140,8 @@ def test_two_instances_share_the_work_and_one_takes_over_from_a_killed_one(
 
     def taken_over() -> bool:
         owned = owners(url_b)
-        return (
-            list(owned) == [i for i in owned if survivor in i]
-            and sorted(u for names in owned.values() for u in names) == units
-        )
+        alone = len(owned) == 1 and survivor in next(iter(owned))
+        return alone and units <= set(next(iter(owned.values())))
 
     poll("serve-b owning every unit", taken_over, timeout_s=90)
     print("after the kill:", owners(url_b))
