@@ -23,6 +23,8 @@ route) so the edge (CLI, API) can print one clear line::
     ├── RepairError             a repair run cannot go on (resumable)
     ├── StoreError              the results store failed (names the store, never a password)
     │   ├── StoreUnwritable     full disk, read-only file, no space on the database server
+    │   │   └── StoreUnreachable    PostgreSQL away (stopped, restarting, cut off)
+    │   ├── StoreDuplicate      a row with that key is stored already (a held write replayed)
     │   └── StoreDamaged        damaged pages, or not a store at all
     └── LeaseLost               a lease was taken over: work under it must stop
 """
@@ -130,6 +132,16 @@ class StoreError(ReplagError):
 
 class StoreUnwritable(StoreError):
     """The store cannot take writes now (full disk, read-only): it may recover by itself."""
+
+
+class StoreUnreachable(StoreUnwritable):
+    """The store cannot be reached now (PostgreSQL stopped, restarting, or cut off): reads
+    fail too, at once, until it answers again."""
+
+
+class StoreDuplicate(StoreError):
+    """A write would store a row whose key is there already (a held write replayed after
+    its first try went through): nothing to do."""
 
 
 class StoreDamaged(StoreError):

@@ -16,12 +16,13 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
 
-from replag.errors import StoreUnwritable
-from replag.store.backlog import Batch, StoreHealth, WriteBacklog, is_write
+from replag.errors import StoreDuplicate, StoreError, StoreUnwritable
+from replag.store.backlog import Batch, HoldLimits, StoreHealth, WriteBacklog, is_write
 from replag.store.location import StoreLocation, parse_location
 from replag.store.rows import Rows
 from replag.store.schema import ddl_for
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 _RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
 # While writes fail, the deferred ones are tried again at most this often.
 FLUSH_RETRY_S = 1.0
+# How many distinct `last_known` reads are kept for a store outage.
+_LAST_KNOWN_READS = 256
 
 
 class Transaction(Protocol):
@@ -70,6 +73,11 @@ class Store(LagWindowTables):
         # Lag windows whose write was deferred, for the lag index (see `append_windows`).
         self.unsaved_windows: list[LagWindow] = []
         self.unsaved_generation = 0
+        # Rows of `execute(…, last_known=True)` reads, answered while the store is away.
+        self._last_known: OrderedDict[tuple[str, tuple[Any, ...]], Rows] = OrderedDict()
+        self._state_lock = threading.Lock()
+        self._retrier: threading.Thread | None = None
+        self._closing = threading.Event()
 
     def __enter__(self) -> Self:
         return self
@@ -115,19 +123,40 @@ class Store(LagWindowTables):
 
     # --- shared ---------------------------------------------------------------
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+    def execute(self, sql: str, params: Sequence[Any] = (), *, last_known: bool = False) -> Rows:
         """Run one statement (in a transaction of its own) and return its rows.
 
         A write the store cannot take now (StoreUnwritable: a full disk, a read-only
-        file, PostgreSQL away) is kept in memory and written later (see
-        `replag.store.backlog`); its Rows are empty with `deferred` set. Reads, writes
-        with RETURNING and writes inside `begin()` raise as they fail.
+        file, PostgreSQL away) is held and written later (see `replag.store.backlog`);
+        its Rows are empty with `deferred` set. Reads, writes with RETURNING and writes
+        inside `begin()` raise as they fail, except a read with `last_known`, which is
+        answered the rows the same read last got while the store cannot be reached (what
+        the service shows from memory: probe health, alert state, the instances).
         """
         if not is_write(sql) or _RETURNING.search(sql):
             # A write whose caller reads its result (a claim, a compare-and-set) is never
             # deferred: it must hear that it failed.
+            if last_known:
+                return self._read_last_known(sql, tuple(params))
             return self._execute(sql, params)
         return self._write(((sql, tuple(params)),), single=True)
+
+    def _read_last_known(self, sql: str, params: tuple[Any, ...]) -> Rows:
+        key = (sql, params)
+        try:
+            rows = self._execute(sql, params)
+        except StoreUnwritable:
+            with self._state_lock:
+                known = self._last_known.get(key)
+            if known is None:
+                raise
+            return known
+        with self._state_lock:
+            self._last_known[key] = rows
+            self._last_known.move_to_end(key)
+            while len(self._last_known) > _LAST_KNOWN_READS:
+                self._last_known.popitem(last=False)
+        return rows
 
     def transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> bool:
         """Run `statements` atomically; False when they were deferred (see `execute`)."""
@@ -139,43 +168,149 @@ class Store(LagWindowTables):
         """Whether writes go through, and what waits in memory if not."""
         return self._backlog.health
 
+    def hold(self, limits: HoldLimits) -> None:
+        """How much to hold while the store cannot be written (settings `store_hold_*`)."""
+        self._backlog.limits = limits
+
+    @property
+    def reachable(self) -> bool:
+        """False while the store cannot be reached at all (PostgreSQL away): reads fail at
+        once then, and a thread tries it again every FLUSH_RETRY_S."""
+        return self._backlog.health.reachable
+
     def flush(self) -> bool:
-        """Write what was deferred, if the store takes it now; True when nothing waits."""
+        """Write what was held, oldest first, if the store takes it now; True when nothing
+        waits. Idempotent: a held batch whose rows are stored already (its first try went
+        through, unacknowledged) is skipped; one the store refuses otherwise is dropped,
+        counted and logged, never retried for ever."""
         with self._flushing:
-            batches = self._backlog.take()
-            if not batches:
-                return True
             self._last_flush = time.monotonic()
-            try:
-                with self.begin() as tx:
-                    for batch in batches:
-                        for sql, params in batch:
-                            tx.execute(sql, params)
-            except StoreUnwritable as exc:
-                self._backlog.put_back(batches, exc.message)
-                return False
-            self._backlog.written(batches)
-            written = sum(len(b) for b in batches)
-            if not self._backlog:
+            written = 0
+            while self._backlog:
+                batches = self._backlog.peek()
+                try:
+                    dropped = self._write_batches(batches)
+                except StoreUnwritable as exc:
+                    self._backlog.abort(exc.message)
+                    return False
+                self._backlog.done(batches, dropped=dropped)
+                written += sum(len(b) for b in batches) - dropped
+            if self._remembered or self.unsaved_windows or written:
                 self.unsaved_windows = []
                 self._remembered.clear()
                 self.unsaved_generation += 1
                 log.warning(
-                    "store %s writable again: %d deferred writes stored", self.shown, written
+                    "store %s writable again: %d held writes stored", self.shown, written
                 )
-            return not self._backlog
+            return True
+
+    def _write_batches(self, batches: list[Batch]) -> int:
+        """Write `batches` in one transaction, else one by one; return the statements
+        dropped (refused by the store: not StoreUnwritable, which is raised)."""
+        try:
+            with self.begin() as tx:
+                for batch in batches:
+                    for sql, params in batch:
+                        tx.execute(sql, params)
+            return 0
+        except StoreUnwritable:
+            raise
+        except StoreError:
+            pass  # one batch is refused: find it, keep the others
+        dropped = 0
+        for batch in batches:
+            try:
+                with self.begin() as tx:
+                    for sql, params in batch:
+                        tx.execute(sql, params)
+            except StoreDuplicate:
+                log.info("store %s: a held write was stored already; skipped", self.shown)
+            except StoreUnwritable:
+                raise
+            except StoreError as exc:
+                dropped += len(batch)
+                log.error("store %s: a held write refused, dropped: %s", self.shown, exc)
+        return dropped
 
     def note_unwritable(self, reason: str) -> None:
-        """A write this store does not keep for later failed as unwritable (a lease's)."""
+        """A write this store does not hold for later failed as unwritable (a lease's)."""
         if self._backlog.health.state == "ok":
             log.error("store %s cannot be written (%s)", self.shown, reason)
         self._backlog.mark(reason)
+        self._retry_soon()
 
     def note_writable(self) -> None:
         """A write went through: unless writes still wait, the store is healthy again."""
         if self._backlog.health.state != "ok" and not self._backlog:
-            self._backlog.written([])
+            self._backlog.written()
             log.warning("store %s writable again", self.shown)
+
+    def note_unreachable(self, reason: str) -> None:
+        """The store cannot be reached (a connection failed): fail fast from now on, and try
+        it again in the background every FLUSH_RETRY_S (`_ping`)."""
+        health = self._backlog.health
+        if health.reachable:
+            log.error(
+                "store %s cannot be reached (%s): watching goes on, writes are held until "
+                "it answers",
+                self.shown,
+                reason,
+            )
+        health.reachable = False
+        self._backlog.mark(reason)
+        self._retry_soon()
+
+    def _ping(self) -> bool:
+        """Whether the store answers now (the background retry asks; backends override)."""
+        return True
+
+    def _retry_soon(self) -> None:
+        """Make sure a thread retries the held writes (and an unreachable store) at most
+        every FLUSH_RETRY_S until nothing waits: not only when the next write comes."""
+        with self._state_lock:
+            if self._retrier is not None or self._closing.is_set():
+                return
+            self._retrier = threading.Thread(
+                target=self._retry_loop, name="replag-store-retry", daemon=True
+            )
+            self._retrier.start()
+
+    def _retry_loop(self) -> None:
+        while not self._closing.wait(FLUSH_RETRY_S):
+            health = self._backlog.health
+            try:
+                if not health.reachable:
+                    if not self._ping():
+                        continue
+                    health.reachable = True
+                    log.warning("store %s answers again", self.shown)
+                if self._backlog:
+                    self.flush()
+                else:
+                    self.note_writable()
+            except StoreError as exc:
+                log.debug("store %s: retry failed: %s", self.shown, exc)
+            with self._state_lock:
+                if health.reachable and not self._backlog and health.state == "ok":
+                    self._retrier = None
+                    return
+        with self._state_lock:
+            self._retrier = None
+
+    def _stop_retrying(self) -> None:
+        """For `close`: stop the retry thread; what is still held is lost (documented)."""
+        self._closing.set()
+        with self._state_lock:
+            retrier = self._retrier
+        if retrier is not None and retrier is not threading.current_thread():
+            retrier.join(timeout=5)
+        if self._backlog:
+            log.error(
+                "store %s closed with %d writes held: they are lost",
+                self.shown,
+                self._backlog.health.deferred,
+            )
+        self._backlog.close()
 
     def remember(self, table: str, key: Hashable, row: Any) -> None:
         """Keep `row` (None: deleted) as `table`'s latest for `key` while writes are deferred,
@@ -221,22 +356,29 @@ class Store(LagWindowTables):
         return self.flush()
 
     def _defer(self, batch: Batch, reason: str) -> None:
-        first = self._backlog.health.state == "ok"
-        dropped = self._backlog.health.dropped
-        self._backlog.failed(batch, reason)
+        first = not self._backlog
+        spilled = self._backlog.health.spilled
+        dropped = self._backlog.failed(batch, reason)
         if first:
             self._last_flush = time.monotonic()
             log.error(
-                "store %s cannot be written (%s): keeping writes in memory until it can",
+                "store %s cannot be written (%s): holding writes until it can",
                 self.shown,
                 reason,
             )
-        if self._backlog.health.dropped > dropped:
-            log.error(
-                "store %s: %d deferred writes dropped (memory bound reached)",
+        if spilled == 0 and self._backlog.health.spilled:
+            log.warning(
+                "store %s: held writes past the memory budget spilled to a local file",
                 self.shown,
-                self._backlog.health.dropped - dropped,
             )
+        if dropped:
+            log.error(
+                "store %s: %d held writes dropped (store_hold_memory_mb/store_hold_disk_mb "
+                "reached)",
+                self.shown,
+                dropped,
+            )
+        self._retry_soon()
 
     def ensure_schema(self, statements: Sequence[str]) -> None:
         """Run idempotent CREATE … IF NOT EXISTS statements, once per store object.

@@ -16,7 +16,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
+from replag.errors import (
+    ConfigError,
+    StoreDamaged,
+    StoreDuplicate,
+    StoreError,
+    StoreUnreachable,
+    StoreUnwritable,
+)
 from replag.store.base import Store
 from replag.store.location import store_password
 from replag.store.migrations import MIGRATIONS
@@ -28,9 +35,12 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 _TRY_WAIT_S = 0.05  # try_execute's longest wait for a free connection
+# A statement's wait for a pooled connection before it asks whether the server is there.
+_FIRST_WAIT_S = 0.5
 # SQLSTATE classes: 53 insufficient resources (disk full, out of memory), 08 connection
 # exception, 57P0x the server shutting down or restarting, 25006 read-only transaction.
-_UNWRITABLE_STATES = ("53", "08", "57P", "25006")
+_UNWRITABLE_STATES = ("53", "25006")
+_UNREACHABLE_STATES = ("08", "57P")
 _DAMAGED_STATES = ("XX001", "XX002")  # data_corrupted, index_corrupted
 
 
@@ -60,6 +70,8 @@ class PostgresStore(Store):
         if password is not None:
             kwargs["password"] = password
         conninfo = self.location.target
+        self._conninfo = conninfo
+        self._connect_kwargs = {**kwargs, "connect_timeout": 2}
         # A first connection of our own, so a wrong host or password is one clear line now
         # (the pool would only say that it timed out).
         try:
@@ -93,6 +105,8 @@ class PostgresStore(Store):
         or PostgreSQL away and none left): callers on an event loop must not wait."""
         from psycopg_pool import PoolTimeout
 
+        if not self.reachable:
+            return None
         try:
             conn = self._pool.getconn(timeout=_TRY_WAIT_S)
         except PoolTimeout:
@@ -119,6 +133,7 @@ class PostgresStore(Store):
         """Nothing to do: autovacuum reuses freed space."""
 
     def close(self) -> None:
+        self._stop_retrying()
         self._pool.close()
 
     # --- internals ------------------------------------------------------------
@@ -127,11 +142,46 @@ class PostgresStore(Store):
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         from psycopg_pool import PoolTimeout
 
+        if not self.reachable:
+            # Away: fail at once rather than wait for the pool's timeout (an API request,
+            # a probe round's write, a lease renewal must never hang on the store); the
+            # background retry (`_ping`) says when it answers again.
+            raise StoreUnreachable(
+                f"unreachable: {self.health.reason or 'no connection'}", where=self.shown
+            )
         try:
-            with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise StoreUnwritable(f"no connection: {_first_line(exc)}", where=self.shown) from None
+            conn = self._pool.getconn(timeout=_FIRST_WAIT_S)
+        except PoolTimeout:
+            # Every pooled connection busy, or PostgreSQL gone: a connection of our own
+            # tells which, so a statement never waits the pool's whole timeout on a store
+            # that is away.
+            if not self._ping(check_pool=False):
+                error = StoreUnreachable(
+                    "no connection: the server does not answer", where=self.shown
+                )
+                self.note_unreachable(error.message)
+                raise error from None
+            try:
+                conn = self._pool.getconn()
+            except PoolTimeout as exc:
+                raise StoreUnwritable(
+                    f"no connection: {_first_line(exc)}", where=self.shown
+                ) from None
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    def _ping(self, *, check_pool: bool = True) -> bool:
+        """A connection of its own (not the pool's, which may be backing off between its
+        reconnection attempts): when it answers, the pool's dead connections are replaced."""
+        try:
+            self._psycopg.connect(self._conninfo, **self._connect_kwargs).close()
+        except self._psycopg.Error:
+            return False
+        if check_pool:
+            self._pool.check()
+        return True
 
     def _run(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> Rows:
         try:
@@ -145,8 +195,14 @@ class PostgresStore(Store):
     def _error(self, exc: psycopg.Error) -> StoreError:
         state = exc.sqlstate or ""
         message = _first_line(exc)
-        if isinstance(exc, self._psycopg.OperationalError) and not state:
-            return StoreUnwritable(f"connection lost: {message}", where=self.shown)
+        if (isinstance(exc, self._psycopg.OperationalError) and not state) or state.startswith(
+            _UNREACHABLE_STATES
+        ):
+            error = StoreUnreachable(f"connection lost: {message}", where=self.shown)
+            self.note_unreachable(error.message)
+            return error
+        if state == "23505":
+            return StoreDuplicate(message, where=self.shown)
         if state.startswith(_UNWRITABLE_STATES):
             return StoreUnwritable(f"cannot write: {message}", where=self.shown)
         if state.startswith(_DAMAGED_STATES):

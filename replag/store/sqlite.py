@@ -16,7 +16,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from replag.errors import ConfigError, StoreDamaged, StoreError, StoreUnwritable
+from replag.errors import (
+    ConfigError,
+    StoreDamaged,
+    StoreDuplicate,
+    StoreError,
+    StoreUnwritable,
+)
 from replag.private_files import narrow, open_private
 from replag.store.base import Store
 from replag.store.migrations import MIGRATIONS
@@ -113,6 +119,7 @@ class SqliteStore(Store):
         self.execute("PRAGMA incremental_vacuum")
 
     def close(self) -> None:
+        self._stop_retrying()
         with self._lock:
             self._conn.close()
 
@@ -142,6 +149,8 @@ class SqliteStore(Store):
             return StoreDamaged(
                 f"damaged store ({exc}); restore a backup or move the file aside", where=where
             )
+        if isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc):
+            return StoreDuplicate(str(exc), where=where)
         return StoreError(str(exc), where=where)
 
 
