@@ -432,6 +432,13 @@ class ServiceMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
 
+    def forget_task_gauges(self, task: str, names: Iterable[str]) -> None:
+        """Stop exporting `task`'s last-success gauges of `names` (another instance runs it
+        now)."""
+        for name in names:
+            with contextlib.suppress(KeyError):
+                self.last_success.remove(task, name)
+
     def _labels(self, source: str, target: str, replica: str) -> tuple[str, str, str, str]:
         rack = self._racks.get((source, target, replica))
         if rack is None:

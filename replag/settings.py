@@ -291,6 +291,26 @@ class Settings:
         "postgresql://user@host:port/db (password: REPLAG_STORE_PASSWORD or "
         "REPLAG_STORE_PASSWORD_FILE; TLS: ?sslmode=verify-full&sslrootcert=…).",
     )
+    store_hold_memory_mb: int = setting(
+        256,
+        _positive_int,
+        "Service: megabytes of writes held in memory while the store cannot take them "
+        "(PostgreSQL away, a full disk); past it the oldest spill to a file in "
+        "store_spill_dir. Written back, in order, within seconds of the store's return.",
+    )
+    store_hold_disk_mb: int = setting(
+        1024,
+        _int,
+        "Service: megabytes of held writes spilled to a local file past "
+        "store_hold_memory_mb; past this, new writes are dropped and counted "
+        "(replag_store_dropped_writes_total). 0: no spill file.",
+    )
+    store_spill_dir: str = setting(
+        str(Path("~/.local/state/replag/held")),
+        _str,
+        "Service: directory of the spill file of held writes (mode 0600, one per process, "
+        "removed once written back; what it holds is lost if the process dies).",
+    )
     max_p99: float | None = setting(
         None,
         _optional_duration,

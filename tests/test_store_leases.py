@@ -10,7 +10,17 @@ import pytest
 
 from replag.errors import LeaseLost
 from replag.store import Store
-from replag.store.leases import acquire, current, guard, holds, instance_id, release, renew
+from replag.store.leases import (
+    acquire,
+    current,
+    guard,
+    holds,
+    instance_id,
+    offer,
+    release,
+    renew,
+    withdraw,
+)
 
 
 def test_one_holder_at_a_time_and_the_epoch_grows_on_takeover(store: Store) -> None:
@@ -75,3 +85,26 @@ def test_racing_instances_get_one_lease(store_location: str) -> None:
     for s in stores:
         s.close()
     assert len(won) == 1
+
+
+def test_a_live_holder_is_never_robbed_and_an_offered_lease_is_handed_over(store: Store) -> None:
+    me = acquire(store, "instance:a", holder="a", ttl_s=30)
+    unit = acquire(store, "probe:eu", holder="a", ttl_s=0.2)
+    assert me is not None and unit is not None
+    time.sleep(0.5)  # the unit's lease expired, but its holder still renews its own
+    assert acquire(store, "probe:eu", holder="b", ttl_s=30, live_holders=True) is None
+    # Nobody took it: its holder renews it back at the same epoch (after a store outage).
+    revived = renew(store, unit, ttl_s=30, revive=True)
+    assert revived is not None and revived.epoch == unit.epoch
+    # Offered: taken at once by an instance that asks for offered leases, not otherwise.
+    offer(store, revived, ttl_s=30)
+    assert acquire(store, "probe:eu", holder="b", ttl_s=30, live_holders=True) is None
+    taken = acquire(store, "probe:eu", holder="b", ttl_s=30, live_holders=True, offered=True)
+    assert taken is not None and taken.epoch == unit.epoch + 1
+    assert renew(store, revived, ttl_s=30, revive=True) is None  # the old holder learns it
+    # A dead holder's expired lease is taken; a withdrawn offer is not.
+    assert release(store, me)
+    offer(store, taken, ttl_s=30)
+    withdraw(store, taken)
+    assert acquire(store, "probe:eu", holder="c", ttl_s=30, offered=True) is None
+    assert [x.holder for x in current(store, prefix="probe:")] == ["b"]

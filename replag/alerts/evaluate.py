@@ -15,6 +15,7 @@ from replag.alerts.health import record_probe
 from replag.alerts.rules import Condition, evaluate_rules
 from replag.alerts.state import AlertBook, AlertEvent
 from replag.config import Config
+from replag.errors import StoreUnwritable
 from replag.lagindex import LagIndex
 from replag.store import Store
 
@@ -86,17 +87,20 @@ async def evaluate_and_notify(
         )
     now_ns = now_ns or time.time_ns()
     index = index or LagIndex(store)
-    conditions = evaluate_rules(config, index, now_ns=now_ns)
+    unknown: set[str] = set()
+    conditions = evaluate_rules(config, index, now_ns=now_ns, unknown=unknown)
     book = AlertBook(store)
-    if fence is not None and sender is not None:
+    if fence is not None and sender is not None and store.reachable:
         sender.retry_marks()
         # Decided and never sent: under an older epoch (an instance that died or lost its
         # lease before sending), or under this one by a send its fence stopped (the lease
         # lapsed a moment and was taken back). This owner sends them (at least once; the
         # fingerprint deduplicates), except those its sender still holds.
-        orphans = [
-            (i, e) for i, e in book.pending_outbox(through_epoch=fence.epoch) if not sender.holds(e)
-        ]
+        try:
+            pending = book.pending_outbox(through_epoch=fence.epoch)
+        except StoreUnwritable:
+            pending = []  # the store went away meanwhile: adopted when it is back
+        orphans = [(i, e) for i, e in pending if not sender.holds(e)]
         if orphans:
             book.adopt_outbox([i for i, _ in orphans], epoch=fence.epoch)
             sender.submit([e for _, e in orphans], fence=fence)
@@ -107,6 +111,7 @@ async def evaluate_and_notify(
         send_resolved=config.alerts.send_resolved,
         guard=None if fence is None else fence.guard,
         epoch=0 if fence is None else fence.epoch,
+        unknown_rules=unknown,
     )
     outcome = AlertOutcome(conditions=conditions, events=events)
     if not events:

@@ -125,7 +125,8 @@ def record_check(
 def probe_health(store: Store) -> dict[str, ProbeHealth]:
     rows = store.execute(
         "SELECT source, last_attempt_ns, last_success_ns, last_run_id, unreachable_json, error "
-        "FROM probe_health ORDER BY source"
+        "FROM probe_health ORDER BY source",
+        last_known=True,
     )
     stored = {
         r.source: ProbeHealth(
@@ -145,7 +146,8 @@ def probe_health(store: Store) -> dict[str, ProbeHealth]:
 def group_health(store: Store) -> dict[str, GroupHealth]:
     rows = store.execute(
         "SELECT group_name, checked_ns, divergent, run_id, error FROM group_health "
-        "ORDER BY group_name"
+        "ORDER BY group_name",
+        last_known=True,
     )
     return {
         r.group_name: GroupHealth(

@@ -24,6 +24,7 @@ from replag.alerts.config import AlertRule
 from replag.alerts.health import group_health, probe_health
 from replag.config import Config
 from replag.durations import format_ms
+from replag.errors import StoreUnwritable
 from replag.lagindex import LagIndex
 from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE, DroppedWrites, dropped_writes
 from replag.monitoring.dynomite_figures import DynomiteStats
@@ -35,12 +36,24 @@ from replag.store import Store
 MAX_STATS_SAMPLES = 2000
 
 
-def evaluate_rules(config: Config, index: LagIndex, *, now_ns: int) -> list[Condition]:
-    """Every rule's current conditions (active, inactive or no data) for every subject."""
+def evaluate_rules(
+    config: Config, index: LagIndex, *, now_ns: int, unknown: set[str] | None = None
+) -> list[Condition]:
+    """Every rule's current conditions (active, inactive or no data) for every subject.
+
+    A rule that needs the store while it cannot be read (PostgreSQL away) has no
+    conditions this time: with `unknown`, its name is added there (its alerts then stay
+    as they are) and the other rules, which read what is in memory, go on; without it,
+    the error is raised."""
     ctx = RuleContext(config=config, index=index, now_ns=now_ns)
     out: list[Condition] = []
     for rule in config.alerts.rules:
-        out += RULE_KINDS[rule.kind](rule, ctx)
+        try:
+            out += RULE_KINDS[rule.kind](rule, ctx)
+        except StoreUnwritable:
+            if unknown is None:
+                raise
+            unknown.add(rule.name)
     return out
 
 
@@ -194,7 +207,8 @@ def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
     last_window: dict[str, int] = {
         r.source: r.last_end_ns
         for r in ctx.store.execute(
-            "SELECT source, MAX(end_ns) AS last_end_ns FROM lag_windows GROUP BY source"
+            "SELECT source, MAX(end_ns) AS last_end_ns FROM lag_windows GROUP BY source",
+            last_known=True,
         )
     }
     out = []

@@ -147,20 +147,25 @@ class AlertBook:
         send_resolved: bool = True,
         guard: Callable[[Transaction], None] | None = None,
         epoch: int = 0,
+        unknown_rules: frozenset[str] | set[str] = frozenset(),
     ) -> list[AlertEvent]:
         """Move each alert along its state machine; return what must be notified.
 
         An alert whose condition is inactive now, or that has no condition at all (its
         subject went away, or its rule was removed from the config), is cleared if
         pending and resolved if firing or without data. No data follows the rule's
-        `no_data` (see the module docstring). `guard` runs first in the transaction
+        `no_data` (see the module docstring); an alert of one of `unknown_rules` (rules
+        that could not be evaluated: the store is away) stays as it is. `guard` runs first
+        in the transaction
         (the service's lease check: LeaseLost rolls it back); `epoch` is the lease's,
         recorded on the outbox rows. Returns no events when another evaluation moved
         a state meanwhile (nothing written).
         """
         read_ns = {
             r.fingerprint: r.updated_ns
-            for r in self.store.execute("SELECT fingerprint, updated_ns FROM alert_state")
+            for r in self.store.execute(
+                "SELECT fingerprint, updated_ns FROM alert_state", last_known=True
+            )
         }
         step = _Step(
             current={row["fingerprint"]: row for row in self._unresolved()},
@@ -183,7 +188,8 @@ class AlertBook:
             else:
                 step.inactive(cond.fingerprint, cond)
         for fp in step.current.keys() - seen:
-            step.inactive(fp, None)
+            if step.current[fp]["rule"] not in unknown_rules:
+                step.inactive(fp, None)
         events = [dataclasses.replace(e, decided_ns=now_ns) for e in step.events]
         outbox = [
             (
@@ -255,6 +261,7 @@ class AlertBook:
             """SELECT fingerprint, rule, labels_json, status, at_ns, value, summary
                FROM alert_events ORDER BY at_ns DESC, id DESC LIMIT ?""",
             (limit,),
+            last_known=True,
         )
         return [
             {
@@ -280,7 +287,9 @@ class AlertBook:
     def firing_count(self) -> int:
         if self.store.remembered("alert_state"):
             return sum(r["status"] == "firing" for r in self._unresolved())
-        rows = self.store.execute("SELECT COUNT(*) AS n FROM alert_state WHERE status = 'firing'")
+        rows = self.store.execute(
+            "SELECT COUNT(*) AS n FROM alert_state WHERE status = 'firing'", last_known=True
+        )
         return int(rows[0].n)
 
     def _unresolved(self) -> list[dict[str, Any]]:
@@ -288,7 +297,8 @@ class AlertBook:
         could not take those changes yet."""
         rows = self.store.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM alert_state WHERE status != 'resolved' "
-            "ORDER BY active_since_ns"
+            "ORDER BY active_since_ns",
+            last_known=True,
         )
         current = {r.fingerprint: r.asdict() for r in rows}
         for fp, row in self.store.remembered("alert_state").items():

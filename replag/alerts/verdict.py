@@ -289,12 +289,14 @@ def with_store_problems(verdict: HealthVerdict, store: Store, index: LagIndex) -
     if health.state != "ok":
         now = time.time_ns()
         since = _ago(now, health.since_ns) if health.since_ns else "now"
+        what = "unreachable" if not health.reachable else "full/unwritable"
+        spilled = f" ({health.spilled} spilled to disk)" if health.spilled else ""
         problems.append(
             HealthProblem(
                 kind="store",
                 severity="warning",
-                message=f"store full/unwritable since {since}: {health.reason}; "
-                f"{health.deferred} writes kept in memory"
+                message=f"store {what} since {since}: {health.reason}; "
+                f"{health.deferred} writes kept in memory{spilled}, written when it takes them"
                 + (f", {health.dropped} dropped" if health.dropped else ""),
             )
         )

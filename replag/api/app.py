@@ -3,7 +3,8 @@
 `create_app(config)` builds one app around one `ReplagService`; the lifespan
 starts the service's schedulers and stops them on shutdown (uvicorn turns
 SIGTERM/SIGINT into that shutdown). Errors become JSON with a message and a
-4xx status (503 when repair is missing, 502 when an endpoint failed): a bad
+4xx status (502 when an endpoint failed, 503 with Retry-After when the answer can only
+come from the store and it is away): a bad
 query never produces a 500.
 """
 
@@ -31,7 +32,7 @@ from starlette.routing import compile_path
 from replag import __version__
 from replag.api import auth, dynomite, lag, matrix, replication, routes
 from replag.config import Config
-from replag.errors import EndpointError, JobConflict, NotFound, ReplagError
+from replag.errors import EndpointError, JobConflict, NotFound, ReplagError, StoreError
 from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, Scope, bearer_refusal
 from replag.service import ReplagService
 from replag.service.reload import ConfigReloader
@@ -42,6 +43,8 @@ STATIC = resources.files("replag.api") / "static"
 # Swagger UI and ReDoc, as the fastapi-offline wheel ships them.
 DOCS_ASSETS = resources.files("fastapi_offline") / "static"
 REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+# Retry-After of a 503 answered while the store is away (it is tried again every second).
+STORE_RETRY_AFTER_S = 5
 
 
 def create_app(
@@ -176,7 +179,10 @@ def create_app(
 
     @app.exception_handler(ReplagError)
     async def replag_error(request: Request, exc: ReplagError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
+        status = status_of(exc)
+        # The store away (or failing): what only it holds cannot be answered now; ask again.
+        headers = {"Retry-After": str(STORE_RETRY_AFTER_S)} if status == 503 else None
+        return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
     def body_limits() -> BodyLimits:
         s = svc.settings
@@ -219,4 +225,6 @@ def status_of(exc: ReplagError) -> int:
         return 409
     if isinstance(exc, EndpointError):
         return 502
+    if isinstance(exc, StoreError):
+        return 503
     return 400

@@ -23,6 +23,8 @@ _WHY = {
     403: "The token lacks the scope this call needs, or the server has no token at all.",
     404: "A region, replica group, replica or run named in the request does not exist.",
     409: "A check or repair of that group (or of every group) is already running.",
+    503: "The answer can only come from the results store, which cannot be reached now "
+    "(see Retry-After); everything watched answers from memory meanwhile.",
 }
 
 

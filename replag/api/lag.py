@@ -121,7 +121,7 @@ def _check_replica(svc: ReplagService, name: str | None) -> None:
         raise NotFound(f"replica: unknown replica {name!r} (known: {', '.join(known) or 'none'})")
 
 
-@router.get("/lag", response_model=models.Lag, responses=errors(404))
+@router.get("/lag", response_model=models.Lag, responses=errors(404, 503))
 async def lag(
     svc: Service,
     source: Region = None,
@@ -180,7 +180,7 @@ async def lag(
     )
 
 
-@router.get("/lag/series", response_model=models.Series, responses=errors(404))
+@router.get("/lag/series", response_model=models.Series, responses=errors(404, 503))
 async def lag_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],

@@ -34,7 +34,9 @@ def replication(svc: Service, cluster: Cluster = None) -> dict[str, Any]:
     return out
 
 
-@router.get("/replication/series", response_model=models.ReplicationSeries, responses=errors(404))
+@router.get(
+    "/replication/series", response_model=models.ReplicationSeries, responses=errors(404, 503)
+)
 def replication_series(
     svc: Service,
     source: Annotated[str, Query(max_length=200)],

@@ -19,6 +19,7 @@ from replag.api import models
 from replag.api.auth import Caller, caller_with, log_change
 from replag.api.clusters import Cluster, alert_kept, cluster_regions, keeps, scope
 from replag.api.errors import errors
+from replag.errors import StoreUnwritable
 from replag.repair import count_runs, get_run, list_runs
 from replag.service import ReplagService
 
@@ -57,7 +58,7 @@ def topology(svc: Service) -> dict[str, Any]:
     return {**svc.config.topology.to_dict(), "settings": svc.settings.public()}
 
 
-@router.get("/repairs", response_model=models.RepairList)
+@router.get("/repairs", response_model=models.RepairList, responses=errors(503))
 def repairs(
     svc: Service,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -79,7 +80,7 @@ def repairs(
     "/repairs/{run_id}",
     response_model=models.RepairRunOrJob,
     response_model_exclude_unset=True,
-    responses=errors(404),
+    responses=errors(404, 503),
 )
 def repair_run(svc: Service, run_id: Annotated[str, Path(max_length=128)]) -> dict[str, Any]:
     """One repair run by its run id (or a service job by its job id)."""
@@ -158,16 +159,17 @@ def alerts(
     cluster: Cluster = None,
 ) -> dict[str, Any]:
     """Active alerts, recent state changes, and each sink's last delivery status; `cluster`
-    keeps the alerts whose source region or group is that cluster's."""
+    keeps the alerts whose source region or group is that cluster's. While the store is
+    away: the active alerts as evaluated meanwhile, the state changes as last read."""
     config = svc.config
     cluster_regions(config, cluster)  # 404 on an unknown cluster
+    try:
+        changes = svc.alert_book.history(limit=history)
+    except StoreUnwritable:
+        changes = []  # the store is away and this history was never read: none to show
     return {
         "active": [a for a in svc.alert_book.active() if alert_kept(config, cluster, a["labels"])],
-        "history": [
-            a
-            for a in svc.alert_book.history(limit=history)
-            if alert_kept(config, cluster, a["labels"])
-        ],
+        "history": [a for a in changes if alert_kept(config, cluster, a["labels"])],
         "sinks": svc.sender.statuses(),
         "rules": [r.to_dict() for r in config.alerts.rules],
         **scope(config, cluster),

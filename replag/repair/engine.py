@@ -108,17 +108,35 @@ async def _take_groups(store: Store, names: list[str], ttl_s: float) -> list[Lea
         raise
 
 
+# A group lease is surely held until this fraction of lease_time after its last renewal.
+_SAFE_FRACTION = 0.75
+
+
 async def _keep_groups(
     store: Store, held: list[Lease], ttl_s: float, run: asyncio.Task[Any] | None
 ) -> None:
     """Renew the run's group leases; a lost one (this process was paused past it and
     another run took the group) stops the run before its next write."""
+    confirmed = time.monotonic()
     while True:
         await asyncio.sleep(ttl_s / 4)
+        asked = time.monotonic()
         try:
             held[:] = await asyncio.to_thread(renew_groups, store, held, ttl_s=ttl_s)
+            confirmed = asked
         except StoreError as exc:
             logger.warning("group leases not renewed: %s", exc)
+            # Repair writes need the lease (unlike probes): once it may have expired
+            # unseen, another instance may take the group, so this run stops (resumable).
+            if time.monotonic() - confirmed >= ttl_s * _SAFE_FRACTION:
+                logger.error(
+                    "group leases unconfirmed for %.0f s (the store cannot be reached); "
+                    "stopping this run before its next write: resume it when the store is back",
+                    time.monotonic() - confirmed,
+                )
+                if run is not None:
+                    run.cancel()
+                return
         except JobConflict as exc:
             logger.error("%s; stopping this run", exc)
             if run is not None:

@@ -13,6 +13,23 @@ its last confirmation was *asked for* plus most of `lease_time`, measured on
 this process's monotonic clock, which keeps counting while the process is
 stopped), `confirm()` asks the store (epoch and expiry on the database's clock).
 A process paused past its lease fails both on waking, before any write.
+
+**While the store cannot be reached** nobody can take a lease (a takeover is a
+write), so a unit whose lease was surely held when the outage began stays this
+instance's: its fence stays valid and watching (probes, sampling, alert
+evaluation) goes on, its store writes held (`replag.store.backlog`). When the
+store answers, the keeper renews what it holds first (reviving a lease that
+expired meanwhile if nobody took it: same holder, same epoch) and takes nothing
+else for half a renewal period, so instances coming back together keep their
+own units. An instance cut off from a store the others still reach keeps
+probing too, until it reaches the store and learns its leases were taken.
+Repairs have leases of their own and stop (`replag.repair.exclusive`).
+
+**Sharing without churn:** a unit is taken only from nobody: free, released, or
+expired with its holder's own `instance:` lease expired too (an instance that
+still renews is never robbed). An instance above its fair share does not drop a
+unit: it offers it, runs it until another instance under its share takes it,
+and learns of the hand-over before its next round, so a unit is never unowned.
 """
 
 from __future__ import annotations
@@ -26,11 +43,11 @@ from dataclasses import dataclass
 
 from replag.errors import LeaseLost, StoreError
 from replag.store import Store, Transaction, leases
-from replag.store.leases import Lease
+from replag.store.leases import INSTANCE_PREFIX, OFFER_PREFIX, Lease
 
 log = logging.getLogger("replag.service")
 
-INSTANCE_PREFIX = "instance:"
+__all__ = ["INSTANCE_PREFIX", "OFFER_PREFIX", "Fence", "LeaseKeeper"]
 # Act only while at least this fraction of the lease is left by the local clock: the rest
 # covers a clock running slightly fast or slow and an action started just before.
 _SAFE_FRACTION = 0.75
@@ -64,7 +81,13 @@ class Fence:
         held = self.keeper.held(self.name)
         if held is None or held.lost or held.lease.epoch != self._epoch:
             return False
-        return self.keeper.clock() < held.confirmed_mono + self.keeper.ttl_s * _SAFE_FRACTION
+        surely_until = held.confirmed_mono + self.keeper.ttl_s * _SAFE_FRACTION
+        if self.keeper.clock() < surely_until:
+            return True
+        # The store went away while the lease was surely held: nobody can take it over
+        # until the store is back (see the module docstring).
+        away = self.keeper.away_since()
+        return away is not None and away < surely_until
 
     def check(self) -> None:
         """Raise LeaseLost unless the lease is surely still this instance's (no I/O)."""
@@ -86,6 +109,8 @@ class Fence:
         try:
             ok = leases.holds(self.keeper.store, held.lease)
         except StoreError as exc:
+            if self.keeper.away_since() is not None and self.valid():
+                return  # the store is away: watching goes on, its writes held
             raise LeaseLost(f"lease {self.name}: the store cannot confirm it ({exc})") from None
         if not ok:
             self.keeper.mark_lost(self.name)
@@ -112,6 +137,15 @@ class LeaseKeeper:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self.live_instances = 1
+        # The instances and the units each owns, as the last heartbeat read them (health
+        # shows this, from memory).
+        self.owners: dict[str, list[str]] = {}
+        # On the monotonic clock: since when the store has been away (None: it is not),
+        # and when it answered again after an outage.
+        self._away_mono: float | None = None
+        self._back_mono: float | None = None
+        self._offered: set[str] = set()
+        self._taking = 0  # acquisitions of offered units under way (see `may_take_more`)
 
     # --- what the units ask ---------------------------------------------------------
 
@@ -139,40 +173,111 @@ class LeaseKeeper:
         return max(1, math.ceil(self.units / max(1, self.live_instances)))
 
     def may_take_more(self) -> bool:
-        return len(self.held_names()) < self.fair_share()
+        """Under its fair share: it may take a unit another instance offers."""
+        with self._lock:
+            taking = self._taking
+        return len(self.held_names()) + taking < self.fair_share()
 
-    def over_share(self) -> bool:
-        return len(self.held_names()) > self.fair_share()
+    def over_share(self, *, extra: int = 0) -> bool:
+        """Above its fair share, counting what it offers already (less `extra` of them):
+        offer one more."""
+        with self._lock:
+            offered = len(self._offered) - extra
+        return len(self.held_names()) - offered > self.fair_share()
+
+    def offered(self, name: str) -> bool:
+        with self._lock:
+            return name in self._offered
+
+    def away_since(self) -> float | None:
+        """Since when (monotonic) the store has been away, until the first renewal after
+        it answers again; None while it answers."""
+        if self._away_mono is None and not self.store.reachable:
+            self._away_mono = self.clock()
+        return self._away_mono
+
+    def settled(self) -> bool:
+        """Whether this instance may take units: not while the store is away, nor for half
+        a renewal period after it answered again (the others renew theirs first)."""
+        if self.away_since() is not None:
+            return False
+        back = self._back_mono
+        return back is None or self.clock() - back >= self.ttl_s / 6
 
     # --- store round trips (blocking) --------------------------------------------------
 
-    def try_acquire(self, name: str) -> Fence | None:
-        """Take `name` if it is free or expired; None when another instance holds it."""
+    def try_acquire(self, name: str, *, offered: bool = False) -> Fence | None:
+        """Take `name` if nobody holds it (free, released, or expired with its holder dead),
+        or, with `offered`, if its holder offers it; None otherwise."""
         asked = self.clock()
-        lease = leases.acquire(self.store, name, holder=self.holder, ttl_s=self.ttl_s)
+        if offered:
+            with self._lock:
+                self._taking += 1
+        try:
+            lease = leases.acquire(
+                self.store,
+                name,
+                holder=self.holder,
+                ttl_s=self.ttl_s,
+                live_holders=name != self.me,
+                offered=offered,
+            )
+        finally:
+            if offered:
+                with self._lock:
+                    self._taking -= 1
         if lease is None:
             return None
         with self._lock:
             previous = self._held.get(name)
             self._held[name] = _Held(lease, asked)
+            self._offered.discard(name)
         if previous is None or previous.lease.epoch != lease.epoch:
             log.info("%s: now owned by this instance (epoch %d)", name, lease.epoch)
         return Fence(self, name)
+
+    def offer(self, name: str) -> None:
+        """Offer `name` to an instance under its share; this one runs it until taken."""
+        held = self.held(name)
+        if held is None or held.lost:
+            return
+        leases.offer(self.store, held.lease, ttl_s=self.ttl_s)
+        with self._lock:
+            first = name not in self._offered
+            self._offered.add(name)
+        if first:
+            log.info("%s: offered to share the work (%d held)", name, len(self.held_names()))
+
+    def withdraw(self, name: str) -> None:
+        """No longer offer `name` (this instance is no longer above its share)."""
+        with self._lock:
+            if name not in self._offered:
+                return
+            self._offered.discard(name)
+        held = self.held(name)
+        if held is not None:
+            leases.withdraw(self.store, held.lease)
 
     def renew_all(self) -> list[str]:
         """Renew every lease held (and this instance's own); return the names lost."""
         with self._lock:
             held = dict(self._held)
         lost = []
+        failed = False
         for name, h in held.items():
             if h.lost:
                 continue
             asked = self.clock()
             try:
-                renewed = leases.renew(self.store, h.lease, ttl_s=self.ttl_s)
+                renewed = leases.renew(self.store, h.lease, ttl_s=self.ttl_s, revive=True)
             except StoreError as exc:
-                # Not lost yet: the local deadline runs out by itself if the store stays away.
-                log.warning("%s: lease not renewed (%s)", name, exc)
+                # Not lost: nobody can take it while the store is away (see `Fence.valid`).
+                if self._away_mono is None:
+                    self._away_mono = asked
+                    log.warning(
+                        "%s: lease not renewed (%s): kept while the store is away", name, exc
+                    )
+                failed = True
                 continue
             with self._lock:
                 now_held = self._held.get(name)
@@ -183,7 +288,13 @@ class LeaseKeeper:
                     lost.append(name)
                 else:
                     self._held[name] = _Held(renewed, asked)
+        if not failed and self._away_mono is not None and self.store.reachable:
+            self._away_mono = None
+            self._back_mono = self.clock()
+            log.warning("leases: renewed after the store came back (%d held)", len(held))
         for name in lost:
+            with self._lock:
+                self._offered.discard(name)
             log.warning("%s: lease lost (taken over or expired): this instance stops it", name)
         return lost
 
@@ -192,7 +303,14 @@ class LeaseKeeper:
         own = self.held(self.me)
         if own is None or own.lost or not Fence(self, self.me).valid():
             self.try_acquire(self.me)
-        self.live_instances = max(1, len(leases.current(self.store, prefix=INSTANCE_PREFIX)))
+        current = leases.current(self.store)
+        live = {x.holder for x in current if x.name.startswith(INSTANCE_PREFIX)}
+        owners: dict[str, list[str]] = {holder: [] for holder in live}
+        for lease in current:
+            if not lease.name.startswith((INSTANCE_PREFIX, OFFER_PREFIX)):
+                owners.setdefault(lease.holder, []).append(lease.name)
+        self.owners = owners
+        self.live_instances = max(1, len(live))
 
     def mark_lost(self, name: str) -> None:
         with self._lock:
@@ -202,11 +320,13 @@ class LeaseKeeper:
     def forget(self, name: str) -> None:
         with self._lock:
             self._held.pop(name, None)
+            self._offered.discard(name)
 
     def release(self, name: str) -> None:
         """Give `name` up now, so another instance may take it at once."""
         with self._lock:
             held = self._held.pop(name, None)
+            self._offered.discard(name)
         if held is not None and not held.lost:
             try:
                 leases.release(self.store, held.lease)

@@ -20,6 +20,7 @@ from typing import Any
 from replag.alerts.thresholds import headroom_bands
 from replag.background import BackgroundLoop
 from replag.config import Config
+from replag.errors import StoreUnwritable
 from replag.metrics import ServiceMetrics
 from replag.replication import history as replication_history
 from replag.replication.check import recent_lag_p99_ms
@@ -66,7 +67,10 @@ class ReplicationState:
         regions = []
         for region in self.config.topology.regions:
             if region.write is not None and (region.sentinel is not None or region.slots):
-                known = replication_history.write_primary(self.store, region.name)
+                try:
+                    known = replication_history.write_primary(self.store, region.name)
+                except StoreUnwritable:
+                    known = None  # the store is away: as configured until it is back
                 if known is not None:
                     host, _, port = known.address.rpartition(":")
                     moved = endpoint_at(self.config.topology, region, host, int(port))
@@ -81,6 +85,9 @@ class ReplicationState:
 
     def observe(self, snapshot: ReplicationSnapshot) -> None:
         now = time.time_ns()
+        # The replication gauges are the sampling unit's owner's (a probe round's snapshot
+        # on another instance feeds its own view only, not its /metrics).
+        owner = self.keeper is None or self.keeper.holds(ReplicationSampling.name)
         for primary in snapshot.primaries:
             self.latest[(primary.source, primary.primary)] = primary
             assessment = self.failover_assessment(primary, now_ns=now)
@@ -96,17 +103,20 @@ class ReplicationState:
                     for c in assessment.candidates
                 ],
             )
-            if primary.error is None:
+            if primary.error is None and owner:
                 self.metrics.last_success.labels("replication", primary.source).set(now / 1e9)
 
     def failover_assessment(self, primary: PrimaryState, *, now_ns: int) -> FailoverAssessment:
         """RPO of each replica of `primary`, with the probe's recent p99 lag as its time."""
-        lag = recent_lag_p99_ms(
-            self.store,
-            primary.source,
-            now_ns=now_ns,
-            freshness_s=max(300.0, 3 * self.settings.probe_interval),
-        )
+        try:
+            lag = recent_lag_p99_ms(
+                self.store,
+                primary.source,
+                now_ns=now_ns,
+                freshness_s=max(300.0, 3 * self.settings.probe_interval),
+            )
+        except StoreUnwritable:
+            lag = {}  # the store is away: the RPO in seconds is unknown meanwhile
         return assess_failover(primary, lag_p99_ms=lag)
 
     def latest_primaries(self) -> list[PrimaryState]:
@@ -115,7 +125,11 @@ class ReplicationState:
         if self.latest and (self.keeper is None or self.keeper.holds(ReplicationSampling.name)):
             latest = list(self.latest.values())
         else:
-            latest = replication_history.latest_primaries(self.store)
+            try:
+                latest = replication_history.latest_primaries(self.store)
+            except StoreUnwritable:
+                # The store is away: what this instance's own probe rounds saw.
+                latest = list(self.latest.values())
         newest: dict[str, PrimaryState] = {}
         for p in latest:  # after a failover a source's old primary is history
             if p.source not in newest or p.sampled_ns > newest[p.source].sampled_ns:
@@ -140,10 +154,14 @@ class ReplicationState:
         return {
             "interval_s": self.settings.replication_interval,
             "primaries": primaries,
-            "failovers": replication_history.failover_events(
-                self.store, since_ns=now - 86_400 * 10**9
-            ),
+            "failovers": self._failovers(since_ns=now - 86_400 * 10**9),
         }
+
+    def _failovers(self, *, since_ns: int) -> list[dict[str, Any]]:
+        try:
+            return replication_history.failover_events(self.store, since_ns=since_ns)
+        except StoreUnwritable:
+            return []  # the store is away: its history answers again when it is back
 
     def recent_cells(self) -> list[dict[str, Any]] | None:
         """`cells` as last built, None when the caller must build them: before the first
@@ -264,6 +282,10 @@ class ReplicationSampling:
     def disown(self) -> None:
         """Another instance samples now: the replication series are exported there."""
         self.state.metrics.replication.exported = False
+        sources = {r.name for r in self.state.config.topology.regions}
+        self.state.metrics.forget_task_gauges(
+            "replication", sources | {s for s, _ in self.state.latest}
+        )
 
     async def close(self) -> None:
         await self.sampler.close()

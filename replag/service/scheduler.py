@@ -161,24 +161,24 @@ class Scheduler:
         """Run `unit` every `interval_s` while this instance holds its lease; else try to
         take it every third of the lease time (an expired lease is taken within that).
         The first round waits `offset_s` (see `stagger_offsets`)."""
-        retry_s = keeper.ttl_s / 3
+        # A free unit (released by a stopping instance) is taken within this, so a unit is
+        # never unowned for longer than about half its interval.
+        retry_s = min(keeper.ttl_s / 3, unit.interval_s / 2)
         await self._sleep(offset_s)
         while not self._stopping.is_set():
             fence = keeper.fence(unit.name)
-            if fence is not None and keeper.over_share():
-                await asyncio.to_thread(keeper.release, unit.name)  # between rounds only
-                _disown(unit)
-                held = len(keeper.held_names())
-                log.info("%s: given up to share the work (%d held)", unit.name, held)
-                await self._sleep(retry_s)
-                continue
+            if fence is not None:
+                fence = await self._share(unit, keeper, fence)
             if fence is None:
                 if keeper.held(unit.name) is not None:
                     keeper.forget(unit.name)
                     _disown(unit)
-                if keeper.may_take_more():
+                if keeper.settled():
                     try:
-                        fence = await asyncio.to_thread(keeper.try_acquire, unit.name)
+                        # Free units always; offered ones only while under the fair share.
+                        fence = await asyncio.to_thread(
+                            keeper.try_acquire, unit.name, offered=keeper.may_take_more()
+                        )
                     except StoreError as exc:
                         log.warning("%s: lease not taken (%s)", unit.name, exc)
                 if fence is None:
@@ -187,6 +187,27 @@ class Scheduler:
             started = time.monotonic()
             await self.run_once(unit, fence)
             await self._sleep(unit.interval_s - (time.monotonic() - started))
+
+    async def _share(self, unit: ScheduledUnit, keeper: LeaseKeeper, fence: Fence) -> Fence | None:
+        """Between two rounds: offer `unit` if this instance is above its fair share (it
+        runs it until another instance takes it: no gap), withdraw the offer once it is
+        not; an offered unit asks the store first whether it was taken (then None: this
+        instance stops it at once, before another round)."""
+        try:
+            if keeper.offered(unit.name):
+                if not keeper.over_share(extra=1):
+                    await asyncio.to_thread(keeper.withdraw, unit.name)
+                else:
+                    await asyncio.to_thread(fence.confirm)
+                    await asyncio.to_thread(keeper.offer, unit.name)  # renewed while it waits
+            elif keeper.over_share() and keeper.settled():
+                await asyncio.to_thread(keeper.offer, unit.name)
+        except LeaseLost as exc:
+            log.info("%s: handed over (%s)", unit.name, exc)
+            return None
+        except StoreError as exc:
+            log.warning("%s: offer not changed (%s)", unit.name, exc)
+        return fence
 
     async def _per_slot(self, unit: ScheduledUnit, slots: SlotClaims) -> None:
         """Try to claim each `interval_s` slot of `unit`; run it where the claim succeeds."""
@@ -212,7 +233,9 @@ class Scheduler:
             except Exception:
                 self.counters["crashed rounds"] += 1
                 log.exception("leases: renewal failed; retrying")
-            await self._sleep(keeper.ttl_s / 3)
+            # While the store is away, look again soon: the units renew at once when it answers.
+            away = keeper.away_since() is not None
+            await self._sleep(min(keeper.ttl_s / 3, 0.5) if away else keeper.ttl_s / 3)
 
     async def run_once(self, unit: ScheduledUnit, fence: Fence | None = None) -> None:
         try:

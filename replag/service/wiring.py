@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from replag.alerts.evaluate import AlertBook, AlertSender
@@ -37,14 +38,16 @@ from replag.service.checks import ScheduledCheck
 from replag.service.dynomite import DynomiteStatsRound
 from replag.service.job_table import JobTable
 from replag.service.jobs import JobAction, JobRunner, OrphanAdoption, RepairJob
-from replag.service.leasing import INSTANCE_PREFIX, LeaseKeeper
+from replag.service.leasing import INSTANCE_PREFIX, OFFER_PREFIX, LeaseKeeper
 from replag.service.probing import ProbeFunction, ProbeRound
 from replag.service.reload import probe_unchanged
 from replag.service.replication import ReplicationSampling, ReplicationState
 from replag.service.retention import RetentionRound
 from replag.service.scheduler import ScheduledUnit, Scheduler
 from replag.service.slots import SlotClaims
+from replag.settings import Settings
 from replag.store import Store, leases
+from replag.store.backlog import HoldLimits
 from replag.store.leases import instance_id
 from replag.topology import Region
 
@@ -53,6 +56,15 @@ log = logging.getLogger("replag.service")
 # How often the service picks up new lag windows for the API (a probe round's windows
 # are picked up at its end too, by the alert evaluation).
 INDEX_FOLLOW_S = 0.25
+
+
+def hold_limits(settings: Settings) -> HoldLimits:
+    """What the service's store holds while it cannot be written (settings store_hold_*)."""
+    return HoldLimits(
+        memory_bytes=settings.store_hold_memory_mb * 1024 * 1024,
+        disk_bytes=settings.store_hold_disk_mb * 1024 * 1024,
+        spill_dir=Path(settings.store_spill_dir).expanduser(),
+    )
 
 
 class ReplagService:
@@ -79,6 +91,7 @@ class ReplagService:
             except BaseException:
                 self.store.close()
                 raise
+        self.store.hold(hold_limits(config.settings))
         self.metrics = ServiceMetrics()
         self.metrics.watch_store(self.store)
         self.counters: Counter[str] = Counter()
@@ -384,13 +397,23 @@ class ReplagService:
         }
 
     def instances(self) -> list[dict[str, Any]]:
-        """Every live instance on this store and the units it owns (from the leases)."""
-        owned: dict[str, list[str]] = {}
-        for lease in leases.current(self.store):
-            if lease.name.startswith(INSTANCE_PREFIX):
-                owned.setdefault(lease.holder, [])
-            else:
-                owned.setdefault(lease.holder, []).append(lease.name)
+        """Every live instance on this store and the units it owns: as the lease keeper's
+        last heartbeat read them, with this instance's own from memory (no store read on
+        a request: it answers while the store is away)."""
+        if self.keeper is not None:
+            mine = set(self.keeper.held_names())
+            owned = {
+                holder: [n for n in names if n not in mine]
+                for holder, names in self.keeper.owners.items()
+            }
+            owned[self.instance] = sorted(mine)
+        else:
+            owned = {}
+            for lease in leases.current(self.store):
+                if lease.name.startswith(INSTANCE_PREFIX):
+                    owned.setdefault(lease.holder, [])
+                elif not lease.name.startswith(OFFER_PREFIX):
+                    owned.setdefault(lease.holder, []).append(lease.name)
         return [
             {"instance": holder, "this": holder == self.instance, "owns": sorted(names)}
             for holder, names in sorted(owned.items())

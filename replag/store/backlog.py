@@ -107,9 +107,13 @@ class WriteBacklog:
             self._batches.append(batch)
             h.deferred += len(batch)
             h.deferred_bytes += _size(batch)
-            while not self._in_flight and self._batches and (
-                h.deferred - h.spilled > self.limits.max_statements
-                or h.deferred_bytes > self.limits.memory_bytes
+            while (
+                not self._in_flight
+                and self._batches
+                and (
+                    h.deferred - h.spilled > self.limits.max_statements
+                    or h.deferred_bytes > self.limits.memory_bytes
+                )
             ):
                 old = self._batches.popleft()
                 h.deferred_bytes -= _size(old)

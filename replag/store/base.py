@@ -185,6 +185,8 @@ class Store(LagWindowTables):
         counted and logged, never retried for ever."""
         with self._flushing:
             self._last_flush = time.monotonic()
+            if not self._answers_again():
+                return False
             written = 0
             while self._backlog:
                 batches = self._backlog.peek()
@@ -199,9 +201,7 @@ class Store(LagWindowTables):
                 self.unsaved_windows = []
                 self._remembered.clear()
                 self.unsaved_generation += 1
-                log.warning(
-                    "store %s writable again: %d held writes stored", self.shown, written
-                )
+                log.warning("store %s writable again: %d held writes stored", self.shown, written)
             return True
 
     def _write_batches(self, batches: list[Batch]) -> int:
@@ -264,6 +264,18 @@ class Store(LagWindowTables):
         """Whether the store answers now (the background retry asks; backends override)."""
         return True
 
+    def _answers_again(self) -> bool:
+        """True if the store is reachable, or answers now after it was not."""
+        health = self._backlog.health
+        if health.reachable:
+            return True
+        if not self._ping():
+            return False
+        if not health.reachable:
+            health.reachable = True
+            log.warning("store %s answers again", self.shown)
+        return True
+
     def _retry_soon(self) -> None:
         """Make sure a thread retries the held writes (and an unreachable store) at most
         every FLUSH_RETRY_S until nothing waits: not only when the next write comes."""
@@ -279,11 +291,8 @@ class Store(LagWindowTables):
         while not self._closing.wait(FLUSH_RETRY_S):
             health = self._backlog.health
             try:
-                if not health.reachable:
-                    if not self._ping():
-                        continue
-                    health.reachable = True
-                    log.warning("store %s answers again", self.shown)
+                if not self._answers_again():
+                    continue
                 if self._backlog:
                     self.flush()
                 else:
@@ -305,7 +314,8 @@ class Store(LagWindowTables):
         if retrier is not None and retrier is not threading.current_thread():
             retrier.join(timeout=5)
         if self._backlog:
-            log.error(
+            # Info: a command says it in its own line (`replag probe`); `serve` logs it too.
+            log.info(
                 "store %s closed with %d writes held: they are lost",
                 self.shown,
                 self._backlog.health.deferred,

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from replag.store.rows import Row
 
 _COLUMNS = "name, holder, epoch, acquired_ns, expires_ns"
+# Each service instance holds `instance:ID` while it lives; `offer:NAME` says NAME's holder
+# offers it to another instance (see `acquire`).
+INSTANCE_PREFIX = "instance:"
+OFFER_PREFIX = "offer:"
 
 
 @functools.cache
@@ -77,11 +81,27 @@ class Lease:
         }
 
 
-def acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | None:
-    """Take `name` for `ttl_s` if it is free, expired, or already `holder`'s; None if
-    another holder has it. Taking it from anyone (or back after it expired) bumps the epoch."""
+def acquire(
+    store: Store,
+    name: str,
+    *,
+    holder: str,
+    ttl_s: float,
+    live_holders: bool = False,
+    offered: bool = False,
+) -> Lease | None:
+    """Take `name` for `ttl_s` if it is free (never taken, or released), expired, or
+    already `holder`'s; None if another holder has it. Taking it from anyone (or back
+    after it expired) bumps the epoch.
+
+    `live_holders`: an expired lease whose holder still holds its `instance:` lease (a
+    live instance whose renewal is late, or that has just come back from a store outage)
+    is not taken. `offered`: a lease its holder offers (`offer`) is taken too, expired or
+    not (a hand-over: the holder runs the unit until then)."""
     try:
-        lease = _acquire(store, name, holder=holder, ttl_s=ttl_s)
+        lease = _acquire(
+            store, name, holder=holder, ttl_s=ttl_s, live_holders=live_holders, offered=offered
+        )
     except StoreUnwritable as exc:
         if store.backend != "sqlite":
             raise
@@ -92,8 +112,20 @@ def acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | No
     return lease
 
 
-def _acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | None:
+def _acquire(
+    store: Store, name: str, *, holder: str, ttl_s: float, live_holders: bool, offered: bool
+) -> Lease | None:
     ttl_ns = int(ttl_s * 1e9)
+    expired = "leases.expires_ns <= excluded.acquired_ns"
+    if live_holders:
+        expired += f""" AND NOT EXISTS (SELECT 1 FROM leases AS i
+            WHERE i.name = '{INSTANCE_PREFIX}' || leases.holder
+            AND i.expires_ns > excluded.acquired_ns)"""
+    takeable = f"leases.holder = excluded.holder OR leases.holder = '' OR ({expired})"
+    if offered:
+        takeable += f""" OR EXISTS (SELECT 1 FROM leases AS o
+            WHERE o.name = '{OFFER_PREFIX}' || leases.name AND o.holder = leases.holder
+            AND o.expires_ns > excluded.acquired_ns)"""
     with store.begin() as tx:
         now = _now(tx, store)
         rows = tx.execute(
@@ -107,19 +139,42 @@ def _acquire(store: Store, name: str, *, holder: str, ttl_s: float) -> Lease | N
                                        THEN leases.acquired_ns ELSE excluded.acquired_ns END,
                     holder = excluded.holder,
                     expires_ns = excluded.expires_ns
-                WHERE leases.holder = excluded.holder OR leases.expires_ns <= excluded.acquired_ns
+                WHERE {takeable}
                 RETURNING {_COLUMNS}""",
             (name, holder, now, now + ttl_ns),
         )
     return Lease.from_row(rows[0]) if rows else None
 
 
-def renew(store: Store, lease: Lease, *, ttl_s: float) -> Lease | None:
+def offer(store: Store, lease: Lease, *, ttl_s: float) -> None:
+    """Offer `lease` to another holder for `ttl_s` (`acquire(…, offered=True)` takes it);
+    its holder keeps it, and runs its unit, until then."""
+    store.execute(
+        f"""INSERT INTO leases ({_COLUMNS}) VALUES (?, ?, 1, {store.now_ns_sql},
+                {store.now_ns_sql} + ?)
+            ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
+                expires_ns = excluded.expires_ns""",
+        (OFFER_PREFIX + lease.name, lease.holder, int(ttl_s * 1e9)),
+    )
+
+
+def withdraw(store: Store, lease: Lease) -> None:
+    """No longer offer `lease` (its holder keeps it)."""
+    store.execute(
+        "DELETE FROM leases WHERE name = ? AND holder = ?",
+        (OFFER_PREFIX + lease.name, lease.holder),
+    )
+
+
+def renew(store: Store, lease: Lease, *, ttl_s: float, revive: bool = False) -> Lease | None:
     """Extend `lease` by `ttl_s` from now if its holder still has it at its epoch and it
-    has not expired; None when it is lost (stop the work it covers). On an unwritable
-    SQLite store: `lease` as it stands while the store says it is still this holder's."""
+    has not expired; None when it is lost (stop the work it covers). With `revive`, also
+    when it expired but nobody took it meanwhile (the same holder and epoch: no one else
+    acted under it), as after a store outage during which nobody could take anything.
+    On an unwritable SQLite store: `lease` as it stands while the store says it is still
+    this holder's."""
     try:
-        renewed = _renew(store, lease, ttl_s=ttl_s)
+        renewed = _renew(store, lease, ttl_s=ttl_s, revive=revive)
     except StoreUnwritable as exc:
         if store.backend != "sqlite":
             raise
@@ -130,25 +185,25 @@ def renew(store: Store, lease: Lease, *, ttl_s: float) -> Lease | None:
     return renewed
 
 
-def _renew(store: Store, lease: Lease, *, ttl_s: float) -> Lease | None:
+def _renew(store: Store, lease: Lease, *, ttl_s: float, revive: bool) -> Lease | None:
     with store.begin() as tx:
         now = _now(tx, store)
         rows = tx.execute(
             f"""UPDATE leases SET expires_ns = ?
-                WHERE name = ? AND holder = ? AND epoch = ? AND expires_ns > ?
+                WHERE name = ? AND holder = ? AND epoch = ? AND (expires_ns > ? OR ? = 1)
                 RETURNING {_COLUMNS}""",
-            (now + int(ttl_s * 1e9), lease.name, lease.holder, lease.epoch, now),
+            (now + int(ttl_s * 1e9), lease.name, lease.holder, lease.epoch, now, revive),
         )
     return Lease.from_row(rows[0]) if rows else None
 
 
 def release(store: Store, lease: Lease) -> bool:
     """Give `lease` up now (others may take it at once, at the next epoch); False if it
-    was no longer held. The row stays, so the epoch keeps growing."""
+    was no longer held. The row stays with no holder, so the epoch keeps growing."""
     with store.begin() as tx:
         now = _now(tx, store)
         rows = tx.execute(
-            """UPDATE leases SET expires_ns = ?
+            """UPDATE leases SET expires_ns = ?, holder = ''
                WHERE name = ? AND holder = ? AND epoch = ? AND expires_ns > ? RETURNING name""",
             (now, lease.name, lease.holder, lease.epoch, now),
         )
