@@ -218,6 +218,9 @@ class LagIndex:
                     rows = found
             except StoreError as exc:
                 self.load_error = str(exc)
+                # The store away: what this process measured meanwhile is still served.
+                if self.store.unsaved_generation != self._unsaved_generation:
+                    self._follow_unsaved()
                 raise
             self.load_error = None
             recent_ns = time.time_ns() - _DECODE_AHEAD_NS
@@ -339,7 +342,11 @@ class LagIndex:
         if replica is not None:
             query += " AND replica = ?"
             params += (replica,)
-        rows = self.store.execute(query, params)
+        try:
+            rows = self.store.execute(query, params, last_known=True)
+        except StoreError as exc:
+            self.load_error = str(exc)  # the store away, and this never read: unknown
+            return None
         return rows[0].last_ns if rows else None
 
     def recovered_end_ns(self, source: str, target: str) -> int | None:
@@ -592,11 +599,17 @@ class LagIndex:
             missing = [i for i in ids if i not in self._stats]
         for start in range(0, len(missing), _LOAD_CHUNK):
             chunk = missing[start : start + _LOAD_CHUNK]
-            rows = self.store.execute(
-                f"""SELECT id, sent, seen, lost, out_of_range, lag_hist, uncertainty_hist
-                    FROM lag_windows WHERE id IN ({",".join("?" * len(chunk))})""",
-                chunk,
-            )
+            try:
+                rows = self.store.execute(
+                    f"""SELECT id, sent, seen, lost, out_of_range, lag_hist, uncertainty_hist
+                        FROM lag_windows WHERE id IN ({",".join("?" * len(chunk))})""",
+                    chunk,
+                )
+            except StoreError as exc:
+                # The store away: answer from the windows decoded already (and those held
+                # in memory); the answer says it is not fresh (load_error).
+                self.load_error = str(exc)
+                break
             decoded = {
                 r[0]: _stats_of(
                     r[1], r[2], r[3], LagHistogram.decode(r[5], r[4]), LagHistogram.decode(r[6])

@@ -181,7 +181,8 @@ class AlertSender:
             r.sink: r
             for r in self.store.execute(
                 "SELECT sink, kind, last_attempt_ns, last_ok_ns, last_status, last_error, "
-                "delivered, failed FROM alert_deliveries"
+                "delivered, failed FROM alert_deliveries",
+                last_known=True,
             )
         }
         return [delivery_status(sink, rows.get(sink.name)) for sink in self.sinks]

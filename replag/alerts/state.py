@@ -148,6 +148,7 @@ class AlertBook:
         guard: Callable[[Transaction], None] | None = None,
         epoch: int = 0,
         unknown_rules: frozenset[str] | set[str] = frozenset(),
+        keep: Callable[[dict[str, Any]], bool] | None = None,
     ) -> list[AlertEvent]:
         """Move each alert along its state machine; return what must be notified.
 
@@ -155,18 +156,22 @@ class AlertBook:
         subject went away, or its rule was removed from the config), is cleared if
         pending and resolved if firing or without data. No data follows the rule's
         `no_data` (see the module docstring); an alert of one of `unknown_rules` (rules
-        that could not be evaluated: the store is away) stays as it is. `guard` runs first
+        that could not be evaluated: the store is away), or for whose row `keep` says so,
+        stays as it is. `guard` runs first
         in the transaction
         (the service's lease check: LeaseLost rolls it back); `epoch` is the lease's,
         recorded on the outbox rows. Returns no events when another evaluation moved
         a state meanwhile (nothing written).
         """
-        read_ns = {
-            r.fingerprint: r.updated_ns
-            for r in self.store.execute(
-                "SELECT fingerprint, updated_ns FROM alert_state", last_known=True
-            )
-        }
+        try:
+            read_ns = {
+                r.fingerprint: r.updated_ns
+                for r in self.store.execute(
+                    "SELECT fingerprint, updated_ns FROM alert_state", last_known=True
+                )
+            }
+        except StoreUnwritable:
+            read_ns = {}  # the store is away: the changes are plain writes, held (below)
         step = _Step(
             current={row["fingerprint"]: row for row in self._unresolved()},
             now_ns=now_ns,
@@ -188,7 +193,8 @@ class AlertBook:
             else:
                 step.inactive(cond.fingerprint, cond)
         for fp in step.current.keys() - seen:
-            if step.current[fp]["rule"] not in unknown_rules:
+            stored = step.current[fp]
+            if stored["rule"] not in unknown_rules and (keep is None or not keep(stored)):
                 step.inactive(fp, None)
         events = [dataclasses.replace(e, decided_ns=now_ns) for e in step.events]
         outbox = [

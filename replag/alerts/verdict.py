@@ -113,9 +113,18 @@ class HealthVerdict:
 
 
 def replication_health(
-    config: Config, index: LagIndex, *, now_ns: int, alerts_firing: int = 0
+    config: Config,
+    index: LagIndex,
+    *,
+    now_ns: int,
+    alerts_firing: int = 0,
+    unseen: frozenset[str] = frozenset(),
 ) -> HealthVerdict:
-    """The verdict now, from the store's probe outcomes and the latest lag windows."""
+    """The verdict now, from the store's probe outcomes and the latest lag windows.
+
+    `unseen`: sources probed by another instance while the store (through which this one
+    sees their runs) is away: their last runs are not judged here meanwhile (the store
+    problem says why)."""
     settings = config.settings
     stale_s = STALE_INTERVALS * settings.probe_interval + settings.timeout
     sources = [r.name for r in config.topology.regions if r.write is not None]
@@ -123,6 +132,8 @@ def replication_health(
     health = probe_health(index.store)
     problems: list[HealthProblem] = []
     for source in sources:
+        if source in unseen:
+            continue
         problems += _source_problems(health.get(source), source, now_ns=now_ns, stale_s=stale_s)
     pairs = []
     replicas: dict[tuple[str, str], list[str]] = {}

@@ -6,11 +6,23 @@ the rules see the round that just ended. Several instances never decide the
 same change twice (the state changes are compare-and-set, written with their
 outbox row in one transaction, see `replag.alerts.state`), and only the holder
 of the lease sends (its fence is checked before each notification).
+
+**While the store cannot be reached** the evaluator cannot see what the other
+instances measure (the store is how it sees it), so each instance evaluates the
+rules on what its own units measure (`probe:SOURCE`: the lag, loss and
+reachability rules of that source; `replication`: the replication rules) and
+notifies those changes itself; every other alert stays as it is. Each unit has
+one owner while nobody can take a lease, so each change is still decided once;
+the states and outbox rows are held and written when the store is back, where
+the evaluator carries on from them. Rules that only the store can answer
+(divergence, Dynomite's dropped writes) wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -23,6 +35,7 @@ from replag.alerts.evaluate import (
     DeliveryResult,
     evaluate_and_notify,
 )
+from replag.alerts.rules import evaluate_rules
 from replag.config import Config
 from replag.errors import StoreError
 from replag.lagindex import LagIndex
@@ -57,6 +70,7 @@ class AlertEvaluation:
         self.metrics = metrics
         self.counters = counters
         self.keeper: LeaseKeeper | None = None  # set while several instances may run
+        self._state_read = 0.0  # monotonic: when a non-evaluator last read the alert states
         self.book = AlertBook(store)
         self.sender = AlertSender(
             config.alerts.sinks,
@@ -74,16 +88,70 @@ class AlertEvaluation:
         self.sender.sinks = tuple(config.alerts.sinks)
 
     async def run(self, fence: Fence | None = None) -> None:
+        if self.keeper is not None and not self.store.reachable:
+            await self.evaluate_own(self.keeper)
+            return
         await self.evaluate(fence)
 
     async def after_round(self) -> None:
-        """Evaluate now if this instance owns the evaluation (or nothing is leased)."""
+        """Evaluate now if this instance owns the evaluation (or nothing is leased); while
+        the store is away, what its own units measure (see the module docstring)."""
         if self.keeper is None:
             await self.evaluate()
+            return
+        if not self.store.reachable:
+            await self.evaluate_own(self.keeper)
             return
         fence = self.keeper.fence(self.name)
         if fence is not None:
             await self.evaluate(fence)
+        else:
+            # Not the evaluator: read the alert states now and then, so that an outage
+            # finds them known here (evaluate_own starts from them).
+            now = time.monotonic()
+            if now - self._state_read >= self.interval_s:
+                self._state_read = now
+                try:
+                    await asyncio.to_thread(self.book.active)
+                except StoreError as exc:
+                    log.debug("alert states not read: %s", exc)
+
+    async def evaluate_own(self, keeper: LeaseKeeper) -> None:
+        """The store is away: evaluate the rules on what this instance's units measure, and
+        notify those changes (held for the store; see the module docstring)."""
+        owned = set(keeper.held_names())
+        if not owned:
+            return
+        kinds = {rule.name: rule.kind for rule in self.config.alerts.rules}
+
+        def mine(kind: str, labels: dict[str, str]) -> bool:
+            return unit_of(kind, labels) in owned
+
+        with contextlib.suppress(StoreError):  # the index serves what was measured here
+            await asyncio.to_thread(self.index.refresh)
+        now_ns = time.time_ns()
+        conditions = evaluate_rules(self.config, self.index, now_ns=now_ns, unknown=set())
+        conditions = [c for c in conditions if mine(c.rule.kind, c.labels)]
+        try:
+            events = await asyncio.to_thread(
+                self.book.apply,
+                conditions,
+                now_ns=now_ns,
+                repeat_interval_s=self.config.alerts.repeat_interval_s,
+                send_resolved=self.config.alerts.send_resolved,
+                keep=lambda row: (
+                    not mine(kinds.get(row["rule"], ""), json.loads(row["labels_json"]))
+                ),
+            )
+        except StoreError as exc:
+            log.warning("alerts: not evaluated while the store is away (%s)", exc)
+            return
+        if events:
+            self.counters["alert notifications"] += len(events)
+            if self.config.alerts.sinks:
+                self.sender.submit(events)
+            else:
+                self.book.mark_delivered(events, now_ns=time.time_ns())
 
     async def evaluate(self, fence: Fence | None = None) -> None:
         # Queries skip picking up new windows while the store is busy; rules must see the
@@ -111,3 +179,18 @@ class AlertEvaluation:
 
     def _count_delivery(self, result: DeliveryResult) -> None:
         self.metrics.alert_deliveries.labels(result.sink, "ok" if result.ok else "failed").inc()
+
+
+# Alert rule kinds by the unit whose measurements they judge (the rest read the store).
+_PROBE_KINDS = ("lag_p99", "probe_loss", "unreachable", "no_probe")
+_REPLICATION_KINDS = ("replication_", "failover_")
+
+
+def unit_of(kind: str, labels: dict[str, str]) -> str | None:
+    """The unit whose measurements an alert of `kind` on `labels` judges; None for the
+    kinds that read the store only (divergence, Dynomite's dropped writes)."""
+    if kind in _PROBE_KINDS and "source" in labels:
+        return f"probe:{labels['source']}"
+    if kind.startswith(_REPLICATION_KINDS):
+        return "replication"
+    return None

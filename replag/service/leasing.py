@@ -145,7 +145,8 @@ class LeaseKeeper:
         self._away_mono: float | None = None
         self._back_mono: float | None = None
         self._offered: set[str] = set()
-        self._taking = 0  # acquisitions of offered units under way (see `may_take_more`)
+        self._taking = 0  # acquisitions of offered units under way (see `reserve_take`)
+        self._reserved = 0  # offers decided, not yet written (see `offer_if_over_share`)
 
     # --- what the units ask ---------------------------------------------------------
 
@@ -172,12 +173,6 @@ class LeaseKeeper:
     def fair_share(self) -> int:
         return max(1, math.ceil(self.units / max(1, self.live_instances)))
 
-    def may_take_more(self) -> bool:
-        """Under its fair share: it may take a unit another instance offers."""
-        with self._lock:
-            taking = self._taking
-        return len(self.held_names()) + taking < self.fair_share()
-
     def over_share(self, *, extra: int = 0) -> bool:
         """Above its fair share, counting what it offers already (less `extra` of them):
         offer one more."""
@@ -193,7 +188,9 @@ class LeaseKeeper:
         """Since when (monotonic) the store has been away, until the first renewal after
         it answers again; None while it answers."""
         if self._away_mono is None and not self.store.reachable:
-            self._away_mono = self.clock()
+            # When the store first failed to answer (any statement), not when this asked.
+            began = self.store.health.unreachable_mono
+            self._away_mono = self.clock() if began is None else min(began, self.clock())
         return self._away_mono
 
     def settled(self) -> bool:
@@ -206,13 +203,22 @@ class LeaseKeeper:
 
     # --- store round trips (blocking) --------------------------------------------------
 
+    def reserve_take(self) -> bool:
+        """Whether this instance, under its fair share, may take one more offered unit; if
+        so, that take is counted until `try_acquire(…, offered=True)` ends (atomic: units
+        deciding at once take no more than the share between them)."""
+        with self._lock:
+            held = sum(1 for n, h in self._held.items() if not h.lost and n != self.me)
+            if held + self._taking >= self.fair_share():
+                return False
+            self._taking += 1
+            return True
+
     def try_acquire(self, name: str, *, offered: bool = False) -> Fence | None:
         """Take `name` if nobody holds it (free, released, or expired with its holder dead),
-        or, with `offered`, if its holder offers it; None otherwise."""
+        or, with `offered` (reserved by `reserve_take`), if its holder offers it; None
+        otherwise."""
         asked = self.clock()
-        if offered:
-            with self._lock:
-                self._taking += 1
         try:
             lease = leases.acquire(
                 self.store,
@@ -236,15 +242,31 @@ class LeaseKeeper:
             log.info("%s: now owned by this instance (epoch %d)", name, lease.epoch)
         return Fence(self, name)
 
-    def offer(self, name: str) -> None:
-        """Offer `name` to an instance under its share; this one runs it until taken."""
-        held = self.held(name)
-        if held is None or held.lost:
-            return
-        leases.offer(self.store, held.lease, ttl_s=self.ttl_s)
+    def offer_if_over_share(self) -> bool:
+        """Reserve one more offer if this instance is above its fair share (atomic: units
+        deciding at once offer no more than the excess between them)."""
         with self._lock:
-            first = name not in self._offered
-            self._offered.add(name)
+            held = sum(1 for n, h in self._held.items() if not h.lost and n != self.me)
+            if held - len(self._offered) - self._reserved <= self.fair_share():
+                return False
+            self._reserved += 1
+            return True
+
+    def offer(self, name: str, *, reserved: bool = False) -> None:
+        """Offer `name` to an instance under its share; this one runs it until taken.
+        `reserved`: an offer reserved by `offer_if_over_share`."""
+        try:
+            held = self.held(name)
+            if held is None or held.lost:
+                return
+            leases.offer(self.store, held.lease, ttl_s=self.ttl_s)
+            with self._lock:
+                first = name not in self._offered
+                self._offered.add(name)
+        finally:
+            if reserved:
+                with self._lock:
+                    self._reserved -= 1
         if first:
             log.info("%s: offered to share the work (%d held)", name, len(self.held_names()))
 
@@ -273,7 +295,8 @@ class LeaseKeeper:
             except StoreError as exc:
                 # Not lost: nobody can take it while the store is away (see `Fence.valid`).
                 if self._away_mono is None:
-                    self._away_mono = asked
+                    began = self.store.health.unreachable_mono
+                    self._away_mono = asked if began is None else min(began, asked)
                     log.warning(
                         "%s: lease not renewed (%s): kept while the store is away", name, exc
                     )

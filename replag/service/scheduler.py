@@ -177,7 +177,7 @@ class Scheduler:
                     try:
                         # Free units always; offered ones only while under the fair share.
                         fence = await asyncio.to_thread(
-                            keeper.try_acquire, unit.name, offered=keeper.may_take_more()
+                            keeper.try_acquire, unit.name, offered=keeper.reserve_take()
                         )
                     except StoreError as exc:
                         log.warning("%s: lease not taken (%s)", unit.name, exc)
@@ -200,8 +200,8 @@ class Scheduler:
                 else:
                     await asyncio.to_thread(fence.confirm)
                     await asyncio.to_thread(keeper.offer, unit.name)  # renewed while it waits
-            elif keeper.over_share() and keeper.settled():
-                await asyncio.to_thread(keeper.offer, unit.name)
+            elif keeper.settled() and keeper.offer_if_over_share():
+                await asyncio.to_thread(keeper.offer, unit.name, reserved=True)
         except LeaseLost as exc:
             log.info("%s: handed over (%s)", unit.name, exc)
             return None

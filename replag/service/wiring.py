@@ -25,7 +25,7 @@ from replag.alerts.health import probe_health
 from replag.alerts.verdict import replication_health, with_store_problems
 from replag.background import BackgroundLoop
 from replag.config import Config
-from replag.errors import ReplagError
+from replag.errors import ReplagError, StoreError
 from replag.heap import freeze_long_lived
 from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
@@ -56,6 +56,8 @@ log = logging.getLogger("replag.service")
 # How often the service picks up new lag windows for the API (a probe round's windows
 # are picked up at its end too, by the alert evaluation).
 INDEX_FOLLOW_S = 0.25
+# The alert history the API shows by default (GET /api/v1/alerts?history=50).
+ALERT_HISTORY_SHOWN = 50
 
 
 def hold_limits(settings: Settings) -> HoldLimits:
@@ -97,6 +99,7 @@ class ReplagService:
         self.counters: Counter[str] = Counter()
         self.index = LagIndex(self.store)
         self.started_ns = time.time_ns()
+        self._alerts_read = 0.0  # monotonic: when the alert states were last read
         self.alerts = AlertEvaluation(
             config,
             index=self.index,
@@ -271,13 +274,34 @@ class ReplagService:
             await asyncio.sleep(INDEX_FOLLOW_S)
 
     def _refresh_index(self) -> None:
+        self._read_alert_states()
         self.index.refresh()
         self.index.decode_new()
+
+    def _read_alert_states(self) -> None:
+        """Read what the alerts API shows now and then (every `probe_interval`), so that it
+        answers from what was last read while the store is away."""
+        now = time.monotonic()
+        if now - self._alerts_read < self.settings.probe_interval or not self.store.reachable:
+            return
+        self._alerts_read = now
+        try:
+            self.alerts.book.active()
+            self.alerts.book.history(limit=ALERT_HISTORY_SHOWN)
+            self.alerts.book.firing_count()
+            self.alerts.sender.statuses()
+        except StoreError as exc:
+            log.debug("alert states not read: %s", exc)
 
     async def stop(self) -> None:
         """Cancel and await the schedules, jobs and alert deliveries; close the store."""
         if self._schedules is not None:
             await self._schedules.call(self.scheduler.stop)
+        if self.keeper is not None:
+            # Hand the units over now, not after the rounds under way wind down: another
+            # instance takes each within half its interval (their fences stop these rounds).
+            await asyncio.to_thread(self.keeper.release_all)
+        if self._schedules is not None:
             # The sender's session and workers, and the sampler's connections, live on the
             # schedules' loop: closed there, before it ends.
             await self._schedules.run(self._close_clients())
@@ -375,11 +399,16 @@ class ReplagService:
     def health(self) -> dict[str, Any]:
         """The replication verdict now (`replag.alerts.verdict`) and the service's state."""
         probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+        unseen: frozenset[str] = frozenset()
+        if self.keeper is not None and not self.store.reachable:
+            mine = set(self.keeper.held_names())
+            unseen = frozenset(p.source for p in self.probe_rounds if p.name not in mine)
         verdict = replication_health(
             self.config,
             self.index,
             now_ns=time.time_ns(),
             alerts_firing=self.alerts.book.firing_count(),
+            unseen=unseen,
         )
         verdict = with_store_problems(verdict, self.store, self.index)
         return {

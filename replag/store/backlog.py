@@ -58,6 +58,7 @@ class StoreHealth:
     dropped: int = 0  # statements given up on (over the budget, or refused on replay)
     recovered: int = 0  # times the held writes were written after a spell of failures
     reachable: bool = True  # False while PostgreSQL cannot be reached at all
+    unreachable_mono: float | None = None  # time.monotonic() when it stopped answering
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -256,6 +256,8 @@ class Store(LagWindowTables):
                 self.shown,
                 reason,
             )
+        if health.reachable:
+            health.unreachable_mono = time.monotonic()
         health.reachable = False
         self._backlog.mark(reason)
         self._retry_soon()
