@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from tests.helpers.dynomite_cluster import (
     Layout,
     dynomite_cluster,
 )
+from tests.helpers.ha import Instance, Receiver
 from tests.helpers.lab import LabFactory
 from tests.helpers.postgres import (
     NO_POSTGRES,
@@ -197,3 +199,34 @@ def store(store_location: str) -> Iterator[Store]:
     opened = Store(store_location)
     yield opened
     opened.close()
+
+
+# --- several `replag serve` on one PostgreSQL (tests/test_ha*.py) -----------------------
+
+
+@pytest.fixture
+def ha_store(postgres_url: str) -> str:
+    """The module's PostgreSQL database, migrated and emptied."""
+    Store(postgres_url).close()
+    empty_database(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[list[Instance]]:
+    """The `replag serve` instances a test starts (`tests.helpers.ha.start`), stopped after."""
+    started: list[Instance] = []
+    yield started
+    for inst in started:
+        inst.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver counting the notifications it gets."""
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()

@@ -28,22 +28,19 @@ from replag.lab.relay import DelayRelay, Link
 from replag.store import Store
 from replag.store.leases import current
 from tests.helpers.configs import TOKEN
+from tests.helpers.ha import (
+    Instance,
+    Receiver,
+    gauges_follow_leases,
+    owner_of,
+    probe_starts,
+    start,
+    work_shared,
+)
 from tests.helpers.lab import LabFactory
 from tests.helpers.postgres import LocalPostgres
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import wait_until
-from tests.test_ha import (  # noqa: F401  (fixtures)
-    Instance,
-    _Receiver,
-    fleet,
-    gauges_follow_leases,
-    ha_store,
-    owner_of,
-    probe_starts,
-    receiver,
-    start,
-    work_shared,
-)
 
 PROBE_S = 1.0
 LEASE_S = 4.0
@@ -71,7 +68,7 @@ def write_config(tmp_path: Path, data: dict[str, Any], name: str = "replag.toml"
     return path
 
 
-def lab_config(lab: dict[str, Any], url: str, receiver: _Receiver) -> dict[str, Any]:
+def lab_config(lab: dict[str, Any], url: str, receiver: Receiver) -> dict[str, Any]:
     data = tomllib.loads((Path(lab["dir"]) / "topology.toml").read_text())
     data["settings"]["store"] = url
     hook = {"name": "hook", "kind": "webhook",
@@ -87,9 +84,9 @@ def runs_counted(instances: list[Instance], source: str) -> float:
         if inst.proc.poll() is not None:
             continue
         for line in httpx.get(inst.base + "/metrics", timeout=10).text.splitlines():
-            if line.startswith("replag_probe_runs_total{") and f'source="{source}"' in line:
-                if 'status="ok"' in line:
-                    total += float(line.rsplit(" ", 1)[1])
+            ours = line.startswith("replag_probe_runs_total{") and f'source="{source}"' in line
+            if ours and 'status="ok"' in line:
+                total += float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -105,7 +102,7 @@ def test_postgresql_stopped_under_three_instances(
     postgres_server: LocalPostgres,
     tmp_path: Path,
     fleet: list[Instance],
-    receiver: _Receiver,
+    receiver: Receiver,
 ) -> None:
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
     config = write_config(tmp_path, lab_config(lab, ha_store, receiver))
@@ -186,7 +183,7 @@ def test_an_instance_cut_off_from_postgresql_loses_its_units_and_stops_repairing
     ha_store: str,
     tmp_path: Path,
     fleet: list[Instance],
-    receiver: _Receiver,
+    receiver: Receiver,
 ) -> None:
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
     a, b = redis_factory("a"), redis_factory("b")
@@ -273,7 +270,7 @@ def test_restarting_instances_one_by_one_leaves_no_unit_unowned(
     ha_store: str,
     tmp_path: Path,
     fleet: list[Instance],
-    receiver: _Receiver,
+    receiver: Receiver,
 ) -> None:
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={})
     config = write_config(tmp_path, lab_config(lab, ha_store, receiver))

@@ -85,11 +85,18 @@ async def _run(
         )
     ttl_s = config.settings.lease_time
     held = await _take_groups(store, [g.name for g in groups], ttl_s)
-    keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, asyncio.current_task()))
+    this = asyncio.current_task()
+    unconfirmed: list[str] = []
+    keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, this, unconfirmed))
     try:
         return await _run_exclusive(
             config, params, store, resume, progress, on_run, key_sink, acl_mode
         )
+    except asyncio.CancelledError:
+        if not unconfirmed or this is None:
+            raise
+        this.uncancel()  # stopped by its own lease keeper: a failure to report, not a cancel
+        raise RepairError(unconfirmed[0], where=store.shown) from None
     finally:
         await cancel_all([keeper])
         await asyncio.to_thread(release_groups, store, held)
@@ -113,7 +120,11 @@ _SAFE_FRACTION = 0.75
 
 
 async def _keep_groups(
-    store: Store, held: list[Lease], ttl_s: float, run: asyncio.Task[Any] | None
+    store: Store,
+    held: list[Lease],
+    ttl_s: float,
+    run: asyncio.Task[Any] | None,
+    unconfirmed: list[str] | None = None,
 ) -> None:
     """Renew the run's group leases; a lost one (this process was paused past it and
     another run took the group) stops the run before its next write."""
@@ -129,11 +140,14 @@ async def _keep_groups(
             # Repair writes need the lease (unlike probes): once it may have expired
             # unseen, another instance may take the group, so this run stops (resumable).
             if time.monotonic() - confirmed >= ttl_s * _SAFE_FRACTION:
-                logger.error(
-                    "group leases unconfirmed for %.0f s (the store cannot be reached); "
-                    "stopping this run before its next write: resume it when the store is back",
-                    time.monotonic() - confirmed,
+                why = (
+                    f"group leases unconfirmed for {time.monotonic() - confirmed:.0f} s (the "
+                    "store cannot be reached): stopping this run before its next write; "
+                    "resume it when the store is back"
                 )
+                logger.error("%s", why)
+                if unconfirmed is not None:
+                    unconfirmed.append(why)
                 if run is not None:
                     run.cancel()
                 return

@@ -146,8 +146,10 @@ class PostgresStore(Store):
             # Away: fail at once rather than wait for the pool's timeout (an API request,
             # a probe round's write, a lease renewal must never hang on the store); the
             # background retry (`_ping`) says when it answers again.
+            reason = self.health.reason or "no connection"
             raise StoreUnreachable(
-                f"unreachable: {self.health.reason or 'no connection'}", where=self.shown
+                reason if reason.startswith("unreachable") else f"unreachable: {reason}",
+                where=self.shown,
             )
         try:
             conn = self._pool.getconn(timeout=_FIRST_WAIT_S)
