@@ -26,12 +26,30 @@ default schedules (probe every 10 s, 200 probes per region, replication every
 - with K = 2: the probe units each instance owns at the end (the leases), as a share.
 
 One instance uses the default SQLite store; two share a PostgreSQL the benchmark
-starts (`replag.lab.postgres`). There is no "without replag" baseline for a fleet
+starts (`replag.lab.postgres`).
+
+The store-outage case (`--outage NxK`, default 10x3): K instances on PostgreSQL,
+which is stopped for `--outage-seconds` (60) once the leases have settled, then
+started again:
+
+- probe gap: the longest gap between two probe runs of any source from the stop to
+  the restart (runs stored afterwards: the gap is in the store, after recovery), and
+  as a multiple of `probe_interval`;
+- API p99 during the outage: health, alerts and the lag matrix in turn, round-robin
+  over the instances, 20 requests/s, each timed (a failed or non-200 answer counts
+  as 30 s); how many answered 200;
+- rows recovered: the writes the instances held at the restart, the probe runs they
+  counted during the outage (their /metrics) and how long after the restart every
+  one of them was in `probe_runs`. There is no "without replag" baseline for a fleet
 watcher; the figures are absolute, against the issue's goals (100 groups on one
 instance under 1 core and 500 MB, matrix p99 <= 20 ms; 2 instances share 60/40
 or better). Prints one line per case; asserts nothing.
 
     python benchmarks/fleet.py [--cases 10x1,50x1,100x1,100x2] [--seconds 60] [--rate 100]
+                               [--outage 10x3] [--outage-seconds 60] [--smoke]
+
+`--smoke`: one group on one instance for a few seconds, and a 6 s outage under three
+instances with 1 s probes and 4 s leases (what the test suite runs).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -250,7 +269,7 @@ def run_case(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres | None)
                 p99, p50 = percentile_ms(latencies, 0.99), percentile_ms(latencies, 0.5)
                 # A dashboard alone polls every 10 s: its answer is then older than
                 # RECENT_S, so it waits for a build (of the pairs with new windows only).
-                time.sleep(LONE_AFTER_S)
+                time.sleep(args.lone_after)
                 lone = asyncio.run(one_request_ms([b for _, b in procs]))
                 time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
                 elapsed = time.monotonic() - t0
@@ -265,8 +284,122 @@ def run_case(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres | None)
         f"fleet: {n} groups, {k} instances: cpu {cpu:.0f} % of a core, peak memory "
         f"{peak:.0f} MB, store +{growth:.1f} MB/h, matrix p99 {p99:.1f} ms{share} "
         f"(p50 {p50:.1f} ms, {100 * stale / len(latencies):.0f} % of answers the previous "
-        f"one; the first request, timed apart: {first:.0f} ms; one after {LONE_AFTER_S:g} s "
+        f"one; the first request, timed apart: {first:.0f} ms; one after {args.lone_after:g} s "
         f"without requests: {lone:.0f} ms; load average {load:.1f} on {os.cpu_count()} cores)"
+    )
+
+
+OUTAGE_RATE = 20.0  # API requests per second during the outage
+OUTAGE_PATHS = ("/api/v1/health", "/api/v1/alerts", "/api/v1/lag/matrix")
+
+
+def runs_counted(bases: list[str]) -> float:
+    """Probe runs the instances made (each counts its own), from their /metrics."""
+    total = 0.0
+    for base in bases:
+        for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("replag_probe_runs_total{") and 'outcome="ok"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def probe_rows(store: str) -> list[tuple[str, int]]:
+    import psycopg
+
+    with psycopg.connect(store) as conn:
+        return [(str(r[0]), int(r[1])) for r in conn.execute(
+            "SELECT source, started_ns FROM probe_runs ORDER BY source, started_ns"
+        )]  # fmt: skip
+
+
+def longest_gap_s(rows: list[tuple[str, int]], since_ns: int, until_ns: int) -> float:
+    """The longest gap between two stored probe runs of one source within the window
+    (counting from its edges: no run at all is a gap as long as the window)."""
+    longest = 0
+    for source in {s for s, _ in rows}:
+        starts = [since_ns, *(t for s, t in rows if s == source and since_ns < t < until_ns)]
+        starts.append(until_ns)
+        longest = max(longest, *(b - a for a, b in itertools.pairwise(starts)))
+    return longest / 1e9
+
+
+def api_during(bases: list[str], seconds: float) -> tuple[list[float], int]:
+    """Health, alerts and matrix in turn over the instances at OUTAGE_RATE for `seconds`:
+    each request's time (FAILED_S when it failed or was not a 200), and the 200s."""
+    latencies: list[float] = []
+    ok = 0
+    start = time.perf_counter()
+    with httpx.Client(timeout=FAILED_S) as client:
+        for i in range(int(OUTAGE_RATE * seconds)):
+            due = start + i / OUTAGE_RATE
+            time.sleep(max(0.0, due - time.perf_counter()))
+            base, path = bases[i % len(bases)], OUTAGE_PATHS[i % len(OUTAGE_PATHS)]
+            sent = time.perf_counter()
+            try:
+                answered = client.get(base + path).status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            ok += answered
+            latencies.append(time.perf_counter() - sent if answered else FAILED_S)
+    return sorted(latencies), ok
+
+
+def run_outage(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres) -> str:
+    with tempfile.TemporaryDirectory(prefix="replag-outage-") as tmp:
+        workdir = Path(args.keep or tmp)  # --keep DIR: the serve logs stay there
+        fleet_up(workdir / "lab", n)
+        try:
+            store = pg.create_database(f"outage_{n}_{k}_{int(time.time())}")
+            data = tomllib.loads((workdir / "lab" / "topology.toml").read_text())
+            data["settings"] = {
+                "store": store,
+                "check_interval": "24h",
+                "probe_interval": f"{args.probe_interval}s",
+                "lease_time": f"{args.lease_time}s",
+                "store_spill_dir": str(workdir / "held"),
+            }
+            config = workdir / "replag.toml"
+            config.write_text(tomli_w.dumps(data))
+            with serving(config, k, workdir) as procs:
+                bases = [b for _, b in procs]
+                time.sleep(args.outage_warmup)  # the leases settle, probing is under way
+                counted0 = runs_counted(bases)
+                rows0 = len(probe_rows(store))
+                load0 = os.getloadavg()[0]
+                pg.stop()
+                stopped_ns = time.time_ns()
+                latencies, ok = api_during(bases, args.outage_seconds)
+                held = sum(
+                    httpx.get(b + "/api/v1/health", timeout=30).json()["store"]["deferred"]
+                    for b in bases
+                )
+                counted = runs_counted(bases) - counted0
+                pg.start()
+                back_ns, back = time.time_ns(), time.monotonic()
+                recovered_s = None
+                while time.monotonic() - back < 120:
+                    if len(probe_rows(store)) - rows0 >= counted:
+                        recovered_s = time.monotonic() - back
+                        break
+                    time.sleep(0.2)
+                gap = longest_gap_s(probe_rows(store), stopped_ns, back_ns)
+                load = (load0 + os.getloadavg()[0]) / 2
+        finally:
+            lab_down(workdir / "lab")
+    stored = (
+        f"all stored {recovered_s:.1f} s after the restart"
+        if recovered_s is not None
+        else "NOT all stored within 120 s"
+    )
+    return (
+        f"store outage: PostgreSQL stopped {args.outage_seconds:g} s under {k} instances, "
+        f"{n} groups: longest probe gap {gap:.1f} s ({gap / args.probe_interval:.2f} x "
+        f"probe_interval {args.probe_interval:g} s), API p99 during the outage "
+        f"{percentile_ms(latencies, 0.99):.1f} ms (p50 {percentile_ms(latencies, 0.5):.1f} ms; "
+        f"health, alerts, matrix: {ok} of {len(latencies)} answered 200), rows recovered: "
+        f"{held} writes held at the restart, {counted:.0f} probe runs made during the "
+        f"outage, {stored} (lease_time {args.lease_time:g} s; load average {load:.1f} on "
+        f"{os.cpu_count()} cores)"
     )
 
 
@@ -280,12 +413,30 @@ def main() -> None:
     parser.add_argument(
         "--connections", type=int, default=8, help="kept-open connections per instance"
     )
+    parser.add_argument("--outage", default="10x3", help="NxK, or none")
+    parser.add_argument("--outage-seconds", type=float, default=60.0)
+    parser.add_argument("--outage-warmup", type=float, default=45.0)
+    parser.add_argument("--probe-interval", type=float, default=10.0)
+    parser.add_argument("--lease-time", type=float, default=20.0)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case")
+    parser.add_argument("--keep", default=None, help="the outage case's directory (kept)")
     args = parser.parse_args()
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
-    pg = LocalPostgres().start() if any(k > 1 for _, k in cases) else None
+    args.lone_after = LONE_AFTER_S
+    if args.smoke:
+        args.cases, args.seconds, args.warmup, args.api_seconds = "1x1", 4.0, 3.0, 1.0
+        args.rate, args.outage, args.outage_seconds, args.outage_warmup = 20.0, "1x3", 6.0, 8.0
+        args.probe_interval, args.lease_time, args.lone_after = 1.0, 4.0, 1.0
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
+    outage = None if args.outage == "none" else tuple(int(x) for x in args.outage.split("x"))
+    needs_pg = any(k > 1 for _, k in cases) or outage is not None
+    pg = LocalPostgres().start() if needs_pg else None
     try:
         for n, k in cases:
             print(run_case(n, k, args, pg), flush=True)
+        if outage is not None:
+            assert pg is not None
+            print(run_outage(outage[0], outage[1], args, pg), flush=True)
     finally:
         if pg is not None:
             pg.destroy()

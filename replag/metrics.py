@@ -483,13 +483,28 @@ class StoreCollector(Collector):
         yield errors
         deferred = GaugeMetricFamily(
             "replag_store_deferred_writes",
-            "Statements kept in memory until the results store takes writes again.",
+            "Statements held (in memory, or spilled to a local file) until the results store "
+            "takes writes again.",
         )
         deferred.add_metric([], float(health.deferred))
         yield deferred
+        spilled = GaugeMetricFamily(
+            "replag_store_spilled_writes",
+            "Of the held statements, those spilled to a local file past store_hold_memory_mb.",
+        )
+        spilled.add_metric([], float(health.spilled))
+        yield spilled
+        reachable = GaugeMetricFamily(
+            "replag_store_reachable",
+            "0 while the results store cannot be reached at all (PostgreSQL stopped or cut "
+            "off): watching goes on from memory.",
+        )
+        reachable.add_metric([], 1.0 if health.reachable else 0.0)
+        yield reachable
         dropped = CounterMetricFamily(
             "replag_store_dropped_writes",
-            "Deferred statements given up on: the in-memory bound was reached.",
+            "Held statements given up on: past store_hold_memory_mb and store_hold_disk_mb, "
+            "or refused by the store when written back.",
         )
         dropped.add_metric([], float(health.dropped))
         yield dropped

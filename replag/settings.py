@@ -302,7 +302,7 @@ class Settings:
         1024,
         _int,
         "Service: megabytes of held writes spilled to a local file past "
-        "store_hold_memory_mb; past this, new writes are dropped and counted "
+        "store_hold_memory_mb; past this, the oldest held in memory are dropped and counted "
         "(replag_store_dropped_writes_total). 0: no spill file.",
     )
     store_spill_dir: str = setting(

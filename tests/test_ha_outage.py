@@ -85,7 +85,7 @@ def runs_counted(instances: list[Instance], source: str) -> float:
             continue
         for line in httpx.get(inst.base + "/metrics", timeout=10).text.splitlines():
             ours = line.startswith("replag_probe_runs_total{") and f'source="{source}"' in line
-            if ours and 'status="ok"' in line:
+            if ours and 'outcome="ok"' in line:
                 total += float(line.rsplit(" ", 1)[1])
     return total
 

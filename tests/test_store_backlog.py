@@ -1,5 +1,6 @@
 """Held writes (the store cannot take them): in order, spilled to a 0600 file past the
-memory budget, dropped and counted past the disk budget, the file gone once written."""
+memory budget, the oldest in memory dropped and counted past the disk budget, the file gone
+once written."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_held_writes_spill_past_the_memory_budget_and_come_back_in_order(tmp_pat
     assert health.state == "ok" and health.deferred == 0 and not list(spill.iterdir())
 
 
-def test_past_the_disk_budget_new_writes_are_dropped_and_counted(tmp_path: Path) -> None:
+def test_past_the_disk_budget_the_oldest_in_memory_are_dropped_and_counted(tmp_path: Path) -> None:
     backlog = WriteBacklog(
         HoldLimits(memory_bytes=1_000, disk_bytes=3_000, spill_dir=tmp_path / "held")
     )

@@ -164,15 +164,27 @@ class PostgresStore(Store):
                 self.note_unreachable(error.message)
                 raise error from None
             try:
-                conn = self._pool.getconn()
-            except PoolTimeout as exc:
-                raise StoreUnwritable(
-                    f"no connection: {_first_line(exc)}", where=self.shown
-                ) from None
+                conn = self._pool.getconn(timeout=_FIRST_WAIT_S)
+            except PoolTimeout:
+                # The server answers but the pool has no connection for us: busy, or
+                # still backing off between reconnection attempts after an outage (seconds
+                # after the server is back). A connection of our own, for this statement.
+                yield from self._own_connection()
+                return
         try:
             yield conn
         finally:
             self._pool.putconn(conn)
+
+    def _own_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            conn = self._psycopg.connect(self._conninfo, **self._connect_kwargs)
+        except self._psycopg.Error as exc:
+            raise self._error(exc) from None
+        try:
+            yield conn
+        finally:
+            conn.close()
 
     def _ping(self, *, check_pool: bool = True) -> bool:
         """A connection of its own (not the pool's, which may be backing off between its
