@@ -227,7 +227,11 @@ class Scheduler:
         while not self._stopping.is_set():
             try:
                 await asyncio.to_thread(keeper.heartbeat)
-                await asyncio.to_thread(keeper.renew_all)
+                for name in await asyncio.to_thread(keeper.renew_all):
+                    # Lost (taken over): its gauges go now, not at the unit's next round.
+                    running = self._running.get(name)
+                    if running is not None:
+                        _disown(running[0])
             except StoreError as exc:
                 log.warning("leases: not renewed (%s)", exc)
             except Exception:
