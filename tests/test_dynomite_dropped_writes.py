@@ -9,6 +9,8 @@ exactly those keys on exactly that rack, and `repair run` must put them back.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -69,15 +71,17 @@ async def test_a_rack_that_missed_writes_is_alerted_found_and_repaired(
             ("dc1-rack2", 0),
             ("dc1-rack3", 20),
         ]
-        cluster.restart(node3)  # back, every peer link up again: nothing replays the writes
 
-        # /info is refreshed every stats_interval: collect until node1's shows the outage.
+        # /info is refreshed every stats_interval: collect until node1's shows the outage
+        # (rack3 still down: it answers no /info).
         async def node1_saw_it() -> bool:
             await collect_dynomite_stats(urls, store=store, timeout_s=5)
             return node1.stats_url in {f.node for f in find_dropped_writes(store)}
 
         await until(node1_saw_it, "node1's /info shows its link to rack3 failing")
 
+        # The notification names the peer that is down now, though it went down less than
+        # the rule's `over` (10 min) ago.
         outcome = await evaluate_and_notify(config, store)
         firing = {
             tuple(sorted(e.labels.items())): e for e in outcome.events if e.status == "firing"
@@ -86,7 +90,9 @@ async def test_a_rack_that_missed_writes_is_alerted_found_and_repaired(
         assert node1.stats_url in by_node, outcome.to_dict()
         assert "peer link failures" in by_node[node1.stats_url].summary
         assert DROPPED_WRITES_MESSAGE in by_node[node1.stats_url].summary
+        assert f"(peer down: dc1/rack3 ({node3.stats_url}))" in by_node[node1.stats_url].summary
         assert node3.stats_url not in by_node  # its own start-up refusals are not an outage
+        cluster.restart(node3)  # back, every peer link up again: nothing replays the writes
         [rack3] = [e for k, e in firing.items() if dict(k).get("replica") == "dc1-rack3"]
         assert rack3.value == 20 and "missed 20 of 20 probe writes" in rack3.summary
 
@@ -104,8 +110,25 @@ async def test_a_rack_that_missed_writes_is_alerted_found_and_repaired(
                 f"v{i}".encode() for i in range(50)
             ]
         assert (await check(config, group=GROUP, store=store)).divergent == 0
+
+        # A whole `over` later without drops (a 2 s rule here), every node answering: the
+        # alerts resolve saying so, never "no longer evaluated" (they still are).
+        await asyncio.sleep(2.5)
+        await collect_dynomite_stats(urls, store=store, timeout_s=5)
+        short = _with_over(config, 2.0)
+        resolved = [e for e in (await evaluate_and_notify(short, store)).events
+                    if e.status == "resolved"]  # fmt: skip
+        assert {dict(e.labels).get("node") for e in resolved} >= {node1.stats_url}, resolved
+        assert all("no longer evaluated" not in e.summary for e in resolved), resolved
+        (node1_resolved,) = [e for e in resolved if dict(e.labels).get("node") == node1.stats_url]
+        assert "no peer link failure or dropped request in the last 2 s" in node1_resolved.summary
     finally:
         store.close()
+
+
+def _with_over(config: Config, over_s: float) -> Config:
+    rules = tuple(dataclasses.replace(r, over_s=over_s) for r in config.alerts.rules)
+    return dataclasses.replace(config, alerts=dataclasses.replace(config.alerts, rules=rules))
 
 
 def _missing_on(key: dict[str, Any]) -> list[str]:

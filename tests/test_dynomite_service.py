@@ -139,7 +139,8 @@ async def test_cron_path_fires_and_resolves_from_stored_samples(tmp_path: Path) 
             return await evaluate_and_notify(config, store)
 
         first = await sample_and_evaluate(dropped=0)
-        assert first.conditions == [] and first.events == []
+        # Answering, nothing dropped: evaluated (inactive), so an alert resolves for a reason.
+        assert [c.active for c in first.conditions] == [False] and first.events == []
         below = await sample_and_evaluate(dropped=2)  # within the threshold of 3
         assert [c.active for c in below.conditions] == [False] and below.events == []
         fired = await sample_and_evaluate(dropped=9)
@@ -153,6 +154,9 @@ async def test_cron_path_fires_and_resolves_from_stored_samples(tmp_path: Path) 
         store.execute("UPDATE dynomite_stats SET sampled_ns = sampled_ns - ?", (6 * 60 * 10**9,))
         later = await sample_and_evaluate(dropped=9)
         assert [e.status for e in later.events] == ["resolved"]
+        assert (
+            "no peer link failure or dropped request in the last 300 s" in later.events[0].summary
+        )
     store.close()
 
 

@@ -29,6 +29,7 @@ from replag.lagindex import LagIndex
 from replag.monitoring.dropped_writes import DROPPED_WRITES_MESSAGE, DroppedWrites, dropped_writes
 from replag.monitoring.dynomite_figures import DynomiteStats
 from replag.monitoring.dynomite_stats import recent_stats
+from replag.settings import Settings
 from replag.store import Store
 
 # Samples per node the dropped-writes rule reads at most: a week of `over` at a 10 s
@@ -257,8 +258,12 @@ def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> lis
     sample within `over` (its /info does not answer) has no data.
     """
     out = []
-    nodes = ctx.config.settings.dynomite_stats_urls
-    for found in dropped_writes_since(ctx.store, since_ns=ctx.since_ns(rule), nodes=nodes):
+    settings = ctx.config.settings
+    nodes = settings.dynomite_stats_urls
+    findings = dropped_writes_since(
+        ctx.store, since_ns=ctx.since_ns(rule), nodes=nodes, stale_after_s=stale_after_s(settings)
+    )
+    for found in findings:
         where = f"Dynomite node {found.node} (DC {found.dc}, rack {found.rack})"
         active = found.events > rule.threshold
         out.append(
@@ -277,7 +282,26 @@ def dynomite_dropped_writes_conditions(rule: AlertRule, ctx: RuleContext) -> lis
         )
     out += _dynomite_probe_loss(rule, ctx)
     urls = set(ctx.config.settings.dynomite_stats_urls)
+    found_on = {f.node for f in findings}
     for last in recent_stats(ctx.store, limit=1):
+        if (
+            last.node in urls
+            and last.sampled_ns >= ctx.since_ns(rule)
+            and last.node not in found_on
+        ):
+            # Answering, and nothing dropped within `over`: said so, so that an alert of
+            # this node resolves for that reason, not as if it had left the config.
+            where = f"Dynomite node {last.node} (DC {last.dc}, rack {last.rack})"
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels={"node": last.node, "dc": last.dc, "rack": last.rack},
+                    value=0.0,
+                    active=False,
+                    summary=f"{where}: no peer link failure or dropped request in the last "
+                    f"{rule.over_s:g} s",
+                )
+            )
         if last.node in urls and last.sampled_ns < ctx.since_ns(rule):
             where = f"Dynomite node {last.node} (DC {last.dc}, rack {last.rack})"
             out.append(
@@ -306,10 +330,24 @@ def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
         (ctx.since_ns(rule),),
     )
     out = []
+    listed = set()
     for source, target, replica, sent, lost in (
         (r.source, r.target, r.replica, int(r.sent), int(r.lost)) for r in rows
     ):
-        if source not in dynomite or not lost or not rule.covers(source, target, replica):
+        if source not in dynomite or not rule.covers(source, target, replica):
+            continue
+        listed.add((source, target, replica))
+        if not lost:
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels={"source": source, "region": target, "replica": replica},
+                    value=0.0,
+                    active=False,
+                    summary=f"{replica} ({target}) saw all {sent} probe writes Dynomite "
+                    f"acknowledged in {source} in the last {rule.over_s:g} s",
+                )
+            )
             continue
         out.append(
             Condition(
@@ -322,15 +360,45 @@ def _dynomite_probe_loss(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                 f"{DROPPED_WRITES_MESSAGE}",
             )
         )
+    topology = ctx.config.topology
+    for region in topology.regions:
+        if region.name not in dynomite or region.write is None:
+            continue
+        for target, ep in topology.reached_from(region, region.write)[0]:
+            key = (region.name, target.name, ep.name)
+            if key in listed or not rule.covers(*key):
+                continue
+            out.append(
+                Condition(
+                    rule=rule,
+                    labels={"source": region.name, "region": target.name, "replica": ep.name},
+                    value=0.0,
+                    active=False,
+                    summary=f"{ep.name} ({target.name}): no probe write through {region.name} "
+                    f"in the last {rule.over_s:g} s, none missed",
+                )
+            )
     return out
 
 
+def stale_after_s(settings: Settings) -> float:
+    """How much older than the newest /info sample a node's last one may be and still be
+    of the same collection round: the nodes of a round are read at once, each within
+    connect_timeout; a node that missed a round is a probe_interval behind."""
+    return min(settings.connect_timeout, settings.probe_interval / 2)
+
+
 def dropped_writes_since(
-    store: Store, *, since_ns: int, nodes: Sequence[str] = ()
+    store: Store,
+    *,
+    since_ns: int,
+    nodes: Sequence[str] = (),
+    stale_after_s: float | None = None,
 ) -> list[DroppedWrites]:
     """Dynomite nodes whose peer links failed or dropped requests from `since_ns` on, each
     naming its peers among `nodes` (the configured stats URLs) that are down: no /info
-    sample since then.
+    sample since then, or (`stale_after_s` given) none in the latest collection round, so
+    a peer down for less than `over` is named while it is down.
 
     Growth is summed over consecutive stored samples, so a restart or Dynomite's
     periodic counter reset in between is not mistaken for a drop to zero.
@@ -349,22 +417,30 @@ def dropped_writes_since(
                     since_ns=findings[0].since_ns,
                 )
             )
-    down = _nodes_down(store, since_ns=since_ns, nodes=nodes) if out else {}
+    down = _nodes_down(store, since_ns=since_ns, nodes=nodes, stale_after_s=stale_after_s)
+    down = down if out else {}
     return [
         replace(f, peers_down=tuple(label for node, label in down.items() if node != f.node))
         for f in out
     ]
 
 
-def _nodes_down(store: Store, *, since_ns: int, nodes: Sequence[str]) -> dict[str, str]:
-    """Configured nodes with no /info sample since `since_ns` → "dc/rack (node)" as last seen."""
+def _nodes_down(
+    store: Store, *, since_ns: int, nodes: Sequence[str], stale_after_s: float | None = None
+) -> dict[str, str]:
+    """Configured nodes with no /info sample since `since_ns`, or (`stale_after_s`) none in
+    the newest collection round → "dc/rack (node)" as last seen."""
     last = {s.node: s for s in recent_stats(store, limit=1)}
+    newest = max((s.sampled_ns for s in last.values()), default=0)
+    behind_ns = int(stale_after_s * 1e9) if stale_after_s is not None else None
     down = {}
     for node in nodes:
         sample = last.get(node)
         if sample is None:
             down[node] = f"{node} (never answered)"
-        elif sample.sampled_ns < since_ns:
+        elif sample.sampled_ns < since_ns or (
+            behind_ns is not None and sample.sampled_ns < newest - behind_ns
+        ):
             down[node] = f"{sample.dc}/{sample.rack} ({node})"
     return down
 

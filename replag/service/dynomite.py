@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from replag.alerts.rules import dropped_writes_since
+from replag.alerts.rules import dropped_writes_since, stale_after_s
 from replag.config import Config
 from replag.metrics import ServiceMetrics
 from replag.monitoring.dynomite_figures import FIGURES
@@ -92,7 +92,9 @@ class DynomiteStatsRound:
             300.0,
         )
         since_ns = time.time_ns() - int(window_s * 1e9)
-        findings = dropped_writes_since(self.store, since_ns=since_ns, nodes=urls)
+        findings = dropped_writes_since(
+            self.store, since_ns=since_ns, nodes=urls, stale_after_s=stale_after_s(self.settings)
+        )
         return {
             "configured": len(urls),
             "interval_s": self.settings.probe_interval,
