@@ -89,7 +89,7 @@ def start(args: list[str], log: Path, health: str) -> subprocess.Popen[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=500, help="MB to upload per case")
-    args = parse_args(parser, size=100)  # past agent_max_body (64 MiB)
+    args = parse_args(parser, size=30)  # past agent_max_body (16 MiB)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (a shared host)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

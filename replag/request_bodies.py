@@ -52,11 +52,10 @@ class Refusal:
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
-def bearer_refusal(
-    tokens: Sequence[ApiToken], scope: Scope, *, none_configured: str
-) -> Refusal | None:
-    """401 unless the request's Authorization header holds one of `tokens` (403 with
-    `none_configured` when there are none); the scope is the route's to check."""
+def bearer(tokens: Sequence[ApiToken], scope: Scope, *, none_configured: str) -> ApiToken | Refusal:
+    """The token the request's Authorization header holds, one of `tokens`; else the
+    401 (403 with `none_configured` when there are none). Its scope is the route's to
+    check."""
     if not tokens:
         return Refusal(403, none_configured)
     challenge = ((b"www-authenticate", b"Bearer"),)
@@ -64,23 +63,25 @@ def bearer_refusal(
     scheme, _, secret = (header or b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer" or not secret:
         return Refusal(401, "missing bearer token (Authorization: Bearer …)", challenge)
-    if match(tokens, secret.strip()) is None:
+    token = match(tokens, secret.strip())
+    if token is None:
         audit.warning("%s %s from %s: wrong bearer token (body not read)", scope.get("method"),
                       scope.get("path"), _client(scope))  # fmt: skip
         return Refusal(401, "wrong bearer token", challenge)
-    return None
+    return token
 
 
 class BoundedBodies:
-    """ASGI middleware: the token before the body, and the body within `limits()` (see
-    the module docstring). `authorize(scope)` is the app's token check."""
+    """ASGI middleware: the token before the body, and the body within the limits of
+    that request and token (see the module docstring). `authorize(scope)` is the app's
+    token check; `limits(scope, token)` the bounds it sets."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        limits: Callable[[], BodyLimits],
-        authorize: Callable[[Scope], Refusal | None],
+        limits: Callable[[Scope, ApiToken], BodyLimits],
+        authorize: Callable[[Scope], ApiToken | Refusal],
     ) -> None:
         self.app = app
         self.limits = limits
@@ -100,11 +101,11 @@ class BoundedBodies:
         if length <= 0 and not streamed:
             await self.app(scope, receive, send)
             return
-        refusal = self.authorize(scope)
-        if refusal is not None:
-            await _refuse(send, refusal)
+        token = self.authorize(scope)
+        if isinstance(token, Refusal):
+            await _refuse(send, token)
             return
-        limits = self.limits()
+        limits = self.limits(scope, token)
         if length > limits.max_bytes:
             await _refuse(send, _too_large(f"of {length} bytes", limits))
             return

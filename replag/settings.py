@@ -388,10 +388,16 @@ class Settings:
         "unread, and only after its bearer token was accepted.",
     )
     agent_max_body: int = setting(
-        64 << 20,
+        16 << 20,
         _positive_int,
         "`replag agent`: the largest request body (bytes) it reads (a walk's node list, "
-        "a repair's value); a larger one gets 413 unread, after its bearer token.",
+        "keys to observe); a larger one gets 413 unread, after its bearer token.",
+    )
+    agent_max_write_body: int = setting(
+        512 << 20,
+        _positive_int,
+        "`replag agent`: the largest body of a repair's write (a value's DUMP, base64), "
+        "from a token with the repair scope; a larger one gets 413 unread.",
     )
     agent_watches_per_token: int = setting(
         16,

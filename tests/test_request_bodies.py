@@ -138,6 +138,12 @@ async def test_the_token_comes_before_the_body_and_the_body_is_bounded(
     many = json.dumps({f"k{i}": 1 for i in range(60)}).encode()
     status, body, _ = await call("POST", path, {**auth, "Content-Length": str(len(many))}, [many])
     assert status == 413 and "more than 50 JSON object members (max_json_keys)" in body["detail"]
+    if which == "agent":  # a repair's write, from a token that may write, may be larger
+        write = "/agent/v1/replicas/r/keys/write"
+        bigger = {**auth, "Content-Length": str(600 * MB)}
+        status, body, reads = await call("POST", write, bigger, [b"x"])
+        assert (status, reads) == (413, 0)
+        assert "more than agent_max_write_body (536870912 bytes)" in body["detail"]
 
 
 async def test_bodies_within_bounds_reach_the_routes(service_asgi: Asgi) -> None:

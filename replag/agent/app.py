@@ -59,7 +59,8 @@ from replag.repair.keyspace.write import Write
 from replag.repair.trees import remote as wire
 from replag.repair.trees.walk import first_down
 from replag.repair.writes.guarded_write import compare_and_write, read_for_copy
-from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, bearer_refusal
+from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, bearer
+from replag.tokens import ApiToken
 
 OCTETS = "application/octet-stream"
 # Swagger UI as the fastapi-offline wheel ships it: /docs loads nothing from the network.
@@ -398,16 +399,19 @@ def create_agent_app(agent: RegionAgent, *, run: bool = True) -> FastAPI:
             status = 502
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    def body_limits() -> BodyLimits:
+    def body_limits(scope: Scope, token: ApiToken) -> BodyLimits:
+        # A repair's write carries a value's DUMP: as large as a coordinator may read
+        # (max_reply_bytes), for a token that may write. Every other body is small.
         s = agent.settings
+        writes = scope.get("path", "").endswith("/keys/write") and token.allows("repair")
         return BodyLimits(
-            max_bytes=s.agent_max_body,
+            max_bytes=s.agent_max_write_body if writes else s.agent_max_body,
             max_json_keys=s.max_json_keys,
-            bytes_setting="agent_max_body",
+            bytes_setting="agent_max_write_body" if writes else "agent_max_body",
         )
 
-    def authorize(scope: Scope) -> Refusal | None:
-        return bearer_refusal(agent.config.api_tokens, scope, none_configured=NO_TOKEN_CONFIGURED)
+    def authorize(scope: Scope) -> ApiToken | Refusal:
+        return bearer(agent.config.api_tokens, scope, none_configured=NO_TOKEN_CONFIGURED)
 
     app.add_middleware(_CountBytes, metrics=metrics)
     # Outermost: a body is bounded, and its token checked, before anything reads it.

@@ -33,10 +33,11 @@ from replag import __version__
 from replag.api import auth, dynomite, lag, matrix, replication, routes
 from replag.config import Config
 from replag.errors import EndpointError, JobConflict, NotFound, ReplagError, StoreError
-from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, Scope, bearer_refusal
+from replag.request_bodies import BodyLimits, BoundedBodies, Refusal, Scope, bearer
 from replag.service import ReplagService
 from replag.service.reload import ConfigReloader
 from replag.store import Store
+from replag.tokens import ApiToken
 
 log = logging.getLogger(__name__)
 STATIC = resources.files("replag.api") / "static"
@@ -184,16 +185,14 @@ def create_app(
         headers = {"Retry-After": str(STORE_RETRY_AFTER_S)} if status == 503 else None
         return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
-    def body_limits() -> BodyLimits:
+    def body_limits(scope: Scope, token: ApiToken) -> BodyLimits:
         s = svc.settings
         return BodyLimits(
             max_bytes=s.api_max_body, max_json_keys=s.max_json_keys, bytes_setting="api_max_body"
         )
 
-    def authorize(scope: Scope) -> Refusal | None:
-        return bearer_refusal(
-            svc.config.api_tokens, scope, none_configured=auth.NO_TOKEN_CONFIGURED
-        )
+    def authorize(scope: Scope) -> ApiToken | Refusal:
+        return bearer(svc.config.api_tokens, scope, none_configured=auth.NO_TOKEN_CONFIGURED)
 
     # Outside every route: a body is bounded, and its token checked, before it is read.
     app.add_middleware(BoundedBodies, limits=body_limits, authorize=authorize)
