@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _smoke import parse_args
 from check_ceiling import DEBIAN_REDIS, compile_bytecode, run_check, topology_of
 from runstats import Measured
 
@@ -43,9 +44,8 @@ def main() -> int:
     parser.add_argument("--keys", default="1000000,3000000,10000000")
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--budget-mb", type=int, default=None, help="check_memory (MB)")
-    parser.add_argument("--smoke", action="store_true", help="20k and 60k keys: it runs")
-    args = parser.parse_args()
-    counts = [20_000, 60_000] if args.smoke else [int(x) for x in args.keys.split(",")]
+    args = parse_args(parser, keys="20000,60000")
+    counts = [int(x) for x in args.keys.split(",")]
     if os.access(DEBIAN_REDIS, os.X_OK):
         os.environ.setdefault("REPLAG_REDIS_SERVER", DEBIAN_REDIS)
     print(f"replag's {compile_bytecode()} modules compiled to bytecode, as an install does")

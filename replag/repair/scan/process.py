@@ -62,7 +62,6 @@ Progressed = Callable[[ScanProgress], None]
 _PROGRESS_EVERY_S = 0.05
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 # How scan processes start: forked from this process, or from the fork server.
 _context: multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext = (
     multiprocessing.get_context("fork")
@@ -270,7 +269,6 @@ def _worker(
     if options.nice > 0:
         os.nice(options.nice)
     reply_limits.configure(options.reply_limits)  # a fork server's are its own
-    _fixed_mmap_threshold()
     kept = KeptKeys(depth, limits)
     try:
         _scan(conn, endpoint, options, state, saved, kept)
@@ -297,21 +295,6 @@ def _worker(
         conn.close()
         # Forked: leave without the parent's exit handlers (its store, its temp files).
         os._exit(0)
-
-
-def _fixed_mmap_threshold() -> None:
-    """Large blocks (chunks, batches) from mmap, given back when freed: glibc otherwise
-    raises its threshold to the largest block freed so far (up to 32 MB) and serves the
-    next ones from a heap it seldom returns, so a scan process grew by what it once
-    held rather than staying at what it holds."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):
-        pass  # not glibc: its own policy
 
 
 def _die_with(parent: int) -> None:

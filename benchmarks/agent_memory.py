@@ -1,0 +1,111 @@
+"""A region agent's memory against its replica's keyspace: 1M and 3M keys.
+
+One `replag agent` keeps the live tree of one replica (the lab's region a). For
+each key count the replica is loaded (pipelined MSET, 100 B values, 13-byte
+names), the agent started, and once its tree is current and saved its
+`/metrics` are read: `replag_agent_resident_bytes` (RSS),
+`replag_agent_resident_fixed_bytes` (its RSS when it started, before any
+tree), `replag_agent_resident_bytes_per_key` (what it holds beyond that, per
+key: the marginal cost) and `replag_agent_tree_bytes_per_key` (the key table's
+own accounting). The marginal between two counts (RSS difference over key
+difference) is printed too. Target: ≤ 16 B per key at 3M keys.
+
+    python benchmarks/agent_memory.py [--keys 1000000,3000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import redis
+from _smoke import parse_args
+from agents_wan import TOKEN, start_agent, wait_current
+
+from replag.config import load_config, render_config
+from replag.lab.cluster import LabSpec, lab_down, lab_up
+from replag.lab.load import LoadSpec, lab_load
+from replag.lab.server import free_port
+
+TARGET = 16.0
+
+
+def metrics(port: int) -> dict[str, float]:
+    text = httpx.get(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    ).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("replag_agent_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", default="1000000,3000000")
+    args = parse_args(parser, keys="20000,60000")
+    counts = [int(x) for x in args.keys.split(",")]
+    rows: list[tuple[int, float]] = []
+    with tempfile.TemporaryDirectory(prefix="replag-agent-memory-") as tmp:
+        workdir = Path(tmp)
+        lab_dir = workdir / "lab"
+        lab_up(lab_dir, LabSpec(regions=("a", "b"), delays_ms={}, engine="independent"))
+        try:
+            config = load_config(lab_dir / "topology.toml").topology
+            port = free_port()
+            agents_toml = workdir / "agent.toml"
+            settings = {"store": str(workdir / "replag.sqlite"), "api_token": TOKEN}
+            agents_toml.write_text(render_config(config, settings=settings))
+            # The agent keeps its tree from keyspace notifications, which the operator
+            # turns on (replag does not by default: allow_config_changes = false).
+            replica = config.regions[0].replicas[0]
+            admin = redis.Redis(host=replica.host, port=replica.port)
+            admin.config_set("notify-keyspace-events", "KA")
+            for n in counts:
+                lab_load(lab_dir, LoadSpec(keys=n, value_size=100))
+                proc = start_agent(agents_toml, "a", port, workdir)
+                try:
+                    try:
+                        wait_current({"a": port}, {"a": proc})
+                    except SystemExit:
+                        print((workdir / "agent-a.log").read_text()[-3000:], file=sys.stderr)
+                        raise
+                    m = metrics(port)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(60)
+                rss = m["replag_agent_resident_bytes"]
+                rows.append((n, rss))
+                load = os.getloadavg()
+                print(
+                    f"{n:>10,} keys: RSS {rss / 2**20:.1f} MiB, fixed (at start, no tree) "
+                    f"{m['replag_agent_resident_fixed_bytes'] / 2**20:.1f} MiB; "
+                    f"replag_agent_resident_bytes_per_key "
+                    f"{m['replag_agent_resident_bytes_per_key']:.1f} B; key table "
+                    f"{m['replag_agent_tree_bytes_per_key']:.1f} B/key "
+                    f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
+                    flush=True,
+                )
+        finally:
+            lab_down(lab_dir)
+    for (n0, r0), (n1, r1) in itertools.pairwise(rows):
+        marginal = (r1 - r0) / (n1 - n0)
+        print(
+            f"marginal {n0:,} -> {n1:,} keys: {marginal:.1f} B per key "
+            f"(≤ {TARGET:.0f}: {'met' if marginal <= TARGET else 'MISSED'})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
