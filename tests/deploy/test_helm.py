@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,7 @@ from tests.deploy.docker import (
     service_image,
     wait_postgres,
 )
-from tests.deploy.kube import Rendered, docker_run_args, probe_port
+from tests.deploy.kube import Manifest, Rendered, docker_run_args, probe_port
 
 pytestmark = pytest.mark.container
 
@@ -52,6 +53,10 @@ replicas = [{ name = "us-east-1", url = "redis://redis-primary:6379" }]
 name = "eu-west"
 replicas = [{ name = "eu-west-1", url = "redis://redis-replica:6379" }]
 agent = "http://rel-replag-agent-eu-west:8701"
+
+[[groups]]
+name = "main"
+members = ["us-east-1", "eu-west-1"]
 """,
 }
 
@@ -113,46 +118,92 @@ def test_the_chart_renders_what_a_production_deployment_needs(rendered: Rendered
     assert rendered.find("Service", "-agent-eu-west")["spec"]["ports"][0]["port"] == 8701
 
 
-def test_the_rendered_serve_container_becomes_ready_in_docker(
+def run_rendered(
+    rendered: Rendered, component: str, workdir: Path, network: str, alias: str
+) -> tuple[str, str, Manifest]:
+    """Run the rendered Deployment ending in `component` as a container named PREFIX +
+    component on `network` (reachable there as `alias`, its Service's name); wait until
+    its readiness probe answers 200. Returns the container, its published base URL and
+    the pod's container spec."""
+    deployment = rendered.find("Deployment", component)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    workdir.mkdir()
+    spec = docker_run_args(rendered, deployment, workdir)
+    path, port = probe_port(container, "readinessProbe", spec.ports)
+    name = PREFIX + component.strip("-")
+    docker("run", "-d", "--name", name, "--network", network, "--network-alias", alias,
+           "--publish", f"127.0.0.1::{port}", *spec.args)  # fmt: skip
+    host_port = docker("port", name, f"{port}/tcp").splitlines()[0].rsplit(":", 1)[1]
+    base = f"http://127.0.0.1:{host_port}"
+    until(f"{name}: {path} answering 200", name, lambda: httpx.get(base + path, timeout=5))
+    return name, base, container
+
+
+def until(what: str, name: str, get: Callable[[], httpx.Response], timeout_s: float = 120) -> None:
+    """Until `get()` answers 200, while container `name` runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = docker("inspect", "-f", "{{.State.Status}}", name)
+        assert state == "running", f"{name} is {state}:\n{logs(name)}"
+        try:
+            if get().status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"never within {timeout_s:g} s: {what}\n{logs(name)}"
+        time.sleep(1)
+
+
+def test_the_rendered_containers_become_ready_in_docker(
     rendered: Rendered, image: str, tmp_path: Path
 ) -> None:
-    postgres = service_image("postgres")
-    network, store, serve = PREFIX + "helm", PREFIX + "helm-postgres", PREFIX + "helm-serve"
+    """serve beside the PostgreSQL its Secret names; the eu-west agent beside the Redis
+    replica the ConfigMap names; both run exactly as rendered until ready."""
+    redis = service_image("redis")
+    network, store = PREFIX + "helm", PREFIX + "helm-postgres"
+    servers = {"redis-primary": [], "redis-replica": ["--replicaof", "redis-primary", "6379"]}
+    started = [store, *(PREFIX + alias for alias in servers)]
     docker("network", "create", network)
     try:
         docker("run", "-d", "--name", store, "--network", network,
                "--network-alias", "postgresql", "--env", "POSTGRES_USER=replag",
                "--env", "POSTGRES_DB=replag", "--env", f"POSTGRES_PASSWORD={PASSWORD}",
-               postgres)  # fmt: skip
+               service_image("postgres"))  # fmt: skip
+        for alias, extra in servers.items():
+            docker("run", "-d", "--name", PREFIX + alias, "--network", network,
+                   "--network-alias", alias, redis, "redis-server", "--protected-mode", "no",
+                   "--notify-keyspace-events", "KA", *extra)  # fmt: skip
         wait_postgres(store)
-        deployment = rendered.find("Deployment", "-serve")
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
-        assert container["image"] == image
-        spec = docker_run_args(rendered, deployment, tmp_path)
-        path, port = probe_port(container, "readinessProbe", spec.ports)
-        docker("run", "-d", "--name", serve, "--network", network,
-               "--publish", f"127.0.0.1::{port}", *spec.args)  # fmt: skip
-        host_port = docker("port", serve, f"{port}/tcp").splitlines()[0].rsplit(":", 1)[1]
-        base = f"http://127.0.0.1:{host_port}"
-        deadline = time.monotonic() + 120
-        while True:
-            state = docker("inspect", "-f", "{{.State.Status}}", serve)
-            assert state == "running", f"serve is {state}:\n{logs(serve)}"
-            try:
-                if httpx.get(base + path, timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{path} never answered 200:\n{logs(serve)}"
-            time.sleep(1)
-        live_path, _ = probe_port(container, "livenessProbe", spec.ports)
+        assert (
+            rendered.find("Deployment", "-serve")["spec"]["template"]["spec"]["containers"][0][
+                "image"
+            ]
+            == image
+        )
+        agent_service = rendered.find("Service", "-agent-eu-west")["metadata"]["name"]
+        agent, _, _ = run_rendered(
+            rendered, "-agent-eu-west", tmp_path / "agent", network, agent_service
+        )
+        started.append(agent)
+        serve, base, container = run_rendered(
+            rendered, "-serve", tmp_path / "serve", network, "serve"
+        )
+        started.append(serve)
+        live_path = container["livenessProbe"]["httpGet"]["path"]
         assert httpx.get(base + live_path, timeout=5).json() == {"status": "ok"}
         # The store is the PostgreSQL the Secret names, with the password from its file.
-        assert httpx.get(base + "/api/v1/health", timeout=10).json()["version"]
         tables = docker("exec", store, "psql", "-U", "replag", "-d", "replag", "-Atc",
                         "select count(*) from information_schema.tables "
                         "where table_schema = 'public'")  # fmt: skip
         assert int(tables) > 0, logs(serve)
+
+        def measured() -> httpx.Response:  # probes written in us-east, seen on eu-west
+            response = httpx.get(base + "/api/v1/lag?since=5m", timeout=10)
+            pairs = response.json()["pairs"]
+            seen = any(p["target"] == "eu-west" and p["seen"] for p in pairs)
+            return response if seen else httpx.Response(404)
+
+        until("a probe seen on eu-west", serve, measured)
     finally:
-        docker("rm", "-f", serve, store, check=False)
+        docker("rm", "-f", *started, check=False)
         docker("network", "rm", network, check=False)
