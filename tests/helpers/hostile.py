@@ -202,6 +202,7 @@ class MemoryWatch:
         self.every_s = every_s
         self.marked = marked
         self.idle_kb: dict[int, int] = {}
+        self._before_kb: dict[int, int] = {}
         self.peak_kb: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -220,7 +221,10 @@ class MemoryWatch:
             if peak is None:
                 continue
             self.peak_kb[pid] = max(peak, self.peak_kb.get(pid, 0))
-            if self.marked.is_set() and pid not in self.idle_kb:
+            if not self.marked.is_set():
+                # Its size just before: what it is compared to if it ends before the next look.
+                self._before_kb[pid] = _status_kb(pid, "VmRSS") or peak
+            elif pid not in self.idle_kb:
                 self.idle_kb[pid] = _status_kb(pid, "VmRSS") or peak
 
     def _run(self) -> None:
@@ -229,12 +233,10 @@ class MemoryWatch:
             time.sleep(self.every_s)
 
     def growth_mb(self) -> dict[int, float]:
-        """Per process seen once `marked`: peak minus its size then, in MB."""
-        return {
-            pid: (self.peak_kb[pid] - idle) / 1024
-            for pid, idle in self.idle_kb.items()
-            if pid in self.peak_kb
-        }
+        """Per process seen once `marked`: peak minus its size then, in MB (a process gone
+        before it was seen after the mark: minus its size at the last look before)."""
+        idle = {**self._before_kb, **self.idle_kb} if self.marked.is_set() else {}
+        return {pid: (self.peak_kb[pid] - kb) / 1024 for pid, kb in idle.items()}
 
     def __enter__(self) -> MemoryWatch:
         self._thread.start()
