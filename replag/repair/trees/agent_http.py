@@ -150,6 +150,9 @@ class AgentLink:
                 headers={"Content-Type": "application/json"} if payload is not None else None,
                 timeout=timeout,
                 server_hostname=self._server_name() if self.tls else None,
+                # An agent never redirects: one that does would have the request (key
+                # names, a value's DUMP) sent to wherever it points.
+                allow_redirects=False,
             ) as resp:
                 data = await self._body(resp)
                 self.bytes_sent += len(payload or b"") + len(path) + 200  # request line, headers
@@ -245,4 +248,10 @@ class AgentLink:
             return AgentError(f"agent refused our token ({status}): {detail}{hint}", where=self.url)
         if status == 503:
             return AgentError(f"agent has no current tree: {detail}", where=self.url)
+        if 300 <= status < 400:
+            return AgentError(
+                f"agent answered {status}, a redirect: not followed (an agent never "
+                "redirects; is its url an agent's?)",
+                where=self.url,
+            )
         return AgentError(f"agent answered {status}: {detail}", where=self.url)
