@@ -245,6 +245,22 @@ async def test_unreachable_replica_is_reported_not_raised(lab_factory: LabFactor
     assert only.status == "unreachable" and only.error and "unreachable" in only.error
 
 
+async def test_a_dead_primary_keeps_its_replicas_with_their_link_down(
+    lab_factory: LabFactory,
+) -> None:
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    config = lab_config(state)
+    primary_port = port_of(state, "primary")
+    with redis.Redis(port=primary_port) as p:
+        p.shutdown(nosave=True)
+    down = await sample_until(
+        config, lambda p: p.error is not None and all(not r.link_up for r in p.replicas)
+    )
+    assert down.replicas, down  # never "replicas: []" while they are there
+    assert {r.status for r in down.replicas} == {"link-down"}, down.replicas
+    assert all(r.link_status == "down" for r in down.replicas)
+
+
 async def raw_info(port: int) -> bytes:
     conn = await RespConnection.open(Endpoint.from_url(f"redis://127.0.0.1:{port}"), timeout_s=2)
     try:

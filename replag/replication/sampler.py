@@ -193,7 +193,21 @@ class ReplicationSampler:
             "sampled_ns": time.time_ns(),
         }
         if first.error is not None:
-            return PrimaryState(**base, error=first.error), 1
+            # The primary does not answer (dead, or failed over away from): its replicas
+            # are still its set's servers, read for what they say of their link to it;
+            # never a primary with no replicas while they are there.
+            orphans = await asyncio.gather(
+                *(self._read(ep, stats=False) for _, ep in target.replicas)
+            )
+            parsed = [
+                await self._parse(ep, read)
+                for (_, ep), read in zip(target.replicas, orphans, strict=True)
+            ]
+            replicas = tuple(
+                _without_primary(region, ep, read)
+                for (region, ep), read in zip(target.replicas, parsed, strict=True)
+            )
+            return PrimaryState(**base, error=first.error, replicas=replicas), 1 + len(replicas)
         reads = await asyncio.gather(*(self._read(ep, stats=False) for _, ep in target.replicas))
         second = await self._read(primary, stats=True)
         commands = 3 + len(target.replicas)
@@ -314,6 +328,38 @@ _ASK_IF_LOADING = ("syncing", "link-down", "not-replicating")
 
 def _syncing_as_the_primary_sees_it(listed: ListedReplica | None) -> bool:
     return listed is not None and listed.state in _SYNC_STATES
+
+
+def _without_primary(region: str, endpoint: Endpoint, read: _Read) -> ReplicaState:
+    """A replica of a primary that could not be read: its link as it says (no offsets to
+    compare, so no bytes behind)."""
+    base: dict[str, Any] = {"replica": endpoint.name, "region": region, "address": endpoint.address}
+    info = read.info
+    if info is None:
+        return ReplicaState(**base, status="unreachable", error=read.error)
+    if info.is_primary:
+        return ReplicaState(
+            **base,
+            status="not-replicating",
+            error="role master: not a replica of the unreadable primary (promoted?)",
+        )
+    # Its primary unread, nothing it receives is confirmed: "link-down" (link_up false) even
+    # where it still reports its link up (a paused primary, until repl-timeout).
+    status: ReplicaStatus = "syncing" if info.sync_in_progress else "link-down"
+    return ReplicaState(
+        **base,
+        status=status,
+        error=f"its primary could not be read; it reports its link {info.link_status}"
+        if info.link_status == "up"
+        else None,
+        link_status=info.link_status,
+        last_io_s=info.last_io_s,
+        link_down_s=info.link_down_s,
+        sync_in_progress=info.sync_in_progress,
+        offset=info.applied_offset,
+        read_offset=info.read_offset,
+        priority=info.priority,
+    )
 
 
 def _replica_state(
