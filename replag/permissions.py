@@ -300,7 +300,29 @@ async def require(
     finally:
         await conn.close()
     _refuse(needed, endpoint, advise or mode, what)
-    return optional
+    return optional + await channels_refused(endpoint, mode, prefix=prefix, timeout_s=timeout_s)
+
+
+async def channels_refused(
+    endpoint: Endpoint, mode: Mode, *, prefix: str, timeout_s: float
+) -> list[str]:
+    """The channel rules (`&pattern`) `mode` lacks on `endpoint`, tried by subscribing on
+    a connection of its own, closed after. Optional: without them a probe polls, and an
+    agent's tree says it cannot follow the replica."""
+    patterns = channel_patterns(mode, prefix, (endpoint.db,))
+    if not patterns:
+        return []
+    refused: list[str] = []
+    conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
+    try:
+        for pattern in patterns:
+            verb = "SUBSCRIBE" if pattern == "__redis__:invalidate" else "PSUBSCRIBE"
+            (reply,) = await conn.request(pack(verb, pattern), 1)
+            if _is_noperm(reply):
+                refused.append(f"&{pattern}")
+    finally:
+        await conn.close()
+    return refused
 
 
 async def require_on(conn: RespConnection, mode: Mode, *, prefix: str, what: str) -> list[str]:

@@ -203,4 +203,13 @@ def test_acl_check_names_every_missing_command_at_once(
     assert result.exit_code == 1, result.output
     [line] = [x for x in result.stderr.splitlines() if "permission refused" in x]
     assert "permission refused: TYPE, RESTORE, HSET (user replag-recipe)" in line
+    # Channel rules are tried too (a probe without its channel polls: optional).
+    with servers[1].client() as admin:
+        admin.execute_command("ACL", "SETUSER", USER, "+psubscribe", "+set", "+del", "+time",
+                              "&other:*")  # fmt: skip
+    probe = CliRunner().invoke(
+        main, ["acl", "--mode", "serve", "--user", USER, "-c", str(path), "--check"],
+        env={"RECIPE_PASSWORD": PASSWORD},
+    )  # fmt: skip
+    assert "(refused, optional: &__keyspace@0__:replag:probe:*)" in probe.stderr, probe.stderr
     assert f"127.0.0.1:{servers[1].port}): repair permissions ok" in result.stderr
