@@ -344,6 +344,15 @@ def api_during(bases: list[str], seconds: float) -> tuple[list[float], int]:
     return sorted(latencies), ok
 
 
+def held_writes(base: str) -> int:
+    """The writes an instance holds now (its health's store section); 0 if it cannot say."""
+    answer = httpx.get(base + "/api/v1/health", timeout=FAILED_S)
+    if answer.status_code != 200:
+        print(f"{base}/api/v1/health: HTTP {answer.status_code}: {answer.text}", flush=True)
+        return 0
+    return int(answer.json()["store"]["deferred"])
+
+
 def run_outage(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres) -> str:
     with tempfile.TemporaryDirectory(prefix="replag-outage-") as tmp:
         workdir = Path(args.keep or tmp)  # --keep DIR: the serve logs stay there
@@ -369,10 +378,7 @@ def run_outage(n: int, k: int, args: argparse.Namespace, pg: LocalPostgres) -> s
                 pg.stop()
                 stopped_ns = time.time_ns()
                 latencies, ok = api_during(bases, args.outage_seconds)
-                held = sum(
-                    httpx.get(b + "/api/v1/health", timeout=30).json()["store"]["deferred"]
-                    for b in bases
-                )
+                held = sum(held_writes(b) for b in bases)
                 counted = runs_counted(bases) - counted0
                 pg.start()
                 back_ns, back = time.time_ns(), time.monotonic()

@@ -352,19 +352,25 @@ class LagIndex:
     def recovered_end_ns(self, source: str, target: str) -> int | None:
         """The end of the first window in which the pair saw probes again after its newest
         window that saw none (it sent some): when it recovered; None if it never lost all."""
-        rows = self.store.execute(
-            "SELECT MAX(end_ns) AS down_ns FROM lag_windows "
-            "WHERE source = ? AND target = ? AND sent > 0 AND seen = 0",
-            (source, target),
-        )
-        down = rows[0].down_ns if rows else None
-        if down is None:
+        try:
+            rows = self.store.execute(
+                "SELECT MAX(end_ns) AS down_ns FROM lag_windows "
+                "WHERE source = ? AND target = ? AND sent > 0 AND seen = 0",
+                (source, target),
+                last_known=True,
+            )
+            down = rows[0].down_ns if rows else None
+            if down is None:
+                return None
+            rows = self.store.execute(
+                "SELECT MIN(end_ns) AS up_ns FROM lag_windows "
+                "WHERE source = ? AND target = ? AND seen > 0 AND end_ns > ?",
+                (source, target, down),
+                last_known=True,
+            )
+        except StoreError as exc:
+            self.load_error = str(exc)  # the store away, and this never read: unknown
             return None
-        rows = self.store.execute(
-            "SELECT MIN(end_ns) AS up_ns FROM lag_windows "
-            "WHERE source = ? AND target = ? AND seen > 0 AND end_ns > ?",
-            (source, target, down),
-        )
         return rows[0].up_ns if rows else None
 
     def summary(
