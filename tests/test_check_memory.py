@@ -77,34 +77,59 @@ def _run_sampled(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], int
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), peak
 
 
-def test_a_check_stays_inside_its_memory_budget_and_finds_every_difference(
-    lab_factory: LabFactory,
-) -> None:
+def _lab(
+    lab_factory: LabFactory, keys: int, spec: DivergeSpec, **settings: object
+) -> tuple[Path, set[bytes]]:
+    """A lab of 2 independent replicas with `keys` keys and `spec` injected; the path of
+    a config with `settings`, and the injected keys."""
     state = lab_factory(regions=("a", "b"), engine="independent")
     lab_dir = state["dir"]
-    lab_load(lab_dir, LoadSpec(keys=KEYS, value_size=16))
-    spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=3)
+    lab_load(lab_dir, LoadSpec(keys=keys, value_size=16))
     truth = {key_from_json(d) for d in lab_diverge(lab_dir, spec, None)["divergent"]}
-    assert len(truth) == 1000
     config = load_config(lab_dir / "topology.toml")
     path = lab_dir / "budget.toml"
-    settings = {
+    every = {
         "store": str(lab_dir / "replag.sqlite"),
         "prefix": "replag:probe:",
         "scan_nice": 0,
-        "check_memory_mb": BUDGET_MB,
+        **settings,
     }
-    write_config_atomic(path, render_config(config.topology, settings=settings))
+    write_config_atomic(path, render_config(config.topology, settings=every))
+    return path, truth
+
+
+def _found(path: Path, done: subprocess.CompletedProcess[str]) -> set[bytes]:
+    assert done.returncode == 1, done.stderr[-2000:]
+    store = Store(path.parent / "replag.sqlite")
+    try:
+        run = RunLog(store, json.loads(done.stdout)["run_id"])
+        return {k for k, _, _, _ in run.keys("lab")}
+    finally:
+        store.close()
+
+
+def test_a_check_stays_inside_its_memory_budget_and_finds_every_difference(
+    lab_factory: LabFactory,
+) -> None:
+    spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=3)
+    path, truth = _lab(lab_factory, KEYS, spec, check_memory_mb=BUDGET_MB)
+    assert len(truth) == 1000
 
     argv = [sys.executable, "-m", "replag", "repair", "check", "-c", str(path), "--json"]
     done, peak = _run_sampled(argv)
 
-    assert done.returncode == 1, done.stderr[-2000:]
     print(f"check of {KEYS:,} keys: peak {peak / 2**20:.1f} MiB (budget {BUDGET_MB} MB)")
     assert peak <= BUDGET_MB << 20, f"peak {peak / 2**20:.1f} MiB"
-    store = Store(lab_dir / "replag.sqlite")
-    try:
-        found = {k for k, _, _, _ in RunLog(store, json.loads(done.stdout)["run_id"]).keys("lab")}
-    finally:
-        store.close()
-    assert found == truth
+    assert _found(path, done) == truth
+
+
+def test_keys_past_the_spill_limit_are_read_again_and_still_found_exactly(
+    lab_factory: LabFactory,
+) -> None:
+    # 1 MB of spill for 100,000 keys (~3 MB a replica): the scans keep no keys, and the
+    # walk reads the differing leaves from each replica again.
+    spec = DivergeSpec(missing=25, changed=25, extra=25, type=10, ttl=15, seed=4)
+    path, truth = _lab(lab_factory, 100_000, spec, check_memory_mb=40, check_spill_mb=1)
+    argv = [sys.executable, "-m", "replag", "repair", "check", "-c", str(path), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert _found(path, done) == truth
