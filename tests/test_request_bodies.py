@@ -7,6 +7,7 @@ object members gets 413 before any parser sees it. Then against real `replag ser
 and `replag agent` processes: a 500 MB upload without a token (declared, and chunked)
 gets its answer after a few MB at most, and the process's peak RSS (from /proc) does
 not move by more than 20 MB. How long it takes is `benchmarks/upload_refusal.py`'s.
+Last, hypothesis sends the service's repair request malformed every way: never a 500.
 """
 
 from __future__ import annotations
@@ -247,3 +248,46 @@ def test_a_500_mb_upload_without_a_token_costs_the_service_and_agent_nothing(
         for proc, *_ in procs:
             proc.terminate()
             proc.wait(30)
+
+
+def test_every_malformed_repair_request_is_a_client_error(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.helpers.agent import LoopThread
+
+    server = redis_factory("fuzz-svc")
+    data = _data(tmp_path, server.url)
+    del data["groups"]  # nothing a well-formed request could start
+    app = create_app(config_from_dict(data, where="t", environ={}), run_schedulers=False)
+    loop = LoopThread()
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replag")
+    junk = st.recursive(
+        st.sampled_from([None, True, 0, -1, 2**70, 1e308, "", "x" * 300, "quorum",
+                         "source:", "newest:f", "check", "repair", "compare"]),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                     max_size=3),
+        max_leaves=5,
+    )  # fmt: skip
+    fields = ("action", "group", "policy", "dry_run", "allow_deletes", "ttls", "extra")
+    seen: set[int] = set()
+    bodies = st.dictionaries(st.sampled_from(fields), junk, max_size=7) | junk
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(bodies)
+    def check(body: Any) -> None:
+        answer = loop.run(
+            http.post("/api/v1/repairs", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        )
+        # A well-formed one is accepted (202: a check of no groups, failing harmlessly).
+        assert answer.status_code < 500, (body, answer.status_code, answer.text)
+        seen.add(answer.status_code)
+
+    try:
+        check()
+    finally:
+        loop.run(http.aclose())
+        loop.close()
+    assert 422 in seen
