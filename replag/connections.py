@@ -263,13 +263,17 @@ def _unreachable(text: str, endpoint: Endpoint, where: str) -> UnreachableError:
 
 
 @contextlib.contextmanager
-def endpoint_errors(endpoint: Endpoint) -> Iterator[None]:
-    """Re-raise redis-py and socket errors as ReplagErrors naming `endpoint`."""
+def endpoint_errors(endpoint: Endpoint, command: str | None = None) -> Iterator[None]:
+    """Re-raise redis-py and socket errors as ReplagErrors naming `endpoint` (and, for a
+    reply over a limit, `command`: what the reply answered)."""
     from redis.exceptions import RedisError
 
     try:
         yield
-    except (RedisError, OSError, TimeoutError, ReplyLimitError, NotRespHeader) as exc:
+    except ReplyLimitError as exc:
+        said = ReplyLimitError(f"reply to {command} refused: {exc}") if command else exc
+        raise translate(said, endpoint) from exc
+    except (RedisError, OSError, TimeoutError, NotRespHeader) as exc:
         raise translate(exc, endpoint) from exc
 
 

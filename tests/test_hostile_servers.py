@@ -106,6 +106,8 @@ def test_a_hostile_server_costs_one_line_and_bounded_memory(
         assert "within" in line or "timed out" in line, line
     elif behaviour in ("bulk", "array", "nested"):
         assert "max_reply_" in line, line
+        if command == "discover":
+            assert "reply to INFO replication" in line, line
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,7 @@ async def read_shards(
     client = async_client(seed, timeout_s=timeout_s)
     where = seed.url()
     try:
-        with endpoint_errors(seed):
+        with endpoint_errors(seed, "CLUSTER INFO/SHARDS"):
             try:
                 info = await _cluster(client, "INFO")
             except ResponseError as exc:

@@ -40,7 +40,7 @@ async def read_replication_info(
         await contacts.reach(endpoint)
     client = async_client(endpoint, timeout_s=timeout_s)
     try:
-        with endpoint_errors(endpoint):
+        with endpoint_errors(endpoint, "INFO replication"):
             info: dict[str, Any] = await client.info("replication")
     finally:
         await client.aclose()
@@ -53,7 +53,7 @@ async def read_keyspace(endpoint: Endpoint, *, timeout_s: float) -> dict[int, in
     """Database number → keys (INFO keyspace) of `endpoint`."""
     client = async_client(endpoint, timeout_s=timeout_s)
     try:
-        with endpoint_errors(endpoint):
+        with endpoint_errors(endpoint, "INFO keyspace"):
             info: dict[str, Any] = await client.info("keyspace")
     finally:
         await client.aclose()
