@@ -9,8 +9,9 @@ one store:
 
 - `"lease"`: continuous ownership through a lease in the store
   (`replag.service.leasing`), renewed while the instance lives; another
-  instance takes it when it expires. The unit checks its `Fence` before acting
-  outside the store.
+  instance takes it when it is released, offered (hand-over to share the work)
+  or expired with its holder dead. The unit checks its `Fence` before acting
+  outside the store; the fence stays valid while the store cannot be reached.
 - `"slot"`: periodic work claimed per time slot (`floor(database time /
   interval)`) with a unique insert: whichever instance inserts the slot's row
   runs that slot; no scheduler is elected.
@@ -158,9 +159,11 @@ class Scheduler:
     async def _leased(
         self, unit: ScheduledUnit, keeper: LeaseKeeper, offset_s: float = 0.0
     ) -> None:
-        """Run `unit` every `interval_s` while this instance holds its lease; else try to
-        take it every third of the lease time (an expired lease is taken within that).
-        The first round waits `offset_s` (see `stagger_offsets`)."""
+        """Run `unit` every `interval_s` while this instance holds its lease (offering it
+        between rounds while above its fair share, see `_share`); else try to take it
+        every third of the lease time or half the interval, whichever is shorter: a free
+        one always, an offered one while under the fair share. The first round waits
+        `offset_s` (see `stagger_offsets`)."""
         # A free unit (released by a stopping instance) is taken within this, so a unit is
         # never unowned for longer than about half its interval.
         retry_s = min(keeper.ttl_s / 3, unit.interval_s / 2)
