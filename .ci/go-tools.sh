@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the Go tools the Prometheus mixin and Alertmanager tests run, once per machine:
+# promtool and prometheus (v0.316.0), alertmanager (v0.35.0), from the Go module proxy into
+# a cache outside the clone (REPLAG_TOOLS, default /var/cache/replag-tools/go). A binary
+# already there is not built again. Prints the env vars the tests read
+# (REPLAG_PROMTOOL, REPLAG_PROMETHEUS, REPLAG_ALERTMANAGER) as `export` lines; a tool that
+# cannot be built is left out, and its tests skip saying so.
+#
+#   eval "$(bash .ci/go-tools.sh)"
+set -uo pipefail
+
+PROMETHEUS_VERSION=v0.316.0
+ALERTMANAGER_VERSION=v0.35.0
+tools="${REPLAG_TOOLS:-/var/cache/replag-tools/go}"
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "go-tools: no Go toolchain: promtool, prometheus, alertmanager not built" >&2
+  exit 0
+fi
+mkdir -p "$tools" || { echo "go-tools: cannot create $tools" >&2; exit 0; }
+log="$tools/build.log"
+
+# A module's source, copied writable (the module cache is read-only), for a build that
+# needs files its release process makes (web UI assets).
+module_copy() {
+  local module=$1 version=$2 dir
+  dir=$(cd "$tools" && go mod download -json "$module@$version" 2>>"$log" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || return 1
+  local copy="$tools/src/${module##*/}@$version"
+  rm -rf "$copy" && mkdir -p "$tools/src" && cp -r "$dir" "$copy" && chmod -R u+w "$copy" \
+    && echo "$copy"
+}
+
+build_promtool() {
+  local out="$tools/prometheus-$PROMETHEUS_VERSION/promtool"
+  [ -x "$out" ] && { echo "$out"; return 0; }
+  echo "go-tools: building promtool $PROMETHEUS_VERSION (once per machine)" >&2
+  GOBIN="$(dirname "$out")" nice go install \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >>"$log" 2>&1 \
+    && echo "$out"
+}
+
+build_prometheus() {
+  local out="$tools/prometheus-$PROMETHEUS_VERSION/prometheus"
+  [ -x "$out" ] && { echo "$out"; return 0; }
+  echo "go-tools: building prometheus $PROMETHEUS_VERSION (once per machine)" >&2
+  # Without the builtinassets tag the web UI is read from disk: nothing to embed.
+  GOBIN="$(dirname "$out")" nice go install \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" >>"$log" 2>&1 \
+    && { echo "$out"; return 0; }
+  local src
+  src=$(module_copy github.com/prometheus/prometheus "$PROMETHEUS_VERSION") || return 1
+  mkdir -p "$src/web/ui/static" && touch "$src/web/ui/static/.keep"
+  (cd "$src" && nice go build -o "$out" ./cmd/prometheus) >>"$log" 2>&1 && echo "$out"
+  rm -rf "$src"
+}
+
+build_alertmanager() {
+  local out="$tools/alertmanager-$ALERTMANAGER_VERSION/alertmanager"
+  [ -x "$out" ] && { echo "$out"; return 0; }
+  echo "go-tools: building alertmanager $ALERTMANAGER_VERSION (once per machine)" >&2
+  local src
+  src=$(module_copy github.com/prometheus/alertmanager "$ALERTMANAGER_VERSION") || return 1
+  # ui/web.go embeds ui/app/dist, which npm fills in Alertmanager's release process; the
+  # API the sink posts to does not need it.
+  mkdir -p "$src/ui/app/dist" && touch "$src/ui/app/dist/index.html"
+  mkdir -p "$(dirname "$out")"
+  (cd "$src" && nice go build -o "$out" ./cmd/alertmanager) >>"$log" 2>&1 && echo "$out"
+  rm -rf "$src"
+}
+
+for tool in promtool prometheus alertmanager; do
+  var="REPLAG_$(echo "$tool" | tr '[:lower:]' '[:upper:]')"
+  if path=$("build_$tool") && [ -x "$path" ]; then
+    echo "export $var=$path"
+  else
+    echo "go-tools: $tool could not be built (see $log): its tests skip" >&2
+  fi
+done
