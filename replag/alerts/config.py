@@ -34,9 +34,18 @@
 
     [[alerts.sinks]]
     name = "ops"
-    kind = "webhook"              # webhook | slack | pagerduty | command
+    kind = "webhook"              # webhook | slack | pagerduty | command | alertmanager
     url = "https://hooks.example/replag"
     secret_env = "REPLAG_HOOK_SECRET"   # or secret = "…": HMAC-SHA256 signature header
+
+    [[alerts.sinks]]
+    name = "am"
+    kind = "alertmanager"         # POST /api/v2/alerts to every Alertmanager (HA)
+    urls = ["https://am-1:9093", "https://am-2:9093"]   # or url = "…"
+    resend = "1m"                 # re-post alerts still firing this often
+    labels = { team = "storage" } # added to every alert (routing)
+    bearer_token_env = "AM_TOKEN" # or bearer_token; or basic_user + basic_password(_env)
+    ca_file = "/etc/replag/am-ca.pem"   # TLS; cert_file + key_file: a client certificate
 
 The values rules and sinks are read into; `alerts.tables` declares how the file
 writes them. Errors name the file and the key, as everywhere else in the config.
@@ -62,7 +71,7 @@ RuleKind = Literal[
     "failover_rpo_bytes",
     "failover_rpo_time",
 ]
-SinkKind = Literal["webhook", "slack", "pagerduty", "command"]
+SinkKind = Literal["webhook", "slack", "pagerduty", "command", "alertmanager"]
 Severity = Literal["critical", "warning", "info"]
 NoData = Literal["keep_firing", "nodata", "ok"]
 
@@ -126,17 +135,28 @@ class AlertSink:
     retries: int = 3
     backoff_s: float = 0.5
     max_backoff_s: float = 30.0
+    # kind = "alertmanager": every Alertmanager of a cluster (`url` is the first), how often
+    # alerts still firing are posted again, labels added to each, auth and TLS.
+    urls: tuple[str, ...] = field(default=(), repr=False)
+    resend_s: float = 60.0
+    labels: tuple[tuple[str, str], ...] = ()
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_user: str | None = None
+    basic_password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     @property
     def secrets(self) -> tuple[str, ...]:
         """Strings that must never be shown (a Slack webhook URL is itself a credential)."""
-        values = [self.secret, self.routing_key]
-        if self.url:
+        values = [self.secret, self.routing_key, self.bearer_token, self.basic_password]
+        for url in dict.fromkeys(u for u in (self.url, *self.urls) if u):
             # A Slack URL is a credential, and any URL may carry one (user:password@,
             # ?token=…): an error that quotes the URL (a redirect loop) must not show it.
-            parts = urlsplit(self.url)
+            parts = urlsplit(url)
             bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-            values += [self.url, bare, parts.password]
+            values += [url, bare, parts.password]
             values += [value for _, value in parse_qsl(parts.query) if len(value) >= 6]
             if self.kind == "slack" and len(parts.path) > 1:
                 values.append(parts.path)
@@ -147,11 +167,13 @@ class AlertSink:
         """Where the sink sends, safe to show: scheme://host[:port] only for URLs."""
         if self.kind == "command":
             return self.command[0]
-        parts = urlsplit(self.url or "")
-        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        return ", ".join(
+            f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+            for parts in map(urlsplit, self.urls or (self.url or "",))
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,
             "target": self.target_description(),
@@ -159,6 +181,10 @@ class AlertSink:
             "timeout_s": self.timeout_s,
             "retries": self.retries,
         }
+        if self.kind == "alertmanager":
+            out["resend_s"] = self.resend_s
+            out["auth"] = "bearer" if self.bearer_token else "basic" if self.basic_user else None
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)

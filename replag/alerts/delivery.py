@@ -1,5 +1,11 @@
 """Delivering alert events to sinks: HTTP over aiohttp or a local command, with retries.
 
+An `alertmanager` sink posts to every Alertmanager of its cluster at once, as
+Prometheus does (each keeps the alerts, they dedup by labels); a delivery succeeds
+when one of them took it. Alerts still firing are posted to it again every
+`resend`, with an `endsAt` a few resends ahead, so Alertmanager keeps
+them active while replag runs and lets them lapse if it stops.
+
 Each attempt that fails with a connection error, a timeout, HTTP 429 or 5xx
 (or a command that fails or times out) is retried after an exponential
 backoff with jitter. Failures are logged, counted and stored per sink
@@ -26,11 +32,14 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from yarl import URL
@@ -116,6 +125,14 @@ class AlertSender:
         # marked delivered; `unmarked` are those sent, waiting for the store.
         self._holding: set[tuple[str, int]] = set()
         self._unmarked: list[AlertEvent] = []
+        # alertmanager sinks: when each last posted its firing alerts again, the resends
+        # under way, and the TLS context of each sink that has one.
+        self._resent_s: dict[str, float] = {}
+        self._resends: set[asyncio.Task[list[DeliveryResult]]] = set()
+        self._ssl: dict[str, ssl.SSLContext] = {}
+        # An alert's endsAt is at least this far ahead (4 evaluation intervals: the
+        # service sets it), so one is not let lapse between two evaluations.
+        self.min_valid_s = 0.0
 
     def holds(self, event: AlertEvent) -> bool:
         """Whether this sender still has `event` (queued, sending, or sent and not yet
@@ -167,10 +184,44 @@ class AlertSender:
                     ),
                 )
 
+    async def resend(
+        self,
+        firing: Sequence[AlertEvent],
+        *,
+        fence: Fence | None = None,
+        now_s: float | None = None,
+    ) -> list[DeliveryResult]:
+        """Post `firing` (every alert firing now) again to each alertmanager sink whose
+        `resend` interval has passed, and wait for the outcomes. Not a notification: the
+        outbox is not involved, and nothing is sent once `fence` is no longer valid."""
+        now_s = time.monotonic() if now_s is None else now_s
+        due = [
+            s
+            for s in self.sinks
+            if s.kind == "alertmanager"
+            and now_s - self._resent_s.get(s.name, -math.inf) >= s.resend_s
+        ]
+        if not firing or not due:
+            return []
+        for sink in due:
+            self._resent_s[sink.name] = now_s
+        results = await asyncio.gather(
+            *(self._deliver(s, firing, fence=fence) for s in due), return_exceptions=True
+        )
+        return [r for r in results if isinstance(r, DeliveryResult)]
+
+    def resend_soon(self, firing: Sequence[AlertEvent], *, fence: Fence | None = None) -> None:
+        """`resend` in a task of its own (the service's path: evaluation does not wait)."""
+        if not firing or not any(s.kind == "alertmanager" for s in self.sinks):
+            return
+        task = asyncio.create_task(self.resend(firing, fence=fence), name="alert-resend")
+        self._resends.add(task)
+        task.add_done_callback(self._resends.discard)
+
     async def close(self) -> None:
-        for task in self._workers:
+        for task in (*self._workers, *self._resends):
             task.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        await asyncio.gather(*self._workers, *self._resends, return_exceptions=True)
         self._workers.clear()
         if self._session is not None:
             await self._session.close()
@@ -269,30 +320,88 @@ class AlertSender:
             ]
         if sink.kind == "slack":
             return [lambda: self._post(sink, payloads.slack(events))]
+        if sink.kind == "alertmanager":
+            return [lambda: self._post_alertmanagers(sink, events)]
         body = payloads.alertmanager(events, receiver=sink.name, external_url=self.external_url)
         if sink.kind == "command":
             return [lambda: _run_command(sink, body)]
         return [lambda: self._post(sink, body)]
 
-    async def _post(self, sink: AlertSink, body: dict[str, Any]) -> None:
+    async def _post_alertmanagers(self, sink: AlertSink, events: Sequence[AlertEvent]) -> None:
+        """Every Alertmanager of the sink at once; fails only when none took the alerts."""
+        body = payloads.alertmanager_api(
+            events,
+            labels=sink.labels,
+            external_url=self.external_url,
+            now_ns=time.time_ns(),
+            valid_s=max(4 * sink.resend_s, self.min_valid_s),
+        )
+        urls = [f"{u.rstrip('/')}/api/v2/alerts" for u in sink.urls]
+        outcomes = await asyncio.gather(
+            *(self._post(sink, body, url=u) for u in urls), return_exceptions=True
+        )
+        failed = [(u, o) for u, o in zip(urls, outcomes, strict=True) if o is not None]
+        for _, outcome in failed:
+            if not isinstance(outcome, DeliveryFailed):
+                raise outcome
+        if len(failed) == len(urls):
+            raise DeliveryFailed(
+                "; ".join(f"{_host(u)}: {o}" for u, o in failed),
+                retry=any(isinstance(o, DeliveryFailed) and o.retry for _, o in failed),
+            )
+        for url, outcome in failed:
+            log.warning(
+                "alert sink %s: Alertmanager %s: %s (%d of %d took the alerts)",
+                sink.name,
+                _host(url),
+                _redact(str(outcome), sink),
+                len(urls) - len(failed),
+                len(urls),
+            )
+
+    def _tls(self, sink: AlertSink) -> ssl.SSLContext | None:
+        if not (sink.ca_file or sink.cert_file):
+            return None
+        context = self._ssl.get(sink.name)
+        if context is None:
+            try:
+                context = ssl.create_default_context(cafile=sink.ca_file)
+                if sink.cert_file:
+                    context.load_cert_chain(sink.cert_file, sink.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise DeliveryFailed(f"TLS files: {exc}", retry=False) from None
+            self._ssl[sink.name] = context
+        return context
+
+    async def _post(self, sink: AlertSink, body: Any, *, url: str | None = None) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "User-Agent": "replag"}
         if sink.secret:
             headers[payloads.SIGNATURE_HEADER] = payloads.signature(sink.secret, data)
+        if sink.bearer_token:
+            headers["Authorization"] = f"Bearer {sink.bearer_token}"
+        elif sink.basic_user:
+            auth = aiohttp.BasicAuth(sink.basic_user, sink.basic_password or "")
+            headers["Authorization"] = auth.encode()
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        assert sink.url is not None
-        url = URL(sink.url)
+        assert (url or sink.url) is not None
+        origin = URL(url or sink.url or "")
+        target = origin
         try:
             async with asyncio.timeout(sink.timeout_s):
                 for _ in range(MAX_REDIRECTS + 1):
                     # Redirects are never followed by aiohttp: one could carry the body and
                     # its signature to another host, or turn the POST into an empty GET.
                     async with self._session.post(
-                        url, data=data, headers=headers, allow_redirects=False
+                        target,
+                        data=data,
+                        headers=headers,
+                        allow_redirects=False,
+                        ssl=self._tls(sink) or True,
                     ) as response:
                         if 300 <= response.status < 400:
-                            url = redirect_target(URL(sink.url), response)
+                            target = redirect_target(origin, response)
                             continue
                         # The start of the answer only: a sink cannot make us hold its body.
                         head = await response.content.read(200)
@@ -305,7 +414,7 @@ class AlertSender:
                         )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DeliveryFailed(f"{type(exc).__name__}: {exc}", retry=True) from None
-        raise DeliveryFailed(f"more than {MAX_REDIRECTS} redirects (last to {url})", retry=False)
+        raise DeliveryFailed(f"more than {MAX_REDIRECTS} redirects (last to {target})", retry=False)
 
     def _record(self, sink: AlertSink, result: DeliveryResult) -> None:
         now = time.time_ns()
@@ -388,6 +497,12 @@ def redirect_target(configured: URL, response: aiohttp.ClientResponse) -> URL:
 def _key(event: AlertEvent) -> tuple[str, int]:
     """An event's outbox row: its fingerprint and when it was decided."""
     return (event.fingerprint, event.decided_ns)
+
+
+def _host(url: str) -> str:
+    """scheme://host[:port] of `url`, without credentials."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def _redact(text: str, sink: AlertSink) -> str:

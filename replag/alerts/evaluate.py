@@ -114,7 +114,10 @@ async def evaluate_and_notify(
         unknown_rules=unknown,
     )
     outcome = AlertOutcome(conditions=conditions, events=events)
-    if not events:
+    # An Alertmanager lets an alert lapse at its endsAt: one run from cron posts again
+    # what still fires (the service resends on its own schedule, `AlertSender.resend`).
+    resend = sender is None and any(s.kind == "alertmanager" for s in config.alerts.sinks)
+    if not events and not resend:
         return outcome
     if not config.alerts.sinks:
         book.mark_delivered(events, now_ns=time.time_ns())
@@ -125,9 +128,14 @@ async def evaluate_and_notify(
     own = AlertSender(config.alerts.sinks, store)
     try:
         outcome.deliveries = await own.deliver(events)
+        if resend:
+            sent = {e.fingerprint for e in events}
+            again = [e for e in book.firing_events() if e.fingerprint not in sent]
+            outcome.deliveries += await own.resend(again)
     finally:
         await own.close()
-    book.mark_delivered(events, now_ns=time.time_ns())
+    if events:
+        book.mark_delivered(events, now_ns=time.time_ns())
     return outcome
 
 

@@ -3,7 +3,8 @@
 The generic webhook (and the command hook's stdin) get Alertmanager's webhook
 payload (version 4), so receivers written for Alertmanager work unchanged;
 Slack gets an incoming-webhook message; PagerDuty one Events v2 event per alert,
-deduplicated by the alert's fingerprint.
+deduplicated by the alert's fingerprint; Alertmanager itself the list of alerts its
+API (`POST /api/v2/alerts`) takes, as Prometheus posts them.
 """
 
 from __future__ import annotations
@@ -69,6 +70,39 @@ def alertmanager(
         "externalURL": external_url,
         "alerts": alerts,
     }
+
+
+def alertmanager_api(
+    events: Sequence[AlertEvent],
+    *,
+    labels: Sequence[tuple[str, str]] = (),
+    external_url: str = "",
+    now_ns: int,
+    valid_s: float,
+) -> list[dict[str, Any]]:
+    """The body of `POST /api/v2/alerts` for `events`: a firing alert's `endsAt` is
+    `valid_s` from `now_ns` (posted again before then while it fires, it lapses by itself
+    if replag stops), a resolved one's when it resolved."""
+    out = []
+    for e in events:
+        alert_labels = {"alertname": e.rule, **e.labels, **dict(labels)}
+        annotations = {"summary": e.summary, "state": e.state}
+        if e.value is not None:
+            annotations["value"] = f"{e.value:g}"
+        if e.duration_s is not None:
+            annotations["duration"] = f"{e.duration_s:g}s"
+        ends_ns = e.ends_ns if e.status == "resolved" else now_ns + int(valid_s * 1e9)
+        alert: dict[str, Any] = {
+            # Alertmanager reads an empty label as no label, and refuses some: drop them.
+            "labels": {k: str(v) for k, v in alert_labels.items() if v not in (None, "")},
+            "annotations": annotations,
+            "startsAt": iso(e.starts_ns),
+            "endsAt": iso(ends_ns),
+        }
+        if external_url:
+            alert["generatorURL"] = f"{external_url}/#alerts"
+        out.append(alert)
+    return out
 
 
 def _common(label_sets: Any) -> dict[str, str]:

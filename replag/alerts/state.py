@@ -290,6 +290,15 @@ class AlertBook:
         gone = self.store.execute("DELETE FROM alert_events WHERE at_ns < ?", (before_ns,))
         return max(0, gone.rowcount)
 
+    def firing_events(self) -> list[AlertEvent]:
+        """Every alert firing (or without data) now, as a repeat of its notification:
+        what an Alertmanager is told again while it lasts."""
+        return [
+            _event(row, repeat=True)
+            for row in self._unresolved()
+            if row["status"] in ("firing", "nodata")
+        ]
+
     def firing_count(self) -> int:
         if self.store.remembered("alert_state"):
             return sum(r["status"] == "firing" for r in self._unresolved())

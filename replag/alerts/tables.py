@@ -7,6 +7,7 @@ Shapes and checks only; what the rest of replag uses are the values they build
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Annotated, ClassVar
 from urllib.parse import urlsplit
@@ -44,6 +45,7 @@ DEFAULT_THRESHOLD: dict[RuleKind, float] = {
 _BYTES_KINDS = ("replication_bytes_behind", "failover_rpo_bytes")
 _SECONDS_KINDS = ("no_probe", "replication_link_down", "failover_rpo_time")
 _RATIO_KINDS = ("probe_loss", "replication_headroom")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def threshold_in_unit(kind: RuleKind, raw: int | float | str) -> float:
@@ -128,9 +130,26 @@ class SinkTable(FileTable, frozen=True, kw_only=True):
     retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 3
     backoff: Seconds = Seconds(0.5)
     max_backoff: Seconds = Seconds(30.0)
+    # kind = "alertmanager" only:
+    urls: list[str] | None = None
+    resend: PositiveSeconds = PositiveSeconds(60.0)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    bearer_token: NonEmptyStr | None = None
+    bearer_token_env: EnvVar | None = None
+    basic_user: NonEmptyStr | None = None
+    basic_password: NonEmptyStr | None = None
+    basic_password_env: EnvVar | None = None
+    ca_file: NonEmptyStr | None = None
+    cert_file: NonEmptyStr | None = None
+    key_file: NonEmptyStr | None = None
+
+    _ALERTMANAGER_ONLY: ClassVar[tuple[str, ...]] = (
+        "urls", "bearer_token", "bearer_token_env", "basic_user", "basic_password",
+        "basic_password_env", "ca_file", "cert_file", "key_file",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for key in ("secret", "routing_key"):
+        for key in ("secret", "routing_key", "bearer_token", "basic_password"):
             if getattr(self, key) is not None and getattr(self, f"{key}_env") is not None:
                 raise AtKey((key,), f"give {key} or {key}_env, not both")
         if self.kind == "command":
@@ -138,16 +157,66 @@ class SinkTable(FileTable, frozen=True, kw_only=True):
                 raise AtKey(
                     ("command",), 'expected a program and its arguments, e.g. ["/usr/bin/page"]'
                 )
+        elif self.kind == "alertmanager":
+            self._check_alertmanager()
         else:
             url = urlsplit(self.url or (PAGERDUTY_URL if self.kind == "pagerduty" else ""))
             if url.scheme not in ("http", "https") or not url.hostname:
                 raise AtKey(("url",), "expected an http:// or https:// URL")
+        if self.kind != "alertmanager":
+            for key in self._ALERTMANAGER_ONLY:
+                if getattr(self, key) is not None:
+                    raise AtKey((key,), "only an alertmanager sink takes it")
         if self.kind == "pagerduty" and not (self.routing_key or self.routing_key_env):
             raise ValueError("a pagerduty sink needs routing_key or routing_key_env")
+
+    def _check_alertmanager(self) -> None:
+        if (self.url is None) == (self.urls is None):
+            raise AtKey(("urls",), "give url or urls (every Alertmanager of the cluster)")
+        urls = self.urls if self.urls is not None else [self.url or ""]
+        if not urls:
+            raise AtKey(("urls",), "expected at least one Alertmanager URL")
+        for i, raw in enumerate(urls):
+            url = urlsplit(raw)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                where = ("urls", i) if self.urls is not None else ("url",)
+                raise AtKey(where, "expected an http:// or https:// URL")
+        for name, value in self.labels.items():
+            if not _LABEL_NAME.fullmatch(name):
+                raise AtKey(("labels", name), "a label name is [a-zA-Z_][a-zA-Z0-9_]*")
+            if not value:
+                raise AtKey(("labels", name), "a label value is not empty")
+        if (self.bearer_token or self.bearer_token_env) and self.basic_user:
+            raise AtKey(("bearer_token",), "give a bearer token or basic auth, not both")
+        if bool(self.basic_user) != bool(self.basic_password or self.basic_password_env):
+            raise AtKey(("basic_user",), "basic auth takes basic_user and basic_password")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise AtKey(("cert_file",), "a client certificate takes cert_file and key_file")
 
     def sink(self, environ: Mapping[str, str]) -> AlertSink:
         def secret(value: str | None, var: EnvVar | None) -> str | None:
             return environ[var] if var is not None else value
+
+        if self.kind == "alertmanager":
+            urls = tuple(self.urls if self.urls is not None else [self.url or ""])
+            return AlertSink(
+                name=self.name,
+                kind=self.kind,
+                url=urls[0],
+                urls=urls,
+                resend_s=float(self.resend),
+                labels=tuple(sorted(self.labels.items())),
+                bearer_token=secret(self.bearer_token, self.bearer_token_env),
+                basic_user=self.basic_user,
+                basic_password=secret(self.basic_password, self.basic_password_env),
+                ca_file=self.ca_file,
+                cert_file=self.cert_file,
+                key_file=self.key_file,
+                timeout_s=float(self.timeout),
+                retries=self.retries,
+                backoff_s=float(self.backoff),
+                max_backoff_s=float(self.max_backoff),
+            )
 
         command = [self.command] if isinstance(self.command, str) else self.command or []
         return AlertSink(

@@ -79,6 +79,7 @@ class AlertEvaluation:
             on_result=self._count_delivery,
             on_delivered=self._delivered,
         )
+        self.sender.min_valid_s = 4 * self.interval_s
 
     def reconfigure(self, config: Config) -> None:
         """Evaluate `config`'s rules and send to its sinks from the next evaluation on (the
@@ -86,6 +87,7 @@ class AlertEvaluation:
         self.config = config
         self.interval_s = config.settings.probe_interval
         self.sender.sinks = tuple(config.alerts.sinks)
+        self.sender.min_valid_s = 4 * self.interval_s
 
     async def run(self, fence: Fence | None = None) -> None:
         if self.keeper is not None and not self.store.reachable:
@@ -162,6 +164,9 @@ class AlertEvaluation:
         )
         self.counters["alert notifications"] += len(outcome.events)
         self.metrics.alerts_firing.set(self.book.firing_count())
+        # Alertmanager sinks are told again what still fires (within their `resend`).
+        if any(s.kind == "alertmanager" for s in self.sender.sinks):
+            self.sender.resend_soon(self.book.firing_events(), fence=fence)
 
     def _delivered(self, events: Sequence[AlertEvent]) -> bool:
         """Mark `events` delivered; False (marked again at the next evaluation, or, should
