@@ -129,7 +129,7 @@ class AlertSender:
         # under way, and the TLS context of each sink that has one.
         self._resent_s: dict[str, float] = {}
         self._resends: set[asyncio.Task[list[DeliveryResult]]] = set()
-        self._ssl: dict[str, ssl.SSLContext] = {}
+        self._ssl: dict[tuple[str | None, ...], ssl.SSLContext] = {}
         # An alert's endsAt is at least this far ahead (4 evaluation intervals: the
         # service sets it), so one is not let lapse between two evaluations.
         self.min_valid_s = 0.0
@@ -362,7 +362,9 @@ class AlertSender:
     def _tls(self, sink: AlertSink) -> ssl.SSLContext | None:
         if not (sink.ca_file or sink.cert_file):
             return None
-        context = self._ssl.get(sink.name)
+        # By file, not by sink name: a reloaded configuration may name other files.
+        files = (sink.ca_file, sink.cert_file, sink.key_file)
+        context = self._ssl.get(files)
         if context is None:
             try:
                 context = ssl.create_default_context(cafile=sink.ca_file)
@@ -370,7 +372,7 @@ class AlertSender:
                     context.load_cert_chain(sink.cert_file, sink.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise DeliveryFailed(f"TLS files: {exc}", retry=False) from None
-            self._ssl[sink.name] = context
+            self._ssl[files] = context
         return context
 
     async def _post(self, sink: AlertSink, body: Any, *, url: str | None = None) -> None:
