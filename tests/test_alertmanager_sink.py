@@ -7,6 +7,7 @@ Alertmanagers (one down), TLS with basic auth, a bearer token; secrets never sho
 from __future__ import annotations
 
 import logging
+import ssl
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -231,7 +232,8 @@ async def test_tls_and_basic_auth_and_no_secret_shown(
         f"basic_auth_users:\n  replag: '{PASSWORD_HASH}'\n"
     )
     auth = ("replag", PASSWORD)
-    with alertmanager(tmp_path / "am", web_config=web_config, verify=str(pki.ca), auth=auth) as url:
+    verify = ssl.create_default_context(cafile=str(pki.ca))
+    with alertmanager(tmp_path / "am", web_config=web_config, verify=verify, auth=auth) as url:
 
         def sink(password: str) -> dict[str, Any]:
             return {
@@ -244,7 +246,7 @@ async def test_tls_and_basic_auth_and_no_secret_shown(
         cfg = config(tmp_path, sink(PASSWORD))
         out = await evaluate_and_notify(cfg, Store(cfg.settings.store), Report(DOWN))
         assert [d.ok for d in out.deliveries] == [True], out.deliveries
-        assert len(alerts_in(url, verify=str(pki.ca), auth=auth)) == 1
+        assert len(alerts_in(url, verify=verify, auth=auth)) == 1
 
         wrong = "wrong-password-1234"
         cfg = config(tmp_path / "w", sink(wrong))

@@ -28,6 +28,7 @@ again, a notification it is still sending or has sent.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -383,8 +384,8 @@ class AlertSender:
         if sink.bearer_token:
             headers["Authorization"] = f"Bearer {sink.bearer_token}"
         elif sink.basic_user:
-            auth = aiohttp.BasicAuth(sink.basic_user, sink.basic_password or "")
-            headers["Authorization"] = auth.encode()
+            pair = f"{sink.basic_user}:{sink.basic_password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         if self._session is None:
             self._session = aiohttp.ClientSession()
         assert (url or sink.url) is not None
