@@ -60,10 +60,14 @@ _COLUMNS = (
     "nodata_since_ns",
 )
 
+# Written later (held while the store could not take it): the newer decision wins, so a
+# state decided by an instance cut off from the store never overwrites a later one made
+# meanwhile by the evaluator that took over.
 _UPSERT_STATE = (
     f"INSERT INTO alert_state ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
     "ON CONFLICT (fingerprint) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c != "fingerprint")
+    + " WHERE alert_state.updated_ns <= excluded.updated_ns"
 )
 _INSERT_STATE = (
     f"INSERT INTO alert_state ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
@@ -487,7 +491,12 @@ class _Step:
         ]
         for fp, row in self.changed.items():
             if row is None:
-                out.append(("DELETE FROM alert_state WHERE fingerprint = ?", (fp,)))
+                out.append(
+                    (
+                        "DELETE FROM alert_state WHERE fingerprint = ? AND updated_ns <= ?",
+                        (fp, self.now_ns),
+                    )
+                )
             else:
                 out.append((_UPSERT_STATE, tuple(row[c] for c in _COLUMNS)))
         return out
