@@ -16,6 +16,7 @@ are read (scan processes get them from their parent), `current()` is what reader
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _MIB = 1 << 20
@@ -74,6 +75,41 @@ def size_text(n: int) -> str:
     if n >= _MIB and n % _MIB == 0:
         return f"{n // _MIB} MB"
     return f"{n} bytes"
+
+
+def _skip_bulks(
+    buf: bytes | bytearray, pos: int, end: int, left: int, max_bytes: int
+) -> tuple[int, int]:
+    """From `pos`, inside an aggregate with `left` elements to come, step over whole bulk
+    strings while the next lies whole before `end` and is not the aggregate's last; stop
+    at anything else, for the general path. `(pos, left)` after them. The C extension's
+    `skip_bulks` does the same about 15 times faster (the guard's cost per key while
+    scanning); this is its twin where the extension was not built."""
+    find = buf.find
+    while True:
+        nl = find(b"\r\n", pos, end)
+        if nl < 0:
+            break
+        length = int(buf[pos + 1 : nl])
+        if length > max_bytes or length < -1:
+            break  # the general path says why
+        after = nl + 4 + length if length >= 0 else nl + 2
+        if after >= end or left == 1:
+            break
+        pos = after
+        left -= 1
+        if buf[pos] != 36:
+            break
+    return pos, left
+
+
+skip_bulks: Callable[[bytes | bytearray, int, int, int, int], tuple[int, int]] = _skip_bulks
+try:
+    from replag import _scanindex
+
+    skip_bulks = getattr(_scanindex, "skip_bulks", _skip_bulks)  # an older build lacks it
+except ImportError:  # built without the C extension
+    pass
 
 
 # Header kinds (the first byte of a reply): one line, a length then a payload, a count.
@@ -147,22 +183,7 @@ class ReplyGuard:
         while pos < end:
             if opened and buf[pos] == 36:
                 # The common aggregate: bulk strings (an MGET, a SCAN page), in a tight loop.
-                left = opened[-1]
-                while True:
-                    nl = find(b"\r\n", pos, end)
-                    if nl < 0:
-                        break
-                    length = int(buf[pos + 1 : nl])
-                    if length > max_bytes or length < -1:
-                        break  # the general path says why
-                    after = nl + 4 + length if length >= 0 else nl + 2
-                    if after >= end or left == 1:
-                        break
-                    pos = after
-                    left -= 1
-                    if buf[pos] != 36:
-                        break
-                opened[-1] = left
+                pos, opened[-1] = skip_bulks(buf, pos, end, opened[-1], max_bytes)
             nl = find(b"\r\n", pos, end)
             if nl < 0:
                 self._keep_partial(buf, pos, end)

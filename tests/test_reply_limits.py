@@ -205,3 +205,51 @@ def test_a_header_that_is_no_resp_is_refused_before_hiredis() -> None:
     guard = ReplyGuard()
     with pytest.raises(NotRespHeader):
         guard.feed(b"HTTP/1.1 200 OK\r\n")
+
+
+_needs_c_twin = pytest.mark.skipif(
+    reply_limits.skip_bulks is reply_limits._skip_bulks,
+    reason="replag._scanindex (with skip_bulks) was not built: the Python twin runs alone",
+)
+
+
+@_needs_c_twin
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.binary(max_size=30).map(_bulk), st.just(b"$-1\r\n")), max_size=12),
+    st.integers(0, 400),
+    st.integers(1, 14),
+    st.sampled_from([4096, 10, 0]),
+)
+def test_the_c_step_over_bulks_is_its_python_twin(
+    bulks: list[bytes], cut: int, left: int, max_bytes: int
+) -> None:
+    data = b"".join(bulks) + b":1\r\n"
+    end = min(cut, len(data))
+    for buf in (data, bytearray(data)):
+        assert reply_limits.skip_bulks(buf, 0, end, left, max_bytes) == reply_limits._skip_bulks(
+            buf, 0, end, left, max_bytes
+        )
+
+
+@_needs_c_twin
+@pytest.mark.parametrize(
+    "header", [b"$+3\r\nabc\r\n", b"$ 3\r\nabc\r\n", b"$3_0\r\n", b"$99999999999999999999\r\n"]
+)
+def test_the_c_step_leaves_what_is_not_plain_to_the_general_path(
+    header: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buf = _bulk(b"ok") + header + _bulk(b"later")
+    pos, left = reply_limits.skip_bulks(buf, 0, len(buf), 5, 4096)
+    assert (pos, left) == (len(_bulk(b"ok")), 4)
+
+    def outcome() -> str:
+        try:
+            ReplyGuard(ReplyLimits()).feed(b"*3\r\n" + buf)
+        except (NotRespHeader, ReplyLimitError) as exc:
+            return type(exc).__name__
+        return "passed"
+
+    with_c = outcome()
+    monkeypatch.setattr(reply_limits, "skip_bulks", reply_limits._skip_bulks)
+    assert outcome() == with_c  # the general path decides, as with the Python step

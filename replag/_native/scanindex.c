@@ -235,6 +235,46 @@ done:
     return out;
 }
 
+
+/* skip_bulks(buf, pos, end, left, max_bytes) -> (pos, left): the reply guard's hot loop
+ * (replag/reply_limits.py, `ReplyGuard._steps`, whose Python loop is its twin). From `pos`,
+ * inside an aggregate with `left` elements to come, step over whole bulk strings
+ * (`$LEN\r\n` + LEN bytes + CRLF, or `$-1\r\n`) while the next one lies whole before
+ * `end` and is not the aggregate's last. Stops (leaving the element to the general path)
+ * at anything else: another kind, a header cut by `end`, a length over `max_bytes`, below
+ * -1 or not plainly decimal. */
+static PyObject *skip_bulks(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, end, left, max_bytes;
+    if (!PyArg_ParseTuple(args, "y*nnnn", &view, &pos, &end, &left, &max_bytes)) return NULL;
+    const unsigned char *b = view.buf;
+    if (end > view.len) end = view.len;
+    while (pos < end && b[pos] == '$' && left > 1) {
+        Py_ssize_t i = pos + 1;
+        int negative = 0;
+        long long length = 0;
+        if (i < end && b[i] == '-') { negative = 1; i++; }
+        Py_ssize_t digits = i;
+        while (i < end && b[i] >= '0' && b[i] <= '9' && i - digits < 19) {
+            length = length * 10 + (b[i] - '0');
+            i++;
+        }
+        if (i == digits || i + 1 >= end || b[i] != '\r' || b[i + 1] != '\n') break;
+        if (negative) {
+            if (length != 1 || i + 2 >= end) break;
+            pos = i + 2;
+        } else {
+            if (length > max_bytes) break;
+            Py_ssize_t after = i + 4 + (Py_ssize_t)length;
+            if (after >= end) break;
+            pos = after;
+        }
+        left--;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nn", pos, left);
+}
+
 static PyMethodDef methods[] = {
     {"hash_each", hash_each, METH_O, "xxh3_64 of each bytes item, as native u64s."},
     {"string_index", string_index, METH_VARARGS,
@@ -243,6 +283,8 @@ static PyMethodDef methods[] = {
      "xxh3_64 of each name of a blob, given their lengths' bytes and item size."},
     {"entries_with_top", entries_with_top, METH_VARARGS,
      "The u64s of a list of arrays whose top `bits` bits equal `top`."},
+    {"skip_bulks", skip_bulks, METH_VARARGS,
+     "The reply guard's step over whole bulk strings of an aggregate: (pos, left)."},
     {NULL, NULL, 0, NULL},
 };
 
