@@ -268,6 +268,44 @@ async def test_keys_a_reshard_leaves_on_a_replica_are_named_with_who_serves_thei
     assert after.divergent == 0 and not after.not_clean, after.to_dict()
 
 
+async def test_a_mark_without_its_other_end_is_named_stale_and_its_slot_compared(
+    cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    """A slot marked migrating on its primary while the node it names imports nothing (a
+    move abandoned half-way, or whose other end was reset): no move is under way, so the
+    slot is compared, and the mark is named with where to clear it. With both ends
+    marked it is a move, not compared."""
+    config = await _config(cluster, tmp_path)
+    first, last = cluster.slots[0]
+    tag = _tag(first, last, nth=3)
+    slot = key_slot(tag.encode())
+    source = _primary_of(cluster, "{" + tag + "}")
+    dest = _primary_of(cluster, "{" + _tag(*cluster.slots[2]) + "}")
+    src_port = source.connection_pool.connection_kwargs["port"]
+    with source, dest:
+        src_id = source.execute_command("CLUSTER", "MYID").decode()
+        dest_id = dest.execute_command("CLUSTER", "MYID").decode()
+        try:
+            source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dest_id)
+            half = await check(config)
+            assert slot not in _named(half.to_dict()), half.to_dict()
+            (shard,) = [g for g in half.groups
+                        if any(m.port == src_port for m in _members(config, g.group))]  # fmt: skip
+            marks = {(m["node"], s) for m in shard.stale_marks for a, b in m["slots"]
+                     for s in range(a, b + 1)}  # fmt: skip
+            assert (f"127.0.0.1:{src_port}", slot) in marks, shard.stale_marks
+            assert f"stale slot mark on 127.0.0.1:{src_port}: {slot}" in half.render()
+            dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            both = await check(config)
+            assert slot in _named(both.to_dict()), both.to_dict()
+            left = [m for g in both.groups for m in g.stale_marks
+                    if any(a <= slot <= b for a, b in m["slots"])]  # fmt: skip
+            assert left == [], left
+        finally:
+            dest.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            source.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
+
 def _marked_port(cluster: RedisClusterNodes, slot: int) -> int | None:
     """The port of the replica whose own CLUSTER NODES line marks `slot` as moving."""
     for node in cluster.replicas:

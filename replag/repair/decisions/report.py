@@ -373,8 +373,8 @@ class RepairReport:
                 slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in mark["slots"])
                 lines.append(
                     f"  stale slot mark on {mark['node']}: {slots} marked migrating/importing "
-                    "with no move under way (compared; clear it there with "
-                    "`CLUSTER SETSLOT <slot> STABLE`)"
+                    "with no move under way (compared; clear it with `CLUSTER SETSLOT <slot> "
+                    "STABLE` on that node, or on a replica's primary, which Valkey passes on)"
                 )
             lines += _stray_lines(g.stray_keys)
             if not g.divergent:

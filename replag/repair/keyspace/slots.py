@@ -13,7 +13,8 @@ slot, for one MGET per slot where SCAN walks dense slots in order (see `scan`).
 from __future__ import annotations
 
 import binascii
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import EndpointError
@@ -75,18 +76,26 @@ class SlotMap:
     stale: dict[int, str] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, texts: Sequence[str], addresses: set[str]) -> SlotMap:
+    def parse(
+        cls,
+        texts: Sequence[str],
+        addresses: set[str],
+        peers: Mapping[str, str] | None = None,
+    ) -> SlotMap:
         """From `CLUSTER NODES` of each member: slots of the nodes at `addresses`
         (host:port), and the migrating/importing slots of each node's own line.
 
-        A mark is stale, not a move, when it names a node that is not a live primary, or
-        sits on a replica whose primary has none for that slot (Valkey replicates
-        SETSLOT MIGRATING to replicas; a move ended with SETSLOT NODE on the primaries,
-        or a failover, can leave the mark there for ever). Its slot is compared."""
+        A mark is a move under way only when both ends hold it: the primary marking a
+        slot migrating to P (importing from P), and P, a live primary, marking it importing
+        from (migrating to) that very node, as `peers` (node id → its CLUSTER NODES) shows
+        where given. Anything else is stale: its slot is compared, and the mark named
+        (Valkey replicates SETSLOT MIGRATING to replicas, and a move ended with SETSLOT
+        NODE on the primaries, or a failover that gave the slot a new primary, leaves
+        marks no move will ever clear). A replica's mark follows its primary's."""
         out = cls()
         primaries: set[str] = set()
         primary_of: dict[str, str] = {}
-        marks: list[tuple[str, str, int, str]] = []  # node id, address, slot, peer id
+        marks = _marks(texts)
         for text in texts:
             for line in text.splitlines():
                 parts = line.split()
@@ -98,31 +107,42 @@ class SlotMap:
                     primaries.add(node)
                 if "slave" in flags and parts[3] != "-":
                     primary_of[node] = parts[3]
-                mine = address in addresses
-                for item in parts[8:]:
-                    if item.startswith("["):
-                        # [slot->-id] migrating, [slot-<-id] importing: on the node's own line.
-                        if "myself" in flags:
-                            number, _, peer = item[1:-1].partition("-")
-                            marks.append((node, address, int(number), peer[2:]))
-                    elif mine:
-                        first, _, last = item.partition("-")
-                        out.owned.update(range(int(first), int(last or first) + 1))
-        marked = {(node, slot) for node, _, slot, _ in marks}
-        for node, address, slot, peer in marks:
-            primary = primary_of.get(node)
-            orphan = primary is not None and (primary, slot) not in marked
-            if peer not in primaries or orphan:
-                out.stale.setdefault(slot, address)
+                if address in addresses:
+                    for item in parts[8:]:
+                        if not item.startswith("["):
+                            first, _, last = item.partition("-")
+                            out.owned.update(range(int(first), int(last or first) + 1))
+        theirs = {m for text in (peers or {}).values() for m in _marks([text])}
+
+        def live(node: str, slot: int, way: str, peer: str) -> bool:
+            if peer not in primaries:
+                return False
+            if peers is None or (not any(m[0] == peer for m in theirs) and peer not in peers):
+                return True  # the other end unread: taken as a move, not compared
+            back = "<" if way == ">" else ">"
+            return any(m[0] == peer and m[2:] == (slot, back, node) for m in theirs)
+
+        on_primaries = {
+            (m[0], m[2]): live(m[0], m[2], m[3], m[4]) for m in marks if m[0] not in primary_of
+        }
+        for node, address, slot, _way, _peer in marks:
+            if node in primary_of:  # a replica: as its primary's mark of the slot
+                moving = on_primaries.get((primary_of[node], slot), False)
             else:
+                moving = on_primaries[(node, slot)]
+            if moving:
                 out.moving.add(slot)
+            else:
+                out.stale.setdefault(slot, address)
         for slot in out.moving:
             out.stale.pop(slot, None)
         return out
 
     @classmethod
     async def read(cls, members: Sequence[Endpoint], *, timeout_s: float) -> SlotMap:
-        """CLUSTER NODES of every member that answers."""
+        """CLUSTER NODES of every member that answers, and of each node outside the group
+        that a member's mark names (the other end of a move, to tell a live one)."""
+        like = members[0] if members else None
 
         async def nodes(member: Endpoint) -> str:
             try:
@@ -138,7 +158,48 @@ class SlotMap:
             return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else ""
 
         texts = await all_of(nodes(m) for m in members)
-        return cls.parse(texts, {m.address for m in members})
+        wanted = {m[4] for m in _marks(texts)}
+        where = _addresses(texts)
+        peers: dict[str, str] = {}
+        if like is not None and wanted:
+            asked = [p for p in sorted(wanted) if p in where]
+            found = await all_of(
+                nodes(dataclasses.replace(like, host=where[p][0], port=where[p][1])) for p in asked
+            )
+            peers = {p: text for p, text in zip(asked, found, strict=True) if text}
+        return cls.parse(texts, {m.address for m in members}, peers)
+
+
+def _marks(texts: Sequence[str]) -> list[tuple[str, str, int, str, str]]:
+    """(node id, address, slot, ">" migrating | "<" importing, peer id) of each node's own
+    line's marks."""
+    out = []
+    for text in texts:
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 8 or "myself" not in parts[2].split(","):
+                continue
+            address = parts[1].split("@", 1)[0].split(",", 1)[0]
+            for item in parts[8:]:
+                if item.startswith("["):
+                    # [slot->-id] migrating, [slot-<-id] importing
+                    number, _, rest = item[1:-1].partition("-")
+                    out.append((parts[0], address, int(number), rest[:1], rest[2:]))
+    return out
+
+
+def _addresses(texts: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """Node id → (host, port), from any CLUSTER NODES text."""
+    out = {}
+    for text in texts:
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 8:
+                continue
+            host, _, port = parts[1].split("@", 1)[0].split(",", 1)[0].rpartition(":")
+            if host and port.isdigit():
+                out[parts[0]] = (host, int(port))
+    return out
 
 
 def not_compared(before: SlotMap, after: SlotMap) -> set[int]:
