@@ -270,6 +270,20 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
             return old is not None and old["link_up"] is not True
 
         await until(dead_primary_listed, "the dead old primary listed, link down", timeout_s=30)
+
+        async def dead_node_said_once() -> bool:
+            # Once a probe round found it unreachable, health says so, and only so: never
+            # also "reachable, not replicating" for the same server.
+            problems = (await get("/api/v1/health"))["problems"]
+            kinds: dict[str | None, set[str]] = {}
+            for p in problems:
+                kinds.setdefault(p.get("replica"), set()).add(p["kind"])
+            assert not any({"unreachable", "not_replicating"} <= k for k in kinds.values()), (
+                problems
+            )
+            return "unreachable" in kinds.get(shard.write.name, set())
+
+        await until(dead_node_said_once, "health names the dead node unreachable", timeout_s=60)
         # The other shards went on being probed meanwhile (their rounds ran and ended).
         probes = (await get("/api/v1/health"))["probes"]
         for name, end in killed_at.items():
