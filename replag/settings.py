@@ -587,7 +587,8 @@ class Settings:
         "Disk (MB) a check or repair may use for one group's spilled keys (about 17 bytes "
         "plus the name per key and replica, in $TMPDIR, in files with no name that "
         "vanish when the scan ends or is killed). A keyspace past it is not kept: the "
-        "leaves that differ are read again from each replica (0 = never spill).",
+        "leaves that differ are read again from each replica (0: nothing spilled, and a "
+        "keyspace past one chunk is read again that way).",
     )
     scan_checkpoint: float = setting(
         "30s",
