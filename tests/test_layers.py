@@ -1,7 +1,7 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
-                   private_files
+                   private_files, _scanindex (the C extension)
     configuration  settings, reply_limits, topology, validation, config_security, config_tables,
                    config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
@@ -9,7 +9,7 @@
     io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, agent, permissions
+                   alerts, metrics, prometheus_mixin, agent, permissions
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.tokens",
             "replag.logfields",
             "replag.private_files",
+            "replag._scanindex",
         ),
     ),
     (
@@ -86,6 +87,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.lab",
             "replag.alerts",
             "replag.metrics",
+            "replag.prometheus_mixin",
             "replag.agent",
             "replag.permissions",
         ),
@@ -112,6 +114,9 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# Modules without a .py: the C extension (its stub is replag/_scanindex.pyi). It imports
+# nothing of replag, so it sits with the values.
+EXTENSIONS = frozenset({"replag._scanindex"})
 
 
 def imports() -> Iterator[Import]:
@@ -122,7 +127,7 @@ def imports() -> Iterator[Import]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 # `from replag.repair import engine` imports the module replag.repair.engine
                 named = [f"{node.module}.{a.name}" for a in node.names]
-                targets = [t if t in MODULES else node.module for t in named]
+                targets = [t if t in MODULES or t in EXTENSIONS else node.module for t in named]
             else:
                 continue
             for target in targets:
