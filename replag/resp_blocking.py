@@ -45,6 +45,9 @@ class BlockingConnection:
         self._first_bytes = b""
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0
+        # A reply broke a reply limit (the connection is then unusable): the scan re-reads
+        # what that reply held in smaller pieces on a new connection.
+        self.refused = False
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, timeout_s: float) -> BlockingConnection:
@@ -132,6 +135,7 @@ class BlockingConnection:
         try:
             self._guard.feed(self._buffer, size)
         except ReplyLimitError as exc:
+            self.refused = True
             refused = ReplyLimitError(f"reply to {command_name(self._sent)} refused: {exc}")
             raise translate(refused, self.endpoint) from None
         except NotRespHeader as exc:

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
+from replag.errors import EndpointError
 from replag.repair.scan.scanner import (
     Checkpoint,
     Progress,
@@ -44,7 +46,7 @@ from replag.repair.scan.ttls import (
     ttl_source_from_info,
 )
 from replag.repair.trees.index import ScanIndex, index_batch
-from replag.resp import RespConnection, pack
+from replag.resp import RespConnection, check_replies, pack
 from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
 
@@ -57,6 +59,8 @@ I64 = npt.NDArray[np.int64]
 # at 400, 1.14 s at 250, 1.15 s at 150 (this side's CPU grows below 250).
 REPLY_BUDGET = 256 * 1024
 _MIN_COUNT = 100
+# The most one GETRANGE of a string too long for one reply asks for.
+_BIG_PAGE = 8 << 20
 # A batch sent and not yet indexed: the cursor after it, its keys, its reply count, the
 # COUNT its SCAN asked for.
 _Batch = tuple[bytes, list[bytes], int, int]
@@ -90,6 +94,9 @@ class BlockingScan:
         # Keys of other types not yet read: names, PTTLs, when their PTTLs were read.
         self._deferred: list[tuple[bytes, int, int]] = []
         self._asked = 0  # the COUNTs of the batches whose replies were read (for `_count`)
+        self._received = 0  # bytes received on connections closed since (for `_count`)
+        self._pending: _Batch | None = None  # the batch sent and not yet indexed
+        self._big_strings = 0  # strings read in pages (longer than max_reply_bytes allows)
 
     @property
     def ttl_source(self) -> TtlSource:
@@ -99,27 +106,52 @@ class BlockingScan:
         return ScanIndex.concat(self.run_parts(state))
 
     def run_parts(self, state: ScanProgress) -> list[ScanIndex]:
-        conn = BlockingConnection.open(self.endpoint, timeout_s=self.options.timeout_s)
+        conn = self._open()
         try:
-            self._scan(conn, state)
-            return self._parts
+            resumed = False
+            while True:
+                try:
+                    self._scan(conn, state, resumed)
+                    return self._parts
+                except EndpointError:
+                    # None pending: the refused reply was a SCAN's (nothing smaller to ask).
+                    if not conn.refused or self._pending is None:
+                        raise
+                # A reply broke max_reply_bytes (a batch of big values): the batch sent and
+                # not indexed is read again in smaller pieces, and the scan goes on after it.
+                self.bytes_received += conn.bytes_received
+                self._received += conn.bytes_received
+                conn.close()
+                conn = self._open()
+                pending, self._pending = self._pending, None
+                self._read_in_pieces(pending[1], state)
+                state.cursor = pending[0]
+                if pending[0] == b"0":
+                    self._finish(state)
+                    return self._parts
+                resumed = True
         finally:
             self.bytes_received += conn.bytes_received
             conn.close()
             self._close_other()
 
-    def _scan(self, conn: BlockingConnection, state: ScanProgress) -> None:
+    def _open(self) -> BlockingConnection:
+        return BlockingConnection.open(self.endpoint, timeout_s=self.options.timeout_s)
+
+    def _scan(self, conn: BlockingConnection, state: ScanProgress, resumed: bool) -> None:
         opts = self.options
-        (size,) = conn.request(pack(b"DBSIZE"), 1)
-        state.total = size if isinstance(size, int) else None
-        self._source = self.scanner.ttl_source = self._ttl_source(conn)
+        if not resumed:
+            (size,) = conn.request(pack(b"DBSIZE"), 1)
+            state.total = size if isinstance(size, int) else None
+            self._source = self.scanner.ttl_source = self._ttl_source(conn)
         started = time.perf_counter() - state.seconds
         last_checkpoint = time.monotonic()
         read = state.keys
-        conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts)))
-        asked = opts.count  # the COUNT of the SCAN whose reply is read next
-        pending: _Batch | None = None
-        while pending is None or pending[0] != b"0":
+        # The COUNT of the SCAN whose reply is read next.
+        asked = self._count(conn) if resumed else opts.count
+        conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts, asked)))
+        self._pending = None
+        while self._pending is None or self._pending[0] != b"0":
             scanned = conn.reply()
             conn.check([scanned])
             cursor, keys = scanned
@@ -134,9 +166,9 @@ class BlockingScan:
                 out += payload
             if out:
                 conn.send(out)
-            if pending is not None:
-                self._index(conn, pending, state)
-            pending = (cursor, keys, count, asked)
+            if self._pending is not None:
+                self._index(conn, self._pending, state)
+            self._pending = (cursor, keys, count, asked)
             if cursor != b"0":
                 asked = next_asked
             read += len(keys)
@@ -152,23 +184,29 @@ class BlockingScan:
                 self._flush(state)  # a checkpoint's cursor stands after every key indexed
                 self._checkpoint(state)
                 last_checkpoint = time.monotonic()
-        self._index(conn, pending, state)
+        self._index(conn, self._pending, state)
+        self._pending = None
+        state.seconds = time.perf_counter() - started
+        self._finish(state)
+
+    def _finish(self, state: ScanProgress) -> None:
         self._flush(state)
         state.finished = True
-        state.seconds = time.perf_counter() - started
         if self._checkpoint is not None:
             self._checkpoint(state)
 
     def _count(self, conn: BlockingConnection) -> int:
         """SCAN's COUNT for the next batch: `options.count`, lowered so that a batch's
-        replies stay near `REPLY_BUDGET` by the bytes per key received so far."""
+        replies stay near `REPLY_BUDGET` by the bytes per key received so far, and below
+        half of max_reply_bytes even at `_MIN_COUNT` (values of megabytes)."""
         count = self.options.count
         if not self._asked:  # no batch read yet: the values' size unknown
             return count
         # Bytes per unit of COUNT asked: whatever share of the keys visited SCAN returns
         # (MATCH, TYPE) and the scan fetches (a scan of a few leaves fetches few).
-        per_unit = conn.bytes_received / self._asked
-        return max(min(count, _MIN_COUNT), min(count, int(REPLY_BUDGET / per_unit)))
+        per_unit = max(1.0, (self._received + conn.bytes_received) / self._asked)
+        floor = min(_MIN_COUNT, max(1, int(self.options.reply_limits.max_bytes / 2 / per_unit)))
+        return max(min(count, floor), min(count, int(REPLY_BUDGET / per_unit)))
 
     def _ttl_source(self, conn: BlockingConnection) -> TtlSource:
         source = self.options.ttls
@@ -184,26 +222,87 @@ class BlockingScan:
     def _index(self, conn: BlockingConnection, batch: _Batch, state: ScanProgress) -> None:
         """Read a batch's replies and index it; `state` then stands after it."""
         cursor, keys, count, asked = batch
-        self._asked += asked
         if keys:
             replies = conn.replies(count)
-            now_ms = time.time_ns() // 1_000_000
-            keys, replies = self.scanner.batch_replies(keys, replies, self._source)
-            conn.check(replies[:1])
-            ttls = batch_ttls(replies, len(keys), self._source, self.endpoint)
-            values = replies[0]
-            if None in values:  # other types (or gone): rare, read later, together
-                others = [i for i, v in enumerate(values) if v is None]
-                self._deferred += [(keys[i], int(ttls[i]), now_ms) for i in others]
-                strings = np.ones(len(keys), dtype=np.bool_)
-                strings[others] = False
-                keys = [k for k, v in zip(keys, values, strict=True) if v is not None]
-                values = [v for v in values if v is not None]
-                ttls = ttls[strings]
-            self._keep(index_batch(keys, values, ttls, now_ms, self.options.ttl_bucket_ms), state)
-            if len(self._deferred) >= self.options.count:
-                self._flush(state)
+            self._index_replies(keys, replies, state)
+        self._asked += asked
         state.cursor = cursor
+
+    def _index_replies(self, keys: list[bytes], replies: list[Any], state: ScanProgress) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        keys, replies = self.scanner.batch_replies(keys, replies, self._source)
+        check_replies(replies[:1], self.endpoint)
+        ttls = batch_ttls(replies, len(keys), self._source, self.endpoint)
+        values = replies[0]
+        if None in values:  # other types (or gone): rare, read later, together
+            others = [i for i, v in enumerate(values) if v is None]
+            self._deferred += [(keys[i], int(ttls[i]), now_ms) for i in others]
+            strings = np.ones(len(keys), dtype=np.bool_)
+            strings[others] = False
+            keys = [k for k, v in zip(keys, values, strict=True) if v is not None]
+            values = [v for v in values if v is not None]
+            ttls = ttls[strings]
+        self._keep(index_batch(keys, values, ttls, now_ms, self.options.ttl_bucket_ms), state)
+        if len(self._deferred) >= self.options.count:
+            self._flush(state)
+
+    def _read_in_pieces(self, keys: list[bytes], state: ScanProgress) -> None:
+        """Index `keys`, whose batch's reply broke max_reply_bytes: in halves, down to
+        single keys; a single string longer than the limit is hashed in GETRANGE pages
+        (`_index_big_string`), the same digest as if read whole."""
+        parts = [keys]
+        while parts:
+            part = parts.pop()
+            conn = self._open()
+            try:
+                payload, count = self.scanner.fetch_request(part, self._source)
+                replies = conn.request(payload, count)
+            except EndpointError:
+                if not conn.refused:
+                    raise
+                if len(part) > 1:
+                    half = len(part) // 2
+                    parts += [part[half:], part[:half]]
+                else:
+                    self._index_big_string(part[0], state)
+                continue
+            finally:
+                self.bytes_received += conn.bytes_received
+                conn.close()
+            self._index_replies(part, replies, state)
+
+    def _index_big_string(self, key: bytes, state: ScanProgress) -> None:
+        """Index a string too long for one reply: its xxh3 fed page by page (GETRANGE of at
+        most a quarter of max_reply_bytes). Pages are separate reads: a string written
+        meanwhile gets a digest of no single moment, a difference the check reads again."""
+        page = max(1, min(_BIG_PAGE, self.options.reply_limits.max_bytes // 4))
+        conn = self._open()
+        try:
+            length, ttl = conn.request(pack(b"STRLEN", key) + pack(b"PTTL", key), 2)
+            now_ms = time.time_ns() // 1_000_000
+            if not isinstance(length, int) or not isinstance(ttl, int):
+                # Not a string now (its type changed): read as other types are.
+                self._deferred.append((key, ttl if isinstance(ttl, int) else -1, now_ms))
+                return
+            digest = xxhash.xxh3_64()
+            for start in range(0, length, page):
+                (chunk,) = conn.request(pack(b"GETRANGE", key, start, start + page - 1), 1)
+                check_replies([chunk], self.endpoint)
+                digest.update(chunk)
+            self._big_strings += 1
+        finally:
+            self.bytes_received += conn.bytes_received
+            conn.close()
+        ttls = np.array([ttl], dtype=np.int64)
+        index = index_batch(
+            [key],
+            [b""],
+            ttls,
+            now_ms,
+            self.options.ttl_bucket_ms,
+            digests_of={0: digest.intdigest()},
+        )
+        self._keep(index, state)
 
     def _keep(self, part: ScanIndex, state: ScanProgress) -> None:
         if not len(part):

@@ -113,7 +113,7 @@ def index_batch(
     the keys indexed;
     `digests_of` replaces the digest of `values[i]` for keys of other types."""
     n = len(keys)
-    if types is None and keep is None and int(ttls.max(initial=-1)) == -1:
+    if types is None and keep is None and not digests_of and int(ttls.max(initial=-1)) == -1:
         # Strings, none with an expiry or gone: the common batch, one loop in C.
         return ScanIndex(*string_index(keys, values))
     digests = hash_each(values)
