@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from _smoke import parse_args
 
 from replag.config import Config, config_from_dict
 from replag.lab.safety.checker import check_history
@@ -432,7 +433,7 @@ def main() -> None:
     parser.add_argument("--safety-keys", type=int, default=20_000)
     parser.add_argument("--settle", default="50ms", help="repair_settle (ms)")
     parser.add_argument("--baseline", nargs=2, type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, keys=3000, value_size=64, writers=2, safety_keys=500)
     if args.baseline:
         baseline(*args.baseline)
         return
