@@ -82,6 +82,8 @@ _CHECK = (
     Need("pttl", ("PTTL", "KEY")),
     Need("mget", ("MGET", "KEY")),
     Need("get", ("GET", "KEY")),
+    Need("getrange", ("GETRANGE", "KEY", "0", "1")),
+    Need("strlen", ("STRLEN", "KEY")),
     Need("hgetall", ("HGETALL", "KEY")),
     Need("hmget", ("HMGET", "KEY", "f")),
     Need("hlen", ("HLEN", "KEY")),

@@ -4,9 +4,14 @@ hashed in GETRANGE pages, so the scan gives the index it gives under the default
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from replag import reply_limits
+from replag.config import Config, config_from_dict
+from replag.repair import check, repair
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.scanner import ScanIndex, ScanOptions, ScanProgress
 from replag.reply_limits import ReplyLimits
@@ -51,3 +56,61 @@ def test_a_scan_under_a_low_reply_limit_indexes_what_it_indexes_without(big: Red
     assert len(got) == 20 + 1 + 1 + 200
     assert state.finished and state.cursor == b"0"
     assert scan._big_strings == 1  # "huge", in pages; the 300 KB values in smaller batches
+
+
+def _fill(server: RedisServer) -> None:
+    with server.client() as client:
+        for i in range(20):
+            client.set(f"v:{i:02d}", bytes([i]) * (300 << 10))
+        client.set("huge", b"0123456789abcdef" * (3 << 16))  # 3 MB
+        client.rpush("list", b"a", b"b")
+        client.mset({f"s:{i:03d}": f"small {i}" for i in range(200)})
+
+
+def _limited(tmp_path: Path, servers: list[RedisServer]) -> Config:
+    data = {
+        "settings": {"store": str(tmp_path / "s.sqlite"), "repair_settle": "10ms",
+                     "max_reply_bytes": "1MB"},
+        "groups": [{"name": "g", "members": [
+            {"name": f"m{i}", "url": f"redis://127.0.0.1:{s.port}"} for i, s in enumerate(servers)
+        ]}],
+    }  # fmt: skip
+    return config_from_dict(data, where="test")
+
+
+@pytest.fixture
+def restored_limits() -> Iterator[None]:
+    before = reply_limits.current()
+    try:
+        yield
+    finally:
+        reply_limits.configure(before)
+
+
+async def test_check_and_repair_under_a_low_reply_limit(
+    redis_factory: RedisFactory, tmp_path: Path, restored_limits: None
+) -> None:
+    servers = [redis_factory("a"), redis_factory("b")]
+    for server in servers:
+        _fill(server)
+    with servers[1].client() as client:
+        client.set("v:07", b"x" * (300 << 10))
+        client.set("s:010", "changed")
+        client.delete("s:020")
+        client.setrange("huge", 2 << 20, b"X")
+    config = _limited(tmp_path, servers)
+    assert reply_limits.current().max_bytes == 1 << 20
+    # The check compares every key, the 3 MB string too (read in pages on both replicas).
+    found = (await check(config, group="g")).to_dict()
+    assert sorted(k["key"] for k in found["divergent_keys"]) == ["huge", "s:010", "s:020", "v:07"]
+    # The repair copies the others; the 3 MB string's DUMP cannot pass: its own error.
+    fixed = (await repair(config, group="g", policy="source:m0")).to_dict()
+    status = {k["key"]: k["status"] for k in fixed["divergent_keys"]}
+    assert status == {"huge": "error", "s:010": "repaired", "s:020": "repaired", "v:07": "repaired"}
+    (huge,) = [k for k in fixed["divergent_keys"] if k["key"] == "huge"]
+    assert huge["reason"] == (
+        "m0 refused: b'huge' is a string of 3145728 bytes: its DUMP would pass max_reply_bytes"
+        " = 1 MB; not repaired (a value this big is copied only with a higher max_reply_bytes)"
+    )
+    left = (await check(config, group="g")).to_dict()
+    assert [k["key"] for k in left["divergent_keys"]] == ["huge"]

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
 from replag.repair.keyspace.digest import string_digest
 from replag.repair.keyspace.slots import is_moved
-from replag.repair.keyspace.values import Data, read_values
+from replag.repair.keyspace.values import Data, read_values, string_page
 from replag.resp import RespConnection, error_text, pack
 
 
@@ -33,6 +35,8 @@ class KeyState:
     fields: dict[bytes, bytes] | None = field(default=None, compare=False, repr=False)
     # A Redis Cluster node answered MOVED/ASK: the key's slot is served elsewhere (now).
     moved: bool = field(default=False, compare=False)
+    # A string's length in bytes (a DUMP of it must fit one reply: `guarded_write`).
+    size: int | None = field(default=None, compare=False)
 
     @property
     def readable(self) -> bool:
@@ -106,14 +110,20 @@ async def observe_keys(
     keep: bool = True,
     fields: Sequence[bytes] = (),
 ) -> dict[bytes, KeyState]:
-    """TYPE, PTTL and GET per key in one round, then chunked reads of collections.
+    """TYPE, PTTL and a string's first page (GETRANGE) per key in one round, then chunked
+    reads of collections and of strings longer than a page.
 
     Collections are digested as they stream and never kept (memory does not grow
     with them); `keep` keeps string values, `fields` reads those hash fields too.
+    A page is half of max_reply_bytes, so a string longer than one reply may carry
+    is read, and digested as if whole, in pages (`string_page`).
     """
     if not keys:
         return {}
-    payload = b"".join(pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GET", k) for k in keys)
+    last = string_page() - 1
+    payload = b"".join(
+        pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GETRANGE", k, 0, last) for k in keys
+    )
     replies, arrived_ns = await conn.wait(conn.send(payload, 3 * len(keys)))
     now_ms = arrived_ns // 1_000_000
     out: dict[bytes, KeyState] = {}
@@ -131,11 +141,18 @@ async def observe_keys(
             continue
         expiries[key] = int(ttl) + now_ms if int(ttl) >= 0 else None
         if type_name == "string":
-            if isinstance(value, bytes):
+            if isinstance(value, bytes) and len(value) > last:
+                out[key] = await _long_string(conn, key, value, expiries[key], keep)
+            elif isinstance(value, bytes):
                 out[key] = KeyState(
-                    True, "string", string_digest(value), expiries[key], value if keep else None
+                    True,
+                    "string",
+                    string_digest(value),
+                    expiries[key],
+                    value if keep else None,
+                    size=len(value),
                 )
-            else:  # changed type between TYPE and GET
+            else:  # changed type between TYPE and GETRANGE
                 out[key] = KeyState(True, "string", None, expiries[key])
         elif error_text(value) is not None or value is None:
             collections.append((key, type_name))
@@ -156,6 +173,30 @@ async def observe_keys(
             fields=selected.get(key),
         )
     return out
+
+
+async def _long_string(
+    conn: RespConnection, key: bytes, first: bytes, expiry_ms: int | None, keep: bool
+) -> KeyState:
+    """A string whose first page came back full: the rest read in pages, hashed as they
+    come (xxh3 streamed: the digest of the whole). Pages are separate reads: a string
+    written meanwhile gets a digest of no single moment, which verification reads again."""
+    page = len(first)
+    digest = xxhash.xxh3_64(first)
+    kept = [first] if keep else []
+    size = page
+    while True:
+        (chunk,) = await conn.request(pack(b"GETRANGE", key, size, size + page - 1), 1)
+        if not isinstance(chunk, bytes):
+            return KeyState(True, "string", None, expiry_ms)  # changed type meanwhile
+        digest.update(chunk)
+        size += len(chunk)
+        if keep:
+            kept.append(chunk)
+        if len(chunk) < page:
+            break
+    data = b"".join(kept) if keep else None
+    return KeyState(True, "string", digest.intdigest(), expiry_ms, data, size=size)
 
 
 async def _hash_fields(

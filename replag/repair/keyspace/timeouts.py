@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from replag.errors import RepairError, UnreachableError
+from replag.errors import KeyRefused, RepairError, UnreachableError
+from replag.reply_limits import ReplyLimitError
 from replag.resp import RespConnection
 
 BYTES_PER_SECOND = 10_000_000
+# How a value over max_reply_bytes ends its per-key error.
+NOT_COPIED = "; not repaired (a value this big is copied only with a higher max_reply_bytes)"
 
 
 def command_timeout(base_s: float, payload_bytes: int) -> float:
@@ -24,11 +27,19 @@ async def request_within(
     conn: RespConnection, payload: bytes, count: int, *, base_s: float, what: str
 ) -> list[Any]:
     """`conn.request` within `command_timeout(base_s, len(payload))`; a timeout is a
-    RepairError naming `what` (the key or keys), the replica and the setting."""
+    RepairError naming `what` (the key or keys), the replica and the setting. A reply over
+    max_reply_bytes (a DUMP of a value too big for one reply) is that key's error
+    (`KeyRefused`, naming it, the replica and the setting): the run goes on without it,
+    on a new connection (this one is closed)."""
     timeout_s = command_timeout(base_s, len(payload))
     try:
         return await conn.request(payload, count, timeout_s)
     except UnreachableError as exc:
+        if isinstance(exc.__cause__, ReplyLimitError):
+            raise KeyRefused(
+                f"{what}: {exc.message}{NOT_COPIED}",
+                where=conn.endpoint.name,
+            ) from exc
         if not exc.message.startswith("timed out"):
             raise
         size = f"{len(payload) / 1e6:.1f} MB" if len(payload) >= 100_000 else f"{len(payload)} B"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replag import reply_limits
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.resp import RespConnection, error_text, pack
 
@@ -26,6 +27,12 @@ Data = (
 
 _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
+
+
+def string_page() -> int:
+    """The most bytes one read of a string (GETRANGE) asks for: half of max_reply_bytes,
+    so that a reply never breaks the limit (the rest of a longer string in more pages)."""
+    return max(1, reply_limits.current().max_bytes // 2)
 
 
 @dataclass(frozen=True)

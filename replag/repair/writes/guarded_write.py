@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag.errors import KeyRefused
+from replag import reply_limits
+from replag.errors import EndpointError, KeyRefused
 from replag.repair.keyspace.observe import KeyState, observe_keys
-from replag.repair.keyspace.timeouts import request_within
+from replag.repair.keyspace.timeouts import NOT_COPIED, request_within
 from replag.repair.keyspace.values import Data, StreamEntry
 from replag.repair.writes.undo import collection_data
 from replag.resp import RespConnection, error_text, pack
@@ -35,6 +36,9 @@ class Refused:
 
 
 CHUNK = 1000
+# A DUMP's bytes beyond a string's own (type, length, version, checksum) and its reply's
+# framing with the PTTL beside it in MULTI/EXEC, generously.
+_DUMP_OVERHEAD = 256
 
 
 def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:
@@ -77,6 +81,7 @@ async def read_for_copy_with_data(
     if not now[key].same_as(expected, tolerance_ms):
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
         return None, None
+    await _dump_fits(conn, key, now[key])
     data = await collection_data(conn, key, expected, chunk) if collect else None
     replies = await request_within(
         conn,
@@ -113,14 +118,26 @@ async def compare_and_write(
     if not now[key].same_as(expected, tolerance_ms):
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
         return None
+    await _dump_fits(conn, key, now[key])
     built = commands()
     if built is None:
         conn.check(await conn.request(pack(b"UNWATCH"), 1))
         return None
     body = [pack(b"MULTI"), pack(b"DUMP", key), pack(b"PTTL", key), *built, pack(b"EXEC")]
-    replies = await request_within(
-        conn, b"".join(body), len(body), base_s=conn.timeout_s, what=f"writing {key!r}"
-    )
+    try:
+        replies = await request_within(
+            conn, b"".join(body), len(body), base_s=conn.timeout_s, what=f"writing {key!r}"
+        )
+    except KeyRefused as exc:
+        if not isinstance(exc.__cause__, EndpointError):
+            raise
+        # The EXEC ran, but its reply (the pre-image's DUMP: a collection too big for one
+        # reply) was refused: written, and not undoable if a client wrote meanwhile.
+        raise KeyRefused(
+            f"{exc.message.removesuffix(NOT_COPIED)}; the write ran, but what it replaced "
+            "was not kept, so it is not re-verified or undone",
+            where=exc.where,
+        ) from exc
     # A refusal (READONLY, NOPERM, OOM: EXECABORT; a RESTORE's bad payload inside EXEC)
     # is this key's error, not the run's.
     raise_refusal(conn, replies)
@@ -129,6 +146,20 @@ async def compare_and_write(
         return None
     pre_image = result[0] if isinstance(result[0], bytes) else None
     return pre_image, int(result[1]), len(built)
+
+
+async def _dump_fits(conn: RespConnection, key: bytes, now: KeyState) -> None:
+    """A string too long for its DUMP to pass max_reply_bytes in one reply: that key's
+    error, named, before anything is read or written (the connection stays usable)."""
+    limit = reply_limits.current().max_bytes
+    if now.size is None or now.size + _DUMP_OVERHEAD <= limit:
+        return
+    conn.check(await conn.request(pack(b"UNWATCH"), 1))
+    raise KeyRefused(
+        f"{key!r} is a string of {now.size} bytes: its DUMP would pass max_reply_bytes = "
+        f"{reply_limits.size_text(limit)}{NOT_COPIED}",
+        where=conn.endpoint.name,
+    )
 
 
 def typed_writes(key: bytes, state: KeyState) -> list[bytes]:
