@@ -254,7 +254,9 @@ class Settings:
         "Most bytes one reply from a Redis endpoint may announce or carry (a bulk string, or "
         "an array's elements together), checked before it is read: a server announcing more "
         "is unreachable for the run, named with what it announced. The default is Redis's "
-        "own proto-max-bulk-len, so no value a default server holds is refused.",
+        "own proto-max-bulk-len, so no value a default server holds is refused. Below a "
+        "value's size, the scan and verification read it in smaller batches and GETRANGE "
+        "pages; a repair of a value whose DUMP passes it is that key's error.",
     )
     max_reply_elements: int = setting(
         1_000_000,
