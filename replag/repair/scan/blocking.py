@@ -147,8 +147,7 @@ class BlockingScan:
         started = time.perf_counter() - state.seconds
         last_checkpoint = time.monotonic()
         read = state.keys
-        # The COUNT of the SCAN whose reply is read next.
-        asked = self._count(conn) if resumed else opts.count
+        asked = self._count(conn)  # the COUNT of the SCAN whose reply is read next
         conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts, asked)))
         self._pending = None
         while self._pending is None or self._pending[0] != b"0":
@@ -196,12 +195,15 @@ class BlockingScan:
             self._checkpoint(state)
 
     def _count(self, conn: BlockingConnection) -> int:
-        """SCAN's COUNT for the next batch: `options.count`, lowered so that a batch's
-        replies stay near `REPLY_BUDGET` by the bytes per key received so far, and below
-        half of max_reply_bytes even at `_MIN_COUNT` (values of megabytes)."""
+        """SCAN's COUNT for the next batch: `options.count` (`_MIN_COUNT` until a batch
+        was read), lowered so that a batch's replies stay near `REPLY_BUDGET` by the bytes
+        per key received so far, and below half of max_reply_bytes even at `_MIN_COUNT`
+        (values of megabytes)."""
         count = self.options.count
-        if not self._asked:  # no batch read yet: the values' size unknown
-            return count
+        if not self._asked:
+            # No batch read yet, the values' size unknown: a small batch first (values of
+            # megabytes must not make a first reply of gigabytes, refused at the limit).
+            return min(count, _MIN_COUNT)
         # Bytes per unit of COUNT asked: whatever share of the keys visited SCAN returns
         # (MATCH, TYPE) and the scan fetches (a scan of a few leaves fetches few).
         per_unit = max(1.0, (self._received + conn.bytes_received) / self._asked)
