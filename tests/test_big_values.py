@@ -1,6 +1,7 @@
 """Values bigger than max_reply_bytes allows in one reply (issue 33): a scan's batch
 whose reply is refused is read again in halves, and a string longer than the limit is
-hashed in GETRANGE pages, so the scan gives the index it gives under the default limit."""
+hashed in GETRANGE pages, so the scan gives the index it gives under the default limit;
+collections are read in pages sized by their elements' bytes."""
 
 from __future__ import annotations
 
@@ -114,3 +115,26 @@ async def test_check_and_repair_under_a_low_reply_limit(
     )
     left = (await check(config, group="g")).to_dict()
     assert [k["key"] for k in left["divergent_keys"]] == ["huge"]
+
+
+async def test_a_hash_of_big_fields_is_read_in_pages_that_fit(
+    redis_factory: RedisFactory, tmp_path: Path, restored_limits: None
+) -> None:
+    # 2000 fields of 5 KB: a page of 1000 (the default chunk) would be 5 MB.
+    servers = [redis_factory("a"), redis_factory("b")]
+    fields = {f"f{i:04d}": bytes([i % 251]) * 5000 for i in range(2000)}
+    for server in servers:
+        with server.client() as client:
+            client.hset("wide", mapping=fields)
+            client.rpush("long", *[b"x" * 5000] * 600)
+    with servers[1].client() as client:
+        client.hset("wide", "f0100", "changed")
+        client.lset("long", 599, "changed")
+    config = _limited(tmp_path, servers)
+    found = (await check(config, group="g")).to_dict()
+    assert sorted(k["key"] for k in found["divergent_keys"]) == ["long", "wide"]
+    fixed = (await repair(config, group="g", policy="source:m0")).to_dict()
+    assert {k["key"]: k["status"] for k in fixed["divergent_keys"]} == {
+        "long": "repaired",
+        "wide": "repaired",
+    }

@@ -25,6 +25,9 @@ Data = (
     bytes | dict[bytes, bytes] | set[bytes] | dict[bytes, float] | list[bytes] | list[StreamEntry]
 )
 
+# Elements a collection's first page asks for, their size unknown (then `chunk`, or
+# fewer where their size says so).
+_FIRST_PAGE = 100
 _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
 
@@ -54,6 +57,9 @@ class _Reader:
         self.done = False
         self.failed = False
         self.card: int | None = None  # HLEN/SCARD/ZCARD, asked with the first page
+        self.asked = chunk  # the COUNT (or range) of the last page asked
+        self.bytes = 0  # of the elements read so far, to size the pages by
+        self.elements = 0
         self.pairs: dict[bytes, Any] = {}
         self.members: set[bytes] = set()
         self.items: list[Any] = []
@@ -65,8 +71,22 @@ class _Reader:
         """Replies the next `command()` produces."""
         return 2 if self.type in _SCAN and self.card is None else 1
 
+    def _count(self) -> int:
+        """Elements the next page asks for: `chunk`, fewer while their size is unknown
+        (`_FIRST_PAGE`) or where `chunk` of them would pass a quarter of max_reply_bytes."""
+        if not self.elements:
+            return min(self.chunk, _FIRST_PAGE)
+        per_element = max(1.0, self.bytes / self.elements)
+        fit = int(reply_limits.current().max_bytes / 4 / per_element)
+        return max(1, min(self.chunk, fit))
+
+    def _sized(self, items: Sequence[Any], elements: int) -> None:
+        self.bytes += sum(map(len, items))
+        self.elements += elements
+
     def command(self) -> bytes:
-        k, n = self.key, self.chunk
+        k = self.key
+        n = self.asked = self._count()
         if self.type == "string":
             return pack(b"GET", k)
         if self.type in _SCAN:
@@ -102,17 +122,20 @@ class _Reader:
             if self.keep:
                 self.items.extend(reply)
             self.start += len(reply)
-            self.done = len(reply) < self.chunk
+            self._sized(reply, len(reply))
+            self.done = len(reply) < self.asked
         else:
             for entry_id, fields in reply:
                 self.ordered.add(entry_id, *fields)
+                self._sized(fields, 1)
                 if self.keep:
                     self.items.append((entry_id, list(fields)))
             if reply:
                 self.cursor = b"(" + reply[-1][0]
-            self.done = len(reply) < self.chunk
+            self.done = len(reply) < self.asked
 
     def _page(self, cursor: bytes, flat: list[bytes]) -> None:
+        self._sized(flat, len(flat) if self.type == "set" else len(flat) // 2)
         if self.type == "set":
             self.unordered.add_set_page(flat)
             if self.keep:
