@@ -5,6 +5,7 @@ collections are read in pages sized by their elements' bytes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from replag import reply_limits
 from replag.config import Config, config_from_dict
 from replag.repair import check, repair
 from replag.repair.scan.blocking import BlockingScan
-from replag.repair.scan.scanner import ScanIndex, ScanOptions, ScanProgress
+from replag.repair.scan.scanner import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.reply_limits import ReplyLimits
 from replag.topology import Endpoint
 from tests.helpers.redis_servers import RedisFactory, RedisServer
@@ -138,3 +139,15 @@ async def test_a_hash_of_big_fields_is_read_in_pages_that_fit(
         "long": "repaired",
         "wide": "repaired",
     }
+
+
+def test_the_async_scanner_under_a_low_reply_limit_indexes_what_it_indexes_without(
+    big: RedisServer, restored_limits: None
+) -> None:
+    endpoint = Endpoint.from_url(big.url, name="big")
+    expected = BlockingScan(endpoint, ScanOptions(count=1000)).run(ScanProgress("big"))
+    reply_limits.configure(LIMIT)
+    state = ScanProgress("big")
+    got = asyncio.run(ReplicaScanner(endpoint, ScanOptions(count=1000)).run(state))
+    assert entries(got) == entries(expected)
+    assert state.finished and state.keys == len(got) == 20 + 1 + 1 + 200

@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from replag import reply_limits
-from replag.errors import RepairError, ReplagError
+from replag.errors import RepairError, ReplagError, UnreachableError
 from replag.repair.keyspace.digest import TYPE_CODES
 from replag.repair.keyspace.native import hash_each
+from replag.repair.keyspace.observe import observe_keys
 from replag.repair.keyspace.slots import is_moved
 from replag.repair.keyspace.together import cancel_all
 from replag.repair.keyspace.values import read_values
@@ -40,7 +41,7 @@ from replag.repair.scan.ttls import (
 )
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
-from replag.reply_limits import ReplyLimits
+from replag.reply_limits import ReplyLimitError, ReplyLimits
 from replag.resp import (
     RespConnection,
     error_text,
@@ -182,12 +183,13 @@ class ReplicaScanner:
         except BaseException:
             await scan_conn.close()
             raise
+        self._conns = [scan_conn, fetch_conn]  # and those a refused reply made anew
         try:
             return await self._run(state, scan_conn, fetch_conn)
         finally:
-            self.bytes_received += scan_conn.bytes_received + fetch_conn.bytes_received
-            await scan_conn.close()
-            await fetch_conn.close()
+            for conn in self._conns:
+                self.bytes_received += conn.bytes_received
+                await conn.close()
 
     async def _run(
         self, state: ScanProgress, scan_conn: RespConnection, fetch_conn: RespConnection
@@ -211,7 +213,27 @@ class ReplicaScanner:
                     raise item
                 cursor, keys, future = item
                 read += len(keys)
-                replies, arrived_ns = await fetch_conn.wait(future)
+                try:
+                    replies, arrived_ns = await fetch_conn.wait(future)
+                except UnreachableError as exc:
+                    if not isinstance(exc.__cause__, ReplyLimitError):
+                        raise
+                    # The batch's reply broke max_reply_bytes (values of megabytes): both
+                    # connections anew, this batch read key by key, the walk on after it.
+                    await cancel_all([producer])
+                    scan_conn, fetch_conn = await self._reopen(scan_conn, fetch_conn)
+                    part = await self._index_by_key(fetch_conn, keys)
+                    keep(part)
+                    state.cursor, state.keys = cursor, state.keys + len(part)
+                    queue = asyncio.Queue(maxsize=opts.in_flight_batches)
+                    # At the keyspace's end nothing is left to walk: the queue just ends.
+                    walk = (
+                        queue.put(None)
+                        if cursor == b"0"
+                        else self._walk(scan_conn, fetch_conn, cursor, queue)
+                    )
+                    producer = asyncio.create_task(walk)
+                    continue
                 part = await self._index_batch(fetch_conn, keys, replies, arrived_ns)
                 keep(part)
                 state.cursor, state.keys = cursor, state.keys + len(part)
@@ -235,6 +257,46 @@ class ReplicaScanner:
         finally:
             if not producer.done():
                 await cancel_all([producer])
+
+    async def _reopen(
+        self, scan_conn: RespConnection, fetch_conn: RespConnection
+    ) -> tuple[RespConnection, RespConnection]:
+        """New scan and fetch connections for those a refused reply closed (all of them
+        closed, and their bytes counted, by `run_parts`)."""
+        await scan_conn.close()
+        await fetch_conn.close()
+        scan_conn = await RespConnection.open(self.endpoint, timeout_s=self.options.timeout_s)
+        self._conns.append(scan_conn)
+        fetch_conn = await RespConnection.open(self.endpoint, timeout_s=self.options.timeout_s)
+        self._conns.append(fetch_conn)
+        return scan_conn, fetch_conn
+
+    async def _index_by_key(self, conn: RespConnection, keys: list[bytes]) -> ScanIndex:
+        """`keys` indexed from what `observe_keys` reads of each (a string in GETRANGE pages
+        of half the limit, a collection in pages): no reply holds more than one value's
+        page, and each digest is the one a whole read gives."""
+        states = await observe_keys(conn, keys, chunk=self.options.count, keep=False)
+        now_ms = time.time_ns() // 1_000_000
+        present = [k for k in keys if states[k].exists and not states[k].moved]
+        read = [states[k] for k in present]
+        types = np.array([TYPE_CODES.get(s.type or "", 0) for s in read], dtype=np.uint8)
+        ttls = np.array(
+            [-1 if s.expiry_ms is None else max(0, s.expiry_ms - now_ms) for s in read],
+            dtype=np.int64,
+        )
+        digests = {
+            i: self._changed_digest if s.digest is None else s.digest for i, s in enumerate(read)
+        }
+        return index_batch(
+            present,
+            [b""] * len(present),
+            ttls,
+            now_ms,
+            self.options.ttl_bucket_ms,
+            types,
+            np.ones(len(present), dtype=np.bool_),
+            digests,
+        )
 
     async def _walk(
         self,
