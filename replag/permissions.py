@@ -111,6 +111,7 @@ _WRITES = (
         Need(name, args, write=True)
         for name, args in (
             ("set", ("SET", "KEY", "1")),
+            ("append", ("APPEND", "KEY", "1")),
             ("del", ("DEL", "KEY")),
             ("unlink", ("UNLINK", "KEY")),
             ("pexpire", ("PEXPIRE", "KEY", "1000")),

@@ -256,7 +256,8 @@ class Settings:
         "is unreachable for the run, named with what it announced. The default is Redis's "
         "own proto-max-bulk-len, so no value a default server holds is refused. Below a "
         "value's size, the scan and verification read it in smaller batches and GETRANGE "
-        "pages; a repair of a value whose DUMP passes it is that key's error.",
+        "pages, and a repair copies such a string in pages; a repair that needs a DUMP "
+        "passing it is that key's error.",
     )
     max_reply_elements: int = setting(
         1_000_000,

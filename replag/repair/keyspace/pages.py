@@ -43,10 +43,14 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import xxhash
+
+from replag import reply_limits
 from replag.config import Config
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
 from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
-from replag.repair.keyspace.timeouts import request_within
+from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
+from replag.repair.keyspace.values import string_page
 from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
@@ -55,6 +59,8 @@ PAGE_BYTES = 512 * 1024
 SAFETY_TTL_MS = 3_600_000
 _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD", "list": b"LLEN", "stream": b"XLEN"}
+# What the empty transaction after a paged read asks (a string's length: STRLEN).
+_SIZE = {**_CARD, "string": b"STRLEN"}
 _WRITE = {"hash": b"HSET", "set": b"SADD", "zset": b"ZADD", "list": b"RPUSH"}
 Outcome = Literal["repaired", "changed", "undo_failed"]
 
@@ -106,8 +112,14 @@ async def card_of(conn: RespConnection, key: bytes, type_name: str | None) -> in
 
 
 def _writes(temp: bytes, type_name: str, items: list[Any]) -> list[bytes]:
-    """Commands adding `items` (flat pairs for hash/zset, members, entries) to `temp`,
-    none carrying more than about PAGE_BYTES."""
+    """Commands adding `items` (flat pairs for hash/zset, members, entries, a string's
+    page) to `temp`, none carrying more than about PAGE_BYTES."""
+    if type_name == "string":
+        return [
+            pack(b"APPEND", temp, page[i : i + PAGE_BYTES])
+            for page in items
+            for i in range(0, len(page), PAGE_BYTES)
+        ]
     if type_name == "stream":
         return [pack(b"XADD", temp, entry_id, *fields) for entry_id, fields in items]
     step = 2 if type_name in ("hash", "zset") else 1
@@ -128,6 +140,9 @@ class _PageReader:
 
     def __init__(self, key: bytes, type_name: str, page: int) -> None:
         self.key, self.type, self.page = key, type_name, page
+        if type_name == "string":  # pages of bytes, each half of what a reply may carry
+            self.page = string_page()
+        self.bytes = xxhash.xxh3_64()
         self.cursor: bytes = b"0"
         self.start = 0
         self.done = False
@@ -136,6 +151,8 @@ class _PageReader:
         self.ordered = OrderedDigest(type_name.encode())
 
     def command(self) -> bytes:
+        if self.type == "string":
+            return pack(b"GETRANGE", self.key, self.start, self.start + self.page - 1)
         if self.type in _SCAN:
             return pack(_SCAN[self.type], self.key, self.cursor, b"COUNT", self.page)
         if self.type == "list":
@@ -158,6 +175,10 @@ class _PageReader:
             self.unordered.add_zset_page(names, list(map(float, values)))
             return [x for m, s in zip(names, values, strict=True) for x in (s, m)]
         self.done = len(reply) < self.page
+        if self.type == "string":
+            self.bytes.update(reply)
+            self.start += len(reply)
+            return [reply] if reply else []
         if self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -170,6 +191,8 @@ class _PageReader:
         return [(entry_id, list(fields)) for entry_id, fields in reply]
 
     def digest(self) -> int:
+        if self.type == "string":
+            return self.bytes.intdigest()  # xxh3 streamed: a whole read's string_digest
         return self.unordered.digest() if self.type in _SCAN else self.ordered.digest()
 
     @property
@@ -221,7 +244,7 @@ async def copy_in_pages(
             target.check((await target.wait(pending, timeout))[0])
             pending = None
         replies = await winner.request(
-            pack(b"MULTI") + pack(_CARD[expected.type], key) + pack(b"EXEC"), 3
+            pack(b"MULTI") + pack(_SIZE[expected.type], key) + pack(b"EXEC"), 3
         )
         winner.check(replies[:1])
         unchanged = replies[-1] is not None
@@ -409,7 +432,14 @@ class PagedLane(Protocol):
 
 async def copied_in_pages(lane: PagedLane, key: bytes, state: KeyState, page_elements: int) -> bool:
     """Whether the winner's value of `key` is copied in pages: a collection above
-    `page_elements`, but not a stream with consumer groups (see the module)."""
+    `page_elements`, but not a stream with consumer groups (see the module); a string
+    whose DUMP could not pass max_reply_bytes in one reply (read in GETRANGE pages)."""
+    if state.type == "string":
+        size = state.size
+        if size is None:
+            async with lane.connection() as conn:
+                (size,) = await conn.request(pack(b"STRLEN", key), 1)
+        return isinstance(size, int) and size + DUMP_OVERHEAD > reply_limits.current().max_bytes
     if state.type not in _CARD:
         return False
     async with lane.connection() as conn:

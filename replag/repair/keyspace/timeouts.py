@@ -15,6 +15,9 @@ from replag.reply_limits import ReplyLimitError
 from replag.resp import RespConnection
 
 BYTES_PER_SECOND = 10_000_000
+# A DUMP's bytes beyond a string's own (type, length, version, checksum) and its reply's
+# framing with the PTTL beside it in MULTI/EXEC, generously.
+DUMP_OVERHEAD = 256
 # How a value over max_reply_bytes ends its per-key error.
 NOT_COPIED = "; not repaired (a value this big is copied only with a higher max_reply_bytes)"
 

@@ -18,7 +18,7 @@ from typing import Any
 from replag import reply_limits
 from replag.errors import EndpointError, KeyRefused
 from replag.repair.keyspace.observe import KeyState, observe_keys
-from replag.repair.keyspace.timeouts import NOT_COPIED, request_within
+from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, NOT_COPIED, request_within
 from replag.repair.keyspace.values import Data, StreamEntry
 from replag.repair.writes.undo import collection_data
 from replag.resp import RespConnection, error_text, pack
@@ -36,9 +36,6 @@ class Refused:
 
 
 CHUNK = 1000
-# A DUMP's bytes beyond a string's own (type, length, version, checksum) and its reply's
-# framing with the PTTL beside it in MULTI/EXEC, generously.
-_DUMP_OVERHEAD = 256
 
 
 def raise_refusal(conn: RespConnection, replies: Sequence[Any]) -> None:
@@ -152,7 +149,7 @@ async def _dump_fits(conn: RespConnection, key: bytes, now: KeyState) -> None:
     """A string too long for its DUMP to pass max_reply_bytes in one reply: that key's
     error, named, before anything is read or written (the connection stays usable)."""
     limit = reply_limits.current().max_bytes
-    if now.size is None or now.size + _DUMP_OVERHEAD <= limit:
+    if now.size is None or now.size + DUMP_OVERHEAD <= limit:
         return
     conn.check(await conn.request(pack(b"UNWATCH"), 1))
     raise KeyRefused(
