@@ -14,9 +14,12 @@ import pytest
 from replag import reply_limits
 from replag.config import Config, config_from_dict
 from replag.repair import check, repair
+from replag.repair.keyspace.digest import string_digest
+from replag.repair.keyspace.values import ReadValue, read_values
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.scanner import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.reply_limits import ReplyLimits
+from replag.resp import RespConnection
 from replag.topology import Endpoint
 from tests.helpers.redis_servers import RedisFactory, RedisServer
 
@@ -159,3 +162,20 @@ def test_the_async_scanner_under_a_low_reply_limit_indexes_what_it_indexes_witho
     got = asyncio.run(ReplicaScanner(endpoint, ScanOptions(count=1000)).run(state))
     assert entries(got) == entries(expected)
     assert state.finished and state.keys == len(got) == 20 + 1 + 1 + 200
+
+
+def test_read_values_reads_a_string_over_the_limit_in_pages(
+    big: RedisServer, restored_limits: None
+) -> None:
+    reply_limits.configure(LIMIT)
+    endpoint = Endpoint.from_url(big.url, name="big")
+
+    async def read() -> ReadValue | None:
+        conn = await RespConnection.open(endpoint, timeout_s=5)
+        try:
+            return (await read_values(conn, [(b"huge", "string")], keep=True))[b"huge"]
+        finally:
+            await conn.close()
+
+    value = b"0123456789abcdef" * (3 << 16)
+    assert asyncio.run(read()) == ReadValue("string", string_digest(value), value)

@@ -87,8 +87,8 @@ class _Reader:
     def command(self) -> bytes:
         k = self.key
         n = self.asked = self._count()
-        if self.type == "string":
-            return pack(b"GET", k)
+        if self.type == "string":  # in pages of half of what one reply may carry
+            return pack(b"GETRANGE", k, self.start, self.start + string_page() - 1)
         if self.type in _SCAN:
             page = pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
             return pack(_CARD[self.type], k) + page if self.card is None else page
@@ -114,8 +114,9 @@ class _Reader:
             return
         reply = replies[0]
         if self.type == "string":
-            self.items = [reply]
-            self.done = True
+            self.items.append(reply)
+            self.start += len(reply)
+            self.done = len(reply) < string_page()
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -160,7 +161,7 @@ class _Reader:
         if self.failed:
             return None
         if self.type == "string":
-            value: bytes = self.items[0]
+            value: bytes = b"".join(self.items)
             return ReadValue("string", string_digest(value), value if self.keep else None)
         if self.type in _SCAN:
             data: Data | None = None
