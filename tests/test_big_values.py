@@ -6,6 +6,7 @@ collections are read in pages sized by their elements' bytes."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def big(redis_factory: RedisFactory) -> RedisServer:
         for i in range(20):
             client.set(f"v:{i:02d}", bytes([i]) * (300 << 10))
         client.set("huge", b"0123456789abcdef" * (3 << 16))  # 3 MB
-        client.pexpire("v:03", 3_600_000)
+        # Mid-bucket: two scans' reading of it cannot straddle a 2 s bucket's edge.
+        client.pexpireat("v:03", (int(time.time() * 1000) // 2000 + 1800) * 2000 + 1000)
         client.rpush("list", b"a", b"b")
         for i in range(200):
             client.set(f"s:{i:03d}", f"small {i}")
