@@ -70,6 +70,7 @@ from pathlib import Path
 
 import httpx
 import tomli_w
+from _smoke import parse_args
 
 from replag.lab.cluster import lab_down
 from replag.lab.fleet import fleet_up
@@ -424,14 +425,22 @@ def main() -> None:
     parser.add_argument("--outage-warmup", type=float, default=45.0)
     parser.add_argument("--probe-interval", type=float, default=10.0)
     parser.add_argument("--lease-time", type=float, default=20.0)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case")
     parser.add_argument("--keep", default=None, help="the outage case's directory (kept)")
-    args = parser.parse_args()
-    args.lone_after = LONE_AFTER_S
-    if args.smoke:
-        args.cases, args.seconds, args.warmup, args.api_seconds = "1x1", 4.0, 3.0, 1.0
-        args.rate, args.outage, args.outage_seconds, args.outage_warmup = 20.0, "1x3", 6.0, 8.0
-        args.probe_interval, args.lease_time, args.lone_after = 1.0, 4.0, 1.0
+    parser.set_defaults(lone_after=LONE_AFTER_S)
+    args = parse_args(
+        parser,
+        cases="1x1",
+        seconds=4.0,
+        warmup=3.0,
+        api_seconds=1.0,
+        rate=20.0,
+        outage="1x3",
+        outage_seconds=6.0,
+        outage_warmup=8.0,
+        probe_interval=1.0,
+        lease_time=4.0,
+        lone_after=1.0,
+    )
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
     outage = None if args.outage == "none" else tuple(int(x) for x in args.outage.split("x"))

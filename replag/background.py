@@ -69,3 +69,17 @@ async def _cancel_all() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended, its own CancelledError swallowed, but
+    never one aimed at the caller. (`with suppress(CancelledError): await task` swallows
+    both: a caller cancelled while it waits then runs on, and one that loops waits for
+    ever; that is how a probe run hung on a learning observer that kept polling.)"""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

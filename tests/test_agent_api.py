@@ -186,10 +186,11 @@ async def test_metrics_show_trees_events_and_bytes(client: httpx.AsyncClient) ->
         resident["replag_agent_resident_bytes"],
         resident["replag_agent_resident_fixed_bytes"],
     )
-    # The marginal cost: what the agent holds beyond its size before any tree, per key.
-    assert rss > fixed > 10 << 20
+    # The marginal cost: what the agent holds beyond its size before any tree, per key
+    # (none where the process shrank since: here the agent shares the test's process).
+    assert rss > 10 << 20 and fixed > 10 << 20
     per_key = resident["replag_agent_resident_bytes_per_key"]
-    assert per_key == pytest.approx((rss - fixed) / 3007, rel=0.05)
+    assert per_key == pytest.approx(max(0.0, rss - fixed) / 3007, rel=0.05, abs=1.0)
     assert 'replag_agent_response_bytes_total{route="leaves"}' in text
     assert TOKEN not in text
 

@@ -12,7 +12,6 @@ subscription per replica serves everything.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,6 +22,7 @@ from prometheus_client.metrics_core import Metric
 
 from replag.agent.auth import AgentAudit
 from replag.agent.livetree import LiveTree
+from replag.background import cancel_and_wait
 from replag.config import Config
 from replag.errors import UsageError
 from replag.logfields import bind_log_fields
@@ -141,9 +141,8 @@ class RegionAgent:
             # Trees save their snapshots on the way out; a replica that hangs is cut off.
             _, pending = await asyncio.wait(self._tasks, timeout=30)
             for task in pending:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                await cancel_and_wait(task)
+            await asyncio.gather(*self._tasks, return_exceptions=True)  # (their errors read)
         self._tasks = []
         for lane in self.lanes.values():
             await lane.close()

@@ -23,13 +23,13 @@ bracket that holds whatever the host does (sent before, answered after).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from replag.background import cancel_and_wait
 from replag.errors import EndpointError, PermissionRefused, ReplagError
 from replag.probes.cpu_wait import CpuWait, local_server
 from replag.resp import RespConnection, error_text
@@ -268,9 +268,7 @@ class PushObserver(Observer):
         self.settle()
         self.cpu_wait.close()
         if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+            await cancel_and_wait(self._watcher)
             self._watcher = None
 
 
@@ -338,9 +336,7 @@ class PollObserver(Observer):
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 class LearningObserver(Observer):
@@ -424,9 +420,7 @@ class LearningObserver(Observer):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if not self.decided and (self.push.arrivals or not self.insist):
             # The run ended before a decision (a short --timeout): what either saw is
             # still an observation; the events win where there are any.

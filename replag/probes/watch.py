@@ -16,7 +16,6 @@ its own `timeout_s` after it began, so a prober that vanished leaks nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -24,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from replag.background import cancel_and_wait
 from replag.clockbound import WallClock
 from replag.errors import ReplagError, UsageError
 from replag.probes.observers import Observer, open_observer
@@ -264,9 +264,7 @@ class WatchBook:
         watch = self.watches.pop(watch_id, None)
         reaper = self._reapers.pop(watch_id, None)
         if reaper is not None and reaper is not asyncio.current_task():
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            await cancel_and_wait(reaper)
         if watch is not None:
             await watch.stop()
 

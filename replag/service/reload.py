@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replag.background import cancel_and_wait
 from replag.config import Config, load_config
 from replag.errors import ConfigError, ReplagError
 from replag.probes.targets import observed_replicas
@@ -149,9 +150,7 @@ class ConfigReloader:
             with contextlib.suppress(ValueError, RuntimeError):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def _on_sighup(self) -> None:
         log.info("SIGHUP: reloading %s", self.path)
