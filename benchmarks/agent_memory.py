@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import redis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 from agents_wan import TOKEN, start_agent, wait_current
 
 from replag.config import load_config, render_config

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import Config, load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 import redis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import load_config, render_config
 from replag.lab.cluster import LabSpec, lab_down, lab_topology, lab_up, read_state

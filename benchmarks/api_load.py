@@ -49,7 +49,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import tomli_w
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.load import LoadSpec, lab_load

@@ -50,7 +50,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 from ceiling import TTL_METHODS, Ceiling, measure_ceiling
 from runstats import Measured, run_measured
 

@@ -43,7 +43,7 @@ import hiredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import load_config
 from replag.discovery.cluster import discover_cluster

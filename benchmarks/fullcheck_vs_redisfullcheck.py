@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 from ceiling import measure_ceiling
 from runstats import Measured, run_measured
 

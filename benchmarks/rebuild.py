@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import Config, config_from_dict
 from replag.lab.safety.checker import check_history

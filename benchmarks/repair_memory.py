@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 from runstats import Measured, run_measured
 
 from replag.lab.server import RedisServer, free_port

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.lab.safety.checker import CATEGORIES
 from replag.lab.safety.harness import SafetyRun, SafetySpec, run_once

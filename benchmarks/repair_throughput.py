@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import redis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import Config, load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up

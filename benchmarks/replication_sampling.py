@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import redis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.config import load_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up

@@ -14,7 +14,7 @@ import os
 import time
 
 import hiredis
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.reply_limits import ReplyGuard
 

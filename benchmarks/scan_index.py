@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.repair.keyspace import native
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 import replag
 from replag.lab.cluster import LabSpec, lab_down, lab_up

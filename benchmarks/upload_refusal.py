@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import tomli_w
-from _smoke import parse_args
+from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
 from replag.lab.server import RedisServer, free_port
 
