@@ -32,12 +32,13 @@ from replag.repair.decisions.outages import cut_off_replicas
 from replag.repair.decisions.policy import Policy, parse_policy
 from replag.repair.decisions.roles import GroupShape, group_shape
 from replag.repair.exclusive import release_groups, renew_groups, take_groups
-from replag.repair.group_run import GroupRun, KeySink, RunParams
+from replag.repair.group_run import GroupRun
 from replag.repair.keyspace.databases import unchecked_databases
 from replag.repair.keyspace.observe import key_from_json
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
 from replag.repair.keyspace.together import cancel_all
 from replag.repair.reachable import members_reachable
+from replag.repair.run_state import KeySink, RunParams, RunSetup, RunState
 from replag.repair.runs import (
     DONE,
     FAILED,
@@ -52,17 +53,13 @@ from replag.repair.trees.remote import AgentPool
 from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.store.leases import Lease
-from replag.topology import Endpoint, ReplicaGroup
+from replag.topology import ReplicaGroup, Topology
 
 logger = logging.getLogger(__name__)
 
 
-def _config_name(config: Config) -> str | None:
-    return str(config.path) if config.path is not None else None
-
-
 async def _run(
-    config: Config,
+    setup: RunSetup,
     params: RunParams,
     *,
     store: Store | None,
@@ -75,22 +72,22 @@ async def _run(
     """Run `params` (or resume run `resume`): every member must answer first; no other
     check or repair of its groups may run meanwhile (`replag.repair.exclusive`).
     `acl_mode`: the ACL recipe of the process running it (serve), for a refusal's advice."""
-    groups = _groups(config, params.group)
+    groups = _groups(setup.topology, params.group)
     if resume is not None:
-        _, saved = _resumed(config, params.kind, store, resume)
-        groups = _groups(config, saved.group, check=False)
+        _, saved = _resumed(setup.config_name, params.kind, store, resume)
+        groups = _groups(setup.topology, saved.group, check=False)
     if store is None:
         return await _run_exclusive(
-            config, params, store, resume, progress, on_run, key_sink, acl_mode
+            setup, params, store, resume, progress, on_run, key_sink, acl_mode
         )
-    ttl_s = config.settings.lease_time
+    ttl_s = setup.settings.lease_time
     held = await _take_groups(store, [g.name for g in groups], ttl_s)
     this = asyncio.current_task()
     unconfirmed: list[str] = []
     keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, this, unconfirmed))
     try:
         return await _run_exclusive(
-            config, params, store, resume, progress, on_run, key_sink, acl_mode
+            setup, params, store, resume, progress, on_run, key_sink, acl_mode
         )
     except asyncio.CancelledError:
         if not unconfirmed or this is None:
@@ -159,7 +156,7 @@ async def _keep_groups(
 
 
 async def _run_exclusive(
-    config: Config,
+    setup: RunSetup,
     params: RunParams,
     store: Store | None,
     resume: str | None,
@@ -168,11 +165,11 @@ async def _run_exclusive(
     key_sink: KeySink | None,
     acl_mode: Mode | None = None,
 ) -> rp.RepairReport:
-    groups = _groups(config, params.group)
+    groups = _groups(setup.topology, params.group)
     log: RunLog | None = None
     if resume is not None:
-        log, params = _resumed(config, params.kind, store, resume)
-        groups = _groups(config, params.group, check=False)
+        log, params = _resumed(setup.config_name, params.kind, store, resume)
+        groups = _groups(setup.topology, params.group, check=False)
     for g in groups:  # a policy the groups cannot use is refused before the run is recorded
         parse_policy(params.policy, g.members, kind=g.kind)
     if log is not None:
@@ -184,29 +181,36 @@ async def _run_exclusive(
         on_run(run_id)
     started = time.perf_counter()
     reports: list[rp.GroupReport] = []
-    agents = AgentPool(config, run_id=run_id, started_by=params.started_by)
+    s = setup.settings
+    agents = AgentPool(
+        setup.topology,
+        token=setup.agent_token,
+        timeout_s=s.connect_timeout,
+        run_id=run_id,
+        started_by=params.started_by,
+    )
+    run = RunState(
+        setup=setup,
+        params=params,
+        run_id=run_id,
+        log=log,
+        agents=agents,
+        progress=progress,
+        key_sink=key_sink,
+    )
     beating = asyncio.create_task(_heartbeat(log)) if log is not None else None
-
-    def through_agent(member: Endpoint) -> bool:
-        # (a --match/--type run scans every member here: see GroupRun)
-        return (
-            config.topology.agent_of(member) is not None
-            and params.match is None
-            and params.type_filter is None
-        )
-
     unchecked: list[dict[str, Any]] = []
     try:
-        with _outcome_recorded(log, params.kind, run_id, _config_name(config)):
+        with _outcome_recorded(log, params.kind, run_id, setup.config_name):
             # Every member answers first, or nothing is scanned (the run is recorded as failed).
             await members_reachable(
                 groups,
-                timeout_s=config.settings.connect_timeout,
-                through_agent=through_agent,
+                timeout_s=s.connect_timeout,
+                through_agent=run.through_agent,
                 # …and lets this run's user do what it will (a missing ACL permission is
                 # named now, not after the scans).
                 mode="repair" if params.kind == "repair" and not params.dry_run else "check",
-                prefix=config.settings.prefix,
+                prefix=s.prefix,
                 advise=acl_mode,
             )
             for g in groups:
@@ -214,30 +218,20 @@ async def _run_exclusive(
                     # A member behind an agent has its role read there.
                     shape = await group_shape(
                         g,
-                        timeout_s=config.settings.connect_timeout,
+                        timeout_s=s.connect_timeout,
                         agents=[
-                            agents.client_for(m) if through_agent(m) else None for m in g.members
+                            agents.client_for(m) if run.through_agent(m) else None
+                            for m in g.members
                         ],
                     )
-                    policy = _policy(config, params, g, shape, store)
-                    run = GroupRun(
-                        config,
-                        g,
-                        params,
-                        policy,
-                        log,
-                        progress,
-                        agents=agents,
-                        key_sink=key_sink,
-                        shape=shape,
-                    )
-                    reports.append(await run.run())
+                    policy = _policy(s.repair_outage_window, params, g, shape, store)
+                    reports.append(await GroupRun(run, g, policy, shape).run())
             # What this run did not look at: databases with keys no group covers.
             unchecked = await unchecked_databases(
-                config.topology,
+                setup.topology,
                 groups,
-                timeout_s=config.settings.connect_timeout,
-                skip={m.name for g in groups for m in g.members if through_agent(m)},
+                timeout_s=s.connect_timeout,
+                skip={m.name for g in groups for m in g.members if run.through_agent(m)},
             )
     finally:
         if beating is not None:
@@ -253,7 +247,7 @@ async def _run_exclusive(
         status=DONE,
         groups=reports,
         seconds=time.perf_counter() - started,
-        scan_rate=config.settings.scan_rate or None,
+        scan_rate=s.scan_rate or None,
         ttls=params.ttls,
         unchecked_databases=unchecked,
     )
@@ -274,11 +268,11 @@ async def _heartbeat(log: RunLog) -> None:
 
 
 def _policy(
-    config: Config, params: RunParams, group: ReplicaGroup, shape: GroupShape, store: Store | None
+    window: float, params: RunParams, group: ReplicaGroup, shape: GroupShape, store: Store | None
 ) -> Policy:
     """The group's policy: --policy, or its kind's default, bound to what the run found (the
-    primary; for Dynomite's majority, the members the probes saw cut off)."""
-    window = config.settings.repair_outage_window
+    primary; for Dynomite's majority, the members the probes saw cut off within `window`
+    seconds, settings.repair_outage_window)."""
     since_ns = time.time_ns() - int(window * 1e9)
     names = {m.name for m in group.members}
     cut_off = tuple(sorted(names & cut_off_replicas(store, since_ns))) if store else ()
@@ -292,17 +286,17 @@ def _policy(
     )
 
 
-def _ttls(config: Config, ttls: str | None) -> str:
+def _ttls(default: str, ttls: str | None) -> str:
+    """--ttls, or `default` (settings.repair_ttls)."""
     if ttls is None:
-        return config.settings.repair_ttls
+        return default
     if ttls not in REPAIR_TTLS:
         raise UsageError(f"--ttls: expected one of {', '.join(REPAIR_TTLS)}, got {ttls!r}")
     return ttls
 
 
-def _groups(config: Config, name: str | None, *, check: bool = True) -> list[ReplicaGroup]:
+def _groups(topology: Topology, name: str | None, *, check: bool = True) -> list[ReplicaGroup]:
     """The replica group named (or every one); with `check`, each must have 2+ members."""
-    topology = config.topology
     groups = [topology.group(name)] if name else list(topology.groups)
     if not check:
         return groups
@@ -315,7 +309,7 @@ def _groups(config: Config, name: str | None, *, check: bool = True) -> list[Rep
 
 
 def _resumed(
-    config: Config, kind: str, store: Store | None, resume: str
+    config_name: str | None, kind: str, store: Store | None, resume: str
 ) -> tuple[RunLog, RunParams]:
     """The run `resume` to continue, and the parameters it was started with."""
     if store is None:
@@ -326,7 +320,7 @@ def _resumed(
         raise UsageError(f"--resume: no run {resume!r} in {store.shown}")
     saved_kind, status, saved = row
     if saved_kind != kind:
-        again = resume_command(saved_kind, resume, _config_name(config))
+        again = resume_command(saved_kind, resume, config_name)
         raise UsageError(f"--resume: {resume} is a {saved_kind} run; resume it with `{again}`")
     if status == DONE:
         raise UsageError(f"--resume: run {resume} has already finished")
@@ -394,11 +388,11 @@ async def check(
         max_inflight=config.settings.max_inflight,
         match=match,
         type_filter=type_filter,
-        ttls=_ttls(config, ttls),
+        ttls=_ttls(config.settings.repair_ttls, ttls),
         started_by=started_by,
     )
     return await _run(
-        config,
+        RunSetup.of(config),
         params,
         store=store,
         resume=resume,
@@ -446,11 +440,11 @@ async def repair(
         max_inflight=config.settings.max_inflight if max_inflight is None else max_inflight,
         match=match,
         type_filter=type_filter,
-        ttls=_ttls(config, ttls),
+        ttls=_ttls(config.settings.repair_ttls, ttls),
         started_by=started_by,
     )
     return await _run(
-        config,
+        RunSetup.of(config),
         params,
         store=store,
         resume=resume,

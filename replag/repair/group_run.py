@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from replag.config import Config
 from replag.errors import AgentError
 from replag.repair.bulk.copy import (
     BULK_MIN,
@@ -34,16 +32,16 @@ from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.pages import PageOptions
-from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
+from replag.repair.keyspace.progress import RepairProgress
 from replag.repair.keyspace.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.keyspace.together import all_of, cancel_all
-from replag.repair.runs import RunLog
+from replag.repair.run_state import RunState
 from replag.repair.scan.keep import keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
 from replag.repair.stray_slots import stray_keys
 from replag.repair.trees.diff import Divergence, differing_keys
-from replag.repair.trees.remote import AgentClient, AgentPool, AgentReplica
+from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
 from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves
 from replag.repair.writes.apply import Applier
@@ -52,50 +50,18 @@ from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
 
-# Receives (group, key, the divergent key's dict) as a check finds each one.
-KeySink = Callable[[str, bytes, dict[str, Any]], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunParams:
-    kind: str
-    group: str | None
-    policy: str | None  # None: each group's kind's default
-    dry_run: bool
-    allow_deletes: bool
-    rate: float | None
-    max_inflight: int
-    match: str | None
-    type_filter: str | None
-    # "compare" or "ignore" (settings.repair_ttls); runs saved before it compared.
-    ttls: str = "compare"
-    # Who started it through the API (token name, client address, job id); None otherwise.
-    started_by: dict[str, str] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 class GroupRun:
     """One group within one run."""
 
     def __init__(
-        self,
-        config: Config,
-        group: ReplicaGroup,
-        params: RunParams,
-        policy: Policy,
-        log: RunLog | None,
-        progress: ProgressCallback | None,
-        agents: AgentPool | None = None,
-        key_sink: KeySink | None = None,
-        shape: GroupShape | None = None,
+        self, run: RunState, group: ReplicaGroup, policy: Policy, shape: GroupShape
     ) -> None:
-        s = config.settings
-        self.config = config
-        self.shape = shape if shape is not None else GroupShape("peers")
+        s, params = run.settings, run.params
+        self.state = run
+        self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
-        self.group, self.params, self.policy, self.log = group, params, policy, log
+        self.group, self.params, self.policy, self.log = group, params, policy, run.log
         # A replication group's primary: the reference, and the only member written.
         self.primary = self.shape.primary if self.shape.kind == "replication" else None
         self.decisions = GroupDecisions(
@@ -106,9 +72,9 @@ class GroupRun:
             tolerance_ms=int(s.ttl_tolerance * 1000),
         )
         self.agent_wait_s = s.agent_wait
-        self.progress, self.key_sink = progress, key_sink
+        self.progress, self.key_sink = run.progress, run.key_sink
         self.timeout_s = s.connect_timeout
-        self.page_options, self.page_elements = PageOptions.of(config), s.repair_page_elements
+        self.page_options, self.page_elements = PageOptions.of(s), s.repair_page_elements
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
         self.settle_s = s.repair_settle
         self.scan_parallel = s.scan_parallel or len(group.members)
@@ -127,10 +93,8 @@ class GroupRun:
 
         # Members whose region runs an agent are compared through it: their trees and key
         # reads stay in the region. A --match/--type check needs a filtered scan: direct.
-        filtered = params.match is not None or params.type_filter is not None
         self.agents: list[AgentClient | None] = [
-            agents.client_for(m) if agents is not None and not filtered else None
-            for m in group.members
+            run.agents.client_for(m) if not params.filtered else None for m in group.members
         ]
         self.stats = [
             rp.ReplicaStats(m.name, region=m.region, via="agent" if a is not None else "scan")
@@ -162,7 +126,7 @@ class GroupRun:
             chunk=self.options.count,
             tolerance_ms=self.tolerance_ms,
             compare_ttls=self.compare_ttls,
-            progress=progress,
+            progress=run.progress,
             not_compared=self._not_compared,
         )
         self.records: dict[bytes, KeyRecord] = {}
@@ -186,7 +150,9 @@ class GroupRun:
                 self._restore(phase[1])
             if self.log is not None and self.params.kind == "repair":
                 # Bulk batches a crash left unverified are settled before anything is read.
-                await settle_members(self.config, self.group, self.log.store, self.log.run_id)
+                await settle_members(
+                    self.state.settings, self.group, self.log.store, self.log.run_id
+                )
             if phase is None or phase[0] == "scanning":
                 await self._scan_and_verify()
             if self.params.kind == "repair":
@@ -358,7 +324,7 @@ class GroupRun:
             # Keys members hold in slots the shard serves at neither end (a reshard's
             # leftovers on a replica): not in the scan, and no repair through the primary.
             self.report.stray_keys = await stray_keys(
-                self.config.topology,
+                self.state.setup.topology,
                 [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
                 slot_map.owned | after.owned,
                 timeout_s=self.timeout_s,
@@ -397,7 +363,7 @@ class GroupRun:
         if self.log is not None:
             self.log.drop_scans(self.group.name)  # a crash from here rescans: the copies show
         stood = await refill_members(
-            self.config,
+            self.state.settings,
             self.group,
             plan,
             rate=self.params.rate,

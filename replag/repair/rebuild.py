@@ -28,7 +28,7 @@ from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
 from replag.repair.decisions.replica_role import replica_of, resync_advice
 from replag.repair.engine import repair
-from replag.repair.keyspace.pages import copy_big_keys
+from replag.repair.keyspace.pages import PageOptions, copy_big_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
 from replag.repair.keyspace.together import all_of
 from replag.repair.reachable import members_reachable
@@ -308,7 +308,9 @@ class Rebuild:
 
     async def _finish(self, result: BatchResult) -> None:
         if result.big:
-            copied, left = await copy_big_keys(self.config, self.peers, self.target, result.big)
+            copied, left = await copy_big_keys(
+                PageOptions.of(self.config.settings), self.peers, self.target, result.big
+            )
             self.big_copied += copied
             result.changed += left
             result.big = []

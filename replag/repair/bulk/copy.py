@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from replag.config import Config
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, IN_FLIGHT, BatchResult, Refill
 from replag.repair.decisions.policy import Majority, Policy, Quorum, Source
 from replag.repair.decisions.replica_role import replica_of
 from replag.repair.keyspace.observe import KeyState, observe_keys
-from replag.repair.keyspace.pages import copy_big_keys
+from replag.repair.keyspace.pages import PageOptions, copy_big_keys
 from replag.repair.keyspace.together import all_of, cancel_all
 from replag.repair.trees.index import ScanIndex
 from replag.resp import RespConnection, pack
+from replag.settings import Settings
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
 
@@ -205,7 +205,7 @@ def pending_log(log_store: Store, run_id: str, group: str, target: str) -> Rebui
 
 
 async def refill_members(
-    config: Config,
+    settings: Settings,
     group: ReplicaGroup,
     plan: dict[int, list[bytes]],
     *,
@@ -222,19 +222,19 @@ async def refill_members(
         # A Redis replica refuses writes and is refilled by its primary's sync: its keys
         # stay with the key-by-key path, which knows replication groups.
         if len(keys) >= BULK_MIN and not await replica_of(
-            group.members[t], config.settings.repair_command_timeout
+            group.members[t], settings.repair_command_timeout
         ):
             log = (
                 pending_log(store, run_id, group.name, group.members[t].name)
                 if store is not None and run_id is not None
                 else None
             )
-            stood[t] = await _refill_member(config, group, t, keys, rate, log, progress)
+            stood[t] = await _refill_member(settings, group, t, keys, rate, log, progress)
     return stood
 
 
 async def _refill_member(
-    config: Config,
+    s: Settings,
     group: ReplicaGroup,
     t: int,
     keys: list[bytes],
@@ -244,7 +244,6 @@ async def _refill_member(
 ) -> set[bytes]:
     from replag.repair.keyspace.progress import RepairProgress
 
-    s = config.settings
     target = group.members[t]
     peers = [m for i, m in enumerate(group.members) if i != t]
     refill = Refill(
@@ -266,7 +265,7 @@ async def _refill_member(
         nonlocal done
         stood.update(result.copied_keys)
         if result.big:
-            _, not_copied = await copy_big_keys(config, peers, target, result.big)
+            _, not_copied = await copy_big_keys(PageOptions.of(s), peers, target, result.big)
             left = set(not_copied)
             stood.update(k for k, _ in result.big if k not in left)
         done = end
@@ -282,9 +281,8 @@ async def _refill_member(
     return stood
 
 
-async def settle_members(config: Config, group: ReplicaGroup, store: Store, run_id: str) -> int:
+async def settle_members(s: Settings, group: ReplicaGroup, store: Store, run_id: str) -> int:
     """A resumed `repair run`: every member's unverified bulk batches (`settle_pending`)."""
-    s = config.settings
     settled = 0
     for t, target in enumerate(group.members):
         log = pending_log(store, run_id, group.name, target.name)

@@ -46,12 +46,12 @@ from typing import Any, Literal, Protocol
 import xxhash
 
 from replag import reply_limits
-from replag.config import Config
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
 from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
 from replag.repair.keyspace.values import string_page
 from replag.resp import RespConnection, error_text, pack
+from replag.settings import Settings
 from replag.topology import Endpoint
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,7 @@ class PageOptions:
     prefix: bytes  # replag's own key prefix: temporary keys live under it
 
     @classmethod
-    def of(cls, config: Config) -> PageOptions:
-        s = config.settings
+    def of(cls, s: Settings) -> PageOptions:
         return cls(
             page=max(10, s.scan_count),
             settle_s=s.repair_settle,
@@ -381,7 +380,7 @@ async def _put_back(
 
 
 async def copy_big_keys(
-    config: Config,
+    options: PageOptions,
     peers: Sequence[Endpoint],
     target: Endpoint,
     items: Sequence[tuple[bytes, KeyState]],
@@ -390,7 +389,6 @@ async def copy_big_keys(
 ) -> tuple[int, list[bytes]]:
     """A refill's large collections (absent on the target, the peers agreeing on
     `expected`): (copied and stood, keys left for the anti-entropy pass)."""
-    options = PageOptions.of(config)
     timeout_s = options.timeout_s
     conns = [await RespConnection.open(p, timeout_s=timeout_s) for p in peers]
     dest = await RespConnection.open(target, timeout_s=timeout_s)

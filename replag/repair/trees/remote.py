@@ -32,7 +32,7 @@ from replag.repair.keyspace.write import Write
 from replag.repair.trees.agent_http import PREFIX as PREFIX
 from replag.repair.trees.agent_http import AgentLink, run_headers
 from replag.repair.trees.index import ScanIndex
-from replag.topology import Endpoint
+from replag.topology import Endpoint, Region, Topology
 
 U64 = npt.NDArray[np.uint64]
 # Response headers describing how a tree was built: the coordinator refuses to compare
@@ -291,41 +291,54 @@ def agent_client(
     """The client of `region_name`'s agent (None when it runs none): its TLS options, the
     token the coordinator presents (`Config.agent_token`), and what it runs, for the
     agent's audit log."""
-    region = config.topology.region(region_name)
+    return _region_client(
+        config.topology.region(region_name),
+        token=config.agent_token(),
+        timeout_s=config.settings.connect_timeout,
+        headers=run_headers(run_id, started_by),
+    )
+
+
+def _region_client(
+    region: Region, *, token: str | None, timeout_s: float, headers: dict[str, str]
+) -> AgentClient | None:
     if region.agent is None:
         return None
     return AgentClient(
-        region.agent,
-        token=config.agent_token(),
-        timeout_s=config.settings.connect_timeout,
-        tls=region.agent_tls,
-        headers=run_headers(run_id, started_by),
+        region.agent, token=token, timeout_s=timeout_s, tls=region.agent_tls, headers=headers
     )
 
 
 class AgentPool:
     """`client_for(member)`: the client of the agent of the member's region, or None when
-    its region runs no agent (the member is then scanned directly). `run_id` and
-    `started_by` go with every request, for the agents' audit logs."""
+    its region runs no agent (the member is then scanned directly). `token` is the one the
+    coordinator presents (`Config.agent_token`); `run_id` and `started_by` go with every
+    request, for the agents' audit logs."""
 
     def __init__(
         self,
-        config: Config,
+        topology: Topology,
         *,
+        token: str | None,
+        timeout_s: float,
         run_id: str | None = None,
         started_by: Mapping[str, str] | None = None,
     ) -> None:
-        self.config = config
+        self.topology = topology
+        self.token, self.timeout_s = token, timeout_s
         self.run_id, self.started_by = run_id, started_by
         self._clients: dict[str, AgentClient] = {}
 
     def client_for(self, endpoint: Endpoint) -> AgentClient | None:
-        url = self.config.topology.agent_of(endpoint)
+        url = self.topology.agent_of(endpoint)
         if url is None or endpoint.region is None:
             return None
         if url not in self._clients:
-            client = agent_client(
-                self.config, endpoint.region, run_id=self.run_id, started_by=self.started_by
+            client = _region_client(
+                self.topology.region(endpoint.region),
+                token=self.token,
+                timeout_s=self.timeout_s,
+                headers=run_headers(self.run_id, self.started_by),
             )
             assert client is not None
             self._clients[url] = client

@@ -1,0 +1,32 @@
+"""A check's config stops at the run's entry: the steps read the run's state, not the config.
+
+`tests.helpers.config_trail` follows the `Config` handed to `repair.check` through every
+replag function that receives it, or an object that holds it (a run-state object, a
+bound method, a closure, up to `DEPTH` steps down). Before the run state travelled as
+one object, a check's config went through 31 places and came back 11 times to a
+module it had left (engine ↔ group_run ↔ trees.remote ↔ scan.process ↔ writes.verify).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers.config_trail import check_trails
+from tests.helpers.redis_servers import RedisFactory
+
+MAX_PLACES = 15
+MAX_RETURNS = 2
+
+
+async def test_a_checks_config_goes_through_few_places(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    servers = [redis_factory("t") for _ in range(2)]
+    a, b = (s.client() for s in servers)
+    for client in (a, b):
+        client.mset({f"k{i}": "v" for i in range(50)})
+    a.set("k1", "other")
+    a.set("only-a", "x")
+    trail, _ = await check_trails(tmp_path, [s.url for s in servers])
+    assert len(trail.places) <= MAX_PLACES, trail.summary()
+    assert trail.returns <= MAX_RETURNS, trail.summary()
