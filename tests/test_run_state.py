@@ -3,15 +3,16 @@
 `tests.helpers.config_trail` follows the `Config` handed to `repair.check` through every
 replag function that receives it, or an object that holds it (a run-state object, a
 bound method, a closure, up to `DEPTH` steps down). Before the run state travelled as
-one object, a check's config went through 31 places and came back 11 times to a
-module it had left (engine ↔ group_run ↔ trees.remote ↔ scan.process ↔ writes.verify).
+one object, a check's config went through 31 places and came back 11 to 13 times to a
+module it had left (engine ↔ group_run ↔ trees.remote ↔ scan.process ↔ writes.verify);
+its settings went the same way. Now: 3 places, no return; the settings, 11 places.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.config_trail import check_trails
+from tests.helpers.config_trail import run_trails
 from tests.helpers.redis_servers import RedisFactory
 
 MAX_PLACES = 15
@@ -27,6 +28,9 @@ async def test_a_checks_config_goes_through_few_places(
         client.mset({f"k{i}": "v" for i in range(50)})
     a.set("k1", "other")
     a.set("only-a", "x")
-    trail, _ = await check_trails(tmp_path, [s.url for s in servers])
+    trail, settings = await run_trails(tmp_path, servers)
     assert len(trail.places) <= MAX_PLACES, trail.summary()
     assert trail.returns <= MAX_RETURNS, trail.summary()
+    # Nor do the settings themselves (below a group's run, the steps get narrow options).
+    assert len(settings.places) <= MAX_PLACES, settings.summary()
+    assert not [p for p in settings.places if "group_run:GroupRun." in p and "__init__" not in p]

@@ -19,6 +19,7 @@ from typing import Any
 from replag.errors import AgentError
 from replag.repair.bulk.copy import (
     BULK_MIN,
+    RefillOptions,
     bulk_allowed,
     refill_members,
     refill_plan,
@@ -31,7 +32,6 @@ from replag.repair.decisions.policy import Policy
 from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
-from replag.repair.keyspace.pages import PageOptions
 from replag.repair.keyspace.progress import RepairProgress
 from replag.repair.keyspace.slots import SlotMap, key_slot, not_compared, ranges
 from replag.repair.keyspace.together import all_of, cancel_all
@@ -57,8 +57,9 @@ class GroupRun:
     def __init__(
         self, run: RunState, group: ReplicaGroup, policy: Policy, shape: GroupShape
     ) -> None:
-        s, params = run.settings, run.params
-        self.state = run
+        s, params = run.setup.settings, run.params
+        self.topology = run.setup.topology
+        self.refill = RefillOptions.of(s)
         self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, run.log
@@ -74,7 +75,7 @@ class GroupRun:
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = run.progress, run.key_sink
         self.timeout_s = s.connect_timeout
-        self.page_options, self.page_elements = PageOptions.of(s), s.repair_page_elements
+        self.page_options, self.page_elements = self.refill.pages, s.repair_page_elements
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
         self.settle_s = s.repair_settle
         self.scan_parallel = s.scan_parallel or len(group.members)
@@ -150,9 +151,7 @@ class GroupRun:
                 self._restore(phase[1])
             if self.log is not None and self.params.kind == "repair":
                 # Bulk batches a crash left unverified are settled before anything is read.
-                await settle_members(
-                    self.state.settings, self.group, self.log.store, self.log.run_id
-                )
+                await settle_members(self.refill.pages, self.group, self.log.store, self.log.run_id)
             if phase is None or phase[0] == "scanning":
                 await self._scan_and_verify()
             if self.params.kind == "repair":
@@ -324,7 +323,7 @@ class GroupRun:
             # Keys members hold in slots the shard serves at neither end (a reshard's
             # leftovers on a replica): not in the scan, and no repair through the primary.
             self.report.stray_keys = await stray_keys(
-                self.state.setup.topology,
+                self.topology,
                 [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
                 slot_map.owned | after.owned,
                 timeout_s=self.timeout_s,
@@ -363,7 +362,7 @@ class GroupRun:
         if self.log is not None:
             self.log.drop_scans(self.group.name)  # a crash from here rescans: the copies show
         stood = await refill_members(
-            self.state.settings,
+            self.refill,
             self.group,
             plan,
             rate=self.params.rate,

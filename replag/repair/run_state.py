@@ -20,7 +20,6 @@ from replag.repair.keyspace.progress import ProgressCallback
 from replag.repair.runs import RunLog
 from replag.repair.trees.remote import AgentPool
 from replag.settings import Settings
-from replag.store import Store
 from replag.topology import Endpoint, Topology
 
 # Receives (group, key, the divergent key's dict) as a check finds each one.
@@ -84,14 +83,6 @@ class RunState:
     agents: AgentPool
     progress: ProgressCallback | None = None
     key_sink: KeySink | None = None
-
-    @property
-    def settings(self) -> Settings:
-        return self.setup.settings
-
-    @property
-    def store(self) -> Store | None:
-        return self.log.store if self.log is not None else None
 
     def through_agent(self, member: Endpoint) -> bool:
         """Whether `member` is compared through its region's agent (a --match/--type run

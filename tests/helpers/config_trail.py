@@ -10,8 +10,8 @@ A coroutine counts once, when it starts, not at each resume.
 
 `Trail.places` are the distinct functions (`module:qualname`); `Trail.returns` counts
 how often the config came back to a module it had already left (engine → group_run →
-engine is one return). Run as a script, it starts two redis-servers, runs one check
-and prints both figures and the trail:
+engine is one return). Run as a script, it starts three redis-servers, runs one check
+and a repair, and prints their figures and trails:
 
     python3 -m tests.helpers.config_trail
 """
@@ -24,12 +24,18 @@ import inspect
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CellType, CodeType, FrameType, FunctionType, MethodType
 from typing import Any
+
+from replag.lab.server import RedisServer
+from replag.repair import check, repair
+from replag.store import Store
+from tests.helpers.configs import group_config
+from tests.helpers.redis_servers import start_redis
 
 # How many steps from an argument down to the config still count as "carrying" it.
 DEPTH = 6
@@ -152,22 +158,19 @@ def follow(*targets: object, package: str = "replag.") -> Iterator[list[Trail]]:
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-async def check_trails(workdir: Path, urls: list[str]) -> tuple[Trail, Trail]:
-    """One check of group "g" over the servers at `urls`, with a store: the trail of its
+async def run_trails(
+    workdir: Path, servers: Sequence[RedisServer], *, kind: str = "check"
+) -> tuple[Trail, Trail]:
+    """One check (or repair) of group "g" over `servers`, with a store: the trail of its
     config, and that of the config's settings (a slice of it, for the record)."""
-    from replag.repair import check
-    from replag.store import Store
-    from tests.helpers.configs import group_config
-
-    class _Server:
-        def __init__(self, url: str) -> None:
-            self.url = url
-
-    config = group_config(workdir, [_Server(u) for u in urls])  # type: ignore[arg-type]
+    config = group_config(workdir, servers)
     store = Store(workdir / "replag.sqlite")
     try:
         with follow(config, config.settings) as (trail, settings):
-            report = await check(config, store=store)
+            if kind == "check":
+                report = await check(config, store=store)
+            else:
+                report = await repair(config, store=store)
     finally:
         store.close()
     assert report.divergent > 0, report.to_dict()
@@ -175,25 +178,23 @@ async def check_trails(workdir: Path, urls: list[str]) -> tuple[Trail, Trail]:
 
 
 def main() -> None:
-    from tests.helpers.redis_servers import start_redis
-
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        servers = [start_redis(f"t{i}", workdir / "redis") for i in range(2)]
+        servers = [start_redis(f"t{i}", workdir / "redis") for i in range(3)]
         try:
-            a, b = (s.client() for s in servers)
-            for i in range(100):
-                a.set(f"k{i}", "v")
-                b.set(f"k{i}", "v")
-            a.set("k1", "other")
-            a.set("only-a", "x")
-            trail, settings = asyncio.run(check_trails(workdir, [s.url for s in servers]))
+            clients = [s.client() for s in servers]
+            for client in clients:
+                client.mset({f"k{i}": "v" for i in range(100)})
+            clients[2].set("k1", "other")
+            clients[2].set("only-c", "x")
+            for kind in ("check", "repair"):
+                trail, settings = asyncio.run(run_trails(workdir, servers, kind=kind))
+                print(f"{kind}: the config:", trail.summary())
+                print(f"{kind}: its settings:", settings.summary())
         finally:
             for s in servers:
                 s.stop()
-    print("the config:", trail.summary())
-    print("its settings:", settings.summary())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

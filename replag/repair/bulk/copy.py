@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -199,13 +200,32 @@ async def _delete_if_same(
         await conn.close()
 
 
+@dataclass(frozen=True, kw_only=True)
+class RefillOptions:
+    """What a repair run's bulk refill reads of the settings (`of`)."""
+
+    pages: PageOptions  # settle, TTL tolerance, command timeout, scratch prefix
+    page_elements: int
+    compare_ttls: bool  # settings.repair_ttls != "ignore"
+    scripts: bool
+
+    @classmethod
+    def of(cls, s: Settings) -> RefillOptions:
+        return cls(
+            pages=PageOptions.of(s),
+            page_elements=s.repair_page_elements,
+            compare_ttls=s.repair_ttls != "ignore",
+            scripts=s.allow_scripts,
+        )
+
+
 def pending_log(log_store: Store, run_id: str, group: str, target: str) -> RebuildLog:
     """The unverified-batch rows of one member's bulk refill within a `repair run`."""
     return RebuildLog(log_store, f"{run_id}/{group}/{target}")
 
 
 async def refill_members(
-    settings: Settings,
+    options: RefillOptions,
     group: ReplicaGroup,
     plan: dict[int, list[bytes]],
     *,
@@ -222,19 +242,19 @@ async def refill_members(
         # A Redis replica refuses writes and is refilled by its primary's sync: its keys
         # stay with the key-by-key path, which knows replication groups.
         if len(keys) >= BULK_MIN and not await replica_of(
-            group.members[t], settings.repair_command_timeout
+            group.members[t], options.pages.timeout_s
         ):
             log = (
                 pending_log(store, run_id, group.name, group.members[t].name)
                 if store is not None and run_id is not None
                 else None
             )
-            stood[t] = await _refill_member(settings, group, t, keys, rate, log, progress)
+            stood[t] = await _refill_member(options, group, t, keys, rate, log, progress)
     return stood
 
 
 async def _refill_member(
-    s: Settings,
+    options: RefillOptions,
     group: ReplicaGroup,
     t: int,
     keys: list[bytes],
@@ -246,16 +266,17 @@ async def _refill_member(
 
     target = group.members[t]
     peers = [m for i, m in enumerate(group.members) if i != t]
+    pages = options.pages
     refill = Refill(
         peers,
         target,
-        settle_s=s.repair_settle,
-        tolerance_ms=int(s.ttl_tolerance * 1000),
-        timeout_s=s.repair_command_timeout,
-        page_elements=s.repair_page_elements,
-        compare_ttls=s.repair_ttls != "ignore",
-        scripts=s.allow_scripts,
-        scratch_prefix=s.prefix.encode(),
+        settle_s=pages.settle_s,
+        tolerance_ms=pages.tolerance_ms,
+        timeout_s=pages.timeout_s,
+        page_elements=options.page_elements,
+        compare_ttls=options.compare_ttls,
+        scripts=options.scripts,
+        scratch_prefix=pages.prefix,
     )
     stood: set[bytes] = set()
     started = time.monotonic()
@@ -265,7 +286,7 @@ async def _refill_member(
         nonlocal done
         stood.update(result.copied_keys)
         if result.big:
-            _, not_copied = await copy_big_keys(PageOptions.of(s), peers, target, result.big)
+            _, not_copied = await copy_big_keys(pages, peers, target, result.big)
             left = set(not_copied)
             stood.update(k for k, _ in result.big if k not in left)
         done = end
@@ -281,7 +302,7 @@ async def _refill_member(
     return stood
 
 
-async def settle_members(s: Settings, group: ReplicaGroup, store: Store, run_id: str) -> int:
+async def settle_members(pages: PageOptions, group: ReplicaGroup, store: Store, run_id: str) -> int:
     """A resumed `repair run`: every member's unverified bulk batches (`settle_pending`)."""
     settled = 0
     for t, target in enumerate(group.members):
@@ -292,8 +313,8 @@ async def settle_members(s: Settings, group: ReplicaGroup, store: Store, run_id:
             log,
             [m for i, m in enumerate(group.members) if i != t],
             target,
-            settle_s=s.repair_settle,
-            tolerance_ms=int(s.ttl_tolerance * 1000),
-            timeout_s=s.repair_command_timeout,
+            settle_s=pages.settle_s,
+            tolerance_ms=pages.tolerance_ms,
+            timeout_s=pages.timeout_s,
         )
     return settled
