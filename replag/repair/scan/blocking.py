@@ -79,12 +79,11 @@ class BlockingScan:
         checkpoint: Checkpoint | None = None,
         progress: Progress | None = None,
     ) -> None:
-        self.endpoint = endpoint
-        self.options = options
-        self.scanner = ReplicaScanner(endpoint, options)
-        self._sink = sink
-        self._checkpoint = checkpoint
-        self._progress = progress
+        # Its batches' requests and replies, TTL source and values are the async scan's.
+        self.scanner = ReplicaScanner(
+            endpoint, options, sink=sink, checkpoint=checkpoint, progress=progress
+        )
+        self.endpoint, self.options, self.hooks = endpoint, options, self.scanner.hooks
         self.bytes_received = 0
         self._parts: list[ScanIndex] = []
         self._source: TtlSource = "pttl"
@@ -145,7 +144,7 @@ class BlockingScan:
             state.total = size if isinstance(size, int) else None
             self._source = self.scanner.ttl_source = self._ttl_source(conn)
         started = time.perf_counter() - state.seconds
-        last_checkpoint = time.monotonic()
+        self.hooks.started()
         read = state.keys
         asked = self._count(conn)  # the COUNT of the SCAN whose reply is read next
         conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts, asked)))
@@ -175,14 +174,8 @@ class BlockingScan:
             if opts.rate:
                 # Throttled: the next batch is not read before its keys are due.
                 time.sleep(max(0.0, read / opts.rate - state.seconds))
-            if self._progress is not None:
-                self._progress(state)
-            if self._checkpoint is not None and (
-                time.monotonic() - last_checkpoint >= opts.checkpoint_every_s
-            ):
-                self._flush(state)  # a checkpoint's cursor stands after every key indexed
-                self._checkpoint(state)
-                last_checkpoint = time.monotonic()
+            # A checkpoint's cursor stands after every key indexed: the deferred ones first.
+            self.hooks.batch_done(state, indexed=lambda: self._flush(state))
         self._index(conn, self._pending, state)
         self._pending = None
         state.seconds = time.perf_counter() - started
@@ -191,8 +184,7 @@ class BlockingScan:
     def _finish(self, state: ScanProgress) -> None:
         self._flush(state)
         state.finished = True
-        if self._checkpoint is not None:
-            self._checkpoint(state)
+        self.hooks.finished(state)
 
     def _count(self, conn: BlockingConnection) -> int:
         """SCAN's COUNT for the next batch: `options.count` (`_MIN_COUNT` until a batch
@@ -309,10 +301,7 @@ class BlockingScan:
     def _keep(self, part: ScanIndex, state: ScanProgress) -> None:
         if not len(part):
             return
-        if self._sink is None:
-            self._parts.append(part)
-        else:
-            self._sink(part)
+        self.hooks.keep(part, self._parts)
         state.keys += len(part)
 
     def _flush(self, state: ScanProgress) -> None:

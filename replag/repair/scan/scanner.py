@@ -137,6 +137,51 @@ Progress = Callable[[ScanProgress], None]
 Sink = Callable[[ScanIndex], None]
 
 
+class ScanHooks:
+    """Where a scan hands what it reads, the same for the async and the blocking scan:
+    each batch's index to `sink` (else into the parts the scan returns), where it stands
+    to `progress` after every batch, and to `checkpoint` every `every_s` and at the end,
+    once every batch up to `state.cursor` has been indexed."""
+
+    def __init__(
+        self,
+        sink: Sink | None,
+        checkpoint: Checkpoint | None,
+        progress: Progress | None,
+        *,
+        every_s: float,
+    ) -> None:
+        self.sink, self.checkpoint, self.progress = sink, checkpoint, progress
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def started(self) -> None:
+        """The scan starts (or resumes): the first checkpoint is due `every_s` from now."""
+        self._last = time.monotonic()
+
+    def keep(self, part: ScanIndex, parts: list[ScanIndex]) -> None:
+        if self.sink is None:
+            parts.append(part)
+        else:
+            self.sink(part)
+
+    def batch_done(self, state: ScanProgress, indexed: Callable[[], None] | None = None) -> None:
+        """After a batch: progress, and a checkpoint when one is due (`indexed` first
+        indexes what was read and not yet indexed, so the checkpoint's cursor stands
+        after every key before it)."""
+        if self.progress is not None:
+            self.progress(state)
+        if self.checkpoint is not None and time.monotonic() - self._last >= self.every_s:
+            if indexed is not None:
+                indexed()
+            self.checkpoint(state)
+            self._last = time.monotonic()
+
+    def finished(self, state: ScanProgress) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint(state)
+
+
 class ReplicaScanner:
     """Scans one endpoint from `cursor` to the end of its keyspace.
 
@@ -157,9 +202,7 @@ class ReplicaScanner:
     ) -> None:
         self.endpoint = endpoint
         self.options = options
-        self._sink = sink
-        self._checkpoint = checkpoint
-        self._progress = progress
+        self.hooks = ScanHooks(sink, checkpoint, progress, every_s=options.checkpoint_every_s)
         # A key that changed type while being read gets a digest no other replica
         # can have, so it always shows up as a candidate and is read again.
         self._changed_digest = int.from_bytes(os.urandom(8), "little")
@@ -202,9 +245,9 @@ class ReplicaScanner:
             tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ] = asyncio.Queue(maxsize=opts.in_flight_batches)
         parts: list[ScanIndex] = []
-        keep = parts.append if self._sink is None else self._sink
+        hooks = self.hooks
         started = time.perf_counter() - state.seconds
-        last_checkpoint = time.monotonic()
+        hooks.started()
         read = state.keys
         producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue))
         try:
@@ -223,7 +266,7 @@ class ReplicaScanner:
                     await cancel_all([producer])
                     scan_conn, fetch_conn = await self._reopen(scan_conn, fetch_conn)
                     part = await self._index_by_key(fetch_conn, keys)
-                    keep(part)
+                    hooks.keep(part, parts)
                     state.cursor, state.keys = cursor, state.keys + len(part)
                     queue = asyncio.Queue(maxsize=opts.in_flight_batches)
                     # At the keyspace's end nothing is left to walk: the queue just ends.
@@ -235,24 +278,17 @@ class ReplicaScanner:
                     producer = asyncio.create_task(walk)
                     continue
                 part = await self._index_batch(fetch_conn, keys, replies, arrived_ns)
-                keep(part)
+                hooks.keep(part, parts)
                 state.cursor, state.keys = cursor, state.keys + len(part)
                 state.seconds = time.perf_counter() - started
                 if opts.rate:
                     # Throttled: the next batch is not read before its keys are due.
                     await asyncio.sleep(max(0.0, read / opts.rate - state.seconds))
-                if self._progress is not None:
-                    self._progress(state)
-                if self._checkpoint is not None and (
-                    time.monotonic() - last_checkpoint >= opts.checkpoint_every_s
-                ):
-                    self._checkpoint(state)
-                    last_checkpoint = time.monotonic()
+                hooks.batch_done(state)
             await producer
             state.finished = True
             state.seconds = time.perf_counter() - started
-            if self._checkpoint is not None:
-                self._checkpoint(state)
+            hooks.finished(state)
             return parts
         finally:
             if not producer.done():
