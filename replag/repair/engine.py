@@ -3,7 +3,9 @@
 A run is created in the store (or resumed from it), checks that every member
 answers, walks its groups in order (`group_run.GroupRun` does one group's
 scan, diff, verify and repair), and ends done, failed (resumable when an
-endpoint failed; the message names the command) or interrupted.
+endpoint failed; the message names the command) or interrupted. `check` and
+`repair` are the only places here handed the config: the run takes what it reads
+of it once (`run_state.RunSetup`) and its groups read the run's `RunState`.
 """
 
 from __future__ import annotations
