@@ -1,6 +1,11 @@
-"""The agent's per-key table against a dict: any mix of writes and deletes, merged or not."""
+"""The agent's per-key table against a dict: any mix of writes and deletes, merged or not,
+names read back from its file; keys whose hashes share a bucket and half their bits."""
 
 from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
 
 import numpy as np
 import xxhash
@@ -12,7 +17,7 @@ from replag.repair.scan.scanner import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 
 DEPTH = 8  # few leaves, so leaves hold several keys
-NAMES = [b"k%d" % i for i in range(40)] + [b"\xff\x00bin", b"L" * 70_000]
+NAMES = [b"k%d" % i for i in range(40)] + [b"\xff\x00bin", b"", b"L" * 70_000]
 
 
 def _hash(name: bytes) -> int:
@@ -29,8 +34,35 @@ def _index(model: dict[bytes, int]) -> ScanIndex:
     )
 
 
-def _tree(model: dict[bytes, int]) -> TictacTree:
-    return _index(model).tree(DEPTH)
+def _tree(model: dict[bytes, int], depth: int = DEPTH) -> TictacTree:
+    return _index(model).tree(depth)
+
+
+def _as_dict(index: ScanIndex) -> dict[bytes, int]:
+    out = {index.key(i): int(index.entries[i]) for i in range(len(index))}
+    assert len(out) == len(index)  # no key twice
+    return out
+
+
+def _apply(table: KeyTable, tree: TictacTree, batch: dict[bytes, int | None]) -> None:
+    names = list(batch)
+    hashes = np.array([_hash(k) for k in names], np.uint64)
+    new = np.array([batch[k] or 0 for k in names], np.uint64)
+    present = np.array([batch[k] is not None for k in names], bool)
+    table.apply(hashes, new, present, names, tree=tree)
+
+
+def _check(table: KeyTable, model: dict[bytes, int]) -> None:
+    assert len(table) == len(model)
+    assert _as_dict(table.keys_in_leaves(np.arange(1 << DEPTH), DEPTH)) == model
+    some = np.arange(0, 1 << DEPTH, 3)
+    wanted = set(some.tolist())
+    expect = {k: v for k, v in model.items() if (_hash(k) >> (64 - DEPTH)) in wanted}
+    assert _as_dict(table.keys_in_leaves(some, DEPTH)) == expect
+    # Leaves narrower than the table's buckets (depth 20 > 16): the file is filtered.
+    deep = sorted({_hash(k) >> 44 for k in list(model)[::2]} | {5})
+    expect = {k: v for k, v in model.items() if (_hash(k) >> 44) in set(deep)}
+    assert _as_dict(table.keys_in_leaves(deep, 20)) == expect
 
 
 entries = st.integers(min_value=1, max_value=2**64 - 1)
@@ -40,24 +72,25 @@ batches = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     start=st.dictionaries(st.sampled_from(NAMES), entries, max_size=30),
     batches=batches,
     merge_every=st.integers(min_value=1, max_value=20),
+    rewrite_floor=st.sampled_from([0, 3, 1000]),
 )
 def test_table_and_tree_follow_every_write_and_delete(
-    start: dict[bytes, int], batches: list[dict[bytes, int | None]], merge_every: int
+    start: dict[bytes, int],
+    batches: list[dict[bytes, int | None]],
+    merge_every: int,
+    rewrite_floor: int,
 ) -> None:
     model = dict(start)
     table = KeyTable.from_index(_index(model), merge_every=merge_every)
+    table.rewrite_floor = rewrite_floor
     tree = table.tree(DEPTH)
     for batch in batches:
-        names = list(batch)
-        hashes = np.array([_hash(k) for k in names], np.uint64)
-        new = np.array([batch[k] or 0 for k in names], np.uint64)
-        present = np.array([batch[k] is not None for k in names], bool)
-        table.apply(hashes, new, present, names, tree=tree)
+        _apply(table, tree, batch)
         for name, entry in batch.items():
             if entry is None:
                 model.pop(name, None)
@@ -65,24 +98,117 @@ def test_table_and_tree_follow_every_write_and_delete(
                 model[name] = entry
         assert len(table) == len(model)
         assert tree == _tree(model) == table.tree(DEPTH)
+    _check(table, model)
 
-    every_leaf = table.keys_in_leaves(np.arange(1 << DEPTH), DEPTH)
-    assert {every_leaf.key(i): int(every_leaf.entries[i]) for i in range(len(every_leaf))} == model
-    some = np.arange(0, 1 << DEPTH, 3)
-    part = table.keys_in_leaves(some, DEPTH)
-    assert {part.key(i) for i in range(len(part))} == {
-        k for k in model if (_hash(k) >> (64 - DEPTH)) in set(some.tolist())
-    }
-
-    restored = KeyTable.from_bytes(table.to_bytes())
-    assert len(restored) == len(model) and restored.tree(DEPTH) == tree
-    restored._rewrite_arena()
-    again = restored.keys_in_leaves(np.arange(1 << DEPTH), DEPTH)
-    assert {again.key(i): int(again.entries[i]) for i in range(len(again))} == model
+    out = io.BytesIO()
+    table.image().write(out)
+    out.seek(0)
+    restored = KeyTable.read_from(out, merge_every=merge_every)
+    assert restored.tree(DEPTH) == tree
+    _check(restored, model)
+    table.rewrite_names()
+    _check(table, model)
+    table.close()
+    restored.close()
 
 
-def test_memory_per_key_is_about_22_bytes_plus_the_name() -> None:
-    model = {b"key:%09d" % i: i + 1 for i in range(100_000)}
-    table = KeyTable.from_index(_index(model))
-    # 8 (hash) + 8 (entry) + 4 (name offset) + 2 (name length) + 13 (name)
-    assert 35 <= table.bytes_per_key() <= 36
+def _pairs(shared: int, n: int = 400_000) -> list[tuple[bytes, bytes]]:
+    """Names whose hashes agree on the bits in `shared` (a mask), and differ elsewhere."""
+    names = [b"c:%d" % i for i in range(n)]
+    hashes = np.fromiter((_hash(k) for k in names), np.uint64, count=n)
+    masked = hashes & np.uint64(shared)
+    order = np.argsort(masked, kind="stable")
+    same = np.flatnonzero(masked[order][1:] == masked[order][:-1])
+    pairs = [(names[order[i]], names[order[i + 1]]) for i in same.tolist()]
+    assert pairs, "no pair found"
+    return pairs[:5]
+
+
+def test_keys_sharing_a_bucket_and_half_their_hash_stay_apart() -> None:
+    """The bucket (top 16 bits) and the next 16 shared; or the bucket and the low 16
+    shared: every key kept, updated and deleted on its own."""
+    top32 = _pairs(0xFFFF_FFFF_0000_0000)
+    bucket_and_low = _pairs(0xFFFF_0000_0000_FFFF)
+    crowd = [b"crowd:%d" % i for i in range(3000)]  # many keys a bucket at depth 8
+    model = {name: i + 1 for i, name in enumerate(crowd)}
+    table = KeyTable.from_index(_index(model), merge_every=7)
+    table.rewrite_floor = 2
+    tree = table.tree(DEPTH)
+    for a, b in top32 + bucket_and_low:
+        _apply(table, tree, {a: 11, b: 12})
+        model[a], model[b] = 11, 12
+    assert tree == _tree(model) == table.tree(DEPTH)
+    _check(table, model)
+    for a, b in top32 + bucket_and_low:  # one of each pair changes, the other goes
+        _apply(table, tree, {a: 21, b: None})
+        model[a] = 21
+        del model[b]
+    assert tree == _tree(model) == table.tree(DEPTH)
+    _check(table, model)
+    for _, b in top32 + bucket_and_low:  # and back
+        _apply(table, tree, {b: 31})
+        model[b] = 31
+    table.merge()
+    assert tree == _tree(model) == table.tree(DEPTH)
+    _check(table, model)
+    table.close()
+
+
+def test_the_names_file_has_no_name_in_its_directory(tmp_path: Path) -> None:
+    where = tmp_path / "state"
+    model = {b"key:%09d" % i: i + 1 for i in range(50_000)}
+    table = KeyTable.from_index(_index(model), directory=where)
+    assert os.listdir(where) == []  # unlinked: gone with the process, however it ends
+    assert oct(where.stat().st_mode & 0o777) == "0o700"
+    assert table.disk_bytes == sum(4 + len(k) for k in model)
+    # In memory: 8 (entry) + 4 + 2 (the key hash's low 48 bits) a key, besides 1.5 MiB
+    # of bucket indexes that do not grow with the keys.
+    assert table.bytes_per_key() == 14
+    table.close()
+
+
+def test_hashes_that_differ_in_one_bit_are_different_keys() -> None:
+    """The table's lookups, counts and tree by hash alone (hashes made up, so names
+    are not read back): every bit of the 64 tells keys apart, wherever it is stored."""
+    base = 0x1234_5678_9ABC_DEF0
+    near = [base ^ (1 << bit) for bit in range(64)]
+    table = KeyTable.from_index(
+        ScanIndex(
+            np.array([base], np.uint64),
+            np.array([1], np.uint64),
+            np.array([1], np.uint32),
+            b"b",
+        ),
+        merge_every=5,
+    )
+    tree = table.tree(DEPTH)
+    model = {base: 1}
+    for step, h in enumerate(near):
+        table.apply(
+            np.array([h], np.uint64),
+            np.array([100 + step], np.uint64),
+            np.array([True]),
+            [b"n%d" % step],
+            tree=tree,
+        )
+        model[h] = 100 + step
+
+    def model_tree() -> TictacTree:
+        expect = TictacTree(DEPTH)
+        expect.add(np.array(list(model), np.uint64), np.array(list(model.values()), np.uint64))
+        return expect
+
+    assert len(table) == 65 and tree == model_tree() == table.tree(DEPTH)
+    hashes = np.array(list(model), np.uint64)
+    found, held = table.lookup(hashes)
+    assert held.all() and found.tolist() == list(model.values())
+    for h in near[::2]:  # every other one deleted: the rest untouched
+        table.apply(
+            np.array([h], np.uint64), np.zeros(1, np.uint64), np.array([False]), [b""], tree=tree
+        )
+        del model[h]
+    table.merge()
+    assert len(table) == len(model) and tree == model_tree() == table.tree(DEPTH)
+    found, held = table.lookup(np.array(near, np.uint64))
+    assert held.tolist() == [h in model for h in near]
+    table.close()

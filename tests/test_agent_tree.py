@@ -171,6 +171,15 @@ def test_writes_racing_with_the_first_scan_are_applied(redis_factory: RedisFacto
             stop.set()
             thread.join()
             assert running.fresh() == running.scanned()
+            # The leaves' keys too: names of keys added since the build (the file's log)
+            # and of deleted ones (still in the file) sorted out, before and after a rewrite.
+            assert running.fresh_keys() == running.scanned_keys()
+            running.rewrite_names()
+            long_names = {b"long:%d:" % i + b"x" * (200 + 37 * i): b"v" for i in range(50)}
+            client.mset(long_names)
+            client.delete(*[f"k:{n:07d}" for n in range(0, 70_000, 97)])
+            assert running.fresh() == running.scanned()
+            assert running.fresh_keys() == running.scanned_keys()
             assert running.tree.stats.builds == 1
     finally:
         stop.set()
@@ -243,6 +252,9 @@ def test_a_restart_against_unchanged_data_loads_the_saved_tree(
     with running_tree(_endpoint(server), state_dir=state) as running:
         assert running.fresh() == first
         assert (running.tree.stats.restores, running.tree.stats.builds) == (1, 0)
+        assert running.fresh_keys() == running.scanned_keys()
+    # The state directory holds the snapshot alone: the names file has no name.
+    assert [p.suffix for p in state.iterdir()] == [".tree"]
     client.set(b"k:0000001", b"changed while no agent watched")
     with running_tree(_endpoint(server), state_dir=state) as running:
         assert running.fresh() == running.scanned() != first

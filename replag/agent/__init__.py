@@ -9,8 +9,9 @@ only to its own region's replicas on their addresses inside the region
   equals a direct scan's tree of the same data (`livetree`);
 * kept current from keyspace notifications: every write, delete, expiry and
   eviction names a key; the agent re-reads it and XORs its old entry hash out
-  of its leaf and the new one in, remembering per key only its hash, entry
-  hash and name (`keytable`, ~22 bytes plus the name);
+  of its leaf and the new one in, remembering per key only its hash and entry
+  hash (`keytable`, 14 bytes in memory), its name in an unlinked file read
+  only for the leaves a check asks for (`namefile`);
 * marked stale and rebuilt whenever a change could have gone unseen (lost
   subscription, flush or full resync, notifications turned off, restart),
   never served stale;

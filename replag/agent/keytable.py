@@ -1,206 +1,272 @@
-"""What an agent remembers per key of one replica: key hash, entry hash and name, compactly.
+"""What an agent remembers per key of one replica: 14 bytes in memory, the name on disk.
 
 Keeping a Tictac tree current means XORing a key's old entry hash out of its
-leaf and the new one in, so the agent must know every key's current entry;
-answering "which keys are in leaf i" needs the names too. A Python dict would
-cost ~150 bytes a key; this table costs 22 bytes plus the name:
+leaf and the new one in, so the agent must know every key's current entry
+hash; answering "which keys are in leaf i" needs the names too, but only then.
 
-* a base of three numpy arrays sorted by key hash: hash (8 bytes), entry hash
-  (8), offset of the name in the arena (4; 8 once the arena passes 4 GiB);
-* the arena, one bytearray of names, each behind a 2-byte length (0xFFFF then
-  4 bytes for a name of 64 KiB or more);
-* a delta dict of the keys changed since the last merge (hash → (entry,
-  offset), or None for a key deleted from the base), merged into the base with
-  one sorted insert when it passes `merge_every` keys, so a write costs a dict
-  operation and a merge is O(n) numpy work every few thousand writes.
+In memory, per key: its entry hash (8 bytes) and the low 48 bits of its key
+hash (a 4-byte and a 2-byte array), sorted by key hash. The top 16 bits are
+not stored: the arrays are cut into 2**16 buckets by an index of where each
+starts (`starts`, 512 KiB at any key count), so a key's full 64-bit hash, its
+identity everywhere in replag (a scan's deduplication, the trees' leaves), is
+known exactly: no two keys are ever merged or lost here unless their 64-bit
+hashes are equal, which a scan would merge too. A lookup is a binary search
+within the key's bucket, vectorised over a batch.
 
-Names of deleted keys stay in the arena until their garbage passes half of it,
-when the arena is rewritten.
+A delta dict holds the keys changed since the last merge (key hash → entry
+hash, or None for a key deleted), folded into the sorted arrays with one
+sorted insert when it passes `merge_every` keys: a write costs a dict
+operation, a merge O(n) numpy work every few thousand writes.
+
+On disk (`NameFile`): the names, grouped by bucket, read only for the buckets
+a check asks for, hashed again, and kept where the table holds that hash.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
 
+from replag.agent.namefile import BUCKET_BITS, BUCKETS, NameFile, Piece, bucket_of, gather
+from replag.repair.keyspace.native import hash_names
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 
 U64 = npt.NDArray[np.uint64]
-_LONG = 0xFFFF
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<QBQQ")
-# A delta entry is a dict slot, a key int, a tuple and two ints: what it costs, roughly.
-_DELTA_ENTRY_BYTES = 200
+I64 = npt.NDArray[np.int64]
+_REST = np.uint64((1 << (64 - BUCKET_BITS)) - 1)
+_SIXTEEN = np.uint64(16)
+_HEAD = struct.Struct("<4sQ")
+_MAGIC = b"RKT2"
+# A delta entry is a dict slot, a key int and an int: what it costs, roughly.
+_DELTA_ENTRY_BYTES = 120
+# The names file is rewritten once its log and dead names pass this share of the keys.
+REWRITE_SHARE = 8
+REWRITE_FLOOR = 65536
 
 
-def _record(name: bytes) -> bytes:
-    n = len(name)
-    if n < _LONG:
-        return _U16.pack(n) + name
-    return _U16.pack(_LONG) + _U32.pack(n) + name
+def _find(
+    starts: I64, hi: npt.NDArray[np.uint32], lo: npt.NDArray[np.uint16], hashes: U64
+) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """Where each hash is (or would go) in arrays sorted by hash, and whether it is there."""
+    buckets = bucket_of(hashes)
+    rest = hashes & _REST
+    low = starts[buckets]
+    high = starts[buckets + 1]
+    end = high.copy()
+    last = max(len(hi) - 1, 0)
+    active = low < high
+    while active.any():
+        mid = (low + high) // 2
+        at = np.minimum(mid, last)
+        value = (hi[at].astype(np.uint64) << _SIXTEEN) | lo[at].astype(np.uint64)
+        less = value < rest
+        low = np.where(active & less, mid + 1, low)
+        high = np.where(active & ~less, mid, high)
+        active = low < high
+    found = low < end
+    if found.any():
+        at = np.minimum(low, last)
+        value = (hi[at].astype(np.uint64) << _SIXTEEN) | lo[at].astype(np.uint64)
+        found &= value == rest
+    return low, found
+
+
+def _split(hashes: U64) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint16]]:
+    rest = hashes & _REST
+    return (rest >> _SIXTEEN).astype(np.uint32), (rest & np.uint64(0xFFFF)).astype(np.uint16)
+
+
+def _leaf_buckets(leaves: I64, depth: int) -> list[tuple[int, int]]:
+    """The bucket ranges [first, stop) that hold the leaves of a 2**depth tree, merged."""
+    if depth <= BUCKET_BITS:
+        shift = BUCKET_BITS - depth
+        firsts, stops = leaves << shift, (leaves + 1) << shift
+    else:
+        firsts = np.unique(leaves >> (depth - BUCKET_BITS))
+        stops = firsts + 1
+    spans: list[tuple[int, int]] = []
+    for first, stop in zip(firsts.tolist(), stops.tolist(), strict=True):
+        if spans and spans[-1][1] == first:
+            spans[-1] = (spans[-1][0], stop)
+        else:
+            spans.append((first, stop))
+    return spans
+
+
+@dataclass
+class TableImage:
+    """A table frozen for saving in another thread: its arrays (never changed in place)
+    and a dup of its names file's descriptor (the base is never written over)."""
+
+    starts: I64
+    hi: npt.NDArray[np.uint32]
+    lo: npt.NDArray[np.uint16]
+    entries: U64
+    names: NameFile
+    fd: int
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def write(self, out: IO[bytes]) -> None:
+        """magic, count; starts, hi, lo, entries; the names' bucket index; their base."""
+        try:
+            out.write(_HEAD.pack(_MAGIC, len(self.entries)))
+            for array, dtype in (
+                (self.starts, "<i8"),
+                (self.hi, "<u4"),
+                (self.lo, "<u2"),
+                (self.entries, "<u8"),
+                (self.names.offsets, "<i8"),
+            ):
+                out.write(np.ascontiguousarray(array, dtype).data)
+            self.names.base_to(out, self.fd)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_array(source: IO[bytes], dtype: str, count: int) -> npt.NDArray[np.generic]:
+    size = np.dtype(dtype).itemsize * count
+    data = source.read(size)
+    if len(data) != size:
+        raise ValueError("key table truncated")
+    return np.frombuffer(data, dtype)
 
 
 class KeyTable:
-    """key hash → (entry hash, name) for every key of one replica."""
+    """key hash → entry hash for every key of one replica, names on disk."""
 
-    def __init__(self, *, merge_every: int = 4096) -> None:
-        self.hashes: U64 = np.zeros(0, np.uint64)
+    def __init__(self, *, merge_every: int = 4096, directory: Path | None = None) -> None:
+        self.starts: I64 = np.zeros(BUCKETS + 1, np.int64)
+        self.hi: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
+        self.lo: npt.NDArray[np.uint16] = np.zeros(0, np.uint16)
         self.entries: U64 = np.zeros(0, np.uint64)
-        self.offsets: npt.NDArray[np.unsignedinteger] = np.zeros(0, np.uint32)
-        self.arena = bytearray()
-        self.delta: dict[int, tuple[int, int] | None] = {}
+        self.delta: dict[int, int | None] = {}
         self.merge_every = merge_every
-        self.garbage = 0  # arena bytes of names no key refers to
+        self.directory = directory
+        self.names = NameFile(directory)
+        self.dead = 0  # names in the file of keys deleted since it was written
+        self.rewrite_floor = REWRITE_FLOOR
         self._count = 0
 
     # --- building -------------------------------------------------------------
 
     @classmethod
-    def from_index(cls, index: ScanIndex, *, merge_every: int = 4096) -> KeyTable:
-        """The table of a (deduplicated) scan: names copied into the arena in one pass."""
-        table = cls(merge_every=merge_every)
+    def from_index(
+        cls, index: ScanIndex, *, merge_every: int = 4096, directory: Path | None = None
+    ) -> KeyTable:
+        """The table of a (deduplicated) scan; its names written to disk in bucket order."""
+        table = cls(merge_every=merge_every, directory=directory)
         n = len(index)
         if n == 0:
             return table
         order = np.argsort(index.key_hashes, kind="stable")
-        table.hashes = index.key_hashes[order]
-        table.entries = index.entries[order]
-        lengths = index.lengths.astype(np.int64)
-        if int(lengths.max()) >= _LONG:
-            records = [_record(index.key(i)) for i in range(n)]
-            table.arena = bytearray(b"".join(records))
-            starts = np.concatenate([[0], np.cumsum([len(r) for r in records])[:-1]])
-        else:
-            # Vectorised: every record is 2 length bytes then the name, in scan order.
-            starts = np.concatenate([[0], np.cumsum(lengths + 2)[:-1]]).astype(np.int64)
-            arena = np.empty(int(lengths.sum()) + 2 * n, np.uint8)
-            is_name = np.ones(len(arena), bool)
-            is_name[starts] = False
-            is_name[starts + 1] = False
-            arena[starts] = (lengths & 0xFF).astype(np.uint8)
-            arena[starts + 1] = (lengths >> 8).astype(np.uint8)
-            arena[is_name] = np.frombuffer(index.blob, np.uint8)
-            table.arena = bytearray(arena.tobytes())
-        table.offsets = np.asarray(starts, np.int64)[order].astype(table._offset_dtype())
+        hashes = index.key_hashes[order]
+        table._set_base(hashes, index.entries[order])
+
+        def pieces() -> Iterator[Piece]:
+            for at in range(0, n, 1 << 18):
+                picks = order[at : at + (1 << 18)]
+                lengths, blob = gather(index.lengths, index.blob, picks)
+                yield bucket_of(hashes[at : at + len(picks)]), lengths, blob
+
+        table.names.close()
+        table.names = NameFile.build(directory, n, pieces())
         table._count = n
         return table
 
-    def _offset_dtype(self) -> type[np.unsignedinteger]:
-        return np.uint32 if len(self.arena) < 2**32 else np.uint64
+    def _set_base(self, hashes: U64, entries: U64) -> None:
+        self.hi, self.lo = _split(hashes)
+        self.entries = np.ascontiguousarray(entries, np.uint64)
+        self.starts = np.zeros(BUCKETS + 1, np.int64)
+        self.starts[1:] = np.cumsum(np.bincount(bucket_of(hashes), minlength=BUCKETS))
+
+    def close(self) -> None:
+        """Drop the names file (its space goes back to the file system)."""
+        self.names.close()
 
     # --- reading --------------------------------------------------------------
 
     def __len__(self) -> int:
         return self._count
 
-    def name_at(self, offset: int) -> bytes:
-        (n,) = _U16.unpack_from(self.arena, offset)
-        if n < _LONG:
-            return bytes(self.arena[offset + 2 : offset + 2 + n])
-        (n,) = _U32.unpack_from(self.arena, offset + 2)
-        return bytes(self.arena[offset + 6 : offset + 6 + n])
+    def _base_hashes(self) -> U64:
+        buckets = np.repeat(np.arange(BUCKETS, dtype=np.uint64), np.diff(self.starts))
+        hashes: U64 = buckets << np.uint64(64 - BUCKET_BITS)
+        hashes |= self.hi.astype(np.uint64) << _SIXTEEN
+        hashes |= self.lo.astype(np.uint64)
+        return hashes
 
-    def names_at(self, offsets: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint32], bytes]:
-        """The names at `offsets`: their lengths and the names concatenated (vectorised:
-        a check asks for tens of thousands at once)."""
-        if not len(offsets):
-            return np.zeros(0, np.uint32), b""
-        arena = np.frombuffer(self.arena, np.uint8)
-        lengths = arena[offsets].astype(np.int64) | (arena[offsets + 1].astype(np.int64) << 8)
-        if (lengths == _LONG).any():  # a name of 64 KiB or more: rare, read one by one
-            names = [self.name_at(int(o)) for o in offsets.tolist()]
-            return np.fromiter(map(len, names), np.uint32, count=len(names)), b"".join(names)
-        starts = offsets + 2
-        ends = np.cumsum(lengths)
-        index = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]))
-        return lengths.astype(np.uint32), arena[index].tobytes()
-
-    def _record_size(self, offset: int) -> int:
-        (n,) = _U16.unpack_from(self.arena, offset)
-        if n < _LONG:
-            return 2 + int(n)
-        (n,) = _U32.unpack_from(self.arena, offset + 2)
-        return 6 + int(n)
-
-    def lookup(self, hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
-        """(entry, name offset) per hash; offset -1 where the table does not hold the key."""
+    def lookup(self, hashes: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
+        """(entry, held) per hash; entry 0 where the table does not hold the key."""
+        pos, found = _find(self.starts, self.hi, self.lo, hashes)
         entries = np.zeros(len(hashes), np.uint64)
-        offsets = np.full(len(hashes), -1, np.int64)
-        if len(self.hashes):
-            pos = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-            found = self.hashes[pos] == hashes
-            entries[found] = self.entries[pos[found]]
-            offsets[found] = self.offsets[pos[found]].astype(np.int64)
+        entries[found] = self.entries[pos[found]]
         if self.delta:
             delta = self.delta
-            for i, h in enumerate(hashes.tolist()):
-                if h in delta:
-                    item = delta[h]
-                    if item is None:
-                        entries[i], offsets[i] = 0, -1
-                    else:
-                        entries[i], offsets[i] = item
-        return entries, offsets
-
-    def keys_in_leaves(
-        self, leaves: Sequence[int] | npt.NDArray[np.int64], depth: int
-    ) -> ScanIndex:
-        """Every key whose hash falls in one of `leaves` (leaf numbers of a 2**depth tree)."""
-        leaves = np.unique(np.asarray(leaves, np.int64))
-        if not len(leaves):
-            return ScanIndex.empty()
-        shift = 64 - depth
-        picked = np.zeros(0, np.int64)
-        if len(self.hashes):
-            lo = np.searchsorted(self.hashes, leaves.astype(np.uint64) << np.uint64(shift))
-            nxt = leaves + 1
-            hi = np.full(len(leaves), len(self.hashes), np.int64)
-            inner = nxt < (1 << depth)
-            hi[inner] = np.searchsorted(
-                self.hashes, nxt[inner].astype(np.uint64) << np.uint64(shift)
+            changed = np.flatnonzero(
+                np.isin(hashes, np.fromiter(delta, np.uint64, count=len(delta)))
             )
-            sizes = hi - lo
-            if sizes.sum():
-                # Concatenated ranges [lo, hi) without a Python loop.
-                starts = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
-                picked = starts + np.arange(int(sizes.sum()))
-        hashes = self.hashes[picked]
-        entries = self.entries[picked]
-        offsets = self.offsets[picked].astype(np.int64)
-        if self.delta:
-            keep = np.array([h not in self.delta for h in hashes.tolist()], bool)
-            hashes, entries, offsets = hashes[keep], entries[keep], offsets[keep]
-            wanted = set(leaves.tolist())
-            extra = [
-                (h, item[0], item[1])
-                for h, item in self.delta.items()
-                if item is not None and (h >> shift) in wanted
-            ]
-            if extra:
-                hashes = np.concatenate([hashes, np.array([e[0] for e in extra], np.uint64)])
-                entries = np.concatenate([entries, np.array([e[1] for e in extra], np.uint64)])
-                offsets = np.concatenate([offsets, np.array([e[2] for e in extra], np.int64)])
-        lengths, blob = self.names_at(offsets)
-        return ScanIndex(hashes, entries, lengths, blob)
+            for i in changed.tolist():
+                item = delta[int(hashes[i])]
+                entries[i] = 0 if item is None else item
+                found[i] = item is not None
+        return entries, found
+
+    def keys_in_leaves(self, leaves: Sequence[int] | I64, depth: int) -> ScanIndex:
+        """Every key whose hash falls in one of `leaves` (leaf numbers of a 2**depth tree),
+        sorted by key hash."""
+        wanted = np.unique(np.asarray(leaves, np.int64))
+        if not len(wanted) or not self._count:
+            return ScanIndex.empty()
+        parts: list[ScanIndex] = []
+        for first, stop in _leaf_buckets(wanted, depth):
+            for a, b in self.names.spans(first, stop):
+                parts.append(self._live_names(*self.names.read(a, b), wanted, depth))
+        found = ScanIndex.concat(parts)
+        order = np.argsort(found.key_hashes, kind="stable")
+        lengths, blob = gather(found.lengths, found.blob, order)
+        return ScanIndex(found.key_hashes[order], found.entries[order], lengths, blob)
+
+    def _live_names(
+        self, lengths: npt.NDArray[np.uint32], blob: bytes, leaves: I64 | None, depth: int
+    ) -> ScanIndex:
+        """Of names read from the file, each live key once (with its entry)."""
+        if not len(lengths):
+            return ScanIndex.empty()
+        hashes = hash_names(blob, lengths)
+        entries, keep = self.lookup(hashes)
+        if leaves is not None and depth > BUCKET_BITS:
+            keep &= np.isin((hashes >> np.uint64(64 - depth)).astype(np.int64), leaves)
+        picks = np.flatnonzero(keep)
+        _, first = np.unique(hashes[picks], return_index=True)  # a key filed twice
+        picks = picks[np.sort(first)]
+        names_lengths, names = gather(lengths, blob, picks)
+        return ScanIndex(hashes[picks], entries[picks], names_lengths, names)
 
     def tree(self, depth: int) -> TictacTree:
         """The Tictac tree of every key in the table."""
         tree = TictacTree(depth)
-        tree.add(self.hashes, self.entries)
+        tree.add(self._base_hashes(), self.entries)
         if self.delta:
             # Base entries replaced or deleted by the delta come out, delta entries go in.
             hashes = np.fromiter(self.delta.keys(), np.uint64, count=len(self.delta))
-            pos = np.minimum(np.searchsorted(self.hashes, hashes), max(len(self.hashes) - 1, 0))
-            if len(self.hashes):
-                in_base = self.hashes[pos] == hashes
-                tree.add(hashes[in_base], self.entries[pos[in_base]])
-            live = [(h, item[0]) for h, item in self.delta.items() if item is not None]
+            pos, in_base = _find(self.starts, self.hi, self.lo, hashes)
+            tree.add(hashes[in_base], self.entries[pos[in_base]])
+            live = [(h, e) for h, e in self.delta.items() if e is not None]
             if live:
                 tree.add(
                     np.array([h for h, _ in live], np.uint64),
@@ -210,17 +276,28 @@ class KeyTable:
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the arrays, the arena, and an estimate for the delta dict."""
+        """Memory held: the arrays, the names file's indexes, an estimate for the delta."""
         return (
-            self.hashes.nbytes
+            self.starts.nbytes
+            + self.hi.nbytes
+            + self.lo.nbytes
             + self.entries.nbytes
-            + self.offsets.nbytes
-            + sys.getsizeof(self.arena)
+            + self.names.nbytes
             + _DELTA_ENTRY_BYTES * len(self.delta)
         )
 
+    @property
+    def fixed_bytes(self) -> int:
+        """Memory held at any key count: the bucket indexes."""
+        return self.starts.nbytes + self.names.records.nbytes + self.names.offsets.nbytes
+
     def bytes_per_key(self) -> float:
-        return self.nbytes / len(self) if len(self) else 0.0
+        """Memory per key beyond the fixed bucket indexes."""
+        return (self.nbytes - self.fixed_bytes) / len(self) if len(self) else 0.0
+
+    @property
+    def disk_bytes(self) -> int:
+        return self.names.disk_bytes
 
     # --- changing -------------------------------------------------------------
 
@@ -235,101 +312,104 @@ class KeyTable:
     ) -> None:
         """Set the keys that are `present` to their new entry, drop the others; XOR the
         change into `tree`'s leaves (old entry out, new entry in). Hashes must be distinct."""
-        old, offsets = self.lookup(hashes)
+        old, held = self.lookup(hashes)
         if tree is not None:
             new = np.where(present, entries, np.uint64(0))
             changed = (old ^ new) != 0
             tree.add(hashes[changed], (old ^ new)[changed])
         delta = self.delta
-        for h, entry, is_present, offset, name in zip(
-            hashes.tolist(),
-            entries.tolist(),
-            present.tolist(),
-            offsets.tolist(),
-            names,
-            strict=True,
+        for h, entry, is_present, was_held, name in zip(
+            hashes.tolist(), entries.tolist(), present.tolist(), held.tolist(), names, strict=True
         ):
             if is_present:
-                if offset < 0:
-                    offset = len(self.arena)
-                    self.arena += _record(name)
+                if not was_held:
+                    self.names.append(h, name)
                     self._count += 1
-                delta[h] = (entry, offset)
-            elif offset >= 0:
-                self.garbage += self._record_size(offset)
+                delta[h] = entry
+            elif was_held:
                 self._count -= 1
+                self.dead += 1
                 delta[h] = None
         if len(delta) >= self.merge_every:
             self.merge()
 
     def merge(self) -> None:
-        """Fold the delta into the sorted base arrays (and rewrite the arena when half garbage)."""
+        """Fold the delta into the sorted arrays (and rewrite the names file when its log
+        and dead names pass an eighth of the keys)."""
         if self.delta:
             items = self.delta
             self.delta = {}
             dh = np.fromiter(items.keys(), np.uint64, count=len(items))
-            keep = np.ones(len(self.hashes), bool)
-            if len(self.hashes):
-                pos = np.minimum(np.searchsorted(self.hashes, dh), len(self.hashes) - 1)
-                in_base = self.hashes[pos] == dh
-                keep[pos[in_base]] = False
-            live = [(h, e, o) for h, item in items.items() if item is not None for e, o in (item,)]
-            add_h = np.array([x[0] for x in live], np.uint64)
+            pos, in_base = _find(self.starts, self.hi, self.lo, dh)
+            keep = np.ones(len(self.entries), bool)
+            keep[pos[in_base]] = False
+            removed = np.bincount(bucket_of(dh[in_base]), minlength=BUCKETS)
+            starts = self.starts.copy()
+            starts[1:] -= np.cumsum(removed)
+            hi, lo, entries = self.hi[keep], self.lo[keep], self.entries[keep]
+            live = [(h, e) for h, e in items.items() if e is not None]
+            add_h = np.array([h for h, _ in live], np.uint64)
             order = np.argsort(add_h, kind="stable")
             add_h = add_h[order]
-            add_e = np.array([x[1] for x in live], np.uint64)[order]
-            add_o = np.array([x[2] for x in live], np.int64)[order]
-            kept_h = self.hashes[keep]
-            at = np.searchsorted(kept_h, add_h)
-            dtype = self._offset_dtype()
-            self.hashes = np.insert(kept_h, at, add_h)
-            self.entries = np.insert(self.entries[keep], at, add_e)
-            self.offsets = np.insert(self.offsets[keep].astype(dtype), at, add_o.astype(dtype))
-        if self.garbage > (1 << 20) and self.garbage * 2 > len(self.arena):
-            self._rewrite_arena()
+            add_e = np.array([e for _, e in live], np.uint64)[order]
+            at, _ = _find(starts, hi, lo, add_h)
+            add_hi, add_lo = _split(add_h)
+            self.hi = np.insert(hi, at, add_hi)
+            self.lo = np.insert(lo, at, add_lo)
+            self.entries = np.insert(entries, at, add_e)
+            starts[1:] += np.cumsum(np.bincount(bucket_of(add_h), minlength=BUCKETS))
+            self.starts = starts
+        if self.names.logged + self.dead > max(self.rewrite_floor, self._count // REWRITE_SHARE):
+            self.rewrite_names()
 
-    def _rewrite_arena(self) -> None:
-        assert not self.delta
-        arena = bytearray()
-        offsets = np.empty(len(self.offsets), np.int64)
-        for i, offset in enumerate(self.offsets.tolist()):
-            offsets[i] = len(arena)
-            size = self._record_size(offset)
-            arena += self.arena[offset : offset + size]
-        self.arena = arena
-        self.offsets = offsets.astype(self._offset_dtype())
-        self.garbage = 0
+    def rewrite_names(self) -> None:
+        """A new names file holding each live key's name once, in bucket order."""
+        old = self.names
+
+        def pieces() -> Iterator[Piece]:
+            for first, stop in old.spans(0, BUCKETS):
+                live = self._live_names(*old.read(first, stop), None, 0)
+                order = np.argsort(bucket_of(live.key_hashes), kind="stable")
+                lengths, blob = gather(live.lengths, live.blob, order)
+                yield bucket_of(live.key_hashes[order]), lengths, blob
+
+        self.names = NameFile.build(self.directory, self._count, pieces())
+        self.dead = 0
+        old.close()
 
     # --- persistence ----------------------------------------------------------
 
-    def to_bytes(self) -> bytes:
-        """count, offset width, arena size, garbage, then hashes, entries, offsets, arena."""
+    def image(self) -> TableImage:
+        """The table as it is now, for `TableImage.write` in another thread (merged, and
+        the names file rewritten, so that its base holds exactly the live keys)."""
         self.merge()
-        width = self.offsets.dtype.itemsize
-        return b"".join(
-            [
-                _HEAD.pack(len(self.hashes), width, len(self.arena), self.garbage),
-                self.hashes.astype("<u8").tobytes(),
-                self.entries.astype("<u8").tobytes(),
-                self.offsets.astype(f"<u{width}").tobytes(),
-                bytes(self.arena),
-            ]
+        if self.names.logged or self.dead:
+            self.rewrite_names()
+        return TableImage(
+            self.starts, self.hi, self.lo, self.entries, self.names, os.dup(self.names.fd)
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes | memoryview, *, merge_every: int = 4096) -> KeyTable:
-        n, width, arena_size, garbage = _HEAD.unpack_from(data)
-        at = _HEAD.size
-        table = cls(merge_every=merge_every)
-        table.hashes = np.frombuffer(data, "<u8", n, at).astype(np.uint64)
-        table.entries = np.frombuffer(data, "<u8", n, at + 8 * n).astype(np.uint64)
-        table.offsets = np.frombuffer(data, f"<u{width}", n, at + 16 * n).astype(
-            np.uint32 if width == 4 else np.uint64
-        )
-        start = at + 16 * n + width * n
-        table.arena = bytearray(data[start : start + arena_size])
-        if len(table.arena) != arena_size:
-            raise ValueError("truncated key table")
+    def read_from(
+        cls, source: IO[bytes], *, merge_every: int = 4096, directory: Path | None = None
+    ) -> KeyTable:
+        """A table from what `TableImage.write` wrote (ValueError when it is damaged)."""
+        head = source.read(_HEAD.size)
+        if len(head) != _HEAD.size:
+            raise ValueError("key table truncated")
+        magic, n = _HEAD.unpack(head)
+        if magic != _MAGIC:
+            raise ValueError("not a key table")
+        table = cls(merge_every=merge_every, directory=directory)
+        starts = _read_array(source, "<i8", BUCKETS + 1).astype(np.int64)
+        hi = _read_array(source, "<u4", n).astype(np.uint32)
+        lo = _read_array(source, "<u2", n).astype(np.uint16)
+        entries = _read_array(source, "<u8", n).astype(np.uint64)
+        offsets = _read_array(source, "<i8", BUCKETS + 1).astype(np.int64)
+        if int(starts[0]) != 0 or int(starts[-1]) != n or bool((np.diff(starts) < 0).any()):
+            raise ValueError("key table: bucket index damaged")
+        table.starts, table.hi, table.lo, table.entries = starts, hi, lo, entries
+        table.names.close()
+        table.names = NameFile.base_from(directory, source, n, starts.copy(), offsets)
         table._count = n
-        table.garbage = garbage
         return table

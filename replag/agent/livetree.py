@@ -127,6 +127,7 @@ class LiveTree:
         self.declared_notifications = declared_notifications
         self.merge_every = merge_every
         self.snapshot_path = snapshot.snapshot_path(state_dir, endpoint.name) if state_dir else None
+        self.names_dir = state_dir  # where the table's unlinked names file lives (else TMPDIR)
         self.shape = snapshot.TableShape(
             depth, options.ttl_bucket_ms, (options.exclude_prefix or b"").decode("latin-1")
         )
@@ -323,6 +324,8 @@ class LiveTree:
         self._dirty.clear()
         self._flushed = False
         self._applied = self._seen
+        if self.table is not None:
+            self.table.close()
         self.table = self.tree = None
         conn = await RespConnection.open(self.endpoint, timeout_s=self.timeout_s)
         feed: KeyspaceFeed | None = None
@@ -415,7 +418,11 @@ class LiveTree:
         if self.snapshot_path is None:
             return None
         table, why = snapshot.load(
-            self.snapshot_path, identity, self.shape, merge_every=self.merge_every
+            self.snapshot_path,
+            identity,
+            self.shape,
+            merge_every=self.merge_every,
+            directory=self.names_dir,
         )
         if table is None:
             log.info("%s: full scan (%s)", self.endpoint.name, why)
@@ -440,7 +447,9 @@ class LiveTree:
         self.build_progress = progress
         index = await ReplicaScanner(self.endpoint, self.options).run(progress)
         self._last_failure = None
-        table = KeyTable.from_index(index.deduplicated(), merge_every=self.merge_every)
+        table = KeyTable.from_index(
+            index.deduplicated(), merge_every=self.merge_every, directory=self.names_dir
+        )
         del index
         release_freed_memory()
         self.stats.builds += 1
@@ -545,14 +554,16 @@ class LiveTree:
         await feed.fence()
         await self._apply_dirty(conn)
         self._check(feed)
-        body = self.table.to_bytes()
+        image = self.table.image()
         version = self._version
         try:
             await asyncio.to_thread(
-                snapshot.save, path, body, len(self.table), identity, self.shape
+                snapshot.save, path, image.write, len(image), identity, self.shape
             )
         except OSError as exc:
             log.warning("%s: cannot save the tree to %s: %s", self.endpoint.name, path, exc)
             return
+        finally:
+            image.close()
         self._saved_version = version
         self.stats.snapshots_saved += 1

@@ -1,6 +1,6 @@
 """The agent process's memory: what it asks of glibc's allocator.
 
-An agent holds its key tables for days (35 bytes a key: a few large numpy
+An agent holds its key tables for days (14 bytes a key: a few large numpy
 arrays per replica) and now and then a full scan's transient heap (reply
 buffers, names, arrays several times the table). glibc raises its mmap
 threshold each time a large block is freed, up to 32 MB, so after the first

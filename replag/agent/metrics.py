@@ -4,7 +4,8 @@ A collector reads each `LiveTree`'s counters at scrape time (nothing is
 updated on the event path), in a registry of the agent's own.
 
 Per replica: `replag_agent_tree_state{state}` (1 for the current one),
-`_tree_keys`, `_tree_bytes_per_key`, `_tree_memory_bytes`, `_pending_keys`
+`_tree_keys`, `_tree_bytes_per_key`, `_tree_memory_bytes`, `_tree_disk_bytes`
+(the names file), `_pending_keys`
 (named by events, not yet re-read), `_events_total`, `_keys_applied_total`,
 `_builds_total`, `_restores_total`, `_rebuilds_total{cause}` (lost, flush,
 notifications, restart, resync), `_build_seconds` and
@@ -54,13 +55,18 @@ _GAUGES: tuple[tuple[str, str, Reading], ...] = (
     ("replag_agent_tree_keys", "Keys tracked.", lambda t: _table(t, len)),
     (
         "replag_agent_tree_bytes_per_key",
-        "Memory of the key table per key tracked.",
+        "Memory of the key table per key tracked, beyond its fixed bucket indexes.",
         lambda t: _table(t, lambda table: table.bytes_per_key()),
     ),
     (
         "replag_agent_tree_memory_bytes",
-        "Memory of the key table.",
+        "Memory of the key table (fixed bucket indexes included).",
         lambda t: _table(t, lambda table: table.nbytes),
+    ),
+    (
+        "replag_agent_tree_disk_bytes",
+        "Disk held by the key table's names file (unlinked: gone with the process).",
+        lambda t: _table(t, lambda table: table.disk_bytes),
     ),
     (
         "replag_agent_pending_keys",

@@ -1,6 +1,7 @@
 """Saving an agent's key table to disk, valid only against the very same replica data.
 
-A snapshot is one header line (JSON) and the key table's bytes. The header
+A snapshot is one header line (JSON) and the key table's bytes (its arrays,
+then its names file's base: `TableImage.write`), written and read as streams. The header
 holds what the entries depend on (tree depth, TTL bucket, the excluded probe
 prefix) and the replica's identity when it was taken: its `run_id` (a
 restart), replication id, and the write counters `rdb_changes_since_last_save`
@@ -17,15 +18,16 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from replag.agent.keytable import KeyTable
 from replag.private_files import open_private
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2  # 2: names in a file of their own beside 14 bytes a key (issue 36)
 
 
 def parse_info(text: str) -> dict[str, str]:
@@ -71,33 +73,56 @@ def snapshot_path(state_dir: Path, replica: str) -> Path:
     return state_dir / f"{safe}.tree"
 
 
-def save(path: Path, body: bytes, keys: int, identity: ReplicaIdentity, shape: TableShape) -> int:
-    """Write a table's bytes (`KeyTable.to_bytes`) atomically; returns the bytes written."""
+def save(
+    path: Path,
+    write: Callable[[IO[bytes]], None],
+    keys: int,
+    identity: ReplicaIdentity,
+    shape: TableShape,
+) -> int:
+    """Write a header and a table (`write`, e.g. `TableImage.write`) atomically; returns
+    the bytes written."""
     header = {"format": FORMAT, "identity": asdict(identity), "shape": asdict(shape), "keys": keys}
     tmp = path.with_name(path.name + ".tmp")
     with open_private(tmp, "wb") as fh:
         fh.write(json.dumps(header).encode() + b"\n")
-        fh.write(body)
+        write(fh)
         fh.flush()
         os.fsync(fh.fileno())
+        size = fh.tell()
     os.replace(tmp, path)
-    return len(body)
+    return int(size)
 
 
 def load(
-    path: Path, identity: ReplicaIdentity, shape: TableShape, *, merge_every: int
+    path: Path,
+    identity: ReplicaIdentity,
+    shape: TableShape,
+    *,
+    merge_every: int,
+    directory: Path | None = None,
 ) -> tuple[KeyTable | None, str]:
     """The saved table if it was taken of this very data with these settings, else
-    (None, why not)."""
+    (None, why not). `directory`: where the table's names file goes."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as fh:
+            return _load(fh, path, identity, shape, merge_every, directory)
     except FileNotFoundError:
         return None, "no snapshot"
     except OSError as exc:
         return None, f"cannot read {path}: {exc}"
-    end = data.find(b"\n")
+
+
+def _load(
+    fh: IO[bytes],
+    path: Path,
+    identity: ReplicaIdentity,
+    shape: TableShape,
+    merge_every: int,
+    directory: Path | None,
+) -> tuple[KeyTable | None, str]:
     try:
-        header: dict[str, Any] = json.loads(data[:end])
+        header: dict[str, Any] = json.loads(fh.readline(1 << 16))
     except ValueError:
         return None, f"{path} is not a snapshot"
     if header.get("format") != FORMAT:
@@ -107,9 +132,10 @@ def load(
     if header.get("identity") != asdict(identity):
         return None, "the replica changed since the snapshot (restart, writes or resync)"
     try:
-        table = KeyTable.from_bytes(memoryview(data)[end + 1 :], merge_every=merge_every)
+        table = KeyTable.read_from(fh, merge_every=merge_every, directory=directory)
     except (ValueError, IndexError) as exc:
         return None, f"{path} is damaged: {exc}"
     if len(table) != header.get("keys"):
+        table.close()
         return None, f"{path} is damaged: key count differs"
     return table, "loaded"

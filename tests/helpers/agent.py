@@ -78,6 +78,33 @@ class RunningTree:
     def scanned(self) -> TictacTree:
         return self.loop.run(scanned_tree(self.endpoint))
 
+    def fresh_keys(self) -> dict[bytes, int]:
+        """Every key the tree's leaves hold (names read back from its file), with its entry."""
+
+        async def go() -> dict[bytes, int]:
+            await self.tree.fresh(30.0)
+            index = self.tree.leaf_keys(range(1 << self.tree.depth))
+            return {index.key(i): int(index.entries[i]) for i in range(len(index))}
+
+        return self.loop.run(go())
+
+    def scanned_keys(self) -> dict[bytes, int]:
+        async def go() -> dict[bytes, int]:
+            scan = ReplicaScanner(self.endpoint, OPTIONS)
+            index = (await scan.run(ScanProgress(self.endpoint.name))).deduplicated()
+            return {index.key(i): int(index.entries[i]) for i in range(len(index))}
+
+        return self.loop.run(go())
+
+    def rewrite_names(self) -> None:
+        """Have the table rewrite its names file now (as it does once enough have changed)."""
+
+        async def go() -> None:
+            assert self.tree.table is not None
+            self.tree.table.rewrite_names()
+
+        self.loop.run(go())
+
     def wait(self, what: str, check: object) -> None:
         wait_until(
             lambda: bool(check() if callable(check) else check), what, timeout_s=AGENT_TIMEOUT_S
