@@ -63,7 +63,13 @@ def test_every_file_replag_writes_is_its_owners_only(tmp_path: Path) -> None:
     )
     audit.write(caller, replica="r", key=b"k", op="restore", outcome="written")
     tree = state / "agent" / "eu" / "r.tree"
-    save(tree, b"\0" * 8, 0, ReplicaIdentity("a", "b", "c", "d"), TableShape(16, 2000, "p:"))
+    save(
+        tree,
+        lambda out: out.write(b"\0" * 8),
+        0,
+        ReplicaIdentity("a", "b", "c", "d"),
+        TableShape(16, 2000, "p:"),
+    )
 
     keys = _KeysOut(state / "out" / "keys.jsonl")
     keys("g", b"k", {"kind": "missing", "replicas": {}})
