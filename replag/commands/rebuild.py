@@ -37,8 +37,14 @@ from replag.store import Store
 @click.option(
     "--no-closing-pass",
     is_flag=True,
-    help="Skip the `repair run` of the group that follows the copy (it repairs what the "
-    "bulk copy leaves: keys the peers disagree on or that were written meanwhile).",
+    help="Skip the `repair run` that follows the copy (it repairs what the bulk copy "
+    "leaves: keys the peers disagree on, written meanwhile, or held only by other members).",
+)
+@click.option(
+    "--full-closing-pass",
+    is_flag=True,
+    help="Make the closing pass a whole `repair run` of the group (every key compared), "
+    "not only the keys the copy left.",
 )
 @click.option("--resume", metavar="RUN", help="Continue an interrupted or failed rebuild.")
 @json_option
@@ -50,13 +56,15 @@ def command(
     rate: float | None,
     dry_run: bool,
     no_closing_pass: bool,
+    full_closing_pass: bool,
     resume: str | None,
     as_json: bool,
 ) -> None:
     """Refill REPLICA of GROUP from its peers: bulk, verified, checkpointed, throttled.
 
     Prints the plan (keys, bytes, time at the current rate), copies what the replica
-    lacks and its peers agree on, then runs one `repair run` of the group. For a Redis
+    lacks and its peers agree on, then a `repair run` of the keys the copy left (the
+    peers disagreed, a client wrote them meanwhile, only other members hold them). For a Redis
     replica of a replication group it says how Redis's own full sync rebuilds it."""
     if resume is None and (group is None or replica is None):
         raise click.UsageError("--group and --replica are required (or --resume RUN)")
@@ -81,6 +89,7 @@ def command(
                 resume=resume,
                 dry_run=dry_run,
                 closing_pass=not no_closing_pass,
+                full_closing_pass=full_closing_pass,
                 progress=progress,
                 on_plan=show,
                 on_run=run_ids.append,

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from replag.config import Config
@@ -70,17 +70,19 @@ async def _run(
     on_run: Callable[[str], None] | None = None,
     key_sink: KeySink | None = None,
     acl_mode: Mode | None = None,
+    keys: Sequence[bytes] | None = None,
 ) -> rp.RepairReport:
     """Run `params` (or resume run `resume`): every member must answer first; no other
     check or repair of its groups may run meanwhile (`replag.repair.exclusive`).
-    `acl_mode`: the ACL recipe of the process running it (serve), for a refusal's advice."""
+    `acl_mode`: the ACL recipe of the process running it (serve), for a refusal's advice.
+    `keys`: only these keys are verified (and repaired), nothing is scanned."""
     groups = _groups(setup.topology, params.group)
     if resume is not None:
         _, saved = _resumed(setup.config_name, params.kind, store, resume)
         groups = _groups(setup.topology, saved.group, check=False)
     if store is None:
         return await _run_exclusive(
-            setup, params, store, resume, progress, on_run, key_sink, acl_mode
+            setup, params, store, resume, progress, on_run, key_sink, acl_mode, keys
         )
     ttl_s = setup.settings.lease_time
     held = await _take_groups(store, [g.name for g in groups], ttl_s)
@@ -89,7 +91,7 @@ async def _run(
     keeper = asyncio.create_task(_keep_groups(store, held, ttl_s, this, unconfirmed))
     try:
         return await _run_exclusive(
-            setup, params, store, resume, progress, on_run, key_sink, acl_mode
+            setup, params, store, resume, progress, on_run, key_sink, acl_mode, keys
         )
     except asyncio.CancelledError:
         if not unconfirmed or this is None:
@@ -166,6 +168,7 @@ async def _run_exclusive(
     on_run: Callable[[str], None] | None,
     key_sink: KeySink | None,
     acl_mode: Mode | None = None,
+    keys: Sequence[bytes] | None = None,
 ) -> rp.RepairReport:
     groups = _groups(setup.topology, params.group)
     log: RunLog | None = None
@@ -199,6 +202,7 @@ async def _run_exclusive(
         agents=agents,
         progress=progress,
         key_sink=key_sink,
+        keys=keys if resume is None else None,
     )
     beating = asyncio.create_task(_heartbeat(log)) if log is not None else None
     unchecked: list[dict[str, Any]] = []
@@ -423,11 +427,13 @@ async def repair(
     ttls: str | None = None,
     started_by: dict[str, str] | None = None,
     acl_mode: Mode | None = None,
+    keys: Sequence[bytes] | None = None,
 ) -> rp.RepairReport:
     """Find and repair divergence; see the module docstring of `policy` for the rules
     (`policy` None: each group's kind's default: primary, majority or quorum).
     A resumed run first reads again every key it had repaired. `ttls`, `started_by` and
-    `acl_mode` as for `check`."""
+    `acl_mode` as for `check`. `keys`: verify and repair only these keys of `group`, no
+    scan (a rebuild's closing pass: what its copy left)."""
     if rate is not None and rate < 0:
         raise UsageError("--rate: must be >= 0")
     if max_inflight is not None and max_inflight < 1:
@@ -453,6 +459,7 @@ async def repair(
         progress=progress,
         on_run=on_run,
         acl_mode=acl_mode,
+        keys=keys,
     )
 
 

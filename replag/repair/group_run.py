@@ -74,6 +74,8 @@ class GroupRun:
         )
         self.agent_wait_s = s.agent_wait
         self.progress, self.key_sink = run.progress, run.key_sink
+        # Given keys (a rebuild's closing pass): verified and repaired, nothing scanned.
+        self.given = list(run.keys) if run.keys is not None else None
         self.timeout_s = s.connect_timeout
         self.page_options, self.page_elements = self.refill.pages, s.repair_page_elements
         self.tolerance_ms = int(s.ttl_tolerance * 1000)
@@ -152,7 +154,9 @@ class GroupRun:
             if self.log is not None and self.params.kind == "repair":
                 # Bulk batches a crash left unverified are settled before anything is read.
                 await settle_members(self.refill.pages, self.group, self.log.store, self.log.run_id)
-            if phase is None or phase[0] == "scanning":
+            if self.given is not None and phase is None:
+                await self._verify_given(self.given)
+            elif phase is None or phase[0] == "scanning":
                 await self._scan_and_verify()
             if self.params.kind == "repair":
                 started = time.perf_counter()
@@ -336,6 +340,26 @@ class GroupRun:
         self._save_phase("diffed")
         if self.log is not None:
             self.log.drop_scans(self.group.name)
+
+    async def _verify_given(self, keys: list[bytes]) -> None:
+        """The given keys, verified as a scan's candidates are (no bulk path: the caller
+        copied already)."""
+        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
+        self.report.candidates = len(keys)
+
+        def record(divergent: list[Divergence], changing: list[Changing]) -> None:
+            self.report.changing += len(changing)
+            if self.params.kind == "repair":
+                divergent = divergent + [d for _, d in changing if d is not None]
+            self._set(
+                {d.key: KeyRecord(d.kind, status, self.decisions.detail(d)) for d in divergent}
+            )
+            if self.key_sink is not None:
+                for d in divergent:
+                    self.key_sink(self.group.name, d.key, self.decisions.detail(d))
+
+        await self.verifier.verify(keys, phase="verify", on_batch=record)
+        self._save_phase("diffed")
 
     def _bulk_possible(self) -> bool:
         """A repair that writes, every member reached directly, a policy that copies; never

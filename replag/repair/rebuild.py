@@ -6,8 +6,10 @@ target lacks the key, verified `repair_settle` later), several batches at once.
 The run is checkpointed (`rebuild_log`), throttled (`scan_rate`, `repair_rate`)
 and reports progress with an ETA. Collections above `repair_page_elements` are
 copied in pages (`pages`). What the bulk copy leaves (keys the peers disagree on,
-keys written during the copy, keys only other peers hold) is closed by one
-`repair run` of the group at the end, the anti-entropy pass.
+keys written during the copy, keys only other members hold: `bulk.closing`) is
+closed at the end by a `repair run` of the group limited to those keys, the closing
+pass (`full_closing_pass`: a whole `repair run` instead, as after a resume, which
+no longer knows them).
 
 A replica of a Redis replication group is not rebuilt here: Redis's own full sync
 is the way (`ReplicaOfPrimary` says how to trigger it).
@@ -23,6 +25,7 @@ from typing import Any
 
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
+from replag.repair.bulk.closing import SourceKeys, keys_elsewhere
 from replag.repair.bulk.copy import copy_batches, settle_pending
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
@@ -95,6 +98,7 @@ class RebuildReport:
     settled_on_resume: int = 0  # keys of unverified batches settled by a resume
     closing: dict[str, Any] | None = None
     closing_s: float = 0.0
+    closing_keys: int | None = None  # keys the closing pass looked at; None: all (full)
     left: list[bytes] = field(default_factory=list)
 
     @property
@@ -123,6 +127,7 @@ class RebuildReport:
             "keys_per_s": round(self.keys_per_s),
             "closing": self.closing,
             "closing_s": round(self.closing_s, 3),
+            "closing_keys": self.closing_keys,
         }
 
     def render(self) -> str:
@@ -142,8 +147,13 @@ class RebuildReport:
             lines.append(f"  resumed: {self.settled_on_resume} unverified copies settled first")
         if self.closing is not None:
             c = self.closing
+            scope = (
+                "every key"
+                if self.closing_keys is None
+                else f"{self.closing_keys:,} keys the copy left"
+            )
             lines.append(
-                f"  anti-entropy pass {c['run_id']}: divergent {c['divergent']}, repaired "
+                f"  closing pass {c['run_id']} ({scope}): divergent {c['divergent']}, repaired "
                 f"{c['repaired']}, conflicts {c['conflicts']}, busy {c['busy']} "
                 f"({self.closing_s:.1f} s)"
             )
@@ -201,6 +211,8 @@ class Rebuild:
         self.progress = progress
         self.counts = BatchResult()
         self.big_copied = 0
+        self.source_keys = SourceKeys()  # what the source's scan returned
+        self.resumed = False  # then what the copy handed back before is not known
 
     def _refill(self) -> Refill:
         s = self.config.settings
@@ -216,9 +228,10 @@ class Rebuild:
             scratch_prefix=self.prefix,
         )
 
-    async def plan(self, *, sample_s: float = 1.0) -> RebuildPlan:
+    async def plan(self, *, sample_s: float | None = 1.0) -> RebuildPlan:
         """Sizes of source and target, and the rate: the throttle, else a read-only sample
-        of the copy's reads (every peer, under WATCH) for `sample_s`."""
+        of the copy's reads (every peer, under WATCH) for `sample_s` (None: no sample,
+        the rate is measured as the copy goes)."""
         advice = await replica_of(self.target, self.timeout_s)
         if advice is not None:
             raise UsageError(resync_advice(self.target, advice))
@@ -232,6 +245,8 @@ class Rebuild:
         rate: float | None = self.rate
         if rate:
             note = "the throttle: scan_rate / repair_rate / --rate"
+        elif sample_s is None:
+            note = "as fast as the servers answer (the progress line shows the rate)"
         else:
             rate, note = await self._sample(sample_s), f"read-only sample of {sample_s:g} s"
         return RebuildPlan(
@@ -277,6 +292,7 @@ class Rebuild:
             if saved is not None:
                 cursor, stats = saved
                 self._restore(stats)
+                self.resumed = True
         refill = self._refill()
         scan = await RespConnection.open(self.source, timeout_s=self.timeout_s)
         started = time.monotonic()
@@ -287,7 +303,9 @@ class Rebuild:
             at = cursor
             while True:
                 (at, keys), *_ = await scan.request(pack(b"SCAN", at, b"COUNT", BATCH), 1)
-                yield without_prefix(keys, self.prefix), at
+                keys = without_prefix(keys, self.prefix)
+                self.source_keys.add(keys)
+                yield keys, at
                 if at == b"0":
                     return
 
@@ -359,6 +377,23 @@ class Rebuild:
         c.changed = [b""] * stats["changed"]
         c.undo_failed = [b""] * stats["undo_failed"]
 
+    def handed_back(self) -> list[bytes]:
+        """The keys the copy left for the closing pass (see `bulk.closing`)."""
+        c = self.counts
+        return [*c.present, *c.disagree, *c.changed, *c.undo_failed]
+
+    async def closing_keys(self) -> list[bytes] | None:
+        """What the closing pass looks at: the keys handed back and those other members
+        hold that the source lacks; None (every key) after a resume."""
+        if self.resumed:
+            return None
+        assert self.source is not None
+        others = [m for m in self.group.members if m.name != self.source.name]
+        elsewhere = await keys_elsewhere(
+            others, self.source_keys, prefix=self.prefix, timeout_s=self.timeout_s
+        )
+        return sorted({*self.handed_back(), *elsewhere})
+
     async def settle_pending(self, log: RebuildLog) -> int:
         """After a crash: the batches written but not verified (`bulk.settle_pending`)."""
         return await settle_pending(
@@ -382,12 +417,14 @@ async def rebuild(
     resume: str | None = None,
     dry_run: bool = False,
     closing_pass: bool = True,
+    full_closing_pass: bool = False,
     progress: ProgressCallback | None = None,
     on_plan: Callable[[RebuildPlan], None] | None = None,
     on_run: Callable[[str], None] | None = None,
 ) -> RebuildReport:
     """Plan the rebuild of `replica` (`on_plan` gets the plan), then (unless `dry_run`)
-    do it, resumable from `store`, and close with one `repair run` of the group."""
+    do it, resumable from `store`, and close with a `repair run` of the keys the copy
+    left (of every key with `full_closing_pass`, or after a resume)."""
     log: RebuildLog | None = None
     run: RunLog | None = None
     if resume is not None:
@@ -395,6 +432,7 @@ async def rebuild(
         group, replica = params["group"], params["replica"]
         source, rate = params.get("source"), params.get("rate")
         closing_pass = params.get("closing_pass", True)
+        full_closing_pass = params.get("full_closing_pass", False)
     replica_group = config.topology.group(group)
     if replica_group.kind == "replication":
         raise UsageError(
@@ -410,7 +448,8 @@ async def rebuild(
         raise UsageError(f"--source {source}: the replica being rebuilt cannot be its source")
     await members_reachable([replica_group], timeout_s=config.settings.connect_timeout)
     job = Rebuild(config, replica_group, target, src, rate=rate, progress=progress)
-    plan = await job.plan()
+    # The read-only sample only where its ETA is the answer: it costs a second of reads.
+    plan = await job.plan(sample_s=1.0 if dry_run else None)
     if on_plan is not None:
         on_plan(plan)
     if dry_run:
@@ -423,6 +462,7 @@ async def rebuild(
         "source": plan.source,
         "rate": rate,
         "closing_pass": closing_pass,
+        "full_closing_pass": full_closing_pass,
     }
     if run is None and store is not None:
         run = RunLog.create(store, kind="rebuild", params=params)
@@ -445,7 +485,9 @@ async def rebuild(
         report.big_copied = job.big_copied
         if closing_pass:
             started = time.monotonic()
-            closing = await repair(config, group=group, store=store, progress=progress)
+            keys = None if full_closing_pass else await job.closing_keys()
+            report.closing_keys = None if keys is None else len(keys)
+            closing = await repair(config, group=group, store=store, progress=progress, keys=keys)
             report.closing_s = time.monotonic() - started
             report.closing = {
                 k: v for k, v in closing.to_dict().items() if k not in ("divergent_keys", "groups")

@@ -11,7 +11,7 @@ are handed narrow values (scan options, page options, a group), never this.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,9 @@ class RunState:
     agents: AgentPool
     progress: ProgressCallback | None = None
     key_sink: KeySink | None = None
+    # Verify (and repair) only these keys, scan nothing: a rebuild's closing pass. Not
+    # stored: a resumed run scans (finding more, never less).
+    keys: Sequence[bytes] | None = None
 
     def through_agent(self, member: Endpoint) -> bool:
         """Whether `member` is compared through its region's agent (a --match/--type run

@@ -170,7 +170,13 @@ RUN_PARAMS = obj(
 
 REBUILD_PARAMS = obj(
     {"group": STR, "replica": STR},
-    {"source": nullable(STR), "rate": nullable(NUM), "closing_pass": BOOL},
+    {
+        "source": nullable(STR),
+        "rate": nullable(NUM),
+        "closing_pass": BOOL,
+        # A whole `repair run` after the copy, not only the keys the copy left.
+        "full_closing_pass": BOOL,
+    },
 )
 
 REBUILD_REPORT = obj(
@@ -213,7 +219,9 @@ REBUILD_REPORT = obj(
         "seconds": NUM,
         "closing": nullable({"type": "object"}),
         "closing_s": NUM,
-    }
+    },
+    # Keys the closing pass verified (those the copy left); null: every key (a full pass).
+    {"closing_keys": nullable(INT)},
 )
 
 REBUILD = obj({"schema_version": {"const": SCHEMA_VERSION}}, REBUILD_REPORT["properties"])

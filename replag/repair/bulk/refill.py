@@ -4,9 +4,11 @@ its peers agree on, as safely as a key-by-key repair.
 For a batch of keys (`Refill.copy`):
 
 1. **Read every peer** under WATCH (`peer_read`): values, digests and expiries, one
-   round trip for strings. A key is copied only if every peer holds it with one type,
-   digest and expiry (within `ttl_tolerance`): where peers disagree, the key is
-   handed back for the key-by-key repair and its policy.
+   round trip for strings, in groups of `WATCH_GROUP` keys on connections of their own
+   (a WATCH costs the server the square of the keys one connection watches). A key
+   is copied only if every peer holds it with one type, digest and expiry (within
+   `ttl_tolerance`): where peers disagree, the key is handed back for the key-by-key
+   repair and its policy.
 2. **Write the target once**, pipelined: `SET key value [PX ms] NX` for strings,
    `RESTORE key ttl payload` (without REPLACE) for the rest. Neither touches a key the
    target holds, so a client write that reached the target first stands (the key is
@@ -41,10 +43,12 @@ from dataclasses import dataclass, field
 from replag.errors import RepairError
 from replag.repair.bulk.peer_read import (
     MERGEABLE,
+    WATCH_GROUP,
     PeerRead,
     PeerReader,
     agreeing,
     data_digest,
+    joined,
     whole_data,
     whole_read,
 )
@@ -164,8 +168,10 @@ class Refill:
     async def read_only(self, keys: list[bytes]) -> list[bytes]:
         """Step 1 alone, nothing written (a plan's rate sample): the keys the peers agree on."""
         async with contextlib.AsyncExitStack() as stack:
-            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
-            reads = await all_of(r.read(c, keys) for r, c in zip(self.readers, conns, strict=True))
+            conns = await self._lend(stack, len(keys))
+            reads = await all_of(
+                _read_groups(r, c, keys) for r, c in zip(self.readers, conns, strict=True)
+            )
             await _unchanged(conns)
         ok = agreeing(list(reads), tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
         return [k for k, agreed in zip(keys, ok, strict=True) if agreed]
@@ -180,9 +186,12 @@ class Refill:
         source = self._batches % len(self.peers)
         self._batches += 1
         async with contextlib.AsyncExitStack() as stack:
-            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
-            pairs = list(zip(self.readers, conns, strict=True))
-            reads = await all_of(r.read(c, keys) for r, c in pairs)
+            conns = await self._lend(stack, len(keys))
+            # Each peer's first connection reads what follows the first read (not watched).
+            pairs = [(r, c[0]) for r, c in zip(self.readers, conns, strict=True)]
+            reads = await all_of(
+                _read_groups(r, c, keys) for r, c in zip(self.readers, conns, strict=True)
+            )
             ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             # Collections whose payloads differ may hold one value encoded otherwise.
             recheck = [
@@ -226,6 +235,16 @@ class Refill:
         result.copied += len(written)
         result.copied_keys += [keys[i] for i in written]
         return result
+
+    async def _lend(
+        self, stack: contextlib.AsyncExitStack, keys: int
+    ) -> list[list[RespConnection]]:
+        """Per peer, one connection per `WATCH_GROUP` keys of a batch, lent for the batch."""
+        groups = max(1, -(-keys // WATCH_GROUP))
+        return [
+            [await stack.enter_async_context(p.connection()) for _ in range(groups)]
+            for p in self.peers
+        ]
 
     async def _moved(
         self,
@@ -282,11 +301,13 @@ class Refill:
             value = src.values[i]
             if value is not None:
                 if expiry < 0:
-                    commands.append(pack(b"SET", keys[i], value, b"NX"))
-                elif absolute:
-                    commands.append(pack(b"SET", keys[i], value, b"PXAT", expiry, b"NX"))
+                    commands.append(_SET_NX % (len(keys[i]), keys[i], len(value), value))
                 else:
-                    commands.append(pack(b"SET", keys[i], value, b"PX", left, b"NX"))
+                    at = b"%d" % (expiry if absolute else left)
+                    template = _SET_PXAT_NX if absolute else _SET_PX_NX
+                    commands.append(
+                        template % (len(keys[i]), keys[i], len(value), value, len(at), at)
+                    )
                 result.bytes_copied += len(value)
             else:
                 dump = src.dumps[i]
@@ -407,6 +428,15 @@ class Refill:
                 src.data[i] = data
 
 
+# SET key value [PXAT ms | PX ms] NX in RESP, formatted here: hiredis's pack_command costs
+# ~5 µs a command, as much as the server spends on it.
+_SET_NX = b"*4\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$2\r\nNX\r\n"
+_SET_PXAT_NX = (
+    b"*6\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$4\r\nPXAT\r\n$%d\r\n%b\r\n$2\r\nNX\r\n"
+)
+_SET_PX_NX = b"*6\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$2\r\nPX\r\n$%d\r\n%b\r\n$2\r\nNX\r\n"
+
+
 def server_version(info: object) -> tuple[int, ...]:
     """redis_version from an INFO reply ((0,) when it cannot be read)."""
     if not isinstance(info, bytes):
@@ -426,12 +456,29 @@ def _same_expiry(a: int, b: int, refill: Refill) -> bool:
     return a >= 0 and b >= 0 and abs(a - b) <= refill.tolerance_ms
 
 
-async def _unchanged(conns: Sequence[RespConnection]) -> list[bool]:
-    """An empty transaction on each connection: False where a key it watched has changed."""
+async def _read_groups(
+    reader: PeerReader, conns: Sequence[RespConnection], keys: list[bytes]
+) -> PeerRead:
+    """`keys` read on one peer under WATCH, `WATCH_GROUP` keys on each of `conns`."""
+    parts = await all_of(
+        reader.read(conn, keys[at : at + WATCH_GROUP])
+        for conn, at in zip(conns, range(0, len(keys), WATCH_GROUP), strict=False)
+    )
+    return joined(parts)
+
+
+async def _unchanged(peers: Sequence[Sequence[RespConnection]]) -> list[bool]:
+    """An empty transaction on each peer's connections: False for a peer where a key
+    watched on any of them has changed."""
     payload = pack(b"MULTI") + pack(b"EXEC")
-    replies = await all_of(conn.request(payload, 2) for conn in conns)
+    conns = [conn for group in peers for conn in group]
+    replies = iter(await all_of(conn.request(payload, 2) for conn in conns))
     untouched = []
-    for conn, (multi, exec_reply) in zip(conns, replies, strict=True):
-        conn.check([multi])
-        untouched.append(exec_reply is not None)
+    for group in peers:
+        same = True
+        for conn in group:
+            multi, exec_reply = next(replies)
+            conn.check([multi])
+            same = same and exec_reply is not None
+        untouched.append(same)
     return untouched

@@ -1,0 +1,85 @@
+"""What a rebuild's closing pass looks at: the keys its copy handed back, and the keys
+other members hold that the source's scan never returned.
+
+A copy verified `repair_settle` after its write stands: every client write reaches
+every replica within that time, so what a client writes to a key after its batch was
+verified reaches the rebuilt replica too. What the copy did not settle is what it
+handed back (present on the target, disagreed on, changed while copied, big and not
+copied). What the source's SCAN cannot show is a key the source lacks: the other
+members are walked by name (SCAN alone, no values) and their keys looked up among the
+source's, by 64-bit hash (`SourceKeys`). Those two lists, and nothing else, go to the
+key-by-key verify-and-repair path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from replag.repair.keyspace.native import hash_each
+from replag.repair.keyspace.together import all_of
+from replag.repair.scan.scanner import without_prefix
+from replag.resp import RespConnection, pack
+from replag.topology import Endpoint
+
+SCAN_COUNT = 1000
+
+
+class SourceKeys:
+    """The hashes of every key the source's scan returned (8 bytes a key)."""
+
+    def __init__(self) -> None:
+        self._parts: list[npt.NDArray[np.uint64]] = []
+        self._sorted: npt.NDArray[np.uint64] | None = None
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._parts)
+
+    def add(self, keys: list[bytes]) -> None:
+        if keys:
+            self._parts.append(hash_each(keys).copy())
+            self._sorted = None
+
+    def lacks(self, keys: list[bytes]) -> list[bytes]:
+        """Those of `keys` the source's scan did not return."""
+        if not keys:
+            return []
+        if self._sorted is None:
+            joined = np.concatenate(self._parts) if self._parts else np.zeros(0, np.uint64)
+            self._sorted = np.unique(joined)
+            self._parts = [self._sorted]
+        hashes = hash_each(keys)
+        at = np.searchsorted(self._sorted, hashes)
+        at[at >= len(self._sorted)] = 0
+        found = self._sorted[at] == hashes if len(self._sorted) else np.zeros(len(keys), np.bool_)
+        return [k for k, seen in zip(keys, found, strict=True) if not seen]
+
+
+async def keys_elsewhere(
+    members: Sequence[Endpoint],
+    source: SourceKeys,
+    *,
+    prefix: bytes,
+    timeout_s: float,
+) -> list[bytes]:
+    """Keys `members` hold that `source` lacks, each once, sorted."""
+
+    async def one(member: Endpoint) -> list[bytes]:
+        found: list[bytes] = []
+        conn = await RespConnection.open(member, timeout_s=timeout_s)
+        try:
+            cursor = b"0"
+            while True:
+                ((cursor, keys),) = await conn.request(
+                    pack(b"SCAN", cursor, b"COUNT", SCAN_COUNT), 1
+                )
+                found += source.lacks(without_prefix(keys, prefix))
+                if cursor == b"0":
+                    return found
+        finally:
+            await conn.close()
+
+    lists = await all_of(one(m) for m in members)
+    return sorted({k for keys in lists for k in keys})
