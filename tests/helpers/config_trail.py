@@ -1,12 +1,12 @@
-"""Where a check's config travels: the places (functions) that are handed it, in order.
+"""Where a run's config travels: the places (functions) that are handed it, in order.
 
-`follow(config)` profiles every call in replag while it is active (`sys.setprofile`,
-and in threads started meanwhile) and records each call of a replag function one of
-whose arguments is `config`, or holds it: as an attribute, an item of a list, tuple or
-dict, a bound method's object, a closure's variable, or one of those of those, up to
-`DEPTH` steps down (a run-state object carrying
-the config counts as carrying it: hiding it one object deeper is no fewer places).
-A coroutine counts once, when it starts, not at each resume.
+`follow(config, ...)` profiles every call while it is active (`sys.setprofile`, and
+in threads started meanwhile) and records each call of a replag function one of whose
+arguments is `config`, or holds it: as an attribute, an item of a list, tuple or dict,
+a bound method's object, a closure's variable, or one of those of those, up to `DEPTH`
+steps down (a run-state object carrying the config counts as carrying it: hiding it
+one object deeper is no fewer places). A coroutine counts once, when it starts, not
+at each resume. Each object given gets its trail (the config, its settings, ...).
 
 `Trail.places` are the distinct functions (`module:qualname`); `Trail.returns` counts
 how often the config came back to a module it had already left (engine → group_run →
@@ -155,7 +155,7 @@ def follow(*targets: object, package: str = "replag.") -> Iterator[list[Trail]]:
         yield trails
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 async def run_trails(
