@@ -49,20 +49,21 @@ def main() -> int:
     if os.access(DEBIAN_REDIS, os.X_OK):
         os.environ.setdefault("REPLAG_REDIS_SERVER", DEBIAN_REDIS)
     print(f"replag's {compile_bytecode()} modules compiled to bytecode, as an install does")
-    rows: list[tuple[int, Measured]] = []
+    rows: list[tuple[int, Measured, Measured]] = []
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
             lab_dir = Path(tmp) / "lab"
             lab_up(lab_dir, LabSpec(regions=("a", "b"), delays_ms={}, engine="independent"))
             try:
-                rows.append((n, one(args, lab_dir, n)))
+                rows.append((n, *one(args, lab_dir, n)))
             finally:
                 lab_down(lab_dir)
     summarize(rows, args.budget_mb)
     return 0
 
 
-def one(args: argparse.Namespace, lab_dir: Path, n: int) -> Measured:
+def one(args: argparse.Namespace, lab_dir: Path, n: int) -> tuple[Measured, Measured]:
+    """The timed run and the sampled run of a check of `n` keys."""
     info = lab_load(lab_dir, LoadSpec(keys=n, value_size=args.value_size))
     spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
     injected = lab_diverge(lab_dir, spec, None)
@@ -83,11 +84,11 @@ def one(args: argparse.Namespace, lab_dir: Path, n: int) -> Measured:
         f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
         flush=True,
     )
-    return sampled
+    return timed, sampled
 
 
-def summarize(rows: list[tuple[int, Measured]], budget_mb: int | None) -> None:
-    for (n0, m0), (n1, m1) in itertools.pairwise(rows):
+def summarize(rows: list[tuple[int, Measured, Measured]], budget_mb: int | None) -> None:
+    for (n0, _, m0), (n1, _, m1) in itertools.pairwise(rows):
         marginal = (m1.tree_rss_mb - m0.tree_rss_mb) * 2**20 / (n1 - n0)
         verdict = "met" if marginal <= TARGET_MARGINAL else "MISSED"
         print(
@@ -95,10 +96,20 @@ def summarize(rows: list[tuple[int, Measured]], budget_mb: int | None) -> None:
             f"(≤ {TARGET_MARGINAL:.0f}: {verdict})"
         )
     if len(rows) > 1:
-        (n0, m0), (n1, m1) = rows[0], rows[-1]
+        (n0, t0, m0), (n1, t1, m1) = rows[0], rows[-1]
         marginal = (m1.tree_rss_mb - m0.tree_rss_mb) * 2**20 / (n1 - n0)
         print(f"marginal {n0:,} -> {n1:,} keys: {marginal:+.2f} B per key for 2 replicas")
-    peak = max(m.tree_rss_mb for _, m in rows)
+        # The timed runs: wall time per key (the target), CPU per key beside it (the
+        # steadier figure on a shared host).
+        wall0, wall1 = t0.seconds / n0 * 1e6, t1.seconds / n1 * 1e6
+        cpu0, cpu1 = t0.cpu_s / n0 * 1e6, t1.cpu_s / n1 * 1e6
+        verdict = "met" if wall1 <= wall0 else "MISSED"
+        print(
+            f"time per key {n0:,} -> {n1:,} keys: {wall0:.2f} -> {wall1:.2f} µs wall "
+            f"({wall1 / wall0:.2f}x; no worse at {n1:,}: {verdict}), {cpu0:.2f} -> {cpu1:.2f} "
+            f"µs CPU ({cpu1 / cpu0:.2f}x)"
+        )
+    peak = max(m.tree_rss_mb for _, _, m in rows)
     if budget_mb is not None:
         verdict = "met" if peak <= budget_mb else "MISSED"
         print(f"budget: check_memory {budget_mb} MB; largest peak {peak:.1f} MiB ({verdict})")

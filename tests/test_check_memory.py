@@ -1,23 +1,20 @@
 """A full check's memory is bounded by `check_memory_mb`, not by the keyspace, and it is
 still exact.
 
-Two independent replicas hold 1.2M keys (pipelined MSET, `replag lab load`), then
-1,000 injected divergences. `replag repair check` runs as a process of its own with
-`check_memory_mb = 96`; its process tree's memory is sampled from /proc every 20 ms
+Two independent replicas hold 2M keys (DEBUG POPULATE, a second each), then 1,000
+injected divergences. `replag repair check` runs as a process of its own with
+`check_memory_mb = 64`; its process tree's memory is sampled from /proc every 20 ms
 (PSS: a page a forked scan process shares with the check counts half to each, so
 the sum counts nothing twice). Keeping every key in memory, as the check did before,
-peaked at ~56 MB + ~50 bytes a key for the two replicas (~115 MB here), past the
-budget; bounded, the check peaks near 75 MB at any count (benchmarks/check_memory.py:
-1M to 10M keys; 60.6 MiB at 2M keys with 64 MB). 1.2M rather than 2M keys keeps the
-test near 25 s on 2 shared cores, and 96 rather than 64 MB keeps it clear of the
-processes' fixed size (~51-55 MB: Python, numpy, the store, replag's imports), which
-grew by 4 MB in one afternoon of other work.
+peaked at ~56 MB + ~50 bytes a key for the two replicas (~150 MB here), past the
+budget; bounded, the check peaks near 55 MB at any count (benchmarks/check_memory.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -30,9 +27,10 @@ from replag.repair.keyspace.observe import key_from_json
 from replag.repair.runs import RunLog
 from replag.store import Store
 from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory
 
-KEYS = 1_200_000
-BUDGET_MB = 96
+KEYS = 2_000_000
+BUDGET_MB = 64
 
 
 def _tree(pid: int) -> list[int]:
@@ -98,21 +96,65 @@ def _lab(
     return path, truth
 
 
-def _found(path: Path, done: subprocess.CompletedProcess[str]) -> set[bytes]:
+def _found(path: Path, done: subprocess.CompletedProcess[str], group: str = "lab") -> set[bytes]:
     assert done.returncode == 1, done.stderr[-2000:]
     store = Store(path.parent / "replag.sqlite")
     try:
         run = RunLog(store, json.loads(done.stdout)["run_id"])
-        return {k for k, _, _, _ in run.keys("lab")}
+        return {k for k, _, _, _ in run.keys(group)}
     finally:
         store.close()
 
 
+def _populated(redis_factory: RedisFactory, tmp_path: Path) -> tuple[Path, set[bytes]]:
+    """Two replicas of `KEYS` keys (`key:N`, 16-byte values) and 1,000 divergences of
+    every kind; the path of a config naming them, and the divergent keys."""
+    a, b = (redis_factory(n, extra_args=("--enable-debug-command", "yes")) for n in "ab")
+    for server in (a, b):
+        with server.client() as c:
+            c.execute_command("DEBUG", "POPULATE", KEYS, "key", 16)
+    picked = [f"key:{i}".encode() for i in random.Random(3).sample(range(KEYS), 750)]
+    missing, changed, typed, ttl = picked[:250], picked[250:500], picked[500:625], picked[625:]
+    extra = [f"extra:{i}".encode() for i in range(250)]
+    with a.client() as ca, b.client() as cb:
+        pa, pb = ca.pipeline(transaction=False), cb.pipeline(transaction=False)
+        for key in missing:
+            pb.delete(key)
+        for key in changed:
+            pb.set(key, b"changed")
+        for key in typed:
+            pb.delete(key)
+            pb.rpush(key, b"a list now")
+        for key in ttl:
+            pb.pexpire(key, 3_600_000)
+        for key in extra:
+            pa.set(key, b"only in a")
+        pa.execute()
+        pb.execute()
+    path = tmp_path / "replag.toml"
+    path.write_text(
+        "\n".join(
+            [
+                "[settings]",
+                f'store = "{tmp_path / "replag.sqlite"}"',
+                f"check_memory_mb = {BUDGET_MB}",
+                "scan_nice = 0",
+                *(
+                    f'[[regions]]\nname = "{r}"\nreplicas = [{{ name = "{r}-1", url = "{s.url}" }}]'
+                    for r, s in (("a", a), ("b", b))
+                ),
+                '[[groups]]\nname = "g"\nmembers = ["a-1", "b-1"]',
+            ]
+        )
+        + "\n"
+    )
+    return path, {*picked, *extra}
+
+
 def test_a_check_stays_inside_its_memory_budget_and_finds_every_difference(
-    lab_factory: LabFactory,
+    redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
-    spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=3)
-    path, truth = _lab(lab_factory, KEYS, spec, check_memory_mb=BUDGET_MB)
+    path, truth = _populated(redis_factory, tmp_path)
     assert len(truth) == 1000
 
     argv = [sys.executable, "-m", "replag", "repair", "check", "-c", str(path), "--json"]
@@ -120,7 +162,7 @@ def test_a_check_stays_inside_its_memory_budget_and_finds_every_difference(
 
     print(f"check of {KEYS:,} keys: peak {peak / 2**20:.1f} MiB (budget {BUDGET_MB} MB)")
     assert peak <= BUDGET_MB << 20, f"peak {peak / 2**20:.1f} MiB"
-    assert _found(path, done) == truth
+    assert _found(path, done, "g") == truth
 
 
 def test_keys_past_the_spill_limit_are_read_again_and_still_found_exactly(

@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 
 from replag.repair.keyspace import native
-from replag.repair.scan.keep import KeepLimits, KeptKeys, keep_limits
+from replag.repair.scan.keep import (
+    LEAST_BATCH_BYTES,
+    MOST_BATCH_BYTES,
+    KeepLimits,
+    KeptKeys,
+    batch_bytes,
+    keep_limits,
+)
 from replag.repair.scan.scanner import ScanIndex, index_batch
+from replag.repair.scan.selection import LeafSelection
 from replag.repair.trees.diff import in_leaves
 
 DEPTH = 10
@@ -107,8 +115,8 @@ def test_past_the_disk_limit_nothing_is_kept() -> None:
 def test_a_checks_memory_is_shared_by_its_scans() -> None:
     assert keep_limits(256, 16384, 2) == KeepLimits(4 << 20, 8192 << 20)
     small = keep_limits(80, 1000, 2)
-    assert small.memory_bytes == (80 - 35 - 16 << 20) // 8 and small.disk_bytes == 500 << 20
-    assert keep_limits(10, 0, 3) == KeepLimits(1 << 20, 0)
+    assert small.memory_bytes == (80 - 35 - 16 << 20) // 32 and small.disk_bytes == 500 << 20
+    assert keep_limits(10, 0, 3) == KeepLimits(512 << 10, 0)
 
 
 def test_the_spill_file_has_no_name_and_only_its_owner_reads_it(tmp_path: Path) -> None:
@@ -121,3 +129,37 @@ def test_the_spill_file_has_no_name_and_only_its_owner_reads_it(tmp_path: Path) 
     assert os.readlink(f"/proc/self/fd/{kept._file.fileno()}").endswith("(deleted)")
     assert stat.S_IMODE(os.fstat(kept._file.fileno()).st_mode) == 0o600
     kept.close()
+
+
+@pytest.mark.parametrize("memory_bytes", [1 << 20, 2 << 10])  # held, or in the file
+def test_the_keys_of_batches_of_leaves_come_from_one_pass(
+    implementation: str, limits: KeepLimits, memory_bytes: int, tmp_path: Path
+) -> None:
+    keys = [b"key:%d" % i for i in range(5000)]
+    seen = [*keys, *keys[:40]]  # SCAN returned some twice
+    random.Random(2).shuffle(seen)
+    kept = KeptKeys(DEPTH, limits)
+    for part in _batches(seen, 256):
+        kept.add(part)
+    kept.count_duplicates_once()
+    everything = _index(keys)
+    batches = [np.arange(0, 100), np.array([101, 500, 900]), np.arange(1000, 1024)]
+    selection = LeafSelection(batches, DEPTH, memory_bytes=memory_bytes, directory=str(tmp_path))
+    for part in kept.parts_in(selection.wanted):
+        selection.add(part)
+    assert list(tmp_path.iterdir()) == []  # a file, if any, has no name
+    assert (selection.spilled_bytes > 0) == (memory_bytes < 1 << 20)
+    for i, leaves in enumerate(batches):
+        got, want = selection.keys(i), in_leaves(everything, leaves, DEPTH)
+        assert sorted(got.key(j) for j in range(len(got))) == sorted(
+            want.key(j) for j in range(len(want))
+        )
+        assert sorted(got.entries.tolist()) == sorted(want.entries.tolist())
+    selection.close()
+    kept.close()
+
+
+def test_a_batch_of_leaf_keys_is_a_sixteenth_of_what_the_fixed_sizes_leave() -> None:
+    assert batch_bytes(256, 3) == MOST_BATCH_BYTES
+    assert batch_bytes(64, 2) == (64 - 35 - 16 << 20) // 16
+    assert batch_bytes(40, 2) == LEAST_BATCH_BYTES

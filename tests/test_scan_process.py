@@ -22,8 +22,11 @@ from replag.lab.server import RedisServer, free_port
 from replag.repair import check
 from replag.repair.runs import RunLog
 from replag.repair.scan import process as scan_process
+from replag.repair.scan.keep import KeepLimits
 from replag.repair.scan.process import WorkerTree, fork_scans_from_server
 from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
+from replag.repair.trees.diff import differing_keys
+from replag.repair.trees.walk import differing_leaves, keys_in_batches
 from replag.store import Store
 from replag.topology import Endpoint
 from tests.helpers.configs import group_config
@@ -326,3 +329,44 @@ def test_without_a_fork_server_scans_fork_this_process(
     fork_scans_from_server()
     assert scan_process._context.get_start_method() == "fork"
     assert "no fork server for scans" in caplog.text and "checks fork this process" in caplog.text
+
+
+@pytest.mark.parametrize("kept", ["kept", "read again"])
+async def test_the_keys_of_many_differing_leaves_come_from_the_scans_in_batches(
+    redis_factory: RedisFactory, kept: str
+) -> None:
+    # 3,000 of 20,000 keys differ, in ~2,800 of 4,096 leaves; batches of 8 kB are ~30
+    # leaves: ~90 batches, each answered from one pass over what the scan kept (spilled
+    # a few hundred keys at a time) or, past the spill's limit, one rescan of its leaves.
+    servers = [redis_factory("a"), redis_factory("b")]
+    for server in servers:
+        with server.client() as client:
+            fill(client, 20_000)
+    changed = {f"k:{i:07d}".encode() for i in range(0, 20_000, 7)} | {b"only-in-b"}
+    with servers[1].client() as b:
+        for key in changed:
+            b.set(key, "changed")
+    limits = KeepLimits(memory_bytes=16 << 10, disk_bytes=0 if kept == "read again" else 1 << 30)
+    trees = [
+        await WorkerTree.scan(
+            Endpoint.from_url(s.url, name=f"n{i}"),
+            ScanOptions(),
+            ScanProgress(f"n{i}"),
+            None,
+            depth=12,
+            limits=limits,
+        )
+        for i, s in enumerate(servers)
+    ]
+    try:
+        leaves = await differing_leaves(trees, 12)
+        found: set[bytes] = set()
+        batches = 0
+        async for parts in keys_in_batches(trees, leaves, 12, 8 << 10):
+            batches += 1
+            found |= set(differing_keys(parts))
+    finally:
+        for worker in trees:
+            worker.close()
+    assert found == changed
+    assert batches > 50

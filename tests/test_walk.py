@@ -4,6 +4,7 @@ the leaves it hands on hold every key a brute-force comparison finds, and few ot
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from replag.repair.trees.walk import (
     differing_leaves,
     first_down,
     fold,
+    keys_in_batches,
+    leaf_batches,
     nodes_below,
 )
 
@@ -50,6 +53,12 @@ class LocalTree:
     async def leaf_keys(self, leaves: I64) -> ScanIndex:
         self.leaves_asked = len(leaves)
         return in_leaves(self.index, leaves, DEPTH)
+
+    async def select_leaves(self, batches: Sequence[I64]) -> None:
+        self.batches = list(batches)
+
+    async def batch_keys(self, batch: int) -> ScanIndex:
+        return await self.leaf_keys(self.batches[batch])
 
 
 def _index(hashes: np.ndarray, entries: np.ndarray) -> ScanIndex:
@@ -134,3 +143,31 @@ def test_with_many_keys_only_the_differing_leaves_are_fetched() -> None:
     assert all(t.asked == [(0, 1, 16)] for t in trees)
     hashes = np.array([int(name[1:], 16) for name in found], np.uint64)
     assert set(leaves.tolist()) == set(leaf_of(hashes, DEPTH).tolist())
+
+
+def test_the_keys_of_many_differing_leaves_come_in_batches_within_the_budget() -> None:
+    indexes = _members(100_000, 3000, 300, seed=5)
+    trees = [LocalTree(f"m{i}", ix) for i, ix in enumerate(indexes)]
+    budget = 64 << 10
+
+    async def go() -> tuple[int, set[bytes], int]:
+        leaves = await differing_leaves(trees, DEPTH)
+        found: set[bytes] = set()
+        batches, most = 0, 0
+        async for parts in keys_in_batches(trees, leaves, DEPTH, budget):
+            batches += 1
+            most = max(most, sum(len(p) for p in parts))
+            found |= set(differing_keys(parts))
+        return batches, found, most
+
+    batches, found, most = asyncio.run(go())
+    assert found == set(brute_force_candidates(indexes))
+    assert batches > 10
+    # Batches are cut by the mean keys per leaf: each within a quarter of the budget.
+    assert most * KEY_BYTES <= 1.25 * budget
+
+
+def test_leaf_batches_are_sorted_whole_and_at_least_a_leaf() -> None:
+    leaves = np.array([9, 3, 7, 1, 5], np.int64)
+    assert [b.tolist() for b in leaf_batches(leaves, 9.0, 2, 1600)] == [[1, 3], [5, 7], [9]]
+    assert [b.tolist() for b in leaf_batches(leaves, 1e6, 3, 1)] == [[1], [3], [5], [7], [9]]

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from replag.errors import AgentError
 from replag.repair.bulk.copy import (
@@ -34,16 +38,16 @@ from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.progress import RepairProgress
 from replag.repair.keyspace.slots import SlotMap, key_slot, not_compared, ranges
-from replag.repair.keyspace.together import all_of, cancel_all
+from replag.repair.keyspace.together import cancel_all
 from replag.repair.run_state import RunState
-from replag.repair.scan.keep import keep_limits
+from replag.repair.scan.keep import batch_bytes, keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
 from replag.repair.stray_slots import stray_keys
 from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
-from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves
+from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves, keys_in_batches
 from replag.repair.writes.apply import Applier
 from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
@@ -93,6 +97,7 @@ class GroupRun:
             nice=s.scan_nice,
         )
         self.keep_limits = keep_limits(s.check_memory_mb, s.check_spill_mb, len(group.members))
+        self.batch_bytes = batch_bytes(s.check_memory_mb, len(group.members))
 
         # Members whose region runs an agent are compared through it: their trees and key
         # reads stay in the region. A --match/--type check needs a filtered scan: direct.
@@ -271,7 +276,7 @@ class GroupRun:
         try:
             trees = await asyncio.gather(*tasks)
             leaves = await differing_leaves(trees, DEFAULT_DEPTH)
-            parts = await all_of(t.leaf_keys(leaves) for t in trees)
+            candidates, plan = await self._compare_leaves(trees, leaves)
         except AgentError as exc:
             raise self._not_compared(exc) from exc
         finally:
@@ -285,9 +290,7 @@ class GroupRun:
         for tree, stats in zip(trees, self.stats, strict=True):
             if isinstance(tree, AgentTree):
                 stats.keys_scanned = tree.keys
-        candidates = differing_keys(parts) if len(leaves) else []
-        plan = refill_plan(parts) if len(leaves) and self._bulk_possible() else {}
-        del trees, parts
+        del trees
         self.report.scan_s += time.perf_counter() - started
         self.report.candidates = len(candidates)
         if plan:
@@ -360,6 +363,20 @@ class GroupRun:
 
         await self.verifier.verify(keys, phase="verify", on_batch=record)
         self._save_phase("diffed")
+
+    async def _compare_leaves(
+        self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
+    ) -> tuple[list[bytes], dict[int, list[bytes]]]:
+        """The keys of `leaves` whose entries differ between members, and the bulk refill's
+        plan, from the members' keys a batch of leaves at a time (within the budget)."""
+        candidates: list[bytes] = []
+        plan: dict[int, list[bytes]] = {}
+        bulk = self._bulk_possible()
+        async for parts in keys_in_batches(trees, leaves, DEFAULT_DEPTH, self.batch_bytes):
+            candidates += differing_keys(parts)
+            for t, keys in (refill_plan(parts) if bulk else {}).items():
+                plan.setdefault(t, []).extend(keys)
+        return sorted(candidates), {t: sorted(keys) for t, keys in plan.items()}
 
     def _bulk_possible(self) -> bool:
         """A repair that writes, every member reached directly, a policy that copies; never

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -52,14 +53,18 @@ class KeepLimits:
     directory: str | None = None  # None: tempfile's ($TMPDIR, else /tmp)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     n: int
     itemsize: int  # bytes per name length
     blob_size: int
-    bounds: I64  # where each top byte's run starts in the sorted entries (257)
-    at: int = -1  # offset in the file of entries, lengths, blob, sorted entries; -1: held
+    # Offset in the file of entries, lengths, blob, sorted entries and `bounds`; -1: held.
+    at: int = -1
     held: tuple[U64, npt.NDArray[Any], bytes, U64] | None = field(default=None, repr=False)
+    # Where each top byte's run starts in the sorted entries (257): kept here only for a
+    # chunk held (a spilled chunk's are in the file: ~100 bytes a chunk here, not 2 kB,
+    # so that thousands of small chunks at a low budget stay small).
+    bounds: I64 | None = field(default=None, repr=False)
 
     @property
     def record_size(self) -> int:
@@ -77,6 +82,7 @@ class KeptKeys:
         self.kept = True  # False once the keys outgrew `disk_bytes` (and were dropped)
         self.spilled_bytes = 0
         self._chunks: list[_Chunk] = []
+        self._top_counts = np.zeros(256, np.int64)  # entries per top byte, all chunks
         self._pending: list[ScanIndex] = []
         self._pending_bytes = 0
         self._file: IO[bytes] | None = None
@@ -111,8 +117,10 @@ class KeptKeys:
         itemsize = np.dtype(_narrowest(np.array([p.lengths.max() for p in parts]))).itemsize
         lengths = [p.lengths.astype(f"u{itemsize}", copy=False) for p in parts]
         blob_size = sum(len(p.blob) for p in parts)
-        chunk = _Chunk(len(entries), itemsize, blob_size, bounds)
+        chunk = _Chunk(len(entries), itemsize, blob_size)
+        self._top_counts += np.diff(bounds)
         if not spill:
+            chunk.bounds = bounds
             chunk.held = (
                 entries,
                 np.concatenate(lengths),
@@ -121,7 +129,7 @@ class KeptKeys:
             )
             self._chunks.append(chunk)
             return
-        size = chunk.record_size + 8 * chunk.n
+        size = chunk.record_size + 8 * chunk.n + 8 * len(bounds)
         if self.spilled_bytes + size > self.limits.disk_bytes:
             self._give_up()
             return
@@ -130,7 +138,7 @@ class KeptKeys:
             self._file = tempfile.TemporaryFile(buffering=0, dir=self.limits.directory)  # noqa: SIM115
         chunk.at = self.spilled_bytes
         # Written as they are, not joined first: a chunk is held once, not twice.
-        _write_all(self._file, [entries, *lengths, *(p.blob for p in parts), ordered])
+        _write_all(self._file, [entries, *lengths, *(p.blob for p in parts), ordered, bounds])
         self.spilled_bytes += size
         self._chunks.append(chunk)
 
@@ -138,6 +146,7 @@ class KeptKeys:
         """Past the disk limit: keep nothing (a walk then reads its leaves again)."""
         self.kept = False
         self._chunks, self._pending, self._pending_bytes = [], [], 0
+        self._top_counts[:] = 0
         self.close()
 
     def _arrays(self, chunk: _Chunk) -> tuple[U64, npt.NDArray[Any], bytes]:
@@ -151,9 +160,14 @@ class KeptKeys:
 
     def _sorted_range(self, chunk: _Chunk, first: int, stop: int) -> U64:
         """The chunk's sorted entries whose top byte is in [first, stop)."""
-        start, end = int(chunk.bounds[first]), int(chunk.bounds[stop])
         if chunk.held is not None:
+            assert chunk.bounds is not None
+            start, end = int(chunk.bounds[first]), int(chunk.bounds[stop])
             return chunk.held[3][start:end]
+        bounds_at = chunk.at + chunk.record_size + 8 * chunk.n  # after the sorted entries
+        start, end = (
+            int(np.frombuffer(self._read(bounds_at + 8 * i, 8), np.int64)[0]) for i in (first, stop)
+        )
         data = self._read(chunk.at + chunk.record_size + 8 * start, 8 * (end - start))
         return np.frombuffer(data, np.uint64)
 
@@ -170,7 +184,7 @@ class KeptKeys:
         self.finish()
         if not self._chunks:
             return
-        counts = np.sum([np.diff(c.bounds) for c in self._chunks], axis=0)
+        counts = self._top_counts
         # Entries sorted at a time: with their sorted copy and repeats, about the limit.
         per_group = max(1, self.limits.memory_bytes // 24)
         repeats: list[U64] = []
@@ -205,11 +219,14 @@ class KeptKeys:
 
     def in_leaves(self, wanted: I64) -> ScanIndex:
         """The kept keys in the leaves `wanted`."""
-        self.finish()
-        # A mask over all leaves: one gather per chunk, no search.
         mask = np.zeros(len(self.tree.leaves), dtype=np.bool_)
         mask[wanted] = True
-        found: list[ScanIndex] = []
+        return ScanIndex.concat(list(self.parts_in(mask)))
+
+    def parts_in(self, mask: npt.NDArray[np.bool_]) -> Iterator[ScanIndex]:
+        """The kept keys whose leaf is True in `mask` (a flag per leaf), a chunk at a
+        time: one gather per chunk, no search."""
+        self.finish()
         for chunk in self._chunks:
             entries, lengths, blob = self._arrays(chunk)
             hashes = hash_names(blob, lengths)
@@ -219,15 +236,12 @@ class KeptKeys:
             ends = np.cumsum(lengths, dtype=np.int64)[picked]
             starts = ends - lengths[picked]
             names = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-            found.append(
-                ScanIndex(
-                    hashes[picked],
-                    entries[picked],
-                    lengths[picked].astype(np.uint32),
-                    b"".join(names),
-                )
+            yield ScanIndex(
+                hashes[picked],
+                entries[picked],
+                lengths[picked].astype(np.uint32),
+                b"".join(names),
             )
-        return ScanIndex.concat(found)
 
 
 def _write_all(file: IO[bytes], pieces: list[Any]) -> None:
@@ -252,8 +266,11 @@ def _narrowest(lengths: npt.NDArray[np.unsignedinteger[Any]]) -> type[np.unsigne
 # ~51 MB, of which the check's own process ~43 MB before it forks its scans).
 FIXED_MB, FIXED_PER_SCAN_MB = 35, 8
 # A scan process's peak grows by ~2.5x the keys it holds (the chunk being gathered,
-# its sealing, the scan's own buffers): each is given a quarter of its share.
-SHARE_HELD = 4
+# its sealing, the scan's own buffers), and the heap keeps some of what it freed: each
+# is given a sixteenth of its share (2 replicas, 2M keys, check_memory_mb 64: a quarter,
+# 1.6 MB each, peaked at 59-61 MiB; 0.4 MB at 55.5), at least `LEAST_HELD_BYTES`.
+SHARE_HELD = 16
+LEAST_HELD_BYTES = 512 << 10
 # Past this a chunk held in memory buys nothing: it is read back from the page cache
 # about as fast as from memory (2 replicas, default budget: ~71 MB at any keyspace).
 MOST_HELD_BYTES = 4 << 20
@@ -263,5 +280,21 @@ def keep_limits(memory_mb: int, spill_mb: int, scans: int) -> KeepLimits:
     """Each of `scans` scan processes' share of a check's `memory_mb` and `spill_mb`."""
     scans = max(1, scans)
     spare = (memory_mb - FIXED_MB - FIXED_PER_SCAN_MB * scans) << 20
-    held = min(MOST_HELD_BYTES, max(1 << 20, spare // scans // SHARE_HELD))
+    held = min(MOST_HELD_BYTES, max(LEAST_HELD_BYTES, spare // scans // SHARE_HELD))
     return KeepLimits(memory_bytes=held, disk_bytes=(max(0, spill_mb) << 20) // scans)
+
+
+# The keys of the differing leaves, a batch at a time (`walk.keys_in_batches`): the check
+# process holds every member's part of a batch and its comparison (~2.5x the keys' size),
+# a scan process the part it sends (~3x). A sixteenth of what the fixed sizes leave, within
+# these bounds: at most 2 MB (~50,000 keys), so that what the check holds for them is
+# the same at 1M keys as at 100M (~1,500 keys a leaf: ~90 batches for 1,000 differing
+# leaves of 3 members, a round trip each).
+LEAST_BATCH_BYTES, MOST_BATCH_BYTES = 256 << 10, 2 << 20
+
+
+def batch_bytes(memory_mb: int, scans: int) -> int:
+    """The keys of differing leaves a check of `scans` members holds at once (all
+    members' parts of a batch together), within `memory_mb`."""
+    spare = (memory_mb - FIXED_MB - FIXED_PER_SCAN_MB * max(1, scans)) << 20
+    return min(MOST_BATCH_BYTES, max(LEAST_BATCH_BYTES, spare // 16))

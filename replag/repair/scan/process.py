@@ -38,7 +38,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -50,6 +50,7 @@ from replag.errors import RepairError, ReplagError
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.keep import KeepLimits, KeptKeys
 from replag.repair.scan.scanner import LeafFilter, ScanOptions, ScanProgress
+from replag.repair.scan.selection import LeafSelection
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 from replag.repair.trees.walk import first_down, nodes_below
@@ -180,7 +181,21 @@ class WorkerTree:
         return nodes_below(self._levels, level, nodes, down)
 
     async def leaf_keys(self, leaves: I64) -> ScanIndex:
-        self._conn.send(("leaf_keys", leaves.astype(np.int64).tobytes()))
+        return ScanIndex.from_bytes(
+            await self._ask(("leaf_keys", leaves.astype(np.int64).tobytes()))
+        )
+
+    async def select_leaves(self, batches: Sequence[I64]) -> None:
+        """The worker gathers the keys of these batches of leaves, in one pass."""
+        sizes = np.array([len(batches), *map(len, batches)], np.int64).tobytes()
+        leaves = np.concatenate([*batches, np.zeros(0, np.int64)]).astype(np.int64)
+        await self._ask(("select", sizes + leaves.tobytes()))
+
+    async def batch_keys(self, batch: int) -> ScanIndex:
+        return ScanIndex.from_bytes(await self._ask(("batch", batch)))
+
+    async def _ask(self, message: tuple[Any, ...]) -> Any:
+        self._conn.send(message)
         inbox = _Inbox(self._conn, None, name=self.name)
         try:
             kind, body = await inbox.get()
@@ -188,7 +203,7 @@ class WorkerTree:
             inbox.close()
         if kind == "error":
             raise body
-        return ScanIndex.from_bytes(body)
+        return body
 
     def close(self) -> None:
         _stop(self._process, self._conn)
@@ -270,20 +285,28 @@ def _worker(
         os.nice(options.nice)
     reply_limits.configure(options.reply_limits)  # a fork server's are its own
     kept = KeptKeys(depth, limits)
+    selection: LeafSelection | None = None
     try:
         _scan(conn, endpoint, options, state, saved, kept)
+        # Keys read before the checkpoint, or past the spill's limit, are not here: the
+        # leaves asked for are read again.
+        again = saved is not None or not kept.kept
         while True:
             message = conn.recv()
-            if message[0] != "leaf_keys":
-                break
-            leaves = np.frombuffer(message[1], dtype=np.int64)
-            if saved is not None or not kept.kept:
-                # Keys read before the checkpoint, or past the spill's limit, are not
-                # here: read those leaves again.
-                found = _rescan(endpoint, options, leaves, depth)
+            if message[0] == "leaf_keys":
+                leaves = np.frombuffer(message[1], dtype=np.int64)
+                found = _rescan(endpoint, options, leaves, depth) if again else None
+                found = kept.in_leaves(leaves) if found is None else found
+                conn.send(("keys", found.to_bytes()))
+            elif message[0] == "select":
+                if selection is not None:
+                    selection.close()
+                selection = _select(endpoint, options, kept, message[1], again, limits)
+                conn.send(("selected", selection.spilled_bytes))
+            elif message[0] == "batch" and selection is not None:
+                conn.send(("keys", selection.keys(message[1]).to_bytes()))
             else:
-                found = kept.in_leaves(leaves)
-            conn.send(("keys", found.to_bytes()))
+                break
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nothing to report to
     except ReplagError as exc:
@@ -292,6 +315,8 @@ def _worker(
         _send(conn, ("error", RepairError(f"scan failed: {exc!r}", where=endpoint.name)))
     finally:
         kept.close()
+        if selection is not None:
+            selection.close()
         conn.close()
         # Forked: leave without the parent's exit handlers (its store, its temp files).
         os._exit(0)
@@ -354,6 +379,37 @@ def _scan(
     if saved is None and kept.kept:
         kept.count_duplicates_once()
     conn.send(("done", _fields(state), kept.tree.to_bytes(), received))
+
+
+def _select(
+    endpoint: Endpoint,
+    options: ScanOptions,
+    kept: KeptKeys,
+    sizes: bytes,
+    again: bool,
+    limits: KeepLimits | None,
+) -> LeafSelection:
+    """The keys of the walk's batches of leaves (`sizes`: each batch's leaves, sorted, as
+    one int64 array after the count of batches and their sizes), from one pass over the
+    kept keys or one rescan of the replica."""
+    count = int(np.frombuffer(sizes, np.int64, 1)[0])
+    lengths = np.frombuffer(sizes, np.int64, count, 8)
+    leaves = np.frombuffer(sizes, np.int64, offset=8 * (1 + count))
+    batches = np.split(leaves, np.cumsum(lengths)[:-1]) if count else []
+    limits = limits if limits is not None else KeepLimits()
+    # A quarter of the keys' share: the last chunk of kept keys is held meanwhile.
+    selection = LeafSelection(
+        batches, kept.depth, memory_bytes=limits.memory_bytes // 4, directory=limits.directory
+    )
+    if again:
+        from dataclasses import replace
+
+        only = replace(options, leaves=LeafFilter.of(leaves, kept.depth), rate=None)
+        BlockingScan(endpoint, only, sink=selection.add).run_parts(ScanProgress(endpoint.name))
+    else:
+        for part in kept.parts_in(selection.wanted):
+            selection.add(part)
+    return selection
 
 
 def _rescan(endpoint: Endpoint, options: ScanOptions, leaves: I64, depth: int) -> ScanIndex:

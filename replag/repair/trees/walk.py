@@ -25,7 +25,7 @@ the leaves (512 kB), the keys of the ~1,000 differing leaves (~15,000 keys,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -59,6 +59,14 @@ class MemberTree(Protocol):
         ...
 
     async def leaf_keys(self, leaves: I64) -> ScanIndex: ...
+
+    async def select_leaves(self, batches: Sequence[I64]) -> None:
+        """The leaves whose keys `batch_keys` will be asked for, batch by batch."""
+        ...
+
+    async def batch_keys(self, batch: int) -> ScanIndex:
+        """The keys of `select_leaves`'s batch `batch`."""
+        ...
 
 
 def first_down(keys: int, depth: int) -> int:
@@ -104,6 +112,7 @@ class AgentTree:
         self.ttl_bucket_ms = ttl_bucket_ms
         self.wait_s = wait_s
         self.keys = 0
+        self._batches: list[I64] = []
 
     async def first_nodes(self, depth: int) -> tuple[int, U64]:
         # The first request makes the agent catch up with every write its replica applied
@@ -132,6 +141,12 @@ class AgentTree:
     async def leaf_keys(self, leaves: I64) -> ScanIndex:
         return await self.client.leaf_keys(self.name, leaves.tolist())
 
+    async def select_leaves(self, batches: Sequence[I64]) -> None:
+        self._batches = list(batches)  # the agent answers each batch from its key table
+
+    async def batch_keys(self, batch: int) -> ScanIndex:
+        return await self.leaf_keys(self._batches[batch])
+
 
 async def differing_leaves(trees: Sequence[MemberTree], depth: int) -> I64:
     """The leaves whose keys to compare: the differing leaves, or all the leaves under
@@ -154,3 +169,28 @@ async def differing_leaves(trees: Sequence[MemberTree], depth: int) -> I64:
         level += down
     span = depth - level
     return (nodes[:, None] * (1 << span) + np.arange(1 << span, dtype=np.int64)[None, :]).ravel()
+
+
+def leaf_batches(leaves: I64, keys_per_leaf: float, members: int, budget_bytes: int) -> list[I64]:
+    """`leaves` in batches (sorted, in order) whose keys, on all `members` together, come
+    to about `budget_bytes` (`KEY_BYTES` a key), at least one leaf a batch. A differing
+    leaf holds a key more than the mean (at least the one that differs)."""
+    per_leaf = (keys_per_leaf + 1) * KEY_BYTES * max(1, members)
+    size = max(1, int(budget_bytes // per_leaf))
+    ordered = np.sort(leaves).astype(np.int64)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+async def keys_in_batches(
+    trees: Sequence[MemberTree], leaves: I64, depth: int, budget_bytes: int
+) -> AsyncIterator[list[ScanIndex]]:
+    """Every member's keys of `leaves`, a batch of leaves at a time (each member's part of
+    a batch, in the trees' order): what the check holds at once stays near `budget_bytes`
+    whatever the keyspace (a leaf of the 2^16-leaf tree holds ~1,500 keys at 100M)."""
+    if not len(leaves):
+        return
+    keys_per_leaf = max(t.keys for t in trees) / (1 << depth)
+    batches = leaf_batches(leaves, keys_per_leaf, len(trees), budget_bytes)
+    await all_of(t.select_leaves(batches) for t in trees)
+    for i in range(len(batches)):
+        yield await all_of(t.batch_keys(i) for t in trees)
