@@ -295,26 +295,7 @@ class GroupRun:
         self.report.candidates = len(candidates)
         if plan:
             candidates = await self._bulk(plan, candidates)
-        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
-
-        def record(divergent: list[Divergence], changing: list[Changing]) -> None:
-            self.report.changing += len(changing)
-            if self.params.kind == "repair":
-                # Being written, and differing when last read: the repair rounds recheck
-                # them; one still moving after the last round is reported busy.
-                divergent = divergent + [d for _, d in changing if d is not None]
-            self._set(
-                {d.key: KeyRecord(d.kind, status, self.decisions.detail(d)) for d in divergent}
-            )
-            if self.key_sink is not None:
-                for d in divergent:
-                    if slot_map is not None:
-                        held.append((d.key, self.decisions.detail(d)))
-                    else:
-                        self.key_sink(self.group.name, d.key, self.decisions.detail(d))
-
-        self.report.changing = 0
-        await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        await self._verify(candidates, held if slot_map is not None else None)
         if slot_map is not None:
             after = await self._slot_map()
             skipped = not_compared(slot_map, after) | self.verifier.moved_slots
@@ -347,22 +328,36 @@ class GroupRun:
     async def _verify_given(self, keys: list[bytes]) -> None:
         """The given keys, verified as a scan's candidates are (no bulk path: the caller
         copied already)."""
-        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
         self.report.candidates = len(keys)
+        await self._verify(keys, None)
+        self._save_phase("diffed")
+
+    async def _verify(
+        self, candidates: list[bytes], held: list[tuple[bytes, dict[str, Any]]] | None
+    ) -> None:
+        """Verify `candidates` and record the divergent keys as each batch is verified;
+        each goes to the key sink at once, or into `held` (a Cluster shard's: sent once
+        its slots are known not to have moved meanwhile)."""
+        status = rp.FOUND if self.params.kind == "check" else rp.PENDING
 
         def record(divergent: list[Divergence], changing: list[Changing]) -> None:
             self.report.changing += len(changing)
             if self.params.kind == "repair":
+                # Being written, and differing when last read: the repair rounds recheck
+                # them; one still moving after the last round is reported busy.
                 divergent = divergent + [d for _, d in changing if d is not None]
             self._set(
                 {d.key: KeyRecord(d.kind, status, self.decisions.detail(d)) for d in divergent}
             )
             if self.key_sink is not None:
                 for d in divergent:
-                    self.key_sink(self.group.name, d.key, self.decisions.detail(d))
+                    if held is not None:
+                        held.append((d.key, self.decisions.detail(d)))
+                    else:
+                        self.key_sink(self.group.name, d.key, self.decisions.detail(d))
 
-        await self.verifier.verify(keys, phase="verify", on_batch=record)
-        self._save_phase("diffed")
+        self.report.changing = 0
+        await self.verifier.verify(candidates, phase="verify", on_batch=record)
 
     async def _compare_leaves(
         self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
