@@ -3,12 +3,16 @@
 One `replag agent` keeps the live tree of one replica (the lab's region a). For
 each key count the replica is loaded (pipelined MSET, 100 B values, 13-byte
 names), the agent started, and once its tree is current and saved its
-`/metrics` are read: `replag_agent_resident_bytes` (RSS),
+`/metrics` are read three times 1.5 s apart (the last reading used):
+`replag_agent_resident_bytes` (RSS),
 `replag_agent_resident_fixed_bytes` (its RSS when it started, before any
 tree), `replag_agent_resident_bytes_per_key` (what it holds beyond that, per
-key: the marginal cost) and `replag_agent_tree_bytes_per_key` (the key table's
-own accounting). The marginal between two counts (RSS difference over key
-difference) is printed too. Target: ≤ 16 B per key at 3M keys.
+key: the marginal cost), `replag_agent_tree_bytes_per_key` (the key table's
+own accounting) and `replag_agent_tree_disk_bytes` (its names file, per key).
+Its peak RSS (VmHWM: the full scan's transient) is printed too. Then the keys
+of 1,024 leaves are asked for once (the names are read from
+disk): its time and keys. The marginal between two counts (RSS difference over
+key difference) is printed too. Target: ≤ 16 B per key at 3M keys.
 
     python benchmarks/agent_memory.py [--keys 1000000,3000000]
 """
@@ -18,15 +22,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import random
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
 import redis
 from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
-from agents_wan import TOKEN, start_agent, wait_current
+from agents_wan import TOKEN, start_agent, trees, wait_current
 
 from replag.config import load_config, render_config
 from replag.lab.cluster import LabSpec, lab_down, lab_up
@@ -48,6 +54,29 @@ def metrics(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name.split("{")[0]] = float(value)
     return out
+
+
+def peak_rss(pid: int) -> float:
+    """The process's peak resident set so far (VmHWM), MiB: the full scan's transient."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def leaves_once(port: int, replica: str, count: int) -> tuple[float, int]:
+    """Seconds for one `/leaves` request of `count` random leaves, and the keys it held."""
+    wanted = sorted(random.Random(7).sample(range(1 << 16), count))
+    started = time.perf_counter()
+    answer = httpx.post(
+        f"http://127.0.0.1:{port}/agent/v1/replicas/{replica}/leaves",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        json={"leaves": wanted},
+        timeout=120,
+    )
+    elapsed = time.perf_counter() - started
+    answer.raise_for_status()
+    return elapsed, int.from_bytes(answer.content[:8], "little")
 
 
 def main() -> int:
@@ -80,7 +109,16 @@ def main() -> int:
                     except SystemExit:
                         print((workdir / "agent-a.log").read_text()[-3000:], file=sys.stderr)
                         raise
-                    m = metrics(port)
+                    # Three readings 1.5 s apart (the agent trims freed heap every second):
+                    # the last is reported, all three shown.
+                    readings = []
+                    for i in range(3):
+                        time.sleep(1.5 * (i > 0))
+                        m = metrics(port)
+                        readings.append(m["replag_agent_resident_bytes"] / 2**20)
+                    (tree,) = trees(port)
+                    seconds, found = leaves_once(port, str(tree["replica"]), 1024)
+                    peak = peak_rss(proc.pid)
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(60)
@@ -92,7 +130,11 @@ def main() -> int:
                     f"{m['replag_agent_resident_fixed_bytes'] / 2**20:.1f} MiB; "
                     f"replag_agent_resident_bytes_per_key "
                     f"{m['replag_agent_resident_bytes_per_key']:.1f} B; key table "
-                    f"{m['replag_agent_tree_bytes_per_key']:.1f} B/key "
+                    f"{m['replag_agent_tree_bytes_per_key']:.1f} B/key in memory, "
+                    f"{m['replag_agent_tree_disk_bytes'] / n:.1f} B/key on disk; "
+                    f"RSS readings {'/'.join(f'{r:.1f}' for r in readings)} MiB, "
+                    f"peak {peak:.1f} MiB (the build's scan); "
+                    f"1,024 leaves' keys ({found:,}) in {seconds * 1000:.0f} ms "
                     f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
                     flush=True,
                 )

@@ -232,10 +232,10 @@ class KeyTable:
         wanted = np.unique(np.asarray(leaves, np.int64))
         if not len(wanted) or not self._count:
             return ScanIndex.empty()
-        parts: list[ScanIndex] = []
-        for first, stop in _leaf_buckets(wanted, depth):
-            for a, b in self.names.spans(first, stop):
-                parts.append(self._live_names(*self.names.read(a, b), wanted, depth))
+        parts = [
+            self._live_names(*self.names.read(batch), wanted, depth)
+            for batch in self.names.batches(_leaf_buckets(wanted, depth))
+        ]
         found = ScanIndex.concat(parts)
         order = np.argsort(found.key_hashes, kind="stable")
         lengths, blob = gather(found.lengths, found.blob, order)
@@ -368,7 +368,7 @@ class KeyTable:
 
         def pieces() -> Iterator[Piece]:
             for first, stop in old.spans(0, BUCKETS):
-                live = self._live_names(*old.read(first, stop), None, 0)
+                live = self._live_names(*old.read([(first, stop)]), None, 0)
                 order = np.argsort(bucket_of(live.key_hashes), kind="stable")
                 lengths, blob = gather(live.lengths, live.blob, order)
                 yield bucket_of(live.key_hashes[order]), lengths, blob

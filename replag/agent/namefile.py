@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -154,23 +154,30 @@ class NameFile:
         log = self.log_hashes, self.log_offsets, self.log_lengths
         return self.records.nbytes + self.offsets.nbytes + sum(a.itemsize * len(a) for a in log)
 
-    def read(self, first: int, stop: int) -> tuple[Lengths, bytes]:
-        """Every name filed under buckets [first, stop): base and log, duplicates and the
-        names of deleted keys included (the caller keeps its live keys)."""
-        r0, r1 = int(self.records[first]), int(self.records[stop])
-        lengths = np.frombuffer(_pread(self.fd, 4 * (r1 - r0), 4 * r0), "<u4").astype(np.uint32)
-        o0, o1 = int(self.offsets[first]), int(self.offsets[stop])
-        blob = _pread(self.fd, o1 - o0, o0)
+    def read(self, spans: Sequence[tuple[int, int]]) -> tuple[Lengths, bytes]:
+        """Every name filed under the bucket ranges [first, stop) of `spans`: base and log,
+        duplicates and the names of deleted keys included (the caller keeps its live keys)."""
+        lengths: list[Lengths] = []
+        blobs: list[bytes] = []
+        for first, stop in spans:
+            r0, r1 = int(self.records[first]), int(self.records[stop])
+            raw = _pread(self.fd, 4 * (r1 - r0), 4 * r0)
+            lengths.append(np.frombuffer(raw, "<u4").astype(np.uint32))
+            o0, o1 = int(self.offsets[first]), int(self.offsets[stop])
+            blobs.append(_pread(self.fd, o1 - o0, o0))
         if self.log_hashes:
+            wanted = np.zeros(BUCKETS, bool)
+            for first, stop in spans:
+                wanted[first:stop] = True
             buckets = bucket_of(np.frombuffer(self.log_hashes, np.uint64))
-            picked = np.flatnonzero((buckets >= first) & (buckets < stop)).tolist()
+            picked = np.flatnonzero(wanted[buckets]).tolist()
             if picked:
                 extra = [_pread(self.fd, self.log_lengths[i], self.log_offsets[i]) for i in picked]
-                lengths = np.concatenate(
-                    [lengths, np.fromiter(map(len, extra), np.uint32, count=len(extra))]
-                )
-                blob = b"".join([blob, *extra])
-        return lengths, blob
+                lengths.append(np.fromiter(map(len, extra), np.uint32, count=len(extra)))
+                blobs.extend(extra)
+        if not lengths:
+            return np.zeros(0, np.uint32), b""
+        return np.concatenate(lengths), b"".join(blobs)
 
     def spans(self, first: int, stop: int) -> Iterator[tuple[int, int]]:
         """[first, stop) cut into bucket ranges of about `CHUNK_RECORDS` base names each."""
@@ -181,6 +188,22 @@ class NameFile:
             end = min(max(end, at + 1), stop)
             yield at, end
             at = end
+
+    def batches(self, ranges: Iterable[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        """Bucket ranges grouped so that each group holds about `CHUNK_RECORDS` base names
+        (a range larger than that cut): one `read` and one pass over the names each."""
+        batch: list[tuple[int, int]] = []
+        size = 0
+        for first, stop in ranges:
+            for a, b in self.spans(first, stop):
+                n = int(self.records[b] - self.records[a])
+                if batch and size + n > CHUNK_RECORDS:
+                    yield batch
+                    batch, size = [], 0
+                batch.append((a, b))
+                size += n
+        if batch:
+            yield batch
 
     # --- changing -------------------------------------------------------------
 
