@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
@@ -129,8 +131,36 @@ def _found(report: dict[str, object]) -> dict[str, str]:
     return {k["key"]: k["kind"] for k in keys}
 
 
+def _check_in_batches_at_a_low_budget(
+    agents_lab: AgentsLab, caplog: pytest.LogCaptureFixture
+) -> None:
+    """4,000 of 20,000 keys changed behind c's agent: ~3,800 of the 65,536 leaves differ,
+    and at check_memory_mb = 40 a batch of their keys is at most 256 KB (~1,700 leaves
+    of 3 members here): the agents are asked batch by batch, and every key is found."""
+    changed = {f"k:{i:07d}".encode() for i in range(0, 20_000, 5)}
+    with agents_lab.servers["c"].client() as c:
+        pipe = c.pipeline(transaction=False)
+        for key in changed:
+            pipe.set(key, b"changed behind c's agent")
+        pipe.execute()
+    config = load_config(agents_lab.config)
+    config = replace(config, settings=replace(config.settings, check_memory_mb=40))
+    found: set[bytes] = set()
+
+    def sink(group: str, key: bytes, detail: dict[str, Any]) -> None:
+        found.add(key)
+
+    with caplog.at_level(logging.INFO, logger="replag.repair.group_run"):
+        report = asyncio.run(check(config, key_sink=sink))
+    assert found == changed
+    assert report.divergent == len(changed)
+    batches = [r.getMessage() for r in caplog.records if "differing leaves" in r.getMessage()]
+    assert len(batches) == 1
+    assert int(batches[0].split(" compared in ")[1].split()[0]) >= 2, batches
+
+
 def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
-    agents_lab: AgentsLab,
+    agents_lab: AgentsLab, caplog: pytest.LogCaptureFixture
 ) -> None:
     injected = _inject(agents_lab)
     checked = _replag("repair", "check", "-c", str(agents_lab.config), "--json")
@@ -160,6 +190,9 @@ def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
     again = _replag("repair", "check", "-c", str(agents_lab.config), "--json")
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads(again.stdout)["divergent"] == 0
+
+    # The same bound through agents: many differing leaves are asked for in batches.
+    _check_in_batches_at_a_low_budget(agents_lab, caplog)
 
 
 def test_an_agent_dying_mid_check_is_reported_with_the_replicas_not_compared(

@@ -12,6 +12,7 @@ instead of clobbering them. `engine` runs the groups and owns the run.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -53,6 +54,8 @@ from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
+
+logger = logging.getLogger(__name__)
 
 
 class GroupRun:
@@ -367,10 +370,20 @@ class GroupRun:
         candidates: list[bytes] = []
         plan: dict[int, list[bytes]] = {}
         bulk = self._bulk_possible()
+        batches = 0
         async for parts in keys_in_batches(trees, leaves, DEFAULT_DEPTH, self.batch_bytes):
+            batches += 1
             candidates += differing_keys(parts)
             for t, keys in (refill_plan(parts) if bulk else {}).items():
                 plan.setdefault(t, []).extend(keys)
+        logger.info(
+            "group %s: the keys of %d differing leaves compared in %d batch(es) of at most "
+            "%d bytes",
+            self.group.name,
+            len(leaves),
+            batches,
+            self.batch_bytes,
+        )
         return sorted(candidates), {t: sorted(keys) for t, keys in plan.items()}
 
     def _bulk_possible(self) -> bool:
