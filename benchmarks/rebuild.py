@@ -18,7 +18,17 @@ Prints, from one run:
 - after each, whether the replicas are equal, by DUMP and PTTL of every key (a value
   whose DUMP differs only by encoding is compared by the check's canonical digest).
 
-    python benchmarks/rebuild.py [--keys 1000000] [--writers 12]
+First, against RedisShake (the issue's case): N × 200 B strings, 10 % with TTLs, on 2 of
+3 replicas, the third emptied and refilled by each tool in turn, three interleaved
+rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) when
+`REDIS_SHAKE` names its binary, the naive script (redis-py with hiredis: SCAN 1000 +
+MGET/PTTL + SET PX), and the whole `replag repair rebuild` command (a process of its
+own: planning, copy, closing pass). Each run: keys/s, CPU per 1M keys (the tool's
+process with its children, from wait4; each server's, from /proc), whether the copy is
+exact (every key's value and PTTL equal), the load average; then the median ratios.
+
+    REDIS_SHAKE=/path/to/redis-shake python benchmarks/rebuild.py [--keys 1000000] [--writers 12]
+    python benchmarks/rebuild.py --only-shake --keys 500000
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -237,6 +249,198 @@ def equal_line(counts: dict[str, int]) -> str:
     )
 
 
+# --- against RedisShake and a naive script (the issue's case) ---------------------------
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, bytes]:
+    """Run `command` to its end: (wall s, CPU s of it and its children, stdout)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{command[0]} … exited {proc.returncode}")
+    return wall, usage.ru_utime + usage.ru_stime, out
+
+
+def naive(src_port: int, dst_port: int) -> None:
+    """In a process of its own: the naive script (redis-py with hiredis): SCAN 1000, MGET +
+    PTTL, pipelined SET [PX]."""
+    src, dst = redis.Redis(port=src_port), redis.Redis(port=dst_port)
+    print(json.dumps({"keys": _copy_mget_set(src, dst)}))
+
+
+def _shake_config(workdir: Path, src: int, dst: int) -> Path:
+    """RedisShake v4: its scan reader (SCAN count 1000, DUMP + PTTL) and writer (RESTORE)."""
+    path = workdir / "shake.toml"
+    path.write_text(
+        f'[scan_reader]\naddress = "127.0.0.1:{src}"\ncount = 1000\n\n'
+        f'[redis_writer]\naddress = "127.0.0.1:{dst}"\n\n'
+        f'[advanced]\ndir = "{workdir / "shake"}"\nlog_level = "warn"\n'
+        f'log_file = "shake.log"\nrdb_restore_command_behavior = "panic"\n'
+    )
+    return path
+
+
+def _replag_config(workdir: Path, ports: list[int], settle: str) -> Path:
+    path = workdir / "rebuild.toml"
+    regions = "".join(
+        f'[[regions]]\nname = "r{i}"\n[[regions.replicas]]\nname = "n{i}"\n'
+        f'url = "redis://127.0.0.1:{p}"\n\n'
+        for i, p in enumerate(ports)
+    )
+    path.write_text(
+        f'[settings]\nstore = "{workdir / "shake-runs.sqlite"}"\nrepair_settle = "{settle}"\n'
+        f'connect_timeout = "10s"\nrepair_command_timeout = "20s"\n\n{regions}'
+        f'[[groups]]\nname = "g"\nmembers = ["n0", "n1", "n2"]\n'
+    )
+    return path
+
+
+async def strings_equal(a: Endpoint, b: Endpoint, tolerance_ms: int = 2000) -> tuple[int, int]:
+    """(keys of `a`, keys differing on `b` by value or PTTL) of a strings-only keyspace,
+    plus every key `b` holds beyond `a`'s."""
+    ca = await RespConnection.open(a, timeout_s=60)
+    cb = await RespConnection.open(b, timeout_s=60)
+    keys = differ = 0
+    try:
+        cursor = b"0"
+        while True:
+            ((cursor, names),) = await ca.request(pack(b"SCAN", cursor, b"COUNT", 1000), 1)
+            if names:
+                payload = pack(b"MGET", *names) + b"".join(pack(b"PTTL", k) for k in names)
+                ra = await ca.request(payload, 1 + len(names))
+                rb = await cb.request(payload, 1 + len(names))
+                for i in range(len(names)):
+                    ta, tb = ra[1 + i], rb[1 + i]
+                    ttl_ok = ta == tb or (ta >= 0 and tb >= 0 and abs(ta - tb) <= tolerance_ms)
+                    differ += ra[0][i] != rb[0][i] or not ttl_ok
+                keys += len(names)
+            if cursor == b"0":
+                break
+        (size_a,) = await ca.request(pack(b"DBSIZE"), 1)
+        (size_b,) = await cb.request(pack(b"DBSIZE"), 1)
+        differ += max(0, size_b - size_a)
+    finally:
+        await ca.close()
+        await cb.close()
+    return keys, differ
+
+
+async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
+    """The issue's case: N × 200 B strings, 10 % with TTLs, on 2 of 3 replicas; the third
+    emptied and refilled by each tool in turn, three interleaved rounds."""
+    shake = os.environ.get("REDIS_SHAKE")
+    if shake and not os.access(shake, os.X_OK):
+        raise SystemExit(f"REDIS_SHAKE={shake}: not an executable file")
+    servers = [RedisServer(f"c{i}", free_port(), workdir / "shake-redis") for i in range(3)]
+    for server in servers:
+        server.start()
+    try:
+        endpoints = [
+            Endpoint(name=f"n{i}", host="127.0.0.1", port=s.port) for i, s in enumerate(servers)
+        ]
+        started = time.perf_counter()
+        await load_strings(endpoints[:2], args.keys, args.string_size)
+        print(
+            f"against RedisShake: 3 independent redis-server replicas, 2 holding {args.keys:,} "
+            f"keys × {args.string_size} B strings (10 % with TTLs), loaded in "
+            f"{time.perf_counter() - started:.1f} s; the third emptied and refilled by each "
+            f"tool, {args.rounds} interleaved rounds; load average "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores"
+        )
+        if not shake:
+            print("  RedisShake: skipped (REDIS_SHAKE does not name its binary)")
+        ports = [s.port for s in servers]
+        tools: dict[str, list[str]] = {}
+        if shake:
+            tools["RedisShake"] = [shake, str(_shake_config(workdir, ports[0], ports[2]))]
+        tools["naive script"] = [sys.executable, __file__, "--naive", str(ports[0]), str(ports[2])]
+        tools["replag rebuild"] = [
+            sys.executable, "-m", "replag", "repair", "rebuild",
+            "-c", str(_replag_config(workdir, ports, args.settle)),
+            "-g", "g", "-r", "n2", "--source", "n0", "--json",
+        ]  # fmt: skip
+        rates: dict[str, list[float]] = {name: [] for name in tools}
+        for round_no in range(1, args.rounds + 1):
+            for name, command in tools.items():
+                await flush(endpoints[2])
+                before = [_cpu_s(s.pid) for s in servers if s.pid is not None]
+                wall, cpu, out = _timed(command)
+                after = [_cpu_s(s.pid) for s in servers if s.pid is not None]
+                _, differ = await strings_equal(endpoints[0], endpoints[2])
+                rate = args.keys / wall
+                rates[name].append(rate)
+                used = [b - a for a, b in zip(before, after, strict=True)]
+                per = 1e6 / args.keys
+                detail = ""
+                if name == "replag rebuild":
+                    report = json.loads(out)
+                    detail = (
+                        f"; copy {report['seconds']:.1f} s, closing pass "
+                        f"{report['closing_s']:.1f} s ({report['closing_keys']} keys)"
+                    )
+                print(
+                    f"  round {round_no} {name:15s} {args.keys:,} keys in {wall:6.1f} s = "
+                    f"{rate:9,.0f} keys/s{detail}; CPU per 1M keys {per * (cpu + sum(used)):.1f} s "
+                    f"(tool {per * cpu:.1f}, source {per * used[0]:.1f}, other peer "
+                    f"{per * used[1]:.1f}, target {per * used[2]:.1f}); "
+                    f"{'exact' if not differ else f'{differ:,} keys DIFFER'}; load "
+                    f"{os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        best = {name: statistics.median(r) for name, r in rates.items()}
+        mine = best["replag rebuild"]
+        for name, rate in best.items():
+            if name != "replag rebuild":
+                print(
+                    f"  median keys/s: replag rebuild {mine:,.0f}, {name} {rate:,.0f}: "
+                    f"ratio {mine / rate:.2f}x"
+                )
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def load_strings(endpoints: list[Endpoint], keys: int, size: int) -> None:
+    expire_at = time.time_ns() // 1_000_000 + TTL_MS
+
+    async def one(endpoint: Endpoint) -> None:
+        conn = await RespConnection.open(endpoint, timeout_s=60)
+        try:
+            pending = []
+            for start in range(0, keys, 2000):
+                stop = min(keys, start + 2000)
+                pairs = [
+                    x
+                    for i in range(start, stop)
+                    for x in (b"s:%09d" % i, (b"%d:" % i).ljust(size, b"v"))
+                ]
+                commands = [pack(b"MSET", *pairs)] + [
+                    pack(b"PEXPIREAT", b"s:%09d" % i, expire_at)
+                    for i in range(start, stop)
+                    if i % 10 == 4
+                ]
+                pending.append(conn.send(b"".join(commands), len(commands)))
+                if len(pending) >= 4:
+                    conn.check((await conn.wait(pending.pop(0)))[0])
+            for future in pending:
+                conn.check((await conn.wait(future))[0])
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(one(e) for e in endpoints))
+
+
 # --- the runs -----------------------------------------------------------------------------
 
 
@@ -268,7 +472,8 @@ async def rebuild_line(config: Config, store: Store, ceiling: float, label: str)
     return (
         f"replag rebuild {label}: {d['keys_read']:,} keys read, {d['copied'] + d['big_copied']:,} "
         f"copied in {d['seconds']:.1f} s = {rate:,.0f} keys/s = {100 * rate / ceiling:.0f} % of "
-        f"the bare ceiling; then the anti-entropy pass {report.closing_s:.1f} s (divergent "
+        f"the bare ceiling; then the closing pass {report.closing_s:.1f} s over "
+        f"{report.closing_keys if report.closing_keys is not None else 'all'} keys (divergent "
         f"{closing.get('divergent')}, repaired {closing.get('repaired')}, busy "
         f"{closing.get('busy')}); left by the copy: present {d['present']}, peers disagree "
         f"{d['disagree']}, changed {d['changed']}"
@@ -374,6 +579,12 @@ async def with_writers(
 
 
 async def main_async(args: argparse.Namespace, workdir: Path) -> None:
+    await against_shake(args, workdir)
+    if not args.only_shake:
+        await mixed(args, workdir)
+
+
+async def mixed(args: argparse.Namespace, workdir: Path) -> None:
     servers = [RedisServer(f"s{i}", free_port(), workdir / "redis") for i in range(3)]
     for server in servers:
         server.start()
@@ -432,10 +643,19 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=12)
     parser.add_argument("--safety-keys", type=int, default=20_000)
     parser.add_argument("--settle", default="50ms", help="repair_settle (ms)")
+    parser.add_argument("--string-size", type=int, default=200, help="against RedisShake")
+    parser.add_argument("--rounds", type=int, default=3, help="against RedisShake")
+    parser.add_argument(
+        "--only-shake", action="store_true", help="only the comparison with RedisShake"
+    )
     parser.add_argument("--baseline", nargs=2, type=int, help=argparse.SUPPRESS)
-    args = parse_args(parser, keys=3000, value_size=64, writers=2, safety_keys=500)
+    parser.add_argument("--naive", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = parse_args(parser, keys=3000, value_size=64, writers=2, safety_keys=500, rounds=1)
     if args.baseline:
         baseline(*args.baseline)
+        return
+    if args.naive:
+        naive(*args.naive)
         return
     with tempfile.TemporaryDirectory(prefix="replag-rebuild-") as tmp:
         asyncio.run(main_async(args, Path(tmp)))

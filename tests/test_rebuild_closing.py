@@ -117,3 +117,22 @@ async def test_a_change_in_a_later_watch_group_of_a_batch_is_seen(
     assert result.verified_by_read
     assert result.changed == [b"zz-victim"] and result.copied == len(keys) - 1
     assert c.exists(b"zz-victim") == 0 and c.dbsize() == len(keys) - 1
+
+
+async def test_a_peer_nothing_wrote_to_is_not_walked_for_keys_the_source_lacks(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    """The other peer holds exactly the source's keys and nothing wrote to it during the
+    copy: its key names are not walked (no SCAN), and nothing is left to close."""
+    servers = [redis_factory("q") for _ in range(3)]
+    a, b, c = (s.client() for s in servers)
+    for client in (a, b):
+        fill(client, KEYS, size=100)
+    b.config_resetstat()
+    config = group_config(tmp_path, servers)
+    store = Store(tmp_path / "replag.sqlite")
+    report = await rebuild(config, group="g", replica="n2", store=store, source="n0")
+    store.close()
+    assert report.closing_keys == 0 and report.counts.copied == KEYS
+    assert calls(b, "scan") == 0 and calls(b, "pttl") < KEYS + 50
+    assert c.dbsize() == KEYS

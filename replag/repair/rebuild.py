@@ -23,9 +23,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
-from replag.repair.bulk.closing import SourceKeys, keys_elsewhere
+from replag.repair.bulk.closing import SourceKeys, distinct, keys_elsewhere, quiet, writes_seen
 from replag.repair.bulk.copy import copy_batches, settle_pending
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
@@ -213,6 +216,10 @@ class Rebuild:
         self.big_copied = 0
         self.source_keys = SourceKeys()  # what the source's scan returned
         self.resumed = False  # then what the copy handed back before is not known
+        # Per peer: the hashes of the source's keys it held when read; its writes counter
+        # and size before the copy (`bulk.closing.quiet`).
+        self.held: list[list[npt.NDArray[np.uint64]]] = [[] for _ in self.peers]
+        self.before: list[tuple[bytes, bytes, int]] = []
 
     def _refill(self) -> Refill:
         s = self.config.settings
@@ -294,6 +301,7 @@ class Rebuild:
                 self._restore(stats)
                 self.resumed = True
         refill = self._refill()
+        self.before = await all_of(writes_seen(p, self.timeout_s) for p in self.peers)
         scan = await RespConnection.open(self.source, timeout_s=self.timeout_s)
         started = time.monotonic()
         done_before = self.counts.keys
@@ -325,6 +333,8 @@ class Rebuild:
         return time.monotonic() - started
 
     async def _finish(self, result: BatchResult) -> None:
+        for held, hashes in zip(self.held, result.held, strict=False):
+            held.append(hashes)
         if result.big:
             copied, left = await copy_big_keys(
                 PageOptions.of(self.config.settings), self.peers, self.target, result.big
@@ -388,9 +398,16 @@ class Rebuild:
         if self.resumed:
             return None
         assert self.source is not None
-        others = [m for m in self.group.members if m.name != self.source.name]
+        after = await all_of(writes_seen(p, self.timeout_s) for p in self.peers)
+        walked = [
+            peer
+            for peer, before, now, held in zip(
+                self.peers, self.before, after, self.held, strict=True
+            )
+            if peer.name != self.source.name and not quiet(before, now, distinct(held))
+        ]
         elsewhere = await keys_elsewhere(
-            others, self.source_keys, prefix=self.prefix, timeout_s=self.timeout_s
+            walked, self.source_keys, prefix=self.prefix, timeout_s=self.timeout_s
         )
         return sorted({*self.handed_back(), *elsewhere})
 

@@ -40,6 +40,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from replag.errors import RepairError
 from replag.repair.bulk.peer_read import (
     MERGEABLE,
@@ -53,6 +56,7 @@ from replag.repair.bulk.peer_read import (
     whole_read,
 )
 from replag.repair.keyspace.digest import TYPE_NAMES
+from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import request_within
 from replag.repair.keyspace.together import all_of
@@ -62,7 +66,7 @@ from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
 logger = logging.getLogger(__name__)
-BATCH = 400  # keys a batch: WATCH costs the server O(N²) in the batch size
+BATCH = 400  # keys a batch (read in WATCH groups of `WATCH_GROUP`, one connection each)
 IN_FLIGHT = 24  # batches at once: their waits of repair_settle overlap
 
 
@@ -82,6 +86,9 @@ class BatchResult:
     big: list[tuple[bytes, KeyState]] = field(default_factory=list)  # for the page copier
     expired: int = 0  # expired between read and write
     verified_by_read: bool = False  # a peer saw a change: copies were read back
+    # Per peer, the hashes (xxh3_64) of the batch's keys it held when read (not summed by
+    # add): a rebuild counts what each peer holds of the source's keys (`bulk.closing`).
+    held: list[npt.NDArray[np.uint64]] = field(default_factory=list)
 
     def add(self, other: BatchResult) -> None:
         self.keys += other.keys
@@ -192,6 +199,8 @@ class Refill:
             reads = await all_of(
                 _read_groups(r, c, keys) for r, c in zip(self.readers, conns, strict=True)
             )
+            hashes = hash_each(keys)
+            result.held = [hashes[r.present] for r in reads]
             ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             # Collections whose payloads differ may hold one value encoded otherwise.
             recheck = [
@@ -292,23 +301,25 @@ class Refill:
         now_ms = time.time_ns() // 1_000_000
         commands: list[bytes] = []
         sent: list[int] = []
+        expiries: list[int] = src.expiry_ms.tolist()  # Python ints: no numpy scalar a key
+        values = src.values
+        copied_bytes = 0
         for i in copies:
-            expiry = int(src.expiry_ms[i])
+            expiry = expiries[i]
             left = expiry - now_ms if expiry >= 0 else 0
             if expiry >= 0 and left <= 0:
                 result.expired += 1
                 continue
-            value = src.values[i]
+            value = values[i]
+            key = keys[i]
             if value is not None:
                 if expiry < 0:
-                    commands.append(_SET_NX % (len(keys[i]), keys[i], len(value), value))
+                    commands.append(_SET_NX % (len(key), key, len(value), value))
                 else:
                     at = b"%d" % (expiry if absolute else left)
                     template = _SET_PXAT_NX if absolute else _SET_PX_NX
-                    commands.append(
-                        template % (len(keys[i]), keys[i], len(value), value, len(at), at)
-                    )
-                result.bytes_copied += len(value)
+                    commands.append(template % (len(key), key, len(value), value, len(at), at))
+                copied_bytes += len(value)
             else:
                 dump = src.dumps[i]
                 if expiry >= 0 and absolute:
@@ -317,6 +328,7 @@ class Refill:
                     commands.append(pack(b"RESTORE", keys[i], left, dump))
                 result.bytes_copied += len(dump)
             sent.append(i)
+        result.bytes_copied += copied_bytes
         if not sent:
             return [], time.monotonic()
         what = f"writing {len(sent)} keys ({keys[sent[0]]!r} … {keys[sent[-1]]!r})"
@@ -327,6 +339,9 @@ class Refill:
         written_at = time.monotonic()
         written: list[int] = []
         for i, reply in zip(sent, replies, strict=True):
+            if reply == b"OK":  # the common case, before any parsing of errors
+                written.append(i)
+                continue
             text = error_text(reply)
             if reply is None or (text is not None and text.startswith("BUSYKEY")):
                 result.present.append(keys[i])
