@@ -1,11 +1,12 @@
-"""A check's config stops at the run's entry: the steps read the run's state, not the config.
+"""A run's config stops at the run's entry: the steps read the run's state, not the config.
 
-`tests.helpers.config_trail` follows the `Config` handed to `repair.check` through every
-replag function that receives it, or an object that holds it (a run-state object, a
-bound method, a closure, up to `DEPTH` steps down). Before the run state travelled as
-one object, a check's config went through 31 places and came back 11 to 13 times to a
-module it had left (engine ↔ group_run ↔ trees.remote ↔ scan.process ↔ writes.verify);
-its settings went the same way. Now: 3 places, no return; the settings, 11 places.
+`tests.helpers.config_trail` follows the `Config` handed to `repair.check` and
+`repair.repair` through every replag function that receives it, or an object that
+holds it (a run-state object, a bound method, a closure, up to `DEPTH` steps down).
+Before the run state travelled as one object, a check's config went through 31 places
+and came back 11 to 13 times to a module it had left (engine ↔ group_run ↔
+trees.remote ↔ scan.process ↔ writes.verify), a repair's through 36 with 18 returns;
+the settings went the same way. Now: 3 places, no return; the settings, 11 places.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ MAX_PLACES = 15
 MAX_RETURNS = 2
 
 
-async def test_a_checks_config_goes_through_few_places(
+async def test_a_runs_config_goes_through_few_places(
     tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
-    servers = [redis_factory("t") for _ in range(2)]
-    a, b = (s.client() for s in servers)
-    for client in (a, b):
+    servers = [redis_factory("t") for _ in range(3)]
+    clients = [s.client() for s in servers]
+    for client in clients:
         client.mset({f"k{i}": "v" for i in range(50)})
-    a.set("k1", "other")
-    a.set("only-a", "x")
-    trail, settings = await run_trails(tmp_path, servers)
-    assert len(trail.places) <= MAX_PLACES, trail.summary()
-    assert trail.returns <= MAX_RETURNS, trail.summary()
-    # Nor do the settings themselves (below a group's run, the steps get narrow options).
-    assert len(settings.places) <= MAX_PLACES, settings.summary()
-    assert not [p for p in settings.places if "group_run:GroupRun." in p and "__init__" not in p]
+    clients[2].set("k1", "other")
+    clients[2].set("only-c", "x")
+    for kind in ("check", "repair"):  # the repair writes the majority's values to c
+        trail, settings = await run_trails(tmp_path, servers, kind=kind)
+        assert len(trail.places) <= MAX_PLACES, trail.summary()
+        assert trail.returns <= MAX_RETURNS, trail.summary()
+        # Nor do the settings (below a group's run, the steps get narrow options).
+        assert len(settings.places) <= MAX_PLACES, settings.summary()
+        assert not [p for p in settings.places if "GroupRun." in p and "__init__" not in p]
+    assert clients[2].get("k1") == b"v"
