@@ -29,18 +29,19 @@ import numpy.typing as npt
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
 from replag.repair.bulk.closing import SourceKeys, distinct, keys_elsewhere, quiet, writes_seen
-from replag.repair.bulk.copy import copy_batches, settle_pending
+from replag.repair.bulk.copy import RefillOptions, copy_batches, settle_pending
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
 from replag.repair.decisions.replica_role import replica_of, resync_advice
 from replag.repair.engine import repair
-from replag.repair.keyspace.pages import PageOptions, copy_big_keys
+from replag.repair.keyspace.pages import copy_big_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
 from replag.repair.keyspace.together import all_of
 from replag.repair.reachable import members_reachable
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
 from replag.repair.scan.scanner import without_prefix
 from replag.resp import RespConnection, pack
+from replag.settings import Settings
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
 
@@ -194,7 +195,7 @@ class Rebuild:
 
     def __init__(
         self,
-        config: Config,
+        settings: Settings,
         group: ReplicaGroup,
         target: Endpoint,
         source: Endpoint | None,
@@ -202,13 +203,15 @@ class Rebuild:
         rate: float | None,
         progress: ProgressCallback | None,
     ) -> None:
-        s = config.settings
-        self.config, self.group, self.target = config, group, target
+        s = settings
+        self.group, self.target = group, target
         self.peers = [m for m in group.members if m.name != target.name]
         self.source = source
-        self.timeout_s = s.repair_command_timeout
-        self.tolerance_ms = int(s.ttl_tolerance * 1000)
-        self.prefix = s.prefix.encode()
+        # What the copy reads of the settings (the same as a repair run's bulk refill).
+        self.options = RefillOptions.of(s)
+        self.timeout_s = self.options.pages.timeout_s
+        self.tolerance_ms = self.options.pages.tolerance_ms
+        self.prefix = self.options.pages.prefix
         limits = [r for r in (s.scan_rate, s.repair_rate) if r]
         self.rate = (rate or None) if rate is not None else (min(limits) if limits else None)
         self.progress = progress
@@ -222,16 +225,16 @@ class Rebuild:
         self.before: list[tuple[bytes, bytes, int]] = []
 
     def _refill(self) -> Refill:
-        s = self.config.settings
+        o = self.options
         return Refill(
             self.peers,
             self.target,
-            settle_s=s.repair_settle,
+            settle_s=o.pages.settle_s,
             tolerance_ms=self.tolerance_ms,
             timeout_s=self.timeout_s,
-            page_elements=s.repair_page_elements,
-            compare_ttls=s.repair_ttls != "ignore",
-            scripts=s.allow_scripts,
+            page_elements=o.page_elements,
+            compare_ttls=o.compare_ttls,
+            scripts=o.scripts,
             scratch_prefix=self.prefix,
         )
 
@@ -337,7 +340,7 @@ class Rebuild:
             held.append(hashes)
         if result.big:
             copied, left = await copy_big_keys(
-                PageOptions.of(self.config.settings), self.peers, self.target, result.big
+                self.options.pages, self.peers, self.target, result.big
             )
             self.big_copied += copied
             result.changed += left
@@ -417,7 +420,7 @@ class Rebuild:
             log,
             self.peers,
             self.target,
-            settle_s=self.config.settings.repair_settle,
+            settle_s=self.options.pages.settle_s,
             tolerance_ms=self.tolerance_ms,
             timeout_s=self.timeout_s,
         )
@@ -464,7 +467,7 @@ async def rebuild(
     if src is not None and src.name == target.name:
         raise UsageError(f"--source {source}: the replica being rebuilt cannot be its source")
     await members_reachable([replica_group], timeout_s=config.settings.connect_timeout)
-    job = Rebuild(config, replica_group, target, src, rate=rate, progress=progress)
+    job = Rebuild(config.settings, replica_group, target, src, rate=rate, progress=progress)
     # The read-only sample only where its ETA is the answer: it costs a second of reads.
     plan = await job.plan(sample_s=1.0 if dry_run else None)
     if on_plan is not None:

@@ -10,8 +10,8 @@ at each resume. Each object given gets its trail (the config, its settings, ...)
 
 `Trail.places` are the distinct functions (`module:qualname`); `Trail.returns` counts
 how often the config came back to a module it had already left (engine → group_run →
-engine is one return). Run as a script, it starts three redis-servers, runs one check
-and a repair, and prints their figures and trails:
+engine is one return). Run as a script, it starts three redis-servers, runs a check,
+a repair and a rebuild, and prints their figures and trails:
 
     python3 -m tests.helpers.config_trail
 """
@@ -33,6 +33,7 @@ from typing import Any
 
 from replag.lab.server import RedisServer
 from replag.repair import check, repair
+from replag.repair.rebuild import rebuild
 from replag.store import Store
 from tests.helpers.configs import group_config
 from tests.helpers.redis_servers import start_redis
@@ -161,19 +162,22 @@ def follow(*targets: object, package: str = "replag.") -> Iterator[list[Trail]]:
 async def run_trails(
     workdir: Path, servers: Sequence[RedisServer], *, kind: str = "check"
 ) -> tuple[Trail, Trail]:
-    """One check (or repair) of group "g" over `servers`, with a store: the trail of its
-    config, and that of the config's settings (a slice of it, for the record)."""
+    """One check, repair or rebuild (of the last server, from the first) of group "g" over
+    `servers`, with a store: the trail of its config, and that of the config's settings
+    (a slice of it, for the record)."""
     config = group_config(workdir, servers)
     store = Store(workdir / "replag.sqlite")
     try:
         with follow(config, config.settings) as (trail, settings):
             if kind == "check":
-                report = await check(config, store=store)
+                assert (await check(config, store=store)).divergent > 0
+            elif kind == "repair":
+                assert (await repair(config, store=store)).divergent > 0
             else:
-                report = await repair(config, store=store)
+                name, source = f"n{len(servers) - 1}", "n0"
+                await rebuild(config, group="g", replica=name, store=store, source=source)
     finally:
         store.close()
-    assert report.divergent > 0, report.to_dict()
     return trail, settings
 
 
@@ -187,7 +191,9 @@ def main() -> None:
                 client.mset({f"k{i}": "v" for i in range(100)})
             clients[2].set("k1", "other")
             clients[2].set("only-c", "x")
-            for kind in ("check", "repair"):
+            for kind in ("check", "repair", "rebuild"):
+                if kind == "rebuild":  # the last replica wiped: a bulk copy, then a closing pass
+                    clients[2].delete(*[f"k{i}" for i in range(100)], "only-c")
                 trail, settings = asyncio.run(run_trails(workdir, servers, kind=kind))
                 print(f"{kind}: the config:", trail.summary())
                 print(f"{kind}: its settings:", settings.summary())
