@@ -53,7 +53,7 @@ from replag.repair.scan.scanner import LeafFilter, ScanOptions, ScanProgress
 from replag.repair.scan.selection import LeafSelection
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
-from replag.repair.trees.walk import first_down, nodes_below
+from replag.repair.trees.walk import first_down, fold
 from replag.topology import Endpoint
 
 I64 = npt.NDArray[np.int64]
@@ -109,7 +109,6 @@ class WorkerTree:
         self._conn = conn
         self.tree = tree
         self.bytes_received = bytes_received
-        self._levels = tree.levels()
 
     @classmethod
     async def scan(
@@ -173,12 +172,18 @@ class WorkerTree:
         """The worker's process id."""
         return int(self._process.pid)
 
+    # A level is folded from the leaves when asked (not every level kept: 512 KB a
+    # member, in the check's own process).
     async def first_nodes(self, depth: int) -> tuple[int, U64]:
         down = first_down(self.keys, depth)
-        return down, nodes_below(self._levels, 0, np.zeros(1, np.int64), down)
+        return down, fold(self.tree.leaves, self.tree.depth - down)
 
     async def descendants(self, level: int, nodes: I64, down: int) -> U64:
-        return nodes_below(self._levels, level, nodes, down)
+        below = fold(self.tree.leaves, self.tree.depth - level - down)
+        width = 1 << down
+        index = (nodes[:, None] * width + np.arange(width, dtype=np.int64)[None, :]).ravel()
+        values: U64 = below[index]
+        return values
 
     async def leaf_keys(self, leaves: I64) -> ScanIndex:
         return ScanIndex.from_bytes(

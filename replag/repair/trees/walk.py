@@ -15,7 +15,8 @@ calls for (`first_down`: the 65,536 leaves of a depth-16 tree from 1M keys
 up, level 11 for 20,000 keys), and the answers are folded (XOR of siblings)
 to the shallowest level any member gave. The walk then asks only below the
 nodes that differ, `STRIDE` levels at a time, until the keys under them fit
-in `CONTENTS_BUDGET`, fetches the keys of those leaves only, and reads only
+in `CONTENTS_BUDGET`, fetches the keys of those leaves only, a batch of
+leaves at a time within the check's budget (`keys_in_batches`), and reads only
 the candidate keys (those whose entries are not the same everywhere). With
 1M keys and 1,000 divergent ones a check asks each agent three questions:
 the leaves (512 kB), the keys of the ~1,000 differing leaves (~15,000 keys,
