@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replag.agent.keytable import KeyTable
+from replag.agent.tablebuild import TableBuilder
 from replag.repair.scan.scanner import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 
@@ -212,3 +213,43 @@ def test_hashes_that_differ_in_one_bit_are_different_keys() -> None:
     found, held = table.lookup(np.array(near, np.uint64))
     assert held.tolist() == [h in model for h in near]
     table.close()
+
+
+def test_a_table_built_batch_by_batch_equals_one_built_from_the_whole_scan(
+    tmp_path: Path,
+) -> None:
+    """The scan's batches streamed into `TableBuilder` (names spilled, several flushes):
+    the same keys, entries, names and tree as `from_index` of the deduplicated scan; a
+    key the scan returned twice keeps its last sighting."""
+    names = [b"s:%d" % i for i in range(30_000)] + [b"", b"\xff\x00", b"L" * 70_000]
+    names += [b"long:%d:" % i + b"y" * (300 + i) for i in range(200)]
+    batches = []
+    rng = np.random.default_rng(5)
+    for start in range(0, len(names), 700):
+        chunk = names[start : start + 700]
+        if start % 2100 == 0:  # a few keys seen again later with another entry
+            chunk = chunk + names[: 3 + start // 2100]
+        batches.append(
+            ScanIndex(
+                np.array([_hash(k) for k in chunk], np.uint64),
+                rng.integers(1, 2**63, len(chunk), dtype=np.uint64),
+                np.array([len(k) for k in chunk], np.uint32),
+                b"".join(chunk),
+            )
+        )
+    whole = ScanIndex.concat(batches).deduplicated()
+    expect = KeyTable.from_index(whole)
+    builder = TableBuilder(directory=tmp_path / "state", flush_bytes=50_000)  # many blocks
+    for part in batches:
+        builder.add(part)
+    built = builder.finish()
+    assert os.listdir(tmp_path / "state") == []
+    assert len(built) == len(expect) == len(set(names))
+    assert built.tree(DEPTH) == expect.tree(DEPTH) == whole.tree(DEPTH)
+    every = np.arange(1 << DEPTH)
+    assert _as_dict(built.keys_in_leaves(every, DEPTH)) == _as_dict(whole)
+    assert _as_dict(built.keys_in_leaves(every, DEPTH)) == _as_dict(
+        expect.keys_in_leaves(every, DEPTH)
+    )
+    built.close()
+    expect.close()

@@ -169,13 +169,9 @@ class KeyTable:
         cls, index: ScanIndex, *, merge_every: int = 4096, directory: Path | None = None
     ) -> KeyTable:
         """The table of a (deduplicated) scan; its names written to disk in bucket order."""
-        table = cls(merge_every=merge_every, directory=directory)
         n = len(index)
-        if n == 0:
-            return table
         order = np.argsort(index.key_hashes, kind="stable")
         hashes = index.key_hashes[order]
-        table._set_base(hashes, index.entries[order])
 
         def pieces() -> Iterator[Piece]:
             for at in range(0, n, 1 << 18):
@@ -183,9 +179,27 @@ class KeyTable:
                 lengths, blob = gather(index.lengths, index.blob, picks)
                 yield bucket_of(hashes[at : at + len(picks)]), lengths, blob
 
+        return cls.from_sorted(
+            hashes, index.entries[order], pieces(), merge_every=merge_every, directory=directory
+        )
+
+    @classmethod
+    def from_sorted(
+        cls,
+        hashes: U64,
+        entries: U64,
+        names: Iterable[Piece],
+        *,
+        merge_every: int = 4096,
+        directory: Path | None = None,
+    ) -> KeyTable:
+        """The table of distinct keys sorted by hash, their names given in bucket order
+        (`NameFile.build`); `tablebuild` makes one while a scan runs."""
+        table = cls(merge_every=merge_every, directory=directory)
+        table._set_base(hashes, entries)
         table.names.close()
-        table.names = NameFile.build(directory, n, pieces())
-        table._count = n
+        table.names = NameFile.build(directory, len(hashes), names)
+        table._count = len(hashes)
         return table
 
     def _set_base(self, hashes: U64, entries: U64) -> None:

@@ -52,6 +52,7 @@ from replag.agent.keyspace import (
 )
 from replag.agent.keytable import KeyTable
 from replag.agent.memory import release_freed_memory, release_now_and_then
+from replag.agent.tablebuild import TableBuilder
 from replag.errors import AgentError, EndpointError, ReplagError, UsageError
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
@@ -445,12 +446,15 @@ class LiveTree:
         started = time.perf_counter()
         progress = ScanProgress(self.endpoint.name)
         self.build_progress = progress
-        index = await ReplicaScanner(self.endpoint, self.options).run(progress)
+        # The table is made as the scan goes (names spilled to disk), never a whole index.
+        builder = TableBuilder(merge_every=self.merge_every, directory=self.names_dir)
+        try:
+            scanner = ReplicaScanner(self.endpoint, self.options, sink=builder.add)
+            await scanner.run_parts(progress)
+            table = builder.finish()
+        finally:
+            builder.close()
         self._last_failure = None
-        table = KeyTable.from_index(
-            index.deduplicated(), merge_every=self.merge_every, directory=self.names_dir
-        )
-        del index
         release_freed_memory()
         self.stats.builds += 1
         self.stats.last_build_s = time.perf_counter() - started

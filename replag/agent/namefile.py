@@ -60,7 +60,10 @@ def gather(lengths: Lengths, blob: bytes, picks: npt.NDArray[np.int64]) -> tuple
         return picked.astype(np.uint32), b""
     starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]])[picks]
     out_starts = np.concatenate([[0], np.cumsum(picked)[:-1]])
-    index = np.repeat(starts - out_starts, picked) + np.arange(int(picked.sum()))
+    # An index per byte: int32 where the names allow (half the transient memory).
+    kind = np.int32 if len(blob) < 2**31 else np.int64
+    index = np.repeat((starts - out_starts).astype(kind), picked)
+    index += np.arange(int(picked.sum()), dtype=kind)
     return picked.astype(np.uint32), np.frombuffer(blob, np.uint8)[index].tobytes()
 
 
