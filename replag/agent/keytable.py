@@ -24,6 +24,7 @@ a check asks for, hashed again, and kept where the table holds that hash.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,7 +35,15 @@ from typing import IO
 import numpy as np
 import numpy.typing as npt
 
-from replag.agent.namefile import BUCKET_BITS, BUCKETS, NameFile, Piece, bucket_of, gather
+from replag.agent.namefile import (
+    BUCKET_BITS,
+    BUCKETS,
+    NameFile,
+    NameFileWriter,
+    Piece,
+    bucket_of,
+    gather,
+)
 from replag.repair.keyspace.native import hash_names
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
@@ -160,6 +169,7 @@ class KeyTable:
         self.names = NameFile(directory)
         self.dead = 0  # names in the file of keys deleted since it was written
         self.rewrite_floor = REWRITE_FLOOR
+        self.rewrite_share = REWRITE_SHARE
         self._count = 0
 
     # --- building -------------------------------------------------------------
@@ -344,12 +354,13 @@ class KeyTable:
                 self._count -= 1
                 self.dead += 1
                 delta[h] = None
-        if len(delta) >= self.merge_every:
+        # A merge copies the arrays: at least every `merge_every` keys, at most ~1/1024
+        # of the table's bytes copied per key changed (at 100M keys: every ~100k).
+        if len(delta) >= max(self.merge_every, self._count >> 10):
             self.merge()
 
     def merge(self) -> None:
-        """Fold the delta into the sorted arrays (and rewrite the names file when its log
-        and dead names pass an eighth of the keys)."""
+        """Fold the delta into the sorted arrays."""
         if self.delta:
             items = self.delta
             self.delta = {}
@@ -373,31 +384,57 @@ class KeyTable:
             self.entries = np.insert(entries, at, add_e)
             starts[1:] += np.cumsum(np.bincount(bucket_of(add_h), minlength=BUCKETS))
             self.starts = starts
-        if self.names.logged + self.dead > max(self.rewrite_floor, self._count // REWRITE_SHARE):
-            self.rewrite_names()
+
+    @property
+    def rewrite_due(self) -> bool:
+        """Whether the names file's log and dead names passed an eighth of the keys (the
+        owner then calls `rewrite_names`, or `rewrite_names_async` in an event loop)."""
+        limit = max(self.rewrite_floor, self._count // self.rewrite_share)
+        return self.names.logged + self.dead > limit
+
+    def _rewrite_pieces(self, old: NameFile) -> Iterator[Piece]:
+        for first, stop in old.spans(0, BUCKETS):
+            live = self._live_names(*old.read([(first, stop)]), None, 0)
+            order = np.argsort(bucket_of(live.key_hashes), kind="stable")
+            lengths, blob = gather(live.lengths, live.blob, order)
+            yield bucket_of(live.key_hashes[order]), lengths, blob
 
     def rewrite_names(self) -> None:
         """A new names file holding each live key's name once, in bucket order."""
-        old = self.names
+        self._swap(NameFile.build(self.directory, self._count, self._rewrite_pieces(self.names)))
 
-        def pieces() -> Iterator[Piece]:
-            for first, stop in old.spans(0, BUCKETS):
-                live = self._live_names(*old.read([(first, stop)]), None, 0)
-                order = np.argsort(bucket_of(live.key_hashes), kind="stable")
-                lengths, blob = gather(live.lengths, live.blob, order)
-                yield bucket_of(live.key_hashes[order]), lengths, blob
+    async def rewrite_names_async(self) -> None:
+        """`rewrite_names` a piece (~256k names) at a time, the event loop free between
+        pieces: the caller must not change the table meanwhile (readers may read it)."""
+        writer = NameFileWriter(self.directory, self._count)
+        try:
+            for piece in self._rewrite_pieces(self.names):
+                writer.add(piece)
+                await asyncio.sleep(0)
+        except BaseException:
+            writer.abandon()
+            raise
+        self._swap(writer.finish())
 
-        self.names = NameFile.build(self.directory, self._count, pieces())
+    def _swap(self, names: NameFile) -> None:
+        old, self.names = self.names, names
         self.dead = 0
         old.close()
 
     # --- persistence ----------------------------------------------------------
 
+    @property
+    def names_exact(self) -> bool:
+        """Whether the names file's base holds the live keys alone (none added, none
+        deleted since it was written)."""
+        return not (self.names.logged or self.dead)
+
     def image(self) -> TableImage:
         """The table as it is now, for `TableImage.write` in another thread (merged, and
-        the names file rewritten, so that its base holds exactly the live keys)."""
+        the names file rewritten unless `names_exact`, so that its base holds exactly
+        the live keys)."""
         self.merge()
-        if self.names.logged or self.dead:
+        if not self.names_exact:
             self.rewrite_names()
         return TableImage(
             self.starts, self.hi, self.lo, self.entries, self.names, os.dup(self.names.fd)

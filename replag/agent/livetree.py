@@ -88,6 +88,7 @@ class LiveTreeStats:
     build_replica_cpu_s: float = 0.0  # the replica's used_cpu during the last full scan
     replica_cpu_s: float | None = None  # the replica's used_cpu_user + sys, last poll
     snapshots_saved: int = 0
+    names_rewrites: int = 0  # the names file rewritten with the live keys alone
 
 
 def _cpu(info: dict[str, str]) -> float | None:
@@ -174,6 +175,7 @@ class LiveTree:
             "last_build_s": round(self.stats.last_build_s, 3),
             "restores": self.stats.restores,
             "snapshots_saved": self.stats.snapshots_saved,
+            "names_rewrites": self.stats.names_rewrites,
             "rebuilds": dict(self.stats.rebuilds),
             "tracks_flushes": self.feed.tracks_flushes if self.feed else None,
         }
@@ -503,6 +505,10 @@ class LiveTree:
                 self._version += 1
             self._applied = covered
             self._changed.set()
+            if self.table.rewrite_due:
+                # Cooperative: requests are answered meanwhile, changes wait in `_dirty`.
+                await self.table.rewrite_names_async()
+                self.stats.names_rewrites += 1
 
     async def _follow(self, conn: RespConnection, feed: KeyspaceFeed, info: dict[str, str]) -> None:
         next_poll = time.monotonic() + self.poll_s
@@ -558,6 +564,9 @@ class LiveTree:
         await feed.fence()
         await self._apply_dirty(conn)
         self._check(feed)
+        if not self.table.names_exact:
+            await self.table.rewrite_names_async()  # a save holds the live names only
+            self.stats.names_rewrites += 1
         image = self.table.image()
         version = self._version
         try:

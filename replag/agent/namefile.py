@@ -105,34 +105,10 @@ class NameFile:
     @classmethod
     def build(cls, directory: Path | None, count: int, pieces: Iterable[Piece]) -> NameFile:
         """A file whose base is `count` names given in bucket order, piece by piece."""
-        names = cls(directory)
-        names_at = 4 * count
-        written = 0
-        at = names_at
-        per_bucket = np.zeros(BUCKETS, np.int64)
-        bytes_per_bucket = np.zeros(BUCKETS, np.int64)
-        last = 0
-        for buckets, lengths, blob in pieces:
-            n = len(lengths)
-            if n and (int(buckets[0]) < last or bool((np.diff(buckets) < 0).any())):
-                raise ValueError("names file: names not in bucket order")
-            last = int(buckets[-1]) if n else last
-            if written + n > count:
-                raise ValueError(f"names file: more than the {count} names announced")
-            _pwrite(names.fd, lengths.astype("<u4").tobytes(), 4 * written)
-            _pwrite(names.fd, blob, at)
-            per_bucket += np.bincount(buckets, minlength=BUCKETS)
-            np.add.at(bytes_per_bucket, buckets, lengths.astype(np.int64))
-            written += n
-            at += len(blob)
-        if written != count:
-            raise ValueError(f"names file: {written} names, {count} announced")
-        names.count = count
-        names.records[1:] = np.cumsum(per_bucket)
-        names.offsets[0] = names_at
-        names.offsets[1:] = names_at + np.cumsum(bytes_per_bucket)
-        names.end = at
-        return names
+        writer = NameFileWriter(directory, count)
+        for piece in pieces:
+            writer.add(piece)
+        return writer.finish()
 
     def close(self) -> None:
         self._file.close()
@@ -256,3 +232,47 @@ class NameFile:
         names.offsets = offsets
         names.end = end
         return names
+
+
+class NameFileWriter:
+    """Writes a `NameFile`'s base piece by piece (a caller may yield between pieces)."""
+
+    def __init__(self, directory: Path | None, count: int) -> None:
+        self.names = NameFile(directory)
+        self.count = count
+        self.names_at = 4 * count
+        self.written = 0
+        self.at = self.names_at
+        self.per_bucket = np.zeros(BUCKETS, np.int64)
+        self.bytes_per_bucket = np.zeros(BUCKETS, np.int64)
+        self.last = 0
+
+    def add(self, piece: Piece) -> None:
+        buckets, lengths, blob = piece
+        n = len(lengths)
+        if n and (int(buckets[0]) < self.last or bool((np.diff(buckets) < 0).any())):
+            raise ValueError("names file: names not in bucket order")
+        self.last = int(buckets[-1]) if n else self.last
+        if self.written + n > self.count:
+            raise ValueError(f"names file: more than the {self.count} names announced")
+        _pwrite(self.names.fd, lengths.astype("<u4").tobytes(), 4 * self.written)
+        _pwrite(self.names.fd, blob, self.at)
+        self.per_bucket += np.bincount(buckets, minlength=BUCKETS)
+        np.add.at(self.bytes_per_bucket, buckets, lengths.astype(np.int64))
+        self.written += n
+        self.at += len(blob)
+
+    def finish(self) -> NameFile:
+        names = self.names
+        if self.written != self.count:
+            names.close()
+            raise ValueError(f"names file: {self.written} names, {self.count} announced")
+        names.count = self.count
+        names.records[1:] = np.cumsum(self.per_bucket)
+        names.offsets[0] = self.names_at
+        names.offsets[1:] = self.names_at + np.cumsum(self.bytes_per_bucket)
+        names.end = self.at
+        return names
+
+    def abandon(self) -> None:
+        self.names.close()

@@ -96,6 +96,17 @@ class RunningTree:
 
         return self.loop.run(go())
 
+    def rewrite_names_every(self, keys: int) -> None:
+        """Have the table rewrite its names file once `keys` names were added or deleted
+        (cooperatively, from the tree's own task, as it does past an eighth of its keys)."""
+
+        async def go() -> None:
+            assert self.tree.table is not None
+            self.tree.table.rewrite_floor = keys
+            self.tree.table.rewrite_share = 1 << 62
+
+        self.loop.run(go())
+
     def rewrite_names(self) -> None:
         """Have the table rewrite its names file now (as it does once enough have changed)."""
 
