@@ -1,7 +1,7 @@
 """`rebuild`: refill a replaced or wiped replica of a peer group from its peers, at line rate.
 
 The source peer's keyspace is walked with SCAN; each batch goes through
-`refill.Refill` (read on every peer under WATCH, copied where they agree and the
+`refill.Refill` (read on every peer with its write counters, copied where they agree and the
 target lacks the key, verified `repair_settle` later), several batches at once.
 The run is checkpointed (`rebuild_log`), throttled (`scan_rate`, `repair_rate`)
 and reports progress with an ETA. Collections above `repair_page_elements` are
@@ -30,6 +30,7 @@ from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
 from replag.repair.bulk.closing import SourceKeys, distinct, keys_elsewhere, quiet, writes_seen
 from replag.repair.bulk.copy import RefillOptions, copy_batches, settle_pending
+from replag.repair.bulk.peer_read import Writes
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
 from replag.repair.decisions.replica_role import replica_of, resync_advice
@@ -222,7 +223,7 @@ class Rebuild:
         # Per peer: the hashes of the source's keys it held when read; its writes counter
         # and size before the copy (`bulk.closing.quiet`).
         self.held: list[list[npt.NDArray[np.uint64]]] = [[] for _ in self.peers]
-        self.before: list[tuple[bytes, bytes, int]] = []
+        self.before: list[tuple[Writes, int]] = []
 
     def _refill(self) -> Refill:
         o = self.options
@@ -240,7 +241,7 @@ class Rebuild:
 
     async def plan(self, *, sample_s: float | None = 1.0) -> RebuildPlan:
         """Sizes of source and target, and the rate: the throttle, else a read-only sample
-        of the copy's reads (every peer, under WATCH) for `sample_s` (None: no sample,
+        of the copy's reads (every peer) for `sample_s` (None: no sample,
         the rate is measured as the copy goes)."""
         advice = await replica_of(self.target, self.timeout_s)
         if advice is not None:

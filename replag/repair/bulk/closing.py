@@ -10,8 +10,8 @@ peers are walked by name (SCAN alone, no values) and their keys looked up among 
 source's, by 64-bit hash (`SourceKeys`). Those two lists, and nothing else, go to the
 key-by-key verify-and-repair path.
 
-A peer nothing wrote to during the copy (its `rdb_changes_since_last_save` and
-`rdb_last_save_time` unchanged: every write and every expiry counts there) that holds
+A peer nothing wrote to during the copy (its write counters unchanged: every write,
+delete, expiry and eviction moves one; `peer_read.write_counters`) that holds
 exactly as many keys as the copy read on it, all of them source keys, holds no other
 key: its walk is skipped (`quiet`). Keys only the rebuilt replica holds are not looked
 for (the next check reports them; deletes are off unless asked for).
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from replag.repair.bulk.peer_read import WRITES_PROBE, Writes, writes_of
 from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.together import all_of
 from replag.repair.scan.scanner import without_prefix
@@ -71,28 +72,22 @@ def distinct(parts: Sequence[npt.NDArray[np.uint64]]) -> int:
     return int(np.count_nonzero(np.diff(ordered))) + 1 if len(ordered) else 0
 
 
-async def writes_seen(endpoint: Endpoint, timeout_s: float) -> tuple[bytes, bytes, int]:
-    """What moves when anything writes to `endpoint` (a write, a delete, an expiry):
-    `rdb_changes_since_last_save`, `rdb_last_save_time` (a save resets the first); and
-    its DBSIZE."""
+async def writes_seen(endpoint: Endpoint, timeout_s: float) -> tuple[Writes, int]:
+    """`endpoint`'s write counters (`peer_read.write_counters`: they move when anything
+    writes, deletes, expires or evicts a key there) and its DBSIZE."""
     conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
     try:
-        info, size = await conn.request(pack(b"INFO", b"persistence") + pack(b"DBSIZE"), 2)
-        conn.check([info, size])
+        persistence, stats, size = await conn.request(WRITES_PROBE + pack(b"DBSIZE"), 3)
+        conn.check([size])
     finally:
         await conn.close()
-    fields = dict(line.split(b":", 1) for line in bytes(info).splitlines() if b":" in line)
-    return (
-        fields.get(b"rdb_changes_since_last_save", b"?").strip(),
-        fields.get(b"rdb_last_save_time", b"?").strip(),
-        int(size),
-    )
+    return writes_of(persistence, stats), int(size)
 
 
-def quiet(before: tuple[bytes, bytes, int], after: tuple[bytes, bytes, int], held: int) -> bool:
+def quiet(before: tuple[Writes, int], after: tuple[Writes, int], held: int) -> bool:
     """Whether a peer provably holds no key but the `held` source keys the copy read on it:
     nothing written to it meanwhile, and as many keys as those."""
-    return before[:2] == after[:2] and b"?" not in before[:2] and after[2] == held
+    return before[0] is not None and before[0] == after[0] and after[1] == held
 
 
 async def keys_elsewhere(

@@ -3,18 +3,17 @@ its peers agree on, as safely as a key-by-key repair.
 
 For a batch of keys (`Refill.copy`):
 
-1. **Read every peer** under WATCH (`peer_read`): values, digests and expiries, one
-   round trip for strings, in groups of `WATCH_GROUP` keys on connections of their own
-   (a WATCH costs the server the square of the keys one connection watches). A key
-   is copied only if every peer holds it with one type, digest and expiry (within
-   `ttl_tolerance`): where peers disagree, the key is handed back for the key-by-key
-   repair and its policy.
+1. **Read every peer** (`peer_read`): its write counters, then values, digests and
+   expiries, one round trip for strings. A key is copied only if every peer holds it
+   with one type, digest and expiry (within `ttl_tolerance`): where peers disagree,
+   the key is handed back for the key-by-key repair and its policy.
 2. **Write the target once**, pipelined: `SET key value [PX ms] NX` for strings,
    `RESTORE key ttl payload` (without REPLACE) for the rest. Neither touches a key the
    target holds, so a client write that reached the target first stands (the key is
    counted `present`); nothing else needs comparing, so this costs no extra round trip.
-3. **Re-verify** `repair_settle` after the write: an empty MULTI/EXEC on each peer's
-   connection answers nil if any key it watched has changed since the read. Every
+3. **Re-verify** `repair_settle` after the write: each peer's write counters, read
+   again, differ if anything on it has changed since the read (any key: stricter than
+   a WATCH of the batch, at a fraction of its cost). Every
    client write reaches every replica within `repair_settle` (the assumption the
    key-by-key repair rests on too), so a delete or write that the target applied
    before the copy (and that NX could not see: a DEL of a key it lacked) has reached
@@ -46,14 +45,14 @@ import numpy.typing as npt
 from replag.errors import RepairError
 from replag.repair.bulk.peer_read import (
     MERGEABLE,
-    WATCH_GROUP,
     PeerRead,
     PeerReader,
+    Writes,
     agreeing,
     data_digest,
-    joined,
     whole_data,
     whole_read,
+    write_counters,
 )
 from replag.repair.keyspace.digest import TYPE_NAMES
 from replag.repair.keyspace.native import hash_each
@@ -66,7 +65,7 @@ from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
 logger = logging.getLogger(__name__)
-BATCH = 400  # keys a batch (read in WATCH groups of `WATCH_GROUP`, one connection each)
+BATCH = 400  # keys a batch
 IN_FLIGHT = 24  # batches at once: their waits of repair_settle overlap
 
 
@@ -104,7 +103,7 @@ class BatchResult:
 
 
 class ConnectionPool:
-    """Idle connections to one endpoint; one is lent per batch (WATCH is per connection)."""
+    """Idle connections to one endpoint; one is lent per batch."""
 
     def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
         self.endpoint = endpoint
@@ -129,7 +128,7 @@ class ConnectionPool:
             if clean:
                 self._idle.append(conn)
             else:
-                conn.abort()  # its WATCH and replies are in an unknown state
+                conn.abort()  # its replies are in an unknown state
 
     async def close(self) -> None:
         while self._idle:
@@ -175,11 +174,8 @@ class Refill:
     async def read_only(self, keys: list[bytes]) -> list[bytes]:
         """Step 1 alone, nothing written (a plan's rate sample): the keys the peers agree on."""
         async with contextlib.AsyncExitStack() as stack:
-            conns = await self._lend(stack, len(keys))
-            reads = await all_of(
-                _read_groups(r, c, keys) for r, c in zip(self.readers, conns, strict=True)
-            )
-            await _unchanged(conns)
+            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
+            reads = await all_of(r.read(c, keys) for r, c in zip(self.readers, conns, strict=True))
         ok = agreeing(list(reads), tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
         return [k for k, agreed in zip(keys, ok, strict=True) if agreed]
 
@@ -193,12 +189,9 @@ class Refill:
         source = self._batches % len(self.peers)
         self._batches += 1
         async with contextlib.AsyncExitStack() as stack:
-            conns = await self._lend(stack, len(keys))
-            # Each peer's first connection reads what follows the first read (not watched).
-            pairs = [(r, c[0]) for r, c in zip(self.readers, conns, strict=True)]
-            reads = await all_of(
-                _read_groups(r, c, keys) for r, c in zip(self.readers, conns, strict=True)
-            )
+            conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
+            pairs = list(zip(self.readers, conns, strict=True))
+            reads = await all_of(r.read(c, keys) for r, c in pairs)
             hashes = hash_each(keys)
             result.held = [hashes[r.present] for r in reads]
             ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
@@ -231,11 +224,15 @@ class Refill:
             written, written_at = await self._write(keys, copies, src, result)
             if written:
                 await asyncio.sleep(max(0.0, written_at + self.settle_s - time.monotonic()))
-            touched = [i for i, ok in enumerate(await _unchanged(conns)) if not ok]
+            touched = [
+                p
+                for p, same in enumerate(await _unchanged(conns, [r.writes for r in reads]))
+                if not same
+            ]
             if written and touched:
                 # Which of the copies did the change hit? Each such peer is read again (a
-                # read like the first, without WATCH): a copy whose key still reads the
-                # same on every peer stands, the others are read back everywhere.
+                # read like the first, without its counters): a copy whose key still reads
+                # the same on every peer stands, the others are read back everywhere.
                 result.verified_by_read = True
                 moved = await self._moved(keys, written, reads, [(pairs[p], p) for p in touched])
                 if moved:
@@ -245,16 +242,6 @@ class Refill:
         result.copied_keys += [keys[i] for i in written]
         return result
 
-    async def _lend(
-        self, stack: contextlib.AsyncExitStack, keys: int
-    ) -> list[list[RespConnection]]:
-        """Per peer, one connection per `WATCH_GROUP` keys of a batch, lent for the batch."""
-        groups = max(1, -(-keys // WATCH_GROUP))
-        return [
-            [await stack.enter_async_context(p.connection()) for _ in range(groups)]
-            for p in self.peers
-        ]
-
     async def _moved(
         self,
         keys: list[bytes],
@@ -262,9 +249,11 @@ class Refill:
         reads: list[PeerRead],
         touched: list[tuple[tuple[PeerReader, RespConnection], int]],
     ) -> list[int]:
-        """The copied keys that read otherwise now on a peer whose WATCH saw a change."""
+        """The copied keys that read otherwise now on a peer whose counters moved."""
         names = [keys[i] for i in written]
-        again = await all_of(reader.read(conn, names, watch=False) for (reader, conn), _ in touched)
+        again = await all_of(
+            reader.read(conn, names, counters=False) for (reader, conn), _ in touched
+        )
         moved: set[int] = set()
         for now, (_, p) in zip(again, touched, strict=True):
             before = reads[p]
@@ -471,29 +460,8 @@ def _same_expiry(a: int, b: int, refill: Refill) -> bool:
     return a >= 0 and b >= 0 and abs(a - b) <= refill.tolerance_ms
 
 
-async def _read_groups(
-    reader: PeerReader, conns: Sequence[RespConnection], keys: list[bytes]
-) -> PeerRead:
-    """`keys` read on one peer under WATCH, `WATCH_GROUP` keys on each of `conns`."""
-    parts = await all_of(
-        reader.read(conn, keys[at : at + WATCH_GROUP])
-        for conn, at in zip(conns, range(0, len(keys), WATCH_GROUP), strict=False)
-    )
-    return joined(parts)
-
-
-async def _unchanged(peers: Sequence[Sequence[RespConnection]]) -> list[bool]:
-    """An empty transaction on each peer's connections: False for a peer where a key
-    watched on any of them has changed."""
-    payload = pack(b"MULTI") + pack(b"EXEC")
-    conns = [conn for group in peers for conn in group]
-    replies = iter(await all_of(conn.request(payload, 2) for conn in conns))
-    untouched = []
-    for group in peers:
-        same = True
-        for conn in group:
-            multi, exec_reply = next(replies)
-            conn.check([multi])
-            same = same and exec_reply is not None
-        untouched.append(same)
-    return untouched
+async def _unchanged(conns: Sequence[RespConnection], before: Sequence[Writes]) -> list[bool]:
+    """Each peer's write counters read again: False for a peer where they moved since
+    `before` (or could not be read: then nothing is assumed)."""
+    now = await all_of(write_counters(conn) for conn in conns)
+    return [b is not None and b == n for b, n in zip(before, now, strict=True)]
