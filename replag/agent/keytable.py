@@ -252,7 +252,7 @@ class KeyTable:
 
     def keys_in_leaves(self, leaves: Sequence[int] | I64, depth: int) -> ScanIndex:
         """Every key whose hash falls in one of `leaves` (leaf numbers of a 2**depth tree),
-        sorted by key hash."""
+        grouped by bucket (in no order within one)."""
         wanted = np.unique(np.asarray(leaves, np.int64))
         if not len(wanted) or not self._count:
             return ScanIndex.empty()
@@ -260,10 +260,7 @@ class KeyTable:
             self._live_names(*self.names.read(batch), wanted, depth)
             for batch in self.names.batches(_leaf_buckets(wanted, depth))
         ]
-        found = ScanIndex.concat(parts)
-        order = np.argsort(found.key_hashes, kind="stable")
-        lengths, blob = gather(found.lengths, found.blob, order)
-        return ScanIndex(found.key_hashes[order], found.entries[order], lengths, blob)
+        return ScanIndex.concat(parts) if len(parts) != 1 else parts[0]
 
     def _live_names(
         self, lengths: npt.NDArray[np.uint32], blob: bytes, leaves: I64 | None, depth: int
@@ -278,6 +275,8 @@ class KeyTable:
         picks = np.flatnonzero(keep)
         _, first = np.unique(hashes[picks], return_index=True)  # a key filed twice
         picks = picks[np.sort(first)]
+        if len(picks) == len(hashes):  # every name live, once: as read
+            return ScanIndex(hashes, entries, lengths, blob)
         names_lengths, names = gather(lengths, blob, picks)
         return ScanIndex(hashes[picks], entries[picks], names_lengths, names)
 
