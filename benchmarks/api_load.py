@@ -422,7 +422,7 @@ def main() -> None:
         "--only-schedules", action="store_true", help="skip the idle phase and the baseline"
     )
     args = parse_args(
-        parser, seconds=2.0, rate=50.0, clients=4, hours=1, keys=2000, check_interval=2.0
+        parser, seconds=1.0, rate=50.0, clients=4, hours=1, keys=2000, check_interval=1.0
     )
     with tempfile.TemporaryDirectory(prefix="replag-bench-") as tmp:
         directory = Path(tmp)
