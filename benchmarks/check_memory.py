@@ -32,11 +32,11 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from _smoke import parse_args
-from check_ceiling import DEBIAN_REDIS, compile_bytecode, run_check, topology_of
+from check_ceiling import DEBIAN_REDIS, ServerCpu, compile_bytecode, run_check, topology_of
 from runstats import Measured
 
 from replag.lab.cluster import LabSpec, lab_down, lab_up
@@ -71,28 +71,40 @@ def main() -> int:
             # One round: each lab is down before the next is loaded (10M keys: ~3 GB).
             lab = labs.enter_context(contextlib.ExitStack())
             lab_dir = Path(lab.enter_context(tempfile.TemporaryDirectory(prefix="rb-"))) / "lab"
-            lab_up(lab_dir, LabSpec(regions=("a", "b"), delays_ms={}, engine="independent"))
+            state = lab_up(lab_dir, LabSpec(regions=("a", "b"), delays_ms={}, engine="independent"))
             lab.callback(lab_down, lab_dir)
-            checks.append(prepare(args, lab_dir, n))
+            checks.append(prepare(args, lab_dir, n, [p["pid"] for p in state["processes"]]))
             rows.append((n, *first_runs(args, checks[-1])))
             if args.rounds == 1:
                 lab.close()
         timed = {c.n: [row[1]] for c, row in zip(checks, rows, strict=True)}
         for r in range(1, args.rounds):
             for c in checks[r % len(checks) :] + checks[: r % len(checks)]:
-                measured, found, fp = run_check(
-                    c.config, c.store, c.truth, ttls="compare", sample_memory=False
-                )
+                with ServerCpu(c.pids) as servers:
+                    measured, found, fp = run_check(
+                        c.config, c.store, c.truth, ttls="compare", sample_memory=False
+                    )
+                c.server_cpu.append(servers.seconds)
                 timed[c.n].append(measured)
                 load = os.getloadavg()
                 print(
                     f"round {r + 1}: {c.n:>11,} keys: check {measured.seconds:.2f} s "
                     f"({measured.seconds / c.n * 1e6:.2f} µs/key), CPU {measured.cpu_s:.1f} s, "
-                    f"found {found}/{len(c.truth)} fp {fp} (load {load[0]:.2f})",
+                    f"servers' CPU {servers.seconds:.1f} s, found {found}/{len(c.truth)} "
+                    f"fp {fp} (load {load[0]:.2f})",
                     flush=True,
                 )
     medians = [(n, median_of(timed[n]), sampled) for n, _, sampled in rows]
     summarize(medians, args.budget_mb, args.rounds)
+    if len(checks) > 1:
+        (c0, c1) = checks[0], checks[-1]
+        s0 = statistics.median(c0.server_cpu) / c0.n * 1e6
+        s1 = statistics.median(c1.server_cpu) / c1.n * 1e6
+        print(
+            f"servers' CPU per key {c0.n:,} -> {c1.n:,} keys (median of {args.rounds}): "
+            f"{s0:.2f} -> {s1:.2f} µs ({s1 / s0:.2f}x; the two redis-servers' own work, "
+            "which the wall time includes)"
+        )
     return 0
 
 
@@ -103,9 +115,11 @@ class Check:
     config: Path
     store: Path
     truth: set[bytes]
+    pids: list[int]  # the lab's redis-servers
+    server_cpu: list[float] = field(default_factory=list)  # their CPU seconds, per timed run
 
 
-def prepare(args: argparse.Namespace, lab_dir: Path, n: int) -> Check:
+def prepare(args: argparse.Namespace, lab_dir: Path, n: int, pids: list[int]) -> Check:
     """Load `n` keys into the lab, inject 1,000 divergences, write the check's config."""
     info = lab_load(lab_dir, LoadSpec(keys=n, value_size=args.value_size))
     spec = DivergeSpec(missing=250, changed=250, extra=250, type=125, ttl=125, seed=7)
@@ -113,21 +127,24 @@ def prepare(args: argparse.Namespace, lab_dir: Path, n: int) -> Check:
     truth = {key_from_json(d) for d in injected["divergent"]}
     extra = {} if args.budget_mb is None else {"check_memory_mb": args.budget_mb}
     config = topology_of(lab_dir, 2, extra)
-    return Check(n, info["seconds"], config, lab_dir / "replag.sqlite", truth)
+    return Check(n, info["seconds"], config, lab_dir / "replag.sqlite", truth, pids)
 
 
 def first_runs(args: argparse.Namespace, c: Check) -> tuple[Measured, Measured]:
     """The first timed run and the sampled run of a check of `c.n` keys."""
-    timed, found_t, fp_t = run_check(
-        c.config, c.store, c.truth, ttls="compare", sample_memory=False
-    )
+    with ServerCpu(c.pids) as servers:
+        timed, found_t, fp_t = run_check(
+            c.config, c.store, c.truth, ttls="compare", sample_memory=False
+        )
+    c.server_cpu.append(servers.seconds)
     load = os.getloadavg()
     sampled, found, fp = run_check(c.config, c.store, c.truth, ttls="compare", sample_memory=True)
     n, truth = c.n, c.truth
     print(
         f"{n:>11,} keys × {args.value_size} B, 2 replicas (loaded in {c.seconds_loaded:.1f} s): "
         f"check {timed.seconds:.2f} s ({timed.seconds / n * 1e6:.2f} µs/key), CPU "
-        f"{timed.cpu_s:.1f} s, found {found_t}/{len(truth)} fp {fp_t}; sampled run "
+        f"{timed.cpu_s:.1f} s, servers' CPU {servers.seconds:.1f} s, found {found_t}/{len(truth)} "
+        f"fp {fp_t}; sampled run "
         f"{sampled.seconds:.2f} s: peak {sampled.tree_rss_mb:.1f} MiB (PSS of the process "
         f"tree; largest process RSS {sampled.max_rss_mb:.1f} MiB), disk written "
         f"{sampled.disk_write_mb:.1f} MB, found {found}/{len(truth)} fp {fp} "
