@@ -15,11 +15,15 @@ within the key's bucket, vectorised over a batch.
 
 A delta dict holds the keys changed since the last merge (key hash → entry
 hash, or None for a key deleted), folded into the sorted arrays with one
-sorted insert when it passes `merge_every` keys: a write costs a dict
-operation, a merge O(n) numpy work every few thousand writes.
+sorted insert when it passes `merge_every` keys or 1/1024 of the table: a
+write costs a dict operation, a merge O(n) numpy work now and then.
 
 On disk (`NameFile`): the names, grouped by bucket, read only for the buckets
 a check asks for, hashed again, and kept where the table holds that hash.
+Keys added since the file was written are in its log; once the log and the
+names of deleted keys pass an eighth of the keys (`rewrite_due`), the owner
+rewrites the file with the live keys alone (`rewrite_names_async` in the
+live tree's task). `tablebuild` makes a table while a scan runs.
 """
 
 from __future__ import annotations
