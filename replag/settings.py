@@ -581,8 +581,10 @@ class Settings:
         _positive_int,
         "Memory (MB) a check or repair may use for one group's scans, whatever the "
         "keyspace: each scan process keeps the keys it read in memory up to its share "
-        "and spills the rest to a temporary file (see check_spill_mb). Below ~64 MB "
-        "the processes' own fixed size (~50 MB for 2 replicas) leaves little to share.",
+        "and spills the rest to a temporary file (see check_spill_mb), and the keys of "
+        "the leaves that differ come to the check a batch at a time (at most 2 MB). "
+        "Below ~64 MB the processes' own fixed size (~50 MB for 2 replicas) leaves "
+        "little to share.",
     )
     check_spill_mb: int = setting(
         16384,
