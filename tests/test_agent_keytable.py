@@ -74,7 +74,7 @@ batches = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     start=st.dictionaries(st.sampled_from(NAMES), entries, max_size=30),
     batches=batches,
