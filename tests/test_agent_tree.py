@@ -262,3 +262,22 @@ def test_a_restart_against_unchanged_data_loads_the_saved_tree(
     with running_tree(_endpoint(server), state_dir=state) as running:
         assert running.fresh() == running.scanned() != first
         assert (running.tree.stats.restores, running.tree.stats.builds) == (0, 1)
+
+
+def test_a_names_directory_it_cannot_write_is_one_line_and_no_tree(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    server = redis_factory("nodir", extra_args=("--notify-keyspace-events", "KA"))
+    fill(server.client(), 100)
+    (tmp_path / "a-file").write_text("not a directory")
+    seen: list[str] = []
+
+    def failed() -> bool:  # (it retries: the state moves on to another build meanwhile)
+        state, reason = running.tree.state, running.tree.reason
+        if state == "unavailable" and "cannot keep the key names" in reason:
+            seen.append(reason)
+        return bool(seen)
+
+    with running_tree(_endpoint(server), state_dir=tmp_path / "a-file" / "agent") as running:
+        wait_until(failed, "the failure reported", timeout_s=AGENT_TIMEOUT_S)
+    assert "a-file" in seen[0] and "\n" not in seen[0]

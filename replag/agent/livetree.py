@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -449,11 +450,17 @@ class LiveTree:
         progress = ScanProgress(self.endpoint.name)
         self.build_progress = progress
         # The table is made as the scan goes (names spilled to disk), never a whole index.
-        builder = TableBuilder(merge_every=self.merge_every, directory=self.names_dir)
+        with self._names_disk():
+            builder = TableBuilder(merge_every=self.merge_every, directory=self.names_dir)
+
+        def add(part: ScanIndex) -> None:
+            with self._names_disk():
+                builder.add(part)
+
         try:
-            scanner = ReplicaScanner(self.endpoint, self.options, sink=builder.add)
-            await scanner.run_parts(progress)
-            table = builder.finish()
+            await ReplicaScanner(self.endpoint, self.options, sink=add).run_parts(progress)
+            with self._names_disk():
+                table = builder.finish()
         finally:
             builder.close()
         self._last_failure = None
@@ -473,6 +480,20 @@ class LiveTree:
             table.bytes_per_key(),
         )
         return table
+
+    @contextlib.contextmanager
+    def _names_disk(self) -> Iterator[None]:
+        """The key names' file failing (a full disk, a missing directory) as one line that
+        names the directory; the generation ends and is retried like any other failure."""
+        try:
+            yield
+        except OSError as exc:
+            where = self.names_dir or Path(tempfile.gettempdir())
+            raise AgentError(
+                f"cannot keep the key names of {self.endpoint.name} in {where}: "
+                f"{exc.strerror or exc}",
+                where=self.endpoint.name,
+            ) from exc
 
     def _check(self, feed: KeyspaceFeed) -> None:
         if feed.closed.done():
@@ -500,14 +521,16 @@ class LiveTree:
                     (now.get(h, 0) for h in hashes.tolist()), np.uint64, count=len(chunk)
                 )
                 present = np.fromiter((h in now for h in hashes.tolist()), bool, count=len(chunk))
-                self.table.apply(hashes, entries, present, chunk, tree=self.tree)
+                with self._names_disk():
+                    self.table.apply(hashes, entries, present, chunk, tree=self.tree)
                 self.stats.keys_applied += len(chunk)
                 self._version += 1
             self._applied = covered
             self._changed.set()
             if self.table.rewrite_due:
                 # Cooperative: requests are answered meanwhile, changes wait in `_dirty`.
-                await self.table.rewrite_names_async()
+                with self._names_disk():
+                    await self.table.rewrite_names_async()
                 self.stats.names_rewrites += 1
 
     async def _follow(self, conn: RespConnection, feed: KeyspaceFeed, info: dict[str, str]) -> None:
@@ -565,7 +588,8 @@ class LiveTree:
         await self._apply_dirty(conn)
         self._check(feed)
         if not self.table.names_exact:
-            await self.table.rewrite_names_async()  # a save holds the live names only
+            with self._names_disk():
+                await self.table.rewrite_names_async()  # a save holds the live names only
             self.stats.names_rewrites += 1
         image = self.table.image()
         version = self._version
