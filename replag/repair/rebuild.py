@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +37,7 @@ from replag.repair.decisions.replica_role import replica_of, resync_advice
 from replag.repair.engine import repair
 from replag.repair.keyspace.pages import copy_big_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
-from replag.repair.keyspace.together import all_of
+from replag.repair.keyspace.together import all_of, cancel_all
 from replag.repair.reachable import members_reachable
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
 from replag.repair.scan.scanner import without_prefix
@@ -45,6 +45,8 @@ from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
+
+_Item = TypeVar("_Item")
 
 
 def _size(count: float) -> str:
@@ -163,6 +165,35 @@ class RebuildReport:
                 f"({self.closing_s:.1f} s)"
             )
         return "\n".join(lines)
+
+
+SCAN_AHEAD = 8  # SCAN batches read ahead of the copy
+
+
+async def ahead(source: AsyncIterator[_Item], depth: int) -> AsyncIterator[_Item]:
+    """`source`'s items, read by a task of its own up to `depth` ahead of the consumer."""
+    queue: asyncio.Queue[tuple[_Item | None, BaseException | None, bool]] = asyncio.Queue(depth)
+
+    async def fill() -> None:
+        try:
+            async for item in source:
+                await queue.put((item, None, False))
+            await queue.put((None, None, True))
+        except Exception as exc:  # handed to the consumer, raised there
+            await queue.put((None, exc, True))
+
+    task = asyncio.ensure_future(fill())
+    try:
+        while True:
+            item, error, end = await queue.get()
+            if error is not None:
+                raise error
+            if end:
+                return
+            assert item is not None
+            yield item
+    finally:
+        await cancel_all([task])
 
 
 def _member(group: ReplicaGroup, name: str, option: str) -> Endpoint:
@@ -311,7 +342,7 @@ class Rebuild:
         done_before = self.counts.keys
         last_save = time.monotonic()
 
-        async def batches() -> AsyncIterator[tuple[list[bytes], bytes]]:
+        async def scanned() -> AsyncIterator[tuple[list[bytes], bytes]]:
             at = cursor
             while True:
                 (at, keys), *_ = await scan.request(pack(b"SCAN", at, b"COUNT", BATCH), 1)
@@ -320,6 +351,10 @@ class Rebuild:
                 yield keys, at
                 if at == b"0":
                     return
+
+        def batches() -> AsyncIterator[tuple[list[bytes], bytes]]:
+            # The SCAN runs ahead of the copy: its round trip is off the copy's path.
+            return ahead(scanned(), SCAN_AHEAD)
 
         async def done(result: BatchResult, after: bytes) -> None:
             nonlocal last_save

@@ -65,8 +65,8 @@ from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
 
 logger = logging.getLogger(__name__)
-BATCH = 400  # keys a batch
-IN_FLIGHT = 24  # batches at once: their waits of repair_settle overlap
+BATCH = 1000  # keys a batch (their values in one MGET reply per peer)
+IN_FLIGHT = 16  # batches at once: their waits of repair_settle overlap
 
 
 @dataclass
