@@ -331,13 +331,19 @@ def test_without_a_fork_server_scans_fork_this_process(
     assert "no fork server for scans" in caplog.text and "checks fork this process" in caplog.text
 
 
-@pytest.mark.parametrize("kept", ["kept", "read again"])
+@pytest.mark.parametrize(
+    ("kept", "depth"),
+    [("kept", 12), ("read again", 12), ("kept", 4)],
+    ids=["kept", "read again", "few big leaves"],
+)
 async def test_the_keys_of_many_differing_leaves_come_from_the_scans_in_batches(
-    redis_factory: RedisFactory, kept: str
+    redis_factory: RedisFactory, kept: str, depth: int
 ) -> None:
     # 3,000 of 20,000 keys differ, in ~2,800 of 4,096 leaves; batches of 32 kB are ~70
     # leaves: ~40 batches, each answered from one pass over what the scan kept (spilled
     # a few hundred keys at a time) or, past the spill's limit, one rescan of its leaves.
+    # With 16 leaves, every one differs and holds ~1,250 keys (100 kB on 2 members),
+    # more than a batch: a leaf is a batch of its own.
     servers = [redis_factory("a"), redis_factory("b")]
     for server in servers:
         with server.client() as client:
@@ -353,20 +359,23 @@ async def test_the_keys_of_many_differing_leaves_come_from_the_scans_in_batches(
             ScanOptions(),
             ScanProgress(f"n{i}"),
             None,
-            depth=12,
+            depth=depth,
             limits=limits,
         )
         for i, s in enumerate(servers)
     ]
     try:
-        leaves = await differing_leaves(trees, 12)
+        leaves = await differing_leaves(trees, depth)
         found: set[bytes] = set()
         batches = 0
-        async for parts in keys_in_batches(trees, leaves, 12, 32 << 10):
+        async for parts in keys_in_batches(trees, leaves, depth, 32 << 10):
             batches += 1
             found |= set(differing_keys(parts))
     finally:
         for worker in trees:
             worker.close()
     assert found == changed
-    assert batches > 10
+    if depth == 4:
+        assert len(leaves) == 16 and batches == 16  # a leaf a batch
+    else:
+        assert batches > 10
