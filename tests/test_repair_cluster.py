@@ -12,7 +12,10 @@ of slots not compared: never a false positive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,15 @@ from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check, repair
 from replag.repair.keyspace.slots import key_slot
-from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
+from tests.helpers.redis_cluster import (
+    RedisClusterNodes,
+    cluster_command,
+    start_cluster,
+    wait_cluster_ok,
+    wait_cluster_whole,
+)
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
-from tests.helpers.waiting import until
+from tests.helpers.waiting import until, wait_until
 
 UNREPLICATED = """if redis.replicate_commands then redis.replicate_commands() end
 redis.set_repl(redis.REPL_NONE)
@@ -161,10 +170,16 @@ async def test_a_migrating_slot_and_a_reshard_are_named_never_reported(
         source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids["dest"])
         source.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
                                "KEYS", *keys[:10])  # fmt: skip
-        # Half the slot's keys moved: both shards name it, and report nothing in it.
+        # Half the slot's keys moved, and none moves while it is checked: a stuck move,
+        # named as such with both ends and the keys each holds, and its slot compared.
         half = (await check(config)).to_dict()
         assert _found(half) == planted, half
-        assert slot in _named(half)
+        assert slot not in _named(half), half
+        rows = [m for g in half["groups"] for m in g["stuck_moves"]]
+        assert {
+            (m["migrating"], m["importing"], m["keys_migrating"], m["keys_importing"]) for m in rows
+        } == {(_address(source), f"127.0.0.1:{target.port}", 10, 10)}
+        assert all(m["slots"] == [[slot, slot]] for m in rows), rows
         source.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
                                "KEYS", *keys[10:])  # fmt: skip
         for node in cluster.nodes:
@@ -296,14 +311,196 @@ async def test_a_mark_without_its_other_end_is_named_stale_and_its_slot_compared
             assert (f"127.0.0.1:{src_port}", slot) in marks, shard.stale_marks
             assert f"stale slot mark on 127.0.0.1:{src_port}: {slot}" in half.render()
             dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            # Both ends marked, no key in the slot: a move, stuck while it was checked.
             both = await check(config)
-            assert slot in _named(both.to_dict()), both.to_dict()
+            assert slot not in _named(both.to_dict()), both.to_dict()
             left = [m for g in both.groups for m in g.stale_marks
                     if any(a <= slot <= b for a, b in m["slots"])]  # fmt: skip
             assert left == [], left
+            (stuck,) = {(m["migrating"], m["importing"], m["keys_importing"])
+                        for g in both.groups for m in g.stuck_moves}  # fmt: skip
+            assert stuck == (f"127.0.0.1:{src_port}", _address(dest), 0), stuck
+            assert f"`CLUSTER SETSLOT {slot} STABLE` (each slot) on 127.0.0.1:{src_port}" in (
+                both.render()
+            )
         finally:
             dest.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
             source.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
+
+def _address(client: redis.Redis) -> str:
+    return f"127.0.0.1:{client.connection_pool.connection_kwargs['port']}"
+
+
+def _myid(client: redis.Redis) -> str:
+    return str(client.execute_command("CLUSTER", "MYID").decode())
+
+
+def _finish_move(cluster: RedisClusterNodes, slot: int, dest: redis.Redis) -> None:
+    """Whatever marks are left: the slot's keys moved from whichever primary serves it now
+    to `dest`, and `dest` serves it."""
+    source = _primary_of(cluster, _key_in(slot))
+    with source:
+        dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _myid(source))
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _myid(dest))
+        port = dest.connection_pool.connection_kwargs["port"]
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+    for node in cluster.nodes:
+        with node.client() as c:
+            if c.info("replication")["role"] == "master":
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", _myid(dest))
+
+
+def _drop_move(slot: int, dest: redis.Redis, source: redis.Redis) -> None:
+    """An interrupted move undone by dropping the slot's keys at both ends, both marks
+    cleared. The importing end's keys go with FLUSHALL (its shard is the test's): Redis 7
+    forgets who serves a slot it imports from a primary turned replica, and then refuses
+    every command on its keys, ASKING or not."""
+    dest.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    source.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        source.delete(*keys)
+    dest.flushall()
+    dest.execute_command("WAIT", 1, 5000)
+
+
+def _key_in(slot: int) -> str:
+    return "{" + _tag(slot, slot) + "}"
+
+
+async def test_a_live_move_is_named_moving_while_its_keys_are_migrated(
+    cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    """Both ends marked and keys leaving the migrating node while the check runs: a live
+    move, its slot not compared, and never called stuck."""
+    config = await _config(cluster, tmp_path)
+    slot = key_slot(_tag(*cluster.slots[0], nth=4).encode())
+    source = _primary_of(cluster, _key_in(slot))
+    dest = _primary_of(cluster, "{" + _tag(*cluster.slots[2]) + "}")
+    keys = [f"live:{_key_in(slot)}:{i}" for i in range(3000)]
+    stop = threading.Event()
+
+    def migrate() -> None:
+        port = dest.connection_pool.connection_kwargs["port"]
+        with redis.Redis(port=source.connection_pool.connection_kwargs["port"]) as mover:
+            for key in keys:
+                if stop.is_set():
+                    return
+                mover.execute_command("MIGRATE", "127.0.0.1", port, key, 0, 5000)
+                time.sleep(0.001)
+
+    with source, dest:
+        with source.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.set(key, "v")
+            pipe.execute()
+        source.execute_command("WAIT", 1, 5000)
+        dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _myid(source))
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _myid(dest))
+        mover = threading.Thread(target=migrate)
+        mover.start()
+        try:
+            wait_until(
+                lambda: source.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) < len(keys),
+                "the first key migrated",
+            )
+            report = await check(config)
+        finally:
+            stop.set()
+            mover.join()
+            await asyncio.to_thread(_finish_move, cluster, slot, dest)
+            await asyncio.to_thread(_move_slot, cluster, slot, dest, source)
+            source.delete(*keys)
+        assert slot in _named(report.to_dict()), report.to_dict()
+        assert not any(g.stuck_moves for g in report.groups), report.to_dict()
+        assert "a live move during the run" in report.render()
+
+
+async def test_a_move_a_failover_interrupted_is_stuck_or_stale_and_its_slot_compared(
+    cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    """Half a slot's keys moved, then its shard's replica takes over (the issue's
+    reshard interrupted by a failover). Valkey hands both marks on to the new primaries,
+    so the move is marked on both ends for ever with nothing moving: named stuck, not
+    live. Redis keeps marks on the primary that set them: the importing end's mark is
+    left naming a replica, stale. Either way the slot is compared (a key the new primary's
+    replica lacks there is found) and never named as moving."""
+    config = await _config(cluster, tmp_path)
+    slot = key_slot(_tag(*cluster.slots[0], nth=5).encode())
+    old, heir = cluster.primaries[0], cluster.replicas[0]
+    dest = _primary_of(cluster, "{" + _tag(*cluster.slots[2]) + "}")
+    keys = [f"f:{_key_in(slot)}:{i}" for i in range(20)]
+    with old.client() as source, dest:
+        assert source.info("replication")["role"] == "master"
+        for key in keys:
+            source.set(key, "v")
+        source.execute_command("WAIT", 1, 5000)
+        dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _myid(source))
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _myid(dest))
+        port = dest.connection_pool.connection_kwargs["port"]
+        source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys[:10])
+        source.execute_command("WAIT", 1, 5000)
+    try:
+        with heir.client() as c:
+            c.execute_command("CLUSTER", "FAILOVER")
+        await until(lambda: asyncio.to_thread(_is_primary, heir), "the replica took over")
+        await asyncio.to_thread(wait_cluster_ok, cluster)
+        with heir.client() as new:
+            new.execute_command("WAIT", 1, 5000)
+            new.eval(UNREPLICATED, 1, keys[15], "only on the new primary")
+        report = await check(config)
+        body = report.to_dict()
+        assert _found(body) == {keys[15]}, body
+        assert slot not in _named(body), body
+        stuck = [m for g in report.groups for m in g.stuck_moves]
+        stale = {(m["node"], s) for g in report.groups for m in g.stale_marks
+                 for a, b in m["slots"] for s in range(a, b + 1)}  # fmt: skip
+        text = report.render()
+        with heir.client() as c:
+            valkey = "valkey_version" in c.info("server")
+        if valkey:  # the marks went on to the heir, and the importing end follows it
+            ends = {(m["migrating"], m["importing"], m["keys_migrating"], m["keys_importing"])
+                    for m in stuck}  # fmt: skip
+            assert ends == {(f"127.0.0.1:{heir.port}", _address(dest), 10, 10)}, body
+            assert f"stuck slot move: {slot} marked migrating on 127.0.0.1:{heir.port}" in text
+            assert f"redis-cli --cluster fix 127.0.0.1:{heir.port}" in text
+        else:  # Redis: the importing end names the old primary, a replica now
+            assert stuck == [] and (_address(dest), slot) in stale, body
+            assert f"stale slot mark on {_address(dest)}: {slot}" in text
+    finally:
+        with dest, heir.client() as new:
+            await asyncio.to_thread(_drop_move, slot, dest, new)
+        await asyncio.to_thread(wait_cluster_ok, cluster)
+        await asyncio.to_thread(_take_over, old)
+        await asyncio.to_thread(wait_cluster_whole, cluster)
+
+
+def _take_over(node: Any) -> None:
+    """`node`, a replica, made its shard's primary by CLUSTER FAILOVER, asked again until
+    it is: a primary ignores a replica's request until gossip has told it of the replica
+    (a primary that has just become one)."""
+    for _ in range(10):
+        with node.client() as c:
+            if c.info("replication").get("master_link_status") == "up":
+                c.execute_command("CLUSTER", "FAILOVER")
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: _is_primary(node), "the replica took over", timeout_s=6)
+            break
+    else:
+        raise AssertionError(f"{node.port} never took over its shard")
+    wait_until(lambda: _has_replica(node), "the old primary replicating from it")
+
+
+def _has_replica(node: Any) -> bool:
+    with node.client() as c:
+        replica = c.info("replication").get("slave0")
+    return isinstance(replica, dict) and replica.get("state") == "online"
+
+
+def _is_primary(node: Any) -> bool:
+    with node.client() as c:
+        return bool(c.info("replication")["role"] == "master")
 
 
 def _marked_port(cluster: RedisClusterNodes, slot: int) -> int | None:

@@ -38,7 +38,14 @@ from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.progress import RepairProgress
-from replag.repair.keyspace.slots import SlotMap, key_slot, not_compared, ranges
+from replag.repair.keyspace.slots import (
+    Move,
+    SlotMap,
+    key_slot,
+    not_compared,
+    ranges,
+    stuck_moves,
+)
 from replag.repair.keyspace.together import cancel_all
 from replag.repair.run_state import RunState
 from replag.repair.scan.keep import batch_bytes, keep_limits
@@ -311,6 +318,8 @@ class GroupRun:
                 {"node": node, "slots": [list(r) for r in ranges(slots)]}
                 for node, slots in sorted(stale.items())
             ]
+            stuck = {s: m for s, m in stuck_moves(slot_map, after).items() if s not in skipped}
+            self.report.stuck_moves = _stuck_rows(stuck, after)
             # Keys members hold in slots the shard serves at neither end (a reshard's
             # leftovers on a replica): not in the scan, and no repair through the primary.
             self.report.stray_keys = await stray_keys(
@@ -318,7 +327,7 @@ class GroupRun:
                 [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
                 slot_map.owned | after.owned,
                 timeout_s=self.timeout_s,
-                skip=skipped,
+                skip=skipped | stuck.keys(),  # keys a stuck move took across: not strays
             )
             if self.key_sink is not None:
                 for key, detail in held:
@@ -506,3 +515,20 @@ class GroupRun:
             applier=applier,
             report=self.report,
         )
+
+
+def _stuck_rows(stuck: dict[int, Move], after: SlotMap) -> list[dict[str, Any]]:
+    """Stuck moves by their two ends: the slots, and the keys each end holds in them."""
+    by_ends: dict[Move, list[int]] = {}
+    for slot, move in stuck.items():
+        by_ends.setdefault(move, []).append(slot)
+    return [
+        {
+            "migrating": move.migrating,
+            "importing": move.importing,
+            "slots": [list(r) for r in ranges(slots)],
+            "keys_migrating": sum(after.keys.get((move.source_id, s), 0) for s in slots),
+            "keys_importing": sum(after.keys.get((move.target_id, s), 0) for s in slots),
+        }
+        for move, slots in sorted(by_ends.items(), key=lambda item: min(item[1]))
+    ]

@@ -62,6 +62,19 @@ REPAIR_GROUP = obj(
         # replica its primary no longer has, or naming a node that is not a live primary):
         # their slots were compared.
         "stale_marks": arr(obj({"node": STR, "slots": arr(arr(INT))})),
+        # Redis Cluster: moves marked on both ends (live primaries) during which no key
+        # left the migrating node (a reshard interrupted): their slots were compared.
+        "stuck_moves": arr(
+            obj(
+                {
+                    "migrating": STR,
+                    "importing": STR,
+                    "slots": arr(arr(INT)),
+                    "keys_migrating": INT,
+                    "keys_importing": INT,
+                }
+            )
+        ),
         "candidates": INT,
         "bulk_refilled": INT,
         "changing_during_check": INT,

@@ -83,9 +83,11 @@ def _whole(client: redis.Redis, primaries: int, *, replicas: bool) -> str | None
             return f"node {port}: {name}:{fields.get(name)}"
     if replicas:
         entries = cluster_command(client, "SLOTS")
-        if len(entries) != primaries or any(len(e) != 4 for e in entries):
+        serving = {int(e[2][1]) for e in entries}
+        if len(serving) != primaries or any(len(e) != 4 for e in entries):
             return (
-                f"node {port}: CLUSTER SLOTS lists {len(entries)} ranges, not each with a replica"
+                f"node {port}: CLUSTER SLOTS lists {len(serving)} primaries in "
+                f"{len(entries)} ranges, not each with a replica"
             )
     return None
 
@@ -175,19 +177,33 @@ def _join(cluster: RedisClusterNodes) -> None:
         count = len(cluster.primaries)
         for i, client in enumerate(clients[count:]):
             cluster_command(client, "REPLICATE", ids[i])
-        moved: set[int] = set()
+    finally:
+        for client in clients:
+            with contextlib.suppress(redis.RedisError):
+                client.close()
+    wait_cluster_whole(cluster)
 
-        def not_ready() -> str | None:
-            _move_offsets(cluster, clients[:count], moved)
-            for client in clients:
-                if (still := _whole(client, count, replicas=True)) is not None:
-                    return still
-            for client in clients[count:]:
-                if client.info("replication").get("master_link_status") != "up":
-                    port = client.connection_pool.connection_kwargs.get("port")
-                    return f"replica {port}: link to its primary not up"
-            return None
 
+def wait_cluster_whole(cluster: RedisClusterNodes) -> None:
+    """Until every node sees every slot served, each range with its replica, and every
+    replica's link up, with `cluster.primaries` the primaries (after a failover and
+    back, say: a shard's replica is listed again only once gossip has its offset)."""
+    clients = [node.client() for node in cluster.nodes]
+    count = len(cluster.primaries)
+    moved: set[int] = set()
+
+    def not_ready() -> str | None:
+        _move_offsets(cluster, clients[:count], moved)
+        for client in clients:
+            if (still := _whole(client, count, replicas=True)) is not None:
+                return still
+        for client in clients[count:]:
+            if client.info("replication").get("master_link_status") != "up":
+                port = client.connection_pool.connection_kwargs.get("port")
+                return f"replica {port}: link to its primary not up"
+        return None
+
+    try:
         _wait("not whole", not_ready)
     finally:
         for client in clients:

@@ -57,6 +57,29 @@ def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _stuck_line(move: dict[str, Any]) -> str:
+    """A move marked on both ends that did not move a key during the run: what it is, and
+    what clears it (finishing it when the importing end holds keys already)."""
+    slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in move["slots"])
+    first = move["slots"][0][0]
+    if move["keys_importing"]:
+        fix = (
+            f"finish it with `redis-cli --cluster fix {move['migrating']}` (valkey-cli on "
+            "Valkey), which moves the keys left"
+        )
+    else:
+        fix = (
+            f"`CLUSTER SETSLOT {first} STABLE` (each slot) on {move['migrating']} and "
+            f"{move['importing']}, or finish it with `redis-cli --cluster fix`"
+        )
+    return (
+        f"  stuck slot move: {slots} marked migrating on {move['migrating']} and importing on "
+        f"{move['importing']}, and no key moved during the run ({move['keys_migrating']} "
+        f"key(s) left there, {move['keys_importing']} moved): not a live move (a reshard "
+        f"interrupted, by a failover say), so compared; if no reshard is running, {fix}"
+    )
+
+
 def _size(count: int) -> str:
     value = float(count)
     for unit in ("B", "kB", "MB"):
@@ -113,6 +136,9 @@ class GroupReport:
     # Redis Cluster: migrating/importing marks with no move under way (their slots were
     # compared): {node, slots}.
     stale_marks: list[dict[str, Any]] = field(default_factory=list)
+    # Redis Cluster: moves marked on both ends during which no key moved (their slots
+    # were compared): {migrating, importing, slots, keys_migrating, keys_importing}.
+    stuck_moves: list[dict[str, Any]] = field(default_factory=list)
     candidates: int = 0
     changing: int = 0
     undone: int = 0  # target writes put back because the winner moved before they stood
@@ -159,6 +185,7 @@ class GroupReport:
             "slots_not_compared": [list(r) for r in self.slots_not_compared],
             "stray_keys": self.stray_keys,
             "stale_marks": self.stale_marks,
+            "stuck_moves": self.stuck_moves,
             "bytes_by_region": self.bytes_by_region(),
         }
 
@@ -376,6 +403,7 @@ class RepairReport:
                     "with no move under way (compared; clear it with `CLUSTER SETSLOT <slot> "
                     "STABLE` on that node, or on a replica's primary, which Valkey passes on)"
                 )
+            lines += [_stuck_line(m) for m in g.stuck_moves]
             lines += _stray_lines(g.stray_keys)
             if not g.divergent:
                 continue

@@ -6,8 +6,12 @@ A group's slots may move while it is checked (a reshard, a failover elsewhere):
 or importing, from `CLUSTER NODES` on each member, at the start and the end;
 the slots that were not the group's throughout, and those of keys a member
 answered MOVED or ASK for, are named as not compared (`not_compared`), and
-nothing found in them is reported. `slot_groups` gives a scan batch's keys by
-slot, for one MGET per slot where SCAN walks dense slots in order (see `scan`).
+nothing found in them is reported. A move marked on both ends during which no
+key left the migrating node (its CLUSTER COUNTKEYSINSLOT the same at the start
+and the end: a reshard interrupted, by a failover say, whose marks Valkey hands
+to the new primaries) is stuck, not live (`stuck_moves`): its slot is compared.
+`slot_groups` gives a scan batch's keys by slot, for one MGET per slot where SCAN
+walks dense slots in order (see `scan`).
 """
 
 from __future__ import annotations
@@ -66,6 +70,16 @@ def ranges_text(slots: Iterable[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges(slots))
 
 
+@dataclass(frozen=True)
+class Move:
+    """A slot's move marked on both ends: from `migrating` to `importing` (host:port)."""
+
+    migrating: str
+    importing: str
+    source_id: str  # the migrating node's id
+    target_id: str  # the importing node's
+
+
 @dataclass
 class SlotMap:
     """The slots a group's nodes serve, those migrating to or importing from elsewhere,
@@ -74,6 +88,10 @@ class SlotMap:
     owned: set[int] = field(default_factory=set)
     moving: set[int] = field(default_factory=set)
     stale: dict[int, str] = field(default_factory=dict)
+    # Slots of `moving` marked on two primaries: slot → the move.
+    moves: dict[int, Move] = field(default_factory=dict)
+    # (node id, slot) → that node's CLUSTER COUNTKEYSINSLOT, for each slot it marks.
+    keys: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def parse(
@@ -113,6 +131,7 @@ class SlotMap:
                             first, _, last = item.partition("-")
                             out.owned.update(range(int(first), int(last or first) + 1))
         theirs = {m for text in (peers or {}).values() for m in _marks([text])}
+        where = _addresses([*texts, *(peers or {}).values()])
 
         def live(node: str, slot: int, way: str, peer: str) -> bool:
             if peer not in primaries:
@@ -125,11 +144,18 @@ class SlotMap:
         on_primaries = {
             (m[0], m[2]): live(m[0], m[2], m[3], m[4]) for m in marks if m[0] not in primary_of
         }
-        for node, address, slot, _way, _peer in marks:
+        for node, address, slot, way, peer in marks:
             if node in primary_of:  # a replica: as its primary's mark of the slot
                 moving = on_primaries.get((primary_of[node], slot), False)
             else:
                 moving = on_primaries[(node, slot)]
+                if moving and peer in where:
+                    other = "{}:{}".format(*where[peer])
+                    out.moves[slot] = (
+                        Move(address, other, node, peer)
+                        if way == ">"
+                        else Move(other, address, peer, node)
+                    )
             if moving:
                 out.moving.add(slot)
             else:
@@ -144,18 +170,32 @@ class SlotMap:
         that a member's mark names (the other end of a move, to tell a live one)."""
         like = members[0] if members else None
 
+        keys: dict[tuple[str, int], int] = {}
+
         async def nodes(member: Endpoint) -> str:
+            """Its CLUSTER NODES, and its count of keys in each slot it marks."""
             try:
                 conn = await RespConnection.open(member, timeout_s=timeout_s)
             except EndpointError:
                 return ""
             try:
                 (reply,) = await conn.request(pack(b"CLUSTER", b"NODES"), 1)
+                text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else ""
+                mine = _marks([text])
+                marked = sorted({m[2] for m in mine})
+                if marked:
+                    counts = await conn.request(
+                        b"".join(pack(b"CLUSTER", b"COUNTKEYSINSLOT", b"%d" % s) for s in marked),
+                        len(marked),
+                    )
+                    for slot, count in zip(marked, counts, strict=True):
+                        if isinstance(count, int):
+                            keys[(mine[0][0], slot)] = count
             except EndpointError:
                 return ""
             finally:
                 await conn.close()
-            return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else ""
+            return text
 
         texts = await all_of(nodes(m) for m in members)
         wanted = {m[4] for m in _marks(texts)}
@@ -167,7 +207,9 @@ class SlotMap:
                 nodes(dataclasses.replace(like, host=where[p][0], port=where[p][1])) for p in asked
             )
             peers = {p: text for p, text in zip(asked, found, strict=True) if text}
-        return cls.parse(texts, {m.address for m in members}, peers)
+        out = cls.parse(texts, {m.address for m in members}, peers)
+        out.keys = keys
+        return out
 
 
 def _marks(texts: Sequence[str]) -> list[tuple[str, str, int, str, str]]:
@@ -202,7 +244,23 @@ def _addresses(texts: Sequence[str]) -> dict[str, tuple[str, int]]:
     return out
 
 
+def stuck_moves(before: SlotMap, after: SlotMap) -> dict[int, Move]:
+    """Moves marked on both ends, between the same two primaries, at the start and the
+    end of the run, during which the migrating node's count of keys in the slot did not
+    change: no key moved (MIGRATE only takes keys away from it, and it creates none in a
+    migrating slot), so its shard's keys there held still and are compared."""
+    out = {}
+    for slot, move in before.moves.items():
+        if after.moves.get(slot) != move:
+            continue
+        first = before.keys.get((move.source_id, slot))
+        if first is not None and first == after.keys.get((move.source_id, slot)):
+            out[slot] = move
+    return out
+
+
 def not_compared(before: SlotMap, after: SlotMap) -> set[int]:
     """Slots a check of the group cannot vouch for: served by it at only one end of the
-    run, or migrating or importing at either end."""
-    return (before.owned ^ after.owned) | before.moving | after.moving
+    run, or migrating or importing at either end, unless the move was stuck throughout."""
+    moving = (before.moving | after.moving) - stuck_moves(before, after).keys()
+    return (before.owned ^ after.owned) | moving
