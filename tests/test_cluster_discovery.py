@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from replag.lab.server import RedisServer
 from tests.helpers.redis_cluster import RedisClusterNodes, cluster_command, start_cluster
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
+from tests.helpers.waiting import until
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -46,12 +48,19 @@ async def test_every_shard_becomes_a_region_and_a_replica_group(
 ) -> None:
     found = await discover_cluster(redis_cluster.url, timeout_s=5)
     regions = found.topology.regions
-    # Named by a stable identity (the shard id, else the lowest node id), in slot order.
+    # Named by what a failover leaves as it was (the shard id, else the lowest slot), in
+    # slot order; its identity (the shard id, else the lowest node id) to follow it by.
     identities = [
         _identity(primary, replica)
         for primary, replica in zip(redis_cluster.primaries, redis_cluster.replicas, strict=True)
     ]
-    assert [(r.name, r.shard) for r in regions] == [(f"shard-{i[:8]}", i) for i in identities]
+    names = [
+        f"shard-{i[:8]}" if _shard_id(p) else f"shard-{slots[0]}"
+        for i, p, slots in zip(
+            identities, redis_cluster.primaries, redis_cluster.slots, strict=True
+        )
+    ]
+    assert [(r.name, r.shard) for r in regions] == list(zip(names, identities, strict=True))
     for region, primary, replica, slots in zip(
         regions, redis_cluster.primaries, redis_cluster.replicas, redis_cluster.slots, strict=True
     ):
@@ -174,6 +183,67 @@ async def test_a_server_without_cluster_support_is_a_clear_error(
     with pytest.raises(DiscoveryError, match="not a Redis Cluster node") as err:
         await discover_cluster(plain.url, timeout_s=5)
     assert err.value.where == plain.url
+
+
+async def test_names_stay_while_a_node_is_dead_and_after_a_failover(
+    server_kind: str, tmp_path: Path
+) -> None:
+    """Discovered again, with no file to keep names from, while a replica is dead and then
+    after another shard's primary died and its replica took over: every shard keeps its
+    name (Redis 7.0 has no shard id, and a name by the lowest node id changed when that
+    node died: the kills are chosen so it would)."""
+    cluster = start_cluster(tmp_path)
+    try:
+        before = await discover_cluster(cluster.url, timeout_s=5)
+        names = [(r.name, r.slots) for r in before.topology.regions]
+        ids = [
+            (_myid(p), _myid(r)) for p, r in zip(cluster.primaries, cluster.replicas, strict=True)
+        ]
+        # Shard 0 holds the seed; of the others, the primary dies where its id is the lower.
+        fails = next((i for i in (1, 2) if ids[i][0] < ids[i][1]), 2)
+        dies = 3 - fails
+        cluster.replicas[dies].kill()
+        await until(
+            lambda: asyncio.to_thread(_flagged_fail, cluster, ids[dies][1]), "replica failed"
+        )
+        with_dead = await discover_cluster(cluster.url, timeout_s=5)
+        assert [(r.name, r.slots) for r in with_dead.topology.regions] == names
+        cluster.primaries[fails].kill()
+        heir = cluster.replicas[fails]
+        await until(lambda: asyncio.to_thread(_serves, cluster, heir.port), "a replica took over")
+        after = await discover_cluster(cluster.url, timeout_s=5)
+        assert [(r.name, r.slots) for r in after.topology.regions] == names
+        moved = after.topology.regions[fails]
+        assert moved.write is not None and moved.write.port == heir.port
+        kept = "shard id" if _shard_id(cluster.primaries[0]) else "lowest slot"
+        assert f"named by its {kept}" in after.render()
+    finally:
+        cluster.stop()
+
+
+def _myid(node: RedisServer) -> str:
+    with node.client() as c:
+        return str(cluster_command(c, "MYID").decode())
+
+
+def _flagged_fail(cluster: RedisClusterNodes, node_id: str) -> bool:
+    with cluster.primaries[0].client() as c:
+        lines = cluster_command(c, "NODES").decode().splitlines()
+    return any(line.startswith(node_id) and "fail" in line.split()[2] for line in lines)
+
+
+def _serves(cluster: RedisClusterNodes, port: int) -> bool:
+    """Whether the seed lists the node at `port` as a primary serving slots."""
+    with cluster.primaries[0].client() as c:
+        return any(int(row[2][1]) == port for row in cluster_command(c, "SLOTS"))
+
+
+def _shard_id(node: RedisServer) -> str | None:
+    with node.client() as c:
+        try:
+            return str(cluster_command(c, "MYSHARDID").decode())
+        except redis.ResponseError:
+            return None
 
 
 def _identity(primary: RedisServer, replica: RedisServer) -> str:

@@ -56,7 +56,9 @@ def cluster(
 
 
 @pytest.fixture(scope="module")
-def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def store_path(cluster: RedisClusterNodes, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store per cluster (per server kind): shards of two kinds' clusters can have the
+    same names (their lowest slots)."""
     return tmp_path_factory.mktemp("store") / "s.sqlite"
 
 
@@ -127,7 +129,15 @@ async def test_a_reshard_keeps_the_shards_names_and_history(
     assert after.exit_code == 0, after.render()
     assert after.write_errors == 0  # no MOVED: the run wrote into a slot the shard holds now
     assert any(f"{first_region.name} holds slots" in n for n in after.notes), after.notes
-    rediscovered = await cluster_config(cluster, tmp_path / "after.toml", store_path)
+    # Discovered again into a new file with the config in use as --previous: each shard
+    # found by its identity keeps its name, though its lowest slot may have moved.
+    path = tmp_path / "after.toml"
+    argv = ["topology", "discover", "--cluster", cluster.url, "--out", str(path)]
+    found = await asyncio.to_thread(
+        CliRunner().invoke, main, [*argv, "--previous", str(tmp_path / "before.toml")]
+    )
+    assert found.exit_code == 0, found.output
+    rediscovered = load_config(path, environ={"REPLAG_STORE": str(store_path)})
     assert [r.name for r in rediscovered.topology.regions] == names
     assert rediscovered.topology.regions[0].slots != first_region.slots
     for name in names:  # one window per replica per run, all under the same name

@@ -19,7 +19,7 @@ from replag.commands.options import config_option, fail_as_json, json_option, lo
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
-from replag.discovery.cluster import discover_cluster
+from replag.discovery.cluster import EarlierShard, discover_cluster
 from replag.discovery.contacts import Contacts, parse_networks
 from replag.discovery.dynomite import (
     PortMap,
@@ -81,6 +81,13 @@ def command() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the TOML here (atomically, mode 0600) instead of to stdout.",
 )
+@click.option(
+    "--previous",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="With --cluster: a config (the one in use) whose shard names to keep, each shard "
+    "found by its `shard` identity, else by its slots (default: the --out file, if it "
+    "exists).",
+)
 @click.option("--peer-port", type=int, help="Dynomite peer port convention (default 8101).")
 @click.option("--client-port", type=int, help="Dynomite client port convention (default 8102).")
 @click.option("--stats-port", type=int, help="Dynomite stats port convention (default 22222).")
@@ -131,6 +138,7 @@ def discover(
     sentinel_addresses: tuple[str, ...],
     sentinel_masters: tuple[str, ...],
     out: Path | None,
+    previous: Path | None,
     peer_port: int | None,
     client_port: int | None,
     stats_port: int | None,
@@ -164,6 +172,8 @@ def discover(
     dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
+    if previous is not None and not cluster_url:
+        raise UsageError("--previous applies to --cluster only")
     if allow_networks and not (redis_url or cluster_url):
         raise UsageError("--allow-networks applies to --redis and --cluster")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
@@ -205,7 +215,10 @@ def discover(
         assert cluster_url is not None
         found = asyncio.run(
             discover_cluster(
-                cluster_url, timeout_s=timeout_s, contacts=contacts, previous=_shards_in(out)
+                cluster_url,
+                timeout_s=timeout_s,
+                contacts=contacts,
+                previous=_shards_in(previous, "--previous") if previous else _shards_in(out),
             )
         )
     topology, references = as_references(
@@ -220,15 +233,16 @@ def discover(
         click.echo(f"note: {line}", err=True)
 
 
-def _shards_in(path: Path | None) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
-    """(name, slots) of each region with slots in the file --out rewrites: a shard keeps
-    its name through the death of the node it was named after."""
+def _shards_in(path: Path | None, option: str = "--out") -> list[EarlierShard]:
+    """The shards (regions with slots) of an earlier discovery: the file --out rewrites,
+    or --previous's: each shard keeps its name through a reshard, a dead node and a
+    failover."""
     if path is None or not path.exists():
         return []
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"--out: cannot read the file it would rewrite, {path}: {exc}") from None
+        raise UsageError(f"{option}: cannot read the file, {path}: {exc}") from None
     out = []
     for region in data.get("regions", []):
         slots = region.get("slots") if isinstance(region, dict) else None
@@ -237,7 +251,9 @@ def _shards_in(path: Path | None) -> list[tuple[str, tuple[tuple[int, int], ...]
                 pairs = tuple((int(a), int(b)) for a, b in slots)
             except (TypeError, ValueError):
                 continue  # not slot ranges: the file's own check says so when it is loaded
-            out.append((region["name"], pairs))
+            shard = region.get("shard")
+            identity = shard if isinstance(shard, str) and shard else None
+            out.append(EarlierShard(region["name"], pairs, identity))
     return out
 
 

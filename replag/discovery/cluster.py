@@ -2,10 +2,14 @@
 
 Each shard (a primary holding slots, and its replicas) becomes a region that
 probes write to through the primary, with its slot ranges so probe keys land
-there, and a replica group that repair compares. A shard is named by a stable
-identity, not by its slots, so its history survives a failover and a reshard:
-the shard id CLUSTER SHARDS gives (Valkey 8+, Redis 7.2+), else the lowest node
-id among its primary and replicas; `shard-<first 8 hex digits>`.
+there, and a replica group that repair compares. A shard is named by what a
+failover or a dead node leaves as it was, so its history survives them: the
+shard id CLUSTER SHARDS gives (Valkey 8+, Redis 7.2+), `shard-<first 8 hex
+digits>`, else its lowest slot, `shard-<slot>` (a node id would not do: a dead
+old primary stands alone, slotless, after a failover, and the lowest of the
+ids left is another). A reshard keeps names through the file being rewritten
+(`kept_names`). The region's `shard` is its identity for following it: the
+shard id, else its lowest node id.
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ class Shard:
 
     @property
     def name(self) -> str:
+        """`shard-<8 hex digits>` of its shard id, else `shard-<its lowest slot>`."""
+        if self.shard_id:
+            return f"shard-{self.shard_id[:8]}"
+        if self.slots:
+            return f"shard-{min(first for first, _ in self.slots)}"
         return f"shard-{self.identity[:8]}"
 
     def holds(self, identity: str) -> bool:
@@ -207,16 +216,25 @@ def _cluster_state(info: Any) -> str:
 Slots = tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True)
+class EarlierShard:
+    """A shard as an earlier discovery wrote it: its region's name, slots and `shard`."""
+
+    name: str
+    slots: Slots
+    identity: str | None = None
+
+
 async def discover_cluster(
     url: str,
     *,
     timeout_s: float,
     contacts: Contacts | None = None,
-    previous: Sequence[tuple[str, Slots]] = (),
+    previous: Sequence[EarlierShard] = (),
 ) -> Discovery:
     """Every shard of the Redis Cluster that the node at `url` belongs to. `previous`: the
-    (name, slots) of the shards of an earlier discovery (the file being rewritten): a
-    shard keeps the name of the one whose slots it holds (see `kept_names`)."""
+    shards of an earlier discovery (the file being rewritten, or the config in use): a
+    shard keeps the name of the one it is (see `kept_names`)."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
@@ -233,19 +251,26 @@ def _slot_set(slots: Slots) -> set[int]:
     return {s for a, b in slots for s in range(a, b + 1)}
 
 
-def kept_names(shards: Sequence[Shard], previous: Sequence[tuple[str, Slots]]) -> dict[str, str]:
-    """Shard identity → the earlier name of the shard that held most of its slots (at least
-    half). Without a shard id (Redis before 7.2) a shard is named by its lowest node id,
-    which changes when that node dies: its slots do not."""
+def kept_names(shards: Sequence[Shard], previous: Sequence[EarlierShard]) -> dict[str, str]:
+    """Shard identity → its earlier name: the earlier shard whose identity (shard id, or a
+    node id) it holds, which a reshard leaves; else the one that held most of its slots (at
+    least half), which a failover and a dead node leave."""
     names: dict[str, str] = {}
     taken: set[str] = set()
     for shard in shards:
+        same = [e.name for e in previous if e.identity and shard.holds(e.identity)]
+        if same and same[0] not in taken:
+            names[shard.identity] = same[0]
+            taken.add(same[0])
+    for shard in shards:
+        if shard.identity in names:
+            continue
         held = _slot_set(shard.slots)
         best, overlap = None, 0
-        for name, slots in previous:
-            common = len(held & _slot_set(slots))
-            if name not in taken and common > overlap:
-                best, overlap = name, common
+        for earlier in previous:
+            common = len(held & _slot_set(earlier.slots))
+            if earlier.name not in taken and common > overlap:
+                best, overlap = earlier.name, common
         if best is not None and 2 * overlap >= len(held):
             names[shard.identity] = best
             taken.add(best)
@@ -297,9 +322,9 @@ def cluster_topology(
             )
         )
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
-        named = "shard id" if shard.shard_id else "lowest node id"
+        named = "shard id" if shard.shard_id else "lowest slot"
         if name != shard.name:
-            named = "slots, as the file it rewrote named them"
+            named = "earlier name (--previous, or the file --out rewrote)"
         comments[name] = (
             f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "
             "the probe re-reads where it is and which slots it holds"
