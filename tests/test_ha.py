@@ -103,7 +103,7 @@ def test_three_instances_share_the_work_and_survive_kills_and_a_postgresql_resta
         )
     evaluator = owner_of(fleet, "alerts")
     assert evaluator is not None
-    kill(evaluator)
+    kills_ns = [kill(evaluator)]
     survivors = [i for i in fleet if i.proc.poll() is None]
     wait_until(
         lambda: owner_of(survivors, "alerts") in survivors,
@@ -124,6 +124,7 @@ def test_three_instances_share_the_work_and_survive_kills_and_a_postgresql_resta
     victim = owner_of(survivors, "probe:us-east")
     assert victim is not None
     killed_ns = kill(victim)
+    kills_ns.append(killed_ns)
     wait_until(
         lambda: any(s > killed_ns for s in probe_starts(ha_store, "us-east")),
         "another instance probes us-east",
@@ -152,9 +153,21 @@ def test_three_instances_share_the_work_and_survive_kills_and_a_postgresql_resta
     assert all(i.health() is not None for i in fleet if i.proc.poll() is None)
     # Nothing was sent twice: the partition's firing and resolution once each (a replica
     # catching up after the heal may lose probes again: a new episode, with a start of
-    # its own, is not a repeat).
-    sent = receiver.decisions("eu-west-lost")
-    assert len(sent) == len(set(sent)), sent
+    # its own, is not a repeat); the evaluator's lease handed over to share the work
+    # never makes two instances send one. The one exception is what docs/ha.md says: an
+    # owner SIGKILLed after its request and before its delivered mark, whose notification
+    # the next owner sends again, with the same notificationId.
+    sent = receiver.notifications("eu-west-lost")
+    ids: dict[tuple[str, str], set[str]] = {}
+    copies: dict[str, list[int]] = {}
+    for status, starts, notification_id, at in sent:
+        ids.setdefault((status, starts), set()).add(notification_id)
+        copies.setdefault(notification_id, []).append(at)
+    assert all(len(one) == 1 for one in ids.values()), sent  # one decision, one id
+    for received in copies.values():
+        assert len(received) == 1 or (
+            len(received) == 2 and any(received[0] < k < received[1] for k in kills_ns)
+        ), sent
 
 
 def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(

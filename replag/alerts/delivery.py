@@ -17,12 +17,17 @@ neither the other sinks nor probing.
 
 Where several instances share the store, a notification is sent only while the
 sender's `Fence` (its lease on alert evaluation) is valid, checked before each
-request; a batch every sink took (or gave up on) is marked delivered in the
-outbox. One the fence stopped stays undelivered, for the next owner to send:
-delivery is at least once, with the alert's fingerprint as the dedup key. The
-sender knows which events it holds (queued, in flight, or sent but not yet marked
-because the store was busy), so an owner never adopts from the outbox, and sends
-again, a notification it is still sending or has sent.
+request, and, with an outbox (`AlertBook`), each request's rows are claimed in
+the store under that lease right before it is made (`AlertBook.claim_outbox`):
+one adopted by another owner meanwhile is not sent here. A batch every sink took
+(or gave up on) is marked delivered in the outbox at once. One the fence stopped
+stays undelivered, for the next owner to send once its claim ran out: delivery is
+at least once, and a notification is sent twice only by an owner that sent it and
+died (or stalled past its claim) before marking it; both copies carry the same
+`notificationId` (the alert's fingerprint and when it was decided). The sender
+knows which events it holds (queued, in flight, or sent but not yet marked because
+the store was busy), so an owner never adopts from the outbox, and sends again, a
+notification it is still sending or has sent.
 """
 
 from __future__ import annotations
@@ -47,13 +52,17 @@ from yarl import URL
 
 from replag.alerts import payloads
 from replag.alerts.config import AlertSink
-from replag.alerts.state import AlertEvent
+from replag.alerts.state import AlertBook, AlertEvent
+from replag.errors import LeaseLost, StoreError
 from replag.store import Row, Store, Transaction
 
 log = logging.getLogger(__name__)
 
 _QUEUE_SIZE = 1000
 MAX_REDIRECTS = 3  # same-origin 307/308 only (`redirect_target`)
+# An outbox row is claimed for a request's timeout plus this: time to mark it delivered
+# after the answer, before another owner may adopt it.
+CLAIM_MARGIN_S = 5.0
 
 
 class Fence(Protocol):
@@ -68,7 +77,8 @@ class Fence(Protocol):
 
 
 class FenceLost(Exception):
-    """The sender's lease ended before a request: the notification stays in the outbox."""
+    """The sender's lease ended before a request, or another owner adopted the rows: the
+    notification stays in the outbox (for the owner of the lease)."""
 
 
 @dataclass(eq=False)
@@ -111,10 +121,13 @@ class AlertSender:
         external_url: str = "",
         on_result: Callable[[DeliveryResult], None] | None = None,
         on_delivered: Callable[[Sequence[AlertEvent]], bool] | None = None,
+        outbox: AlertBook | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.sinks = tuple(sinks)
         self.store = store
+        # Where the submitted events' rows are claimed before each request (the service).
+        self.outbox = outbox
         self.external_url = external_url
         self._on_result = on_result
         self._on_delivered = on_delivered
@@ -135,6 +148,12 @@ class AlertSender:
         # service sets it), so one is not let lapse between two evaluations.
         self.min_valid_s = 0.0
 
+    @property
+    def claim_s(self) -> float:
+        """How long a request's outbox rows stay this sender's: the longest sink timeout
+        plus the time to mark them delivered."""
+        return max((s.timeout_s for s in self.sinks), default=0.0) + CLAIM_MARGIN_S
+
     def holds(self, event: AlertEvent) -> bool:
         """Whether this sender still has `event` (queued, sending, or sent and not yet
         marked delivered): the outbox's copy is not an orphan."""
@@ -150,7 +169,10 @@ class AlertSender:
         """Send `events` to every sink concurrently and wait for the outcomes."""
         if not events:
             return []
-        return list(await asyncio.gather(*(self._deliver(s, events) for s in self.sinks)))
+        results = await asyncio.gather(*(self._deliver(s, events) for s in self.sinks))
+        for sink, result in zip(self.sinks, results, strict=True):
+            self._record(sink, result)
+        return list(results)
 
     def submit(self, events: Sequence[AlertEvent], *, fence: Fence | None = None) -> None:
         """Queue `events` for every sink and return at once (the service's path); sent
@@ -209,6 +231,9 @@ class AlertSender:
         results = await asyncio.gather(
             *(self._deliver(s, firing, fence=fence) for s in due), return_exceptions=True
         )
+        for sink, result in zip(due, results, strict=True):
+            if isinstance(result, DeliveryResult):
+                self._record(sink, result)
         return [r for r in results if isinstance(r, DeliveryResult)]
 
     def resend_soon(self, firing: Sequence[AlertEvent], *, fence: Fence | None = None) -> None:
@@ -247,20 +272,24 @@ class AlertSender:
             if batch.abandoned:
                 continue
             try:
-                await self._deliver(sink, batch.events, fence=batch.fence)
-            except FenceLost:
+                result = await self._deliver(sink, batch.events, fence=batch.fence, claim=True)
+            except FenceLost as exc:
                 log.warning(
-                    "alert sink %s: %d notifications not sent: this instance no longer "
-                    "owns alert evaluation (the next owner sends them)",
+                    "alert sink %s: %d notifications not sent: %s (the owner of alert "
+                    "evaluation sends them)",
                     sink.name,
                     len(batch.events),
+                    exc,
                 )
                 # Every sink leaves it to the outbox: the owner of the lease (maybe this
                 # instance again) adopts it, once.
                 batch.abandoned = True
                 self._holding.difference_update(_key(e) for e in batch.events)
                 continue
+            # Marked delivered first: the shorter the time between the answer and the
+            # mark, the smaller the window where a crash makes the next owner send again.
             self._finished(batch)
+            self._record(sink, result)
 
     def _finished(self, batch: _Batch) -> None:
         batch.remaining -= 1
@@ -276,17 +305,32 @@ class AlertSender:
         self._holding.difference_update(_key(e) for e in events)
 
     async def _deliver(
-        self, sink: AlertSink, events: Sequence[AlertEvent], *, fence: Fence | None = None
+        self,
+        sink: AlertSink,
+        events: Sequence[AlertEvent],
+        *,
+        fence: Fence | None = None,
+        claim: bool = False,
     ) -> DeliveryResult:
-        requests = self._requests(sink, events)
+        """Send `events` to `sink`, retrying; with `claim` (a submitted batch), each
+        request only after its outbox rows were claimed (`_claim`). The caller records
+        the result."""
         attempts, error = 0, None
         for attempt in range(sink.retries + 1):
             attempts += 1
             try:
-                for send in requests:
+                sent = 0
+                for part in _parts(sink, events):
                     if fence is not None and not fence.valid():
-                        raise FenceLost
-                    await send()
+                        raise FenceLost("this instance no longer owns alert evaluation")
+                    if claim:
+                        part = await self._claim(part, fence)
+                        if not part:
+                            continue
+                    await self._request(sink, part)()
+                    sent += 1
+                if claim and not sent:
+                    raise FenceLost("another owner adopted them, or they were delivered")
                 error = None
                 break
             except DeliveryFailed as exc:
@@ -305,28 +349,50 @@ class AlertSender:
         result = DeliveryResult(sink=sink.name, ok=error is None, attempts=attempts, error=error)
         if error:
             log.error("alert sink %s: giving up after %d attempts: %s", sink.name, attempts, error)
-        self._record(sink, result)
         return result
 
-    def _requests(
+    async def _claim(
+        self, events: Sequence[AlertEvent], fence: Fence | None
+    ) -> Sequence[AlertEvent]:
+        """The events of `events` this sender may send now: their outbox rows claimed
+        under its lease (see `AlertBook.claim_outbox`). FenceLost if the lease is gone."""
+        if self.outbox is None:
+            return events
+        try:
+            return await asyncio.to_thread(
+                self.outbox.claim_outbox,
+                events,
+                epoch=0 if fence is None else fence.epoch,
+                claim_s=self.claim_s,
+                guard=None if fence is None else fence.guard,
+            )
+        except LeaseLost as exc:
+            raise FenceLost(str(exc)) from None
+        except StoreError as exc:
+            # The store cannot answer: nobody can take the lease, nor adopt, while it is
+            # away, so the fence (which says whether it was surely held then) decides.
+            if fence is not None and not fence.valid():
+                raise FenceLost(f"its lease cannot be confirmed ({exc})") from None
+            log.debug("alert outbox: rows not claimed (%s); sending under the fence", exc)
+            return events
+
+    def _request(
         self, sink: AlertSink, events: Sequence[AlertEvent]
-    ) -> list[Callable[[], Awaitable[None]]]:
-        """The calls one delivery makes (PagerDuty takes one event per alert)."""
+    ) -> Callable[[], Awaitable[None]]:
+        """The call that sends `events` (one of `_parts`) to `sink`."""
         if sink.kind == "pagerduty":
             assert sink.routing_key is not None  # checked by the config
             key = sink.routing_key
-            return [
-                functools.partial(self._post, sink, payloads.pagerduty(e, routing_key=key))
-                for e in events
-            ]
+            [event] = events
+            return functools.partial(self._post, sink, payloads.pagerduty(event, routing_key=key))
         if sink.kind == "slack":
-            return [lambda: self._post(sink, payloads.slack(events))]
+            return lambda: self._post(sink, payloads.slack(events))
         if sink.kind == "alertmanager":
-            return [lambda: self._post_alertmanagers(sink, events)]
+            return lambda: self._post_alertmanagers(sink, events)
         body = payloads.alertmanager(events, receiver=sink.name, external_url=self.external_url)
         if sink.kind == "command":
-            return [lambda: _run_command(sink, body)]
-        return [lambda: self._post(sink, body)]
+            return lambda: _run_command(sink, body)
+        return lambda: self._post(sink, body)
 
     async def _post_alertmanagers(self, sink: AlertSink, events: Sequence[AlertEvent]) -> None:
         """Every Alertmanager of the sink at once; fails only when none took the alerts."""
@@ -495,6 +561,14 @@ def redirect_target(configured: URL, response: aiohttp.ClientResponse) -> URL:
             retry=False,
         )
     return target
+
+
+def _parts(sink: AlertSink, events: Sequence[AlertEvent]) -> list[Sequence[AlertEvent]]:
+    """The requests one delivery makes, by the events each carries (PagerDuty takes one
+    event per request, the others a batch)."""
+    if sink.kind == "pagerduty":
+        return [[e] for e in events]
+    return [events]
 
 
 def _key(event: AlertEvent) -> tuple[str, int]:

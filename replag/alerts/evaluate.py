@@ -15,7 +15,7 @@ from replag.alerts.health import record_probe
 from replag.alerts.rules import Condition, evaluate_rules
 from replag.alerts.state import AlertBook, AlertEvent
 from replag.config import Config
-from replag.errors import StoreUnwritable
+from replag.errors import LeaseLost, StoreUnwritable
 from replag.lagindex import LagIndex
 from replag.store import Store
 
@@ -95,15 +95,22 @@ async def evaluate_and_notify(
         # Decided and never sent: under an older epoch (an instance that died or lost its
         # lease before sending), or under this one by a send its fence stopped (the lease
         # lapsed a moment and was taken back). This owner sends them (at least once; the
-        # fingerprint deduplicates), except those its sender still holds.
+        # notification id deduplicates), except those its sender still holds and those
+        # still claimed by their sender (an owner that handed the lease over may be
+        # sending them right now: adopted once its claim ran out, if it did not).
         try:
             pending = book.pending_outbox(through_epoch=fence.epoch)
-        except StoreUnwritable:
-            pending = []  # the store went away meanwhile: adopted when it is back
-        orphans = [(i, e) for i, e in pending if not sender.holds(e)]
-        if orphans:
-            book.adopt_outbox([i for i, _ in orphans], epoch=fence.epoch)
-            sender.submit([e for _, e in orphans], fence=fence)
+            orphans = {i: e for i, e in pending if not sender.holds(e)}
+            adopted = (
+                book.adopt_outbox(
+                    list(orphans), epoch=fence.epoch, claim_s=sender.claim_s, guard=fence.guard
+                )
+                if orphans
+                else []
+            )
+        except (StoreUnwritable, LeaseLost):
+            adopted = []  # the store went away, or the lease: adopted by the next owner
+        sender.submit([orphans[i] for i in adopted], fence=fence)
     events = book.apply(
         conditions,
         now_ns=now_ns,
@@ -112,6 +119,7 @@ async def evaluate_and_notify(
         guard=None if fence is None else fence.guard,
         epoch=0 if fence is None else fence.epoch,
         unknown_rules=unknown,
+        claim_s=0.0 if sender is None else sender.claim_s,
     )
     outcome = AlertOutcome(conditions=conditions, events=events)
     # An Alertmanager lets an alert lapse at its endsAt: one run from cron posts again
@@ -151,5 +159,6 @@ def sample_events(now_ns: int | None = None) -> list[AlertEvent]:
             value=None,
             summary="Test notification from `replag alerts test`: hooks are wired.",
             starts_ns=now_ns,
+            decided_ns=now_ns,
         )
     ]

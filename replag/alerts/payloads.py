@@ -54,6 +54,8 @@ def alertmanager(
             "endsAt": iso(e.ends_ns),
             "generatorURL": f"{external_url}/#alerts" if external_url else "",
             "fingerprint": e.fingerprint,
+            # An idempotency key: a copy sent again after a failover has the same.
+            "notificationId": e.notification_id,
         }
         for e in events
     ]

@@ -24,6 +24,13 @@ notification it decides is an `alert_outbox` row written in the same
 transaction. An evaluation that lost a race (a row changed since it read it)
 writes nothing and notifies nothing; the next one starts from the new state.
 So a change is decided, and its notification queued, exactly once.
+
+An outbox row is *claimed* by the instance sending it until `claimed_until_ns`
+(database clock): at its decision, and again right before each request, under
+the lease (`claim_outbox`). Another owner adopts an undelivered row only once
+its claim ran out (`adopt_outbox`), and a sender whose row was adopted meanwhile
+does not send it; so an owner handing the lease over while it is still sending
+does not make the next one send the same notification too.
 """
 
 from __future__ import annotations
@@ -116,6 +123,13 @@ class AlertEvent:
         return "nodata" if self.nodata and self.status == "firing" else self.status
 
     @property
+    def notification_id(self) -> str:
+        """The same for every copy of this notification (a re-send by the next owner after
+        a failover): the alert's fingerprint and when the notification was decided. A
+        repeat of a firing alert is a notification of its own, with an id of its own."""
+        return f"{self.fingerprint}:{self.decided_ns}"
+
+    @property
     def duration_s(self) -> float | None:
         """How long a resolved alert was firing (or without data)."""
         return None if self.ends_ns is None else (self.ends_ns - self.starts_ns) / 1e9
@@ -153,6 +167,7 @@ class AlertBook:
         epoch: int = 0,
         unknown_rules: frozenset[str] | set[str] = frozenset(),
         keep: Callable[[dict[str, Any]], bool] | None = None,
+        claim_s: float = 0.0,
     ) -> list[AlertEvent]:
         """Move each alert along its state machine; return what must be notified.
 
@@ -164,8 +179,9 @@ class AlertBook:
         stays as it is. `guard` runs first
         in the transaction
         (the service's lease check: LeaseLost rolls it back); `epoch` is the lease's,
-        recorded on the outbox rows. Returns no events when another evaluation moved
-        a state meanwhile (nothing written).
+        recorded on the outbox rows, which its sender claims for `claim_s` from when
+        they are stored (see `claim_outbox`). Returns no events when another evaluation
+        moved a state meanwhile (nothing written).
         """
         try:
             read_ns = {
@@ -203,9 +219,11 @@ class AlertBook:
         events = [dataclasses.replace(e, decided_ns=now_ns) for e in step.events]
         outbox = [
             (
-                """INSERT INTO alert_outbox (fingerprint, event_json, created_ns, epoch)
-                   VALUES (?, ?, ?, ?)""",
-                (e.fingerprint, json.dumps(_outbox_dict(e)), now_ns, epoch),
+                # Claimed from when it is stored (a held row: from when it is written back).
+                f"""INSERT INTO alert_outbox
+                    (fingerprint, event_json, created_ns, epoch, claimed_until_ns)
+                    VALUES (?, ?, ?, ?, {self.store.now_ns_sql} + ?)""",
+                (e.fingerprint, json.dumps(_outbox_dict(e)), now_ns, epoch, _ns(claim_s)),
             )
             for e in events
         ]
@@ -233,20 +251,80 @@ class AlertBook:
         return events
 
     def pending_outbox(self, *, through_epoch: int) -> list[tuple[int, AlertEvent]]:
-        """Notifications decided under `through_epoch` or before and not delivered yet
-        (their instance died or lost its lease first, or is still sending them): (outbox
-        id, event)."""
+        """Notifications decided under `through_epoch` or before, not delivered, and whose
+        claim ran out (their sender died, lost its lease, or was stopped by its fence):
+        (outbox id, event)."""
+        now = self.store.now_ns_sql
         rows = self.store.execute(
-            """SELECT id, event_json FROM alert_outbox
-               WHERE delivered_ns IS NULL AND epoch <= ? ORDER BY id""",
+            f"""SELECT id, event_json FROM alert_outbox
+                WHERE delivered_ns IS NULL AND epoch <= ?
+                AND (claimed_until_ns IS NULL OR claimed_until_ns <= {now}) ORDER BY id""",
             (through_epoch,),
         )
         return [(int(r.id), event_from_dict(json.loads(r.event_json))) for r in rows]
 
-    def adopt_outbox(self, ids: Sequence[int], *, epoch: int) -> None:
-        self.store.transaction(
-            ("UPDATE alert_outbox SET epoch = ? WHERE id = ?", (epoch, i)) for i in ids
-        )
+    def adopt_outbox(
+        self,
+        ids: Sequence[int],
+        *,
+        epoch: int,
+        claim_s: float = 0.0,
+        guard: Callable[[Transaction], None] | None = None,
+    ) -> list[int]:
+        """Make the rows `ids` this owner's (its `epoch`, claimed for `claim_s`) where they
+        are still undelivered and unclaimed; return those adopted. `guard` (the lease
+        check) runs first in the transaction."""
+        now = self.store.now_ns_sql
+        adopted = []
+        with self.store.begin() as tx:
+            if guard is not None:
+                guard(tx)
+            for i in ids:
+                changed = tx.execute(
+                    f"""UPDATE alert_outbox SET epoch = ?, claimed_until_ns = {now} + ?
+                        WHERE id = ? AND delivered_ns IS NULL
+                        AND (claimed_until_ns IS NULL OR claimed_until_ns <= {now})""",
+                    (epoch, _ns(claim_s), i),
+                ).rowcount
+                if changed:
+                    adopted.append(i)
+        return adopted
+
+    def claim_outbox(
+        self,
+        events: Sequence[AlertEvent],
+        *,
+        epoch: int,
+        claim_s: float,
+        guard: Callable[[Transaction], None] | None = None,
+    ) -> list[AlertEvent]:
+        """Right before sending `events`: claim their rows for `claim_s` more, where they
+        are still undelivered and at `epoch` (the sender's: not adopted by another owner
+        meanwhile); return the events this sender may send. An event whose row is not
+        stored yet (held in this process while the store could not take it) is this
+        sender's too. `guard` (the lease check) runs first: LeaseLost rolls it back, so
+        no owner can take the lease, and adopt, between this check and the claim."""
+        now = self.store.now_ns_sql
+        claim_ns = _ns(claim_s)
+        mine = []
+        with self.store.begin() as tx:
+            if guard is not None:
+                guard(tx)
+            for e in events:
+                changed = tx.execute(
+                    f"""UPDATE alert_outbox SET claimed_until_ns = CASE
+                            WHEN claimed_until_ns > {now} + ? THEN claimed_until_ns
+                            ELSE {now} + ? END
+                        WHERE fingerprint = ? AND created_ns = ? AND epoch = ?
+                        AND delivered_ns IS NULL""",
+                    (claim_ns, claim_ns, e.fingerprint, e.decided_ns, epoch),
+                ).rowcount
+                if changed or not tx.execute(
+                    "SELECT id FROM alert_outbox WHERE fingerprint = ? AND created_ns = ?",
+                    (e.fingerprint, e.decided_ns),
+                ):
+                    mine.append(e)
+        return mine
 
     def mark_delivered(self, events: Sequence[AlertEvent], *, now_ns: int) -> bool:
         """The outbox rows of `events` were sent to every sink (or given up on). False when
@@ -527,6 +605,10 @@ class _Step:
 def _started_ns(row: dict[str, Any]) -> int:
     """When the alert started to matter: it fired, or (never fired) went without data."""
     return int(row["fired_ns"] or row["nodata_since_ns"] or row["active_since_ns"])
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
 
 
 def _clock(ns: int) -> str:

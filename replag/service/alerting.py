@@ -78,6 +78,7 @@ class AlertEvaluation:
             external_url=external_url,
             on_result=self._count_delivery,
             on_delivered=self._delivered,
+            outbox=self.book,
         )
         self.sender.min_valid_s = 4 * self.interval_s
 
@@ -144,6 +145,7 @@ class AlertEvaluation:
                 keep=lambda row: (
                     not mine(kinds.get(row["rule"], ""), json.loads(row["labels_json"]))
                 ),
+                claim_s=self.sender.claim_s,
             )
         except StoreError as exc:
             log.warning("alerts: not evaluated while the store is away (%s)", exc)

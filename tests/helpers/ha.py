@@ -118,12 +118,15 @@ def probe_runs_counted(inst: Instance, source: str) -> float:
 class Receiver(ThreadingHTTPServer):
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.received_ns: list[int] = []  # when each body arrived (this host's clock)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
-                receiver.bodies.append(json.loads(self.rfile.read(length)))
+                body = json.loads(self.rfile.read(length))
+                receiver.received_ns.append(time.time_ns())
+                receiver.bodies.append(body)
                 self.send_response(200)
                 self.end_headers()
 
@@ -132,11 +135,12 @@ class Receiver(ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
 
-    def decisions(self, alertname: str) -> list[tuple[str, str]]:
-        """(status, startsAt) of every notification of `alertname`, as received."""
+    def notifications(self, alertname: str) -> list[tuple[str, str, str, int]]:
+        """(status, startsAt, notificationId, when received) of every notification of
+        `alertname`, as received."""
         return [
-            (a["status"], a["startsAt"])
-            for body in self.bodies
+            (a["status"], a["startsAt"], a["notificationId"], at)
+            for body, at in zip(self.bodies, self.received_ns, strict=True)
             for a in body.get("alerts", [])
             if a["labels"].get("alertname") == alertname
         ]

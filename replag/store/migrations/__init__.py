@@ -11,11 +11,20 @@ from replag.store.migrations import (
     m0002_leases_and_run_owners,
     m0003_rebuilds,
     m0004_service_ha,
+    m0005_outbox_claims,
 )
 from replag.store.schema import Migration, numbered
 
 MIGRATIONS: tuple[Migration, ...] = tuple(
-    numbered([m0001_initial, m0002_leases_and_run_owners, m0003_rebuilds, m0004_service_ha])
+    numbered(
+        [
+            m0001_initial,
+            m0002_leases_and_run_owners,
+            m0003_rebuilds,
+            m0004_service_ha,
+            m0005_outbox_claims,
+        ]
+    )
 )
 
 
