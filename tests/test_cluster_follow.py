@@ -11,8 +11,10 @@ killed under the service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -233,7 +235,7 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
     config = await cluster_config(
         cluster, tmp_path / "serve.toml", tmp_path / "serve.sqlite",
         REPLAG_PROBE_INTERVAL="300ms", REPLAG_COUNT="20", REPLAG_RATE="0",
-        REPLAG_TIMEOUT="2s", REPLAG_CHECK_INTERVAL="1h",
+        REPLAG_TIMEOUT="2s", REPLAG_CHECK_INTERVAL="1h", REPLAG_REPLICATION_INTERVAL="200ms",
     )  # fmt: skip
     shard = config.topology.regions[1]
     assert shard.write is not None
@@ -260,9 +262,12 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
 
         await until(every_shard_probed, "every shard probed once")
         assert victim.pid is not None
+        killed_ns = time.time_ns()
         os.kill(victim.pid, signal.SIGKILL)
         victim.pid = None
         killed_at = await runs()
+        readings: list[tuple[dict[str, Any], str]] = []
+        watching = asyncio.create_task(_watch_replication(client, shard.name, readings))
 
         async def failover_recorded() -> bool:
             events = (await get("/api/v1/replication"))["failovers"]
@@ -294,6 +299,38 @@ async def test_serve_follows_a_killed_shard_primary_with_a_failover_event(
             return "unreachable" in kinds.get(shard.write.name, set())
 
         await until(dead_node_said_once, "health names the dead node unreachable", timeout_s=60)
+
+        def followed_a_while() -> bool:
+            after = [p for p, _ in readings if p["primary"] != shard.write.name]
+            return len(after) >= 20  # ~1 s of readings (10 samples) after the follow
+
+        await until(followed_a_while, "readings of the shard's new primary", timeout_s=30)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        # Every reading from the kill on, the first sample after it onwards: the dead node
+        # is there with its state, as the shard's primary that cannot be read (before the
+        # failover is followed) or as one of its servers, its link down (after), never
+        # dropped; and /metrics, scraped with it, says its link is down.
+        seen = [(p, m) for p, m in readings if p["sampled_ns"] > killed_ns]
+        assert len(seen) >= 5, readings
+        phases = []
+        for primary, metrics in seen:
+            if primary["primary"] == shard.write.name:
+                assert primary["error"] and primary["replicas"], primary  # never replicas: []
+                phases.append("primary unread")
+                continue
+            rows = {r["replica"]: r for r in primary["replicas"]}
+            old = rows.get(shard.write.name)
+            assert old is not None and old["link_up"] is False, primary
+            assert old["status"] in ("unreachable", "link-down"), old
+            series = (
+                f'replag_replication_link_up{{primary="{primary["primary"]}",region='
+                f'"{shard.name}",replica="{shard.write.name}",source="{shard.name}"}} '
+            )
+            assert series + "0.0" in metrics, metrics
+            phases.append("a server, link down")
+        assert phases[-1] == "a server, link down", phases
         # The other shards went on being probed meanwhile (their rounds ran and ended).
         probes = (await get("/api/v1/health"))["probes"]
         for name, end in killed_at.items():
@@ -334,3 +371,16 @@ async def test_failover_check_right_after_a_cluster_failover(
         return (await failover_check(config, source=shard.name)).safe
 
     await until(safe, "the demoted primary follows and is a safe candidate", timeout_s=60)
+
+
+async def _watch_replication(
+    client: httpx.AsyncClient, source: str, into: list[tuple[dict[str, Any], str]]
+) -> None:
+    """Until cancelled: `source`'s entry of /api/v1/replication and /metrics, read together
+    every 50 ms."""
+    while True:
+        status = (await client.get("/api/v1/replication")).json()
+        metrics = (await client.get("/metrics")).text
+        (primary,) = [p for p in status["primaries"] if p["source"] == source]
+        into.append((primary, metrics))
+        await asyncio.sleep(0.05)
