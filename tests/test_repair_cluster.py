@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import redis
 
@@ -27,6 +29,7 @@ from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check, repair
 from replag.repair.keyspace.slots import key_slot
+from replag.schemas import schema, versioned
 from tests.helpers.redis_cluster import (
     RedisClusterNodes,
     cluster_command,
@@ -452,6 +455,8 @@ async def test_a_move_a_failover_interrupted_is_stuck_or_stale_and_its_slot_comp
         report = await check(config)
         body = report.to_dict()
         assert _found(body) == {keys[15]}, body
+        document = json.loads(json.dumps(versioned(body)))  # as --json prints it
+        jsonschema.validate(document, schema("check"))  # stuck_moves typed, nothing unknown
         assert slot not in _named(body), body
         stuck = [m for g in report.groups for m in g.stuck_moves]
         stale = {(m["node"], s) for g in report.groups for m in g.stale_marks
