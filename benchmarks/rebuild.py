@@ -22,8 +22,9 @@ First, against RedisShake (the issue's case): N × 200 B strings, 10 % with TTLs
 3 replicas, the third emptied and refilled by each tool in turn, three interleaved
 rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) when
 `REDIS_SHAKE` names its binary, the naive script (redis-py with hiredis: SCAN 1000 +
-MGET/PTTL + SET PX), and the whole `replag repair rebuild` command (a process of its
-own: planning, copy, closing pass). Each run: keys/s, CPU per 1M keys (the tool's
+MGET/PTTL + SET PX), the whole `replag repair rebuild` command (a process of its
+own: planning, copy, closing pass) and `replag repair run` of the group (a check of
+all three, then the same bulk refill). Each run: keys/s, CPU per 1M keys (the tool's
 process with its children, from wait4; each server's, from /proc), whether the copy is
 exact (every key's value and PTTL equal), the load average; then the median ratios.
 
@@ -370,6 +371,12 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
             "-c", str(_replag_config(workdir, ports, args.settle)),
             "-g", "g", "-r", "n2", "--source", "n0", "--json",
         ]  # fmt: skip
+        # `repair run` finds the emptied replica by a check of all three, then refills it
+        # by the same bulk path.
+        tools["replag repair run"] = [
+            sys.executable, "-m", "replag", "repair", "run",
+            "-c", str(workdir / "rebuild.toml"), "-g", "g", "--json",
+        ]  # fmt: skip
         rates: dict[str, list[float]] = {name: [] for name in tools}
         for round_no in range(1, args.rounds + 1):
             for name, command in tools.items():
@@ -390,7 +397,7 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
                         f"{report['closing_s']:.1f} s ({report['closing_keys']} keys)"
                     )
                 print(
-                    f"  round {round_no} {name:15s} {args.keys:,} keys in {wall:6.1f} s = "
+                    f"  round {round_no} {name:17s} {args.keys:,} keys in {wall:6.1f} s = "
                     f"{rate:9,.0f} keys/s{detail}; CPU per 1M keys {per * (cpu + sum(used)):.1f} s "
                     f"(tool {per * cpu:.1f}, source {per * used[0]:.1f}, other peer "
                     f"{per * used[1]:.1f}, target {per * used[2]:.1f}); "
@@ -406,6 +413,12 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
                     f"  median keys/s: replag rebuild {mine:,.0f}, {name} {rate:,.0f}: "
                     f"ratio {mine / rate:.2f}x"
                 )
+        if "RedisShake" in best:
+            print(
+                f"  median keys/s: replag repair run {best['replag repair run']:,.0f}, "
+                f"RedisShake {best['RedisShake']:,.0f}: ratio "
+                f"{best['replag repair run'] / best['RedisShake']:.2f}x"
+            )
     finally:
         for server in servers:
             server.stop()

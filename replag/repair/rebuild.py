@@ -23,12 +23,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
-from replag.repair.bulk.closing import SourceKeys, distinct, keys_elsewhere, quiet, writes_seen
+from replag.repair.bulk.closing import SourceKeys, keys_elsewhere, quiet, writes_seen
 from replag.repair.bulk.copy import RefillOptions, copy_batches, settle_pending
 from replag.repair.bulk.peer_read import Writes
 from replag.repair.bulk.rebuild_log import RebuildLog
@@ -251,9 +248,9 @@ class Rebuild:
         self.big_copied = 0
         self.source_keys = SourceKeys()  # what the source's scan returned
         self.resumed = False  # then what the copy handed back before is not known
-        # Per peer: the hashes of the source's keys it held when read; its writes counter
+        # Per peer: how many of the source's keys it held when read; its write counters
         # and size before the copy (`bulk.closing.quiet`).
-        self.held: list[list[npt.NDArray[np.uint64]]] = [[] for _ in self.peers]
+        self.held = [0 for _ in self.peers]
         self.before: list[tuple[Writes, int]] = []
 
     def _refill(self) -> Refill:
@@ -372,8 +369,8 @@ class Rebuild:
         return time.monotonic() - started
 
     async def _finish(self, result: BatchResult) -> None:
-        for held, hashes in zip(self.held, result.held, strict=False):
-            held.append(hashes)
+        for p, count in enumerate(result.held):
+            self.held[p] += count
         if result.big:
             copied, left = await copy_big_keys(
                 self.options.pages, self.peers, self.target, result.big
@@ -438,12 +435,14 @@ class Rebuild:
             return None
         assert self.source is not None
         after = await all_of(writes_seen(p, self.timeout_s) for p in self.peers)
+        # A key the scan returned twice was counted twice: then nothing is proven.
+        repeats = self.source_keys.repeats()
         walked = [
             peer
             for peer, before, now, held in zip(
                 self.peers, self.before, after, self.held, strict=True
             )
-            if peer.name != self.source.name and not quiet(before, now, distinct(held))
+            if peer.name != self.source.name and (repeats or not quiet(before, now, held))
         ]
         elsewhere = await keys_elsewhere(
             walked, self.source_keys, prefix=self.prefix, timeout_s=self.timeout_s

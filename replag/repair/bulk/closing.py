@@ -49,27 +49,28 @@ class SourceKeys:
             self._parts.append(hash_each(keys).copy())
             self._sorted = None
 
-    def lacks(self, keys: list[bytes]) -> list[bytes]:
-        """Those of `keys` the source's scan did not return."""
-        if not keys:
-            return []
+    def _ordered(self) -> npt.NDArray[np.uint64]:
         if self._sorted is None:
             joined = np.concatenate(self._parts) if self._parts else np.zeros(0, np.uint64)
             self._sorted = np.sort(joined)  # (np.unique hashes: 4x slower; repeats are fine)
             self._parts = [self._sorted]
+        return self._sorted
+
+    def repeats(self) -> bool:
+        """Whether the scan returned some key twice (SCAN may, while the table grows)."""
+        ordered = self._ordered()
+        return bool(len(ordered) > 1 and not np.all(np.diff(ordered)))
+
+    def lacks(self, keys: list[bytes]) -> list[bytes]:
+        """Those of `keys` the source's scan did not return."""
+        if not keys:
+            return []
+        self._sorted = self._ordered()
         hashes = hash_each(keys)
         at = np.searchsorted(self._sorted, hashes)
         at[at >= len(self._sorted)] = 0
         found = self._sorted[at] == hashes if len(self._sorted) else np.zeros(len(keys), np.bool_)
         return [k for k, seen in zip(keys, found, strict=True) if not seen]
-
-
-def distinct(parts: Sequence[npt.NDArray[np.uint64]]) -> int:
-    """How many distinct hashes `parts` hold (a SCAN may return a key twice)."""
-    if not parts:
-        return 0
-    ordered = np.sort(np.concatenate(parts))
-    return int(np.count_nonzero(np.diff(ordered))) + 1 if len(ordered) else 0
 
 
 async def writes_seen(endpoint: Endpoint, timeout_s: float) -> tuple[Writes, int]:

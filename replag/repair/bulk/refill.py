@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from replag.errors import RepairError
 from replag.repair.bulk.peer_read import (
@@ -55,7 +54,6 @@ from replag.repair.bulk.peer_read import (
     write_counters,
 )
 from replag.repair.keyspace.digest import TYPE_NAMES
-from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import request_within
 from replag.repair.keyspace.together import all_of
@@ -85,9 +83,9 @@ class BatchResult:
     big: list[tuple[bytes, KeyState]] = field(default_factory=list)  # for the page copier
     expired: int = 0  # expired between read and write
     verified_by_read: bool = False  # a peer saw a change: copies were read back
-    # Per peer, the hashes (xxh3_64) of the batch's keys it held when read (not summed by
-    # add): a rebuild counts what each peer holds of the source's keys (`bulk.closing`).
-    held: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    # Per peer, how many of the batch's keys it held when read (not summed by add): a
+    # rebuild counts what each peer holds of the source's keys (`bulk.closing`).
+    held: list[int] = field(default_factory=list)
 
     def add(self, other: BatchResult) -> None:
         self.keys += other.keys
@@ -192,8 +190,7 @@ class Refill:
             conns = [await stack.enter_async_context(p.connection()) for p in self.peers]
             pairs = list(zip(self.readers, conns, strict=True))
             reads = await all_of(r.read(c, keys) for r, c in pairs)
-            hashes = hash_each(keys)
-            result.held = [hashes[r.present] for r in reads]
+            result.held = [int(np.count_nonzero(r.present)) for r in reads]
             ok = agreeing(reads, tolerance_ms=self.tolerance_ms, ttls=self.compare_ttls)
             # Collections whose payloads differ may hold one value encoded otherwise.
             recheck = [
