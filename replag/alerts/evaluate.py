@@ -6,6 +6,7 @@ probe round and check, `replag probe --alerts` once per cron run.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,6 +22,8 @@ from replag.store import Store
 
 if TYPE_CHECKING:
     from replag.alerts.delivery import Fence
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AlertBook",
@@ -110,6 +113,15 @@ async def evaluate_and_notify(
             )
         except (StoreUnwritable, LeaseLost):
             adopted = []  # the store went away, or the lease: adopted by the next owner
+        if adopted:
+            # Said, so that a notification a receiver got twice can be traced to a sender
+            # that died or stalled before marking it (see docs/ha.md).
+            log.info(
+                "alert outbox: %d undelivered notifications adopted under epoch %d: %s",
+                len(adopted),
+                fence.epoch,
+                ", ".join(orphans[i].notification_id for i in adopted),
+            )
         sender.submit([orphans[i] for i in adopted], fence=fence)
     events = book.apply(
         conditions,

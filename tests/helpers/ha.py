@@ -135,11 +135,12 @@ class Receiver(ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
 
-    def notifications(self, alertname: str) -> list[tuple[str, str, str, int]]:
-        """(status, startsAt, notificationId, when received) of every notification of
-        `alertname`, as received."""
+    def notifications(self, alertname: str) -> list[tuple[str, str, str, int, str]]:
+        """(status, startsAt, notificationId, when received, sender) of every notification
+        of `alertname`, as received; the sender is the instance's API address (its
+        externalURL: `Instance.base`)."""
         return [
-            (a["status"], a["startsAt"], a["notificationId"], at)
+            (a["status"], a["startsAt"], a["notificationId"], at, body["externalURL"])
             for body, at in zip(self.bodies, self.received_ns, strict=True)
             for a in body.get("alerts", [])
             if a["labels"].get("alertname") == alertname
