@@ -473,6 +473,13 @@ async def test_a_move_a_failover_interrupted_is_stuck_or_stale_and_its_slot_comp
         else:  # Redis: the importing end names the old primary, a replica now
             assert stuck == [] and (_address(dest), slot) in stale, body
             assert f"stale slot mark on {_address(dest)}: {slot}" in text
+            # The 10 keys the move took across are on the importing primary: said so, with
+            # the fix that moves them back (not "a full resync", which a primary never has).
+            rows = [r for g in report.groups for r in g.stray_keys if r["member"] == _address(dest)]
+            assert [(r["keys"], r["slots"], r["on_primary"]) for r in rows] == [
+                (10, [[slot, slot]], True)
+            ], rows
+            assert f"`redis-cli --cluster fix {_address(dest)}`" in text
     finally:
         with dest, heir.client() as new:
             await asyncio.to_thread(_drop_move, slot, dest, new)

@@ -329,6 +329,9 @@ class GroupRun:
                 timeout_s=self.timeout_s,
                 skip=skipped | stuck.keys(),  # keys a stuck move took across: not strays
             )
+            primary = self.group.members[self.primary].name if self.primary is not None else None
+            for row in self.report.stray_keys:
+                row["on_primary"] = row["member"] == primary
             if self.key_sink is not None:
                 for key, detail in held:
                     if key in self.records:

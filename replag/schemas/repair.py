@@ -55,7 +55,10 @@ REPAIR_GROUP = obj(
                     "served_by": STR,
                     "served_at": STR,
                     "examples": arr(obj({}, {"key": STR, "key_b64": STR})),
-                }
+                },
+                # Held by the shard's primary (a move into the shard left half-done), not
+                # by a replica (a reshard's leftovers).
+                {"on_primary": BOOL},
             )
         ),
         # Redis Cluster: migrating/importing marks with no move under way (a mark on a

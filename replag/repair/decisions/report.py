@@ -47,13 +47,25 @@ def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
     for row in rows:
         slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in row["slots"])
         named = ", ".join(repr(k.get("key", k.get("key_b64"))) for k in row["examples"])
-        lines += [
+        lines.append(
             f"  {row['member']} holds {row['keys']} key(s) in slots this shard does not serve: "
-            f"{slots} (served by {row['served_by']}, {row['served_at']}); e.g. {named}",
-            "    left by a reshard (MIGRATE moves the primary's keys only); clients never "
-            f"read them ({row['member']} answers MOVED) and this shard's primary cannot "
-            f"delete them: a full resync of {row['member']} removes them",
-        ]
+            f"{slots} (served by {row['served_by']}, {row['served_at']}); e.g. {named}"
+        )
+        if row.get("on_primary"):
+            # On the primary: MIGRATE brought them here and the slot stayed elsewhere (a
+            # move into this shard that did not finish, its other end failed over, say).
+            lines.append(
+                "    left by a slot move into this shard that did not finish; clients never "
+                f"read them ({row['member']} answers MOVED): `redis-cli --cluster fix "
+                f"{row['member']}` (valkey-cli on Valkey) moves them to the slot's owner while "
+                "the slot is still marked importing here (its mark cleared, they stay unread)"
+            )
+        else:
+            lines.append(
+                "    left by a reshard (MIGRATE moves the primary's keys only); clients never "
+                f"read them ({row['member']} answers MOVED) and this shard's primary cannot "
+                f"delete them: a full resync of {row['member']} removes them"
+            )
     return lines
 
 
