@@ -134,13 +134,20 @@ async def test_divergence_on_every_shard_is_found_exactly_and_fixed_through_the_
 ) -> None:
     config = await _config(cluster, tmp_path)
     planted = await asyncio.to_thread(_diverge, cluster, "a:")
-    found = (await check(config)).to_dict()
+    report = await check(config)
+    found = report.to_dict()
     assert _found(found) == planted, found
+    text = report.render()
     for group in found["groups"]:
         assert group["kind"] == "replication" and group["slots_not_compared"] == []
         replica = [n for n in group["per_replica"] if n != group["primary"]]
         counts = group["per_replica"][replica[0]]
         assert (counts["missing"], counts["extra"], counts["different"]) == (1, 1, 1)
+        # One vocabulary: the summary's row says what the per-replica table says (a key
+        # only the replica holds is extra there, never counted as missing).
+        assert group["found"] == {"missing": 1, "extra": 1, "different": 1}, group
+        row = next(line for line in text.splitlines() if line.startswith(group["group"] + " "))
+        assert row.split()[1:4] == ["1", "1", "1"], row
     fixed = (await repair(config)).to_dict()
     assert fixed["repaired"] == 9 and fixed["errors"] == 0, fixed
     for group, stats in ((g, g["replicas"]) for g in fixed["groups"]):
