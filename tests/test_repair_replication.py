@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import redis
 from click.testing import CliRunner
 
 from replag.cli import main
@@ -250,3 +251,40 @@ def _db3_size(server: RedisServer, size: int) -> bool:
     with server.client() as client:
         client.execute_command("SELECT", "3")
         return bool(client.dbsize() == size)
+
+
+async def test_a_replica_whose_link_is_down_is_left_for_a_resync_and_the_run_exits_1(
+    server_kind: str, lab_factory: Any, tmp_path: Path
+) -> None:
+    """A replica cut off from its primary (a real lab's relay partitioned) lacks what was
+    written since: no write through the primary reaches it, so its keys are left for a
+    resync, named with why, and `repair run` exits 1, never 0 (a cron job reads success)."""
+    from replag.lab.cluster import lab_fault, lab_topology
+
+    state = lab_factory(regions=("a", "b"), delays_ms={"b": 1})
+    ports = {p["name"]: p["port"] for p in state["processes"] if p["kind"] == "redis-server"}
+    primary = next(p["port"] for p in state["processes"] if p["role"] == "primary")
+    lab_fault(Path(state["dir"]), "b", "partition")
+
+    def link_down() -> bool:
+        with redis.Redis(port=ports["b-1"]) as c:
+            return bool(c.info("replication").get("master_link_status") == "down")
+
+    await until(lambda: asyncio.to_thread(link_down), "b-1's link down")
+    with redis.Redis(port=primary) as p:
+        for i in range(5):
+            p.set(f"cut:{i}", i)
+        p.execute_command("WAIT", 1, 5000)  # a-1 has them
+    path = tmp_path / "replag.toml"
+    path.write_text(render_config(lab_topology(state), settings={"store": str(tmp_path / "s.db")}))
+    ran = await asyncio.to_thread(
+        CliRunner().invoke, main, ["repair", "run", "-c", str(path), "--json"]
+    )
+    assert ran.exit_code == 1, ran.output
+    report = json.loads(ran.stdout)
+    assert (report["resync"], report["repaired"], report["errors"]) == (5, 0, 0), report
+    reasons = {k["key"]: k.get("reason", "") for k in report["divergent_keys"]}
+    assert set(reasons) == {f"cut:{i}" for i in range(5)}, reasons
+    assert all("b-1" in r and "link to its primary" in r for r in reasons.values()), reasons
+    text = await asyncio.to_thread(CliRunner().invoke, main, ["repair", "run", "-c", str(path)])
+    assert text.exit_code == 1 and "resync 5" in text.output, text.output
