@@ -292,11 +292,19 @@ class GroupRun:
         finally:
             # One member failing stops the others' scans; every scan process ends here.
             await cancel_all(tasks)
+            scanned: list[WorkerTree] = []
             for task in tasks:
                 if not task.cancelled() and task.exception() is None:
                     worker = task.result()
                     if isinstance(worker, WorkerTree):
                         worker.close()
+                        scanned.append(worker)
+            # Each finished scan's tree, saved once every scan process is gone (the store's
+            # writes cost this process memory while they ran): a crash from here on, or
+            # another member's failure, rescans none of them.
+            for scan in scanned:
+                if not scan.resumed and self.log is not None:
+                    self.log.save_scan(self.group.name, scan.state, scan.tree)
         for tree, stats in zip(trees, self.stats, strict=True):
             if isinstance(tree, AgentTree):
                 stats.keys_scanned = tree.keys

@@ -101,14 +101,20 @@ class WorkerTree:
         conn: Connection,
         tree: TictacTree,
         bytes_received: int,
-        keys: int,
+        state: ScanProgress,
+        resumed: bool,
     ) -> None:
         self.name = name
-        self.keys = keys  # keys the scan read
+        self.keys = state.keys  # keys the scan read
         self._process = process
         self._conn = conn
         self.tree = tree
         self.bytes_received = bytes_received
+        # Where the scan ended, and whether it resumed from a checkpoint: a caller saves
+        # the finished tree once the scan processes are gone (`checkpoint` is called
+        # during the scan only): saved at the end here, the store's writes of every
+        # member's tree cost the check's process ~2.5 MB a member while they still ran.
+        self.state, self.resumed = state, resumed
 
     @classmethod
     async def scan(
@@ -157,9 +163,8 @@ class WorkerTree:
                         progress(state)  # the last word: every key read
                     inbox.close()
                     tree = TictacTree.from_bytes(body[1])
-                    if checkpoint is not None and saved is None:
-                        checkpoint(state, tree)  # a crash from here on rescans nothing
-                    return cls(endpoint.name, process, parent_end, tree, body[2], state.keys)
+                    resumed = saved is not None
+                    return cls(endpoint.name, process, parent_end, tree, body[2], state, resumed)
                 else:
                     raise body[0]
         except BaseException:
