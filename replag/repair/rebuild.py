@@ -141,7 +141,7 @@ class RebuildReport:
             f"  read {d['keys_read']:,} keys of {self.plan.source} in {self.seconds:.1f} s "
             f"({d['keys_per_s']:,} keys/s); copied {d['copied'] + d['big_copied']:,} "
             f"({_size(d['bytes_copied'])}, {d['big_copied']} in pages) to {self.plan.target}",
-            f"  left to the anti-entropy pass: {d['present']:,} already on the target, "
+            f"  left to the closing pass: {d['present']:,} already on the target, "
             f"{d['disagree']:,} the peers disagree on, {d['changed']:,} written during the "
             f"copy; {d['gone']:,} gone everywhere, {d['expired']:,} expired",
         ]
@@ -405,7 +405,8 @@ class Rebuild:
             "gone": c.gone,
             "expired": c.expired,
             "big_copied": self.big_copied,
-            # Keys to hand to the anti-entropy pass are not kept: it finds them itself.
+            # Keys left to the closing pass are not kept: after a resume it is a whole
+            # repair run, which finds them itself.
             "present": len(c.present),
             "disagree": len(c.disagree),
             "changed": len(c.changed),
@@ -417,7 +418,7 @@ class Rebuild:
         c.keys, c.copied, c.bytes_copied = stats["keys"], stats["copied"], stats["bytes_copied"]
         c.gone, c.expired = stats["gone"], stats["expired"]
         self.big_copied = stats["big_copied"]
-        # Counted, not listed: the anti-entropy pass finds these keys again.
+        # Counted, not listed: the closing pass (a whole repair run now) finds them again.
         c.present = [b""] * stats["present"]
         c.disagree = [b""] * stats["disagree"]
         c.changed = [b""] * stats["changed"]
