@@ -169,6 +169,15 @@ def test_postgresql_stopped_under_three_instances(
         "every instance's store writable again",
         timeout_s=10,
     )
+    # The store's return ends nothing: through the evaluator's settling and a rule window
+    # (`over`) past it, the alert stays firing (no resolution while writes were held).
+    wait_until(
+        lambda: sum(s > restarted_ns for s in probe_starts(ha_store, "us-east")) >= 8,
+        "probe runs for a rule window after the store settled",
+        timeout_s=60,
+        every_s=0.3,
+    )
+    assert receiver.statuses("eu-west-lost") == ["firing"], [i.log()[-3000:] for i in fleet]
     lab_fault(Path(lab["dir"]), "eu-west", "heal")
     wait_until(lambda: "resolved" in receiver.statuses("eu-west-lost"), "resolved", timeout_s=60)
     # One decision each: the evaluator kept its lease through the outage.

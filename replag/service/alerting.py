@@ -16,6 +16,14 @@ one owner while nobody can take a lease, so each change is still decided once;
 the states and outbox rows are held and written when the store is back, where
 the evaluator carries on from them. Rules that only the store can answer
 (divergence, Dynomite's dropped writes) wait for it.
+
+**When the store answers again** the evaluator waits until what was held
+meanwhile is stored before it reads the store again: its own held writes, and
+for `SETTLE_S` plus one probe interval after the store answered, the other
+instances' (each retries every `FLUSH_RETRY_S`). Until then the alerts keep
+their states: a window whose probes are still held elsewhere would otherwise
+read as no data or as the wrong ratio, resolving an alert the outage did not
+end (and firing it again once the writes land).
 """
 
 from __future__ import annotations
@@ -43,8 +51,13 @@ from replag.metrics import ServiceMetrics
 from replag.service.leasing import Fence, LeaseKeeper
 from replag.service.scheduler import Claim
 from replag.store import Store
+from replag.store.base import FLUSH_RETRY_S
 
 log = logging.getLogger("replag.service")
+
+# After the store answers again, how long the other instances may take to see it (their
+# retry runs every FLUSH_RETRY_S) and store what they held: held evaluation meanwhile.
+SETTLE_S = 2 * FLUSH_RETRY_S
 
 
 class AlertEvaluation:
@@ -71,6 +84,7 @@ class AlertEvaluation:
         self.counters = counters
         self.keeper: LeaseKeeper | None = None  # set while several instances may run
         self._state_read = 0.0  # monotonic: when a non-evaluator last read the alert states
+        self._held_for: str | None = None  # why evaluation waits now (logged once)
         self.book = AlertBook(store)
         self.sender = AlertSender(
             config.alerts.sinks,
@@ -157,7 +171,32 @@ class AlertEvaluation:
             else:
                 self.book.mark_delivered(events, now_ns=time.time_ns())
 
+    def unsettled(self) -> str | None:
+        """Why the store cannot yet hold everything measured during an outage that ended
+        (see the module docstring); None when it can."""
+        health = self.store.health
+        back = health.reachable_again_mono
+        if back is None or not health.reachable:
+            return None
+        settle_s = SETTLE_S + self.interval_s
+        waited = time.monotonic() - back
+        if waited < settle_s:
+            return "the other instances may still be storing what they held"
+        # Own writes still held well after that: the store refuses them for another reason
+        # (a full disk), and alerting goes on as it does then.
+        if health.deferred and waited < 4 * settle_s:
+            return "this instance's held writes are not all stored yet"
+        return None
+
     async def evaluate(self, fence: Fence | None = None) -> None:
+        if self.keeper is not None:
+            why = self.unsettled()
+            if why != self._held_for:
+                self._held_for = why
+                if why is not None:
+                    log.info("alerts: states kept until the store is settled: %s", why)
+            if why is not None:
+                return
         # Queries skip picking up new windows while the store is busy; rules must see the
         # round that just ended, so wait for it here (in a thread: the store may be busy).
         await asyncio.to_thread(self.index.refresh)

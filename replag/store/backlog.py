@@ -59,6 +59,7 @@ class StoreHealth:
     recovered: int = 0  # times the held writes were written after a spell of failures
     reachable: bool = True  # False while PostgreSQL cannot be reached at all
     unreachable_mono: float | None = None  # time.monotonic() when it stopped answering
+    reachable_again_mono: float | None = None  # …and when it last answered again
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -275,8 +275,13 @@ class Store(LagWindowTables):
             return False
         if not health.reachable:
             health.reachable = True
+            health.reachable_again_mono = time.monotonic()
+            self._reconnect()
             log.warning("store %s answers again", self.shown)
         return True
+
+    def _reconnect(self) -> None:
+        """The store answers again after an outage: connect afresh (backends override)."""
 
     def _retry_soon(self) -> None:
         """Make sure a thread retries the held writes (and an unreachable store) at most

@@ -78,16 +78,15 @@ class PostgresStore(Store):
             psycopg.connect(conninfo, **kwargs).close()
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect: {_first_line(exc)}", where=self.shown) from None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            conninfo,
-            kwargs=kwargs,
-            min_size=1,
-            max_size=pool_size,
-            timeout=connect_timeout_s,
-            check=ConnectionPool.check_connection,
-            name="replag-store",
-            open=True,
-        )
+        self._pool_args: dict[str, Any] = {
+            "kwargs": kwargs,
+            "min_size": 1,
+            "max_size": pool_size,
+            "timeout": connect_timeout_s,
+            "check": ConnectionPool.check_connection,
+            "name": "replag-store",
+        }
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = self._new_pool()
         try:
             migrate(self, MIGRATIONS)
         except BaseException:
@@ -107,14 +106,15 @@ class PostgresStore(Store):
 
         if not self.reachable:
             return None
+        pool = self._pool
         try:
-            conn = self._pool.getconn(timeout=_TRY_WAIT_S)
+            conn = pool.getconn(timeout=_TRY_WAIT_S)
         except PoolTimeout:
             return None
         try:
             return self._run(conn, sql, params)
         finally:
-            self._pool.putconn(conn)
+            pool.putconn(conn)
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[_PostgresTransaction]:
@@ -151,8 +151,9 @@ class PostgresStore(Store):
                 reason if reason.startswith("unreachable") else f"unreachable: {reason}",
                 where=self.shown,
             )
+        pool = self._pool  # the pool it came from takes it back, if replaced meanwhile
         try:
-            conn = self._pool.getconn(timeout=_FIRST_WAIT_S)
+            conn = pool.getconn(timeout=_FIRST_WAIT_S)
         except PoolTimeout:
             # Every pooled connection busy, or PostgreSQL gone: a connection of our own
             # tells which, so a statement never waits the pool's whole timeout on a store
@@ -163,8 +164,9 @@ class PostgresStore(Store):
                 )
                 self.note_unreachable(error.message)
                 raise error from None
+            pool = self._pool
             try:
-                conn = self._pool.getconn(timeout=_FIRST_WAIT_S)
+                conn = pool.getconn(timeout=_FIRST_WAIT_S)
             except PoolTimeout:
                 # The server answers but the pool has no connection for us: busy, or
                 # still backing off between reconnection attempts after an outage (seconds
@@ -174,7 +176,7 @@ class PostgresStore(Store):
         try:
             yield conn
         finally:
-            self._pool.putconn(conn)
+            pool.putconn(conn)
 
     def _own_connection(self) -> Iterator[psycopg.Connection[Any]]:
         try:
@@ -196,6 +198,20 @@ class PostgresStore(Store):
         if check_pool:
             self._pool.check()
         return True
+
+    def _reconnect(self) -> None:
+        """The server answers again after an outage: a fresh pool, connecting now. The old
+        one's reconnection attempts back off (1, 2, 4, 8 s…), so it could stay empty for
+        seconds after the server is back, and every statement meanwhile (a lease renewal
+        among them) would wait for a connection, then open one of its own: about a second
+        each. Connections still out return to the old pool, which closes them."""
+        old, self._pool = self._pool, self._new_pool()
+        old.close(timeout=0)
+
+    def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        from psycopg_pool import ConnectionPool
+
+        return ConnectionPool(self._conninfo, open=True, **self._pool_args)
 
     def _run(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> Rows:
         try:
