@@ -137,3 +137,23 @@ async def test_a_peer_nothing_wrote_to_is_not_walked_for_keys_the_source_lacks(
     assert report.closing_keys == 0 and report.counts.copied == KEYS
     assert calls(b, "scan") == 0 and calls(b, "pttl") < KEYS + 50
     assert c.dbsize() == KEYS
+
+
+async def test_a_target_that_held_most_keys_gets_a_whole_closing_pass(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    """The copy left more than a third of the source's keys (the target held them): the
+    closing pass is a whole repair run, not a read of each key on every member."""
+    servers = [redis_factory("h") for _ in range(3)]
+    a, b, c = (s.client() for s in servers)
+    for client in (a, b, c):
+        fill(client, KEYS, size=100)
+    c.set("k:0000007", "changed on the target")
+    config = group_config(tmp_path, servers)
+    store = Store(tmp_path / "replag.sqlite")
+    report = await rebuild(config, group="g", replica="n2", store=store, source="n0")
+    store.close()
+    assert report.counts.copied == 0 and len(report.counts.present) == KEYS
+    assert report.closing_keys is None and report.closing is not None
+    assert report.closing["divergent"] == 1 and report.closing["repaired"] == 1
+    assert c.get("k:0000007") == a.get("k:0000007")

@@ -9,7 +9,7 @@ copied in pages (`pages`). What the bulk copy leaves (keys the peers disagree on
 keys written during the copy, keys only other members hold: `bulk.closing`) is
 closed at the end by a `repair run` of the group limited to those keys, the closing
 pass (`full_closing_pass`: a whole `repair run` instead, as after a resume, which
-no longer knows them).
+no longer knows them, or when they are more than a third of the source's keys).
 
 A replica of a Redis replication group is not rebuilt here: Redis's own full sync
 is the way (`ReplicaOfPrimary` says how to trigger it).
@@ -165,6 +165,9 @@ class RebuildReport:
 
 
 SCAN_AHEAD = 8  # SCAN batches read ahead of the copy
+# The closing pass is a whole `repair run` when the copy left more than this share
+# (1/N) of the source's keys to it.
+WHOLE_PASS_SHARE = 3
 
 
 async def ahead(source: AsyncIterator[_Item], depth: int) -> AsyncIterator[_Item]:
@@ -542,6 +545,10 @@ async def rebuild(
         if closing_pass:
             started = time.monotonic()
             keys = None if full_closing_pass else await job.closing_keys()
+            if keys is not None and len(keys) > plan.source_keys // WHOLE_PASS_SHARE:
+                # A target that already held much of it: a whole pass (trees, then the
+                # differing leaves) beats reading each key on every member twice.
+                keys = None
             report.closing_keys = None if keys is None else len(keys)
             closing = await repair(config, group=group, store=store, progress=progress, keys=keys)
             report.closing_s = time.monotonic() - started
