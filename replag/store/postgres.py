@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -206,7 +207,10 @@ class PostgresStore(Store):
         among them) would wait for a connection, then open one of its own: about a second
         each. Connections still out return to the old pool, which closes them."""
         old, self._pool = self._pool, self._new_pool()
-        old.close(timeout=0)
+        # Closed aside: its workers may be in a connection attempt (up to connect_timeout).
+        threading.Thread(
+            target=old.close, kwargs={"timeout": 15.0}, name="replag-store-old-pool", daemon=True
+        ).start()
 
     def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         from psycopg_pool import ConnectionPool
