@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,30 +170,41 @@ def _commands(start: int, stop: int, value_size: int, expire_at: int) -> tuple[b
     return b"".join(out), len(out)
 
 
-async def load(endpoints: list[Endpoint], keys: int, value_size: int, safety: Keyspace) -> None:
-    expire_at = time.time_ns() // 1_000_000 + TTL_MS
+async def send_pipelined(
+    endpoints: list[Endpoint], payloads: Callable[[], Iterator[tuple[bytes, int]]]
+) -> None:
+    """Send `payloads()` (bytes, command count) to every endpoint, four payloads in flight."""
 
     async def one(endpoint: Endpoint) -> None:
         conn = await RespConnection.open(endpoint, timeout_s=60)
         try:
             pending = []
-            for start in range(0, keys, 2000):
-                payload, count = _commands(start, min(keys, start + 2000), value_size, expire_at)
+            for payload, count in payloads():
                 pending.append(conn.send(payload, count))
                 if len(pending) >= 4:
                     conn.check((await conn.wait(pending.pop(0)))[0])
-            commands = [
-                c
-                for i in range(safety.keys)
-                for c in state_commands(safety.name(i), safety.type(i), LOADED)
-            ]
-            pending.append(conn.send(b"".join(commands), len(commands)))
             for future in pending:
                 conn.check((await conn.wait(future))[0])
         finally:
             await conn.close()
 
     await asyncio.gather(*(one(e) for e in endpoints))
+
+
+async def load(endpoints: list[Endpoint], keys: int, value_size: int, safety: Keyspace) -> None:
+    expire_at = time.time_ns() // 1_000_000 + TTL_MS
+
+    def payloads() -> Iterator[tuple[bytes, int]]:
+        for start in range(0, keys, 2000):
+            yield _commands(start, min(keys, start + 2000), value_size, expire_at)
+        commands = [
+            c
+            for i in range(safety.keys)
+            for c in state_commands(safety.name(i), safety.type(i), LOADED)
+        ]
+        yield b"".join(commands), len(commands)
+
+    await send_pipelined(endpoints, payloads)
 
 
 # --- equality by DUMP and PTTL ----------------------------------------------------------
@@ -427,31 +439,22 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
 async def load_strings(endpoints: list[Endpoint], keys: int, size: int) -> None:
     expire_at = time.time_ns() // 1_000_000 + TTL_MS
 
-    async def one(endpoint: Endpoint) -> None:
-        conn = await RespConnection.open(endpoint, timeout_s=60)
-        try:
-            pending = []
-            for start in range(0, keys, 2000):
-                stop = min(keys, start + 2000)
-                pairs = [
-                    x
-                    for i in range(start, stop)
-                    for x in (b"s:%09d" % i, (b"%d:" % i).ljust(size, b"v"))
-                ]
-                commands = [pack(b"MSET", *pairs)] + [
-                    pack(b"PEXPIREAT", b"s:%09d" % i, expire_at)
-                    for i in range(start, stop)
-                    if i % 10 == 4
-                ]
-                pending.append(conn.send(b"".join(commands), len(commands)))
-                if len(pending) >= 4:
-                    conn.check((await conn.wait(pending.pop(0)))[0])
-            for future in pending:
-                conn.check((await conn.wait(future))[0])
-        finally:
-            await conn.close()
+    def payloads() -> Iterator[tuple[bytes, int]]:
+        for start in range(0, keys, 2000):
+            stop = min(keys, start + 2000)
+            pairs = [
+                x
+                for i in range(start, stop)
+                for x in (b"s:%09d" % i, (b"%d:" % i).ljust(size, b"v"))
+            ]
+            commands = [pack(b"MSET", *pairs)] + [
+                pack(b"PEXPIREAT", b"s:%09d" % i, expire_at)
+                for i in range(start, stop)
+                if i % 10 == 4
+            ]
+            yield b"".join(commands), len(commands)
 
-    await asyncio.gather(*(one(e) for e in endpoints))
+    await send_pipelined(endpoints, payloads)
 
 
 # --- the runs -----------------------------------------------------------------------------
