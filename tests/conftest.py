@@ -48,7 +48,7 @@ os.environ["HOME"] = _HOME
 atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 
 
-# How the suite spreads over xdist's workers (`-n 2`; pyproject's addopts: --dist loadgroup
+# How the suite spreads over xdist's workers (`-n 3`; pyproject's addopts: --dist loadgroup
 # --no-loadscope-reorder): each test goes to whichever worker is free, except that a
 # module sharing an expensive module-scoped fixture (a Redis Cluster per server kind, a
 # primary with replicas, a TLS server) runs whole on one worker, which starts it once
