@@ -349,17 +349,8 @@ def _myid(client: redis.Redis) -> str:
 def _finish_move(cluster: RedisClusterNodes, slot: int, dest: redis.Redis) -> None:
     """Whatever marks are left: the slot's keys moved from whichever primary serves it now
     to `dest`, and `dest` serves it."""
-    source = _primary_of(cluster, _key_in(slot))
-    with source:
-        dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _myid(source))
-        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _myid(dest))
-        port = dest.connection_pool.connection_kwargs["port"]
-        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-            source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
-    for node in cluster.nodes:
-        with node.client() as c:
-            if c.info("replication")["role"] == "master":
-                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", _myid(dest))
+    with _primary_of(cluster, _key_in(slot)) as source:
+        _move_slot(cluster, slot, source, dest)
 
 
 def _drop_move(slot: int, dest: redis.Redis, source: redis.Redis) -> None:
