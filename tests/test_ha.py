@@ -17,7 +17,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import tomli_w
 
@@ -33,6 +32,7 @@ from tests.helpers.ha import (
     owner_of,
     probe_runs_counted,
     probe_starts,
+    repair_accepted,
     start,
     work_shared,
 )
@@ -251,20 +251,9 @@ def test_a_repair_whose_instance_is_killed_is_resumed_by_another(
     config.write_text(tomli_w.dumps(data))
     start(fleet, config, tmp_path, 2)
     first, second = fleet
-    answers: list[httpx.Response] = []
-
-    def post() -> bool:  # 409 while the scheduled check of g (a slot) runs somewhere
-        answers.append(httpx.post(
-            first.base + "/api/v1/repairs",
-            json={"action": "repair", "group": "g", "policy": "source:n0"},
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=30,
-        ))  # fmt: skip
-        return answers[-1].status_code != 409
-
-    wait_until(post, "the repair accepted", timeout_s=240, every_s=0.5)
-    assert answers[-1].status_code == 202, answers[-1].text
-    job_id = answers[-1].json()["job_id"]
+    answer = repair_accepted(first.base, timeout_s=240)
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["job_id"]
 
     def job_row() -> Any:
         with Store(ha_store) as store:

@@ -34,6 +34,7 @@ from tests.helpers.ha import (
     gauges_follow_leases,
     owner_of,
     probe_starts,
+    repair_accepted,
     start,
     work_shared,
 )
@@ -221,19 +222,7 @@ def test_an_instance_cut_off_from_postgresql_loses_its_units_and_stops_repairing
         wait_until(lambda: work_shared(fleet), "the work shared out", timeout_s=60, every_s=0.3)
         # The instance about to be cut off runs a repair (409 while the scheduled check
         # of g, a slot claimed at start, runs somewhere: ask again).
-        answers: list[httpx.Response] = []
-
-        def post() -> bool:
-            answers.append(httpx.post(
-                cut.base + "/api/v1/repairs",
-                json={"action": "repair", "group": "g", "policy": "source:n0"},
-                headers={"Authorization": f"Bearer {TOKEN}"},
-                timeout=30,
-            ))  # fmt: skip
-            return answers[-1].status_code != 409
-
-        wait_until(post, "the repair accepted", timeout_s=120, every_s=0.5)
-        answer = answers[-1]
+        answer = repair_accepted(cut.base, timeout_s=120)
         assert answer.status_code == 202, answer.text
         job_id = answer.json()["job_id"]
         wait_until(lambda: b.client().dbsize() >= 100, "the repair under way", timeout_s=120)

@@ -19,6 +19,7 @@ import httpx
 
 from replag.lab.server import free_port
 from replag.store import Store
+from tests.helpers.configs import TOKEN
 from tests.helpers.waiting import wait_until
 
 
@@ -215,3 +216,21 @@ def gauges_follow_leases(instances: list[Instance]) -> bool:
                     exported.add(unit)
     expected = {u for u in owners if u.startswith("probe:") or u == "replication"}
     return expected <= exported and firing_on <= 1
+
+
+def repair_accepted(base: str, *, timeout_s: float) -> httpx.Response:
+    """POST a repair of group g (policy source:n0) to `base` until it is not 409 (the
+    scheduled check of g, a slot, runs somewhere meanwhile); that last answer."""
+    answers: list[httpx.Response] = []
+
+    def post() -> bool:
+        answers.append(httpx.post(
+            base + "/api/v1/repairs",
+            json={"action": "repair", "group": "g", "policy": "source:n0"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        ))  # fmt: skip
+        return answers[-1].status_code != 409
+
+    wait_until(post, "the repair accepted", timeout_s=timeout_s, every_s=0.5)
+    return answers[-1]
