@@ -237,7 +237,7 @@ done:
 
 
 /* skip_bulks(buf, pos, end, left, max_bytes) -> (pos, left): the reply guard's hot loop
- * (replag/reply_limits.py, `ReplyGuard._steps`, whose Python loop is its twin). From `pos`,
+ * (replag/wire/reply_limits.py, `ReplyGuard._steps`, whose Python loop is its twin). From `pos`,
  * inside an aggregate with `left` elements to come, step over whole bulk strings
  * (`$LEN\r\n` + LEN bytes + CRLF, or `$-1\r\n`) while the next one lies whole before
  * `end` and is not the aggregate's last. Stops (leaving the element to the general path)

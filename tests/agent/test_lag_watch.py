@@ -23,8 +23,8 @@ from replag.lab.cluster import lab_status
 from replag.lab.relay import read_truth
 from replag.probes.remote import ProberMapping, RemoteObserver
 from replag.probes.watch import WatchBook, WatchSpec
-from replag.resp import RespConnection
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 from tests.helpers.lab import LabFactory
 from tests.helpers.waiting import until
 

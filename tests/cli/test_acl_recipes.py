@@ -22,9 +22,9 @@ from replag.agent.livetree import LiveTree
 from replag.cli import main
 from replag.config import config_from_dict
 from replag.lab.server import RedisServer
-from replag.permissions import MODES
 from replag.probes import run_probe
 from replag.topology import Endpoint
+from replag.wire.permissions import MODES
 from tests.helpers.agent import OPTIONS, scanned_tree
 from tests.helpers.redis_servers import RedisFactory, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind

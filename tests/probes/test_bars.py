@@ -17,9 +17,9 @@ from replag.config import load_config
 from replag.probes import run_probe
 from replag.probes.cpu_wait import CpuWait, local_server
 from replag.probes.observers import ONE_WAY_FLOOR_NS, PushObserver, server_pid
-from replag.resp import RespConnection
-from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
+from replag.wire.stamped_socket import ReadStamp
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from replag.cli import main
 from replag.errors import UnreachableError
 from replag.probes import run_probe
-from replag.resp import RespConnection
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 from tests.helpers.dynomite_cluster import TWO_DCS, TWO_RACKS_OF_TWO, DynomiteFactory
 
 RACKS = ["dc1-rack1", "dc1-rack2", "dc1-rack3"]

@@ -19,8 +19,8 @@ from replag.probes import run_probe
 from replag.probes.observers import Arrival, PushObserver
 from replag.probes.report import PairResult, ProbeReport
 from replag.probes.samples import within_chunks
-from replag.stamped_socket import ReadStamp, StampedSocket
 from replag.store import Store
+from replag.wire.stamped_socket import ReadStamp, StampedSocket
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
 from tests.helpers.terminal import run_on_terminal

@@ -16,9 +16,9 @@ from replag.lab.server import RedisServer
 from replag.repair import repair
 from replag.repair.keyspace.observe import observe_keys
 from replag.repair.keyspace.timeouts import request_within
-from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 from tests.helpers.configs import group_config
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 from tests.helpers.waiting import until

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from replag import reply_limits
 from replag.config import Config, config_from_dict
 from replag.repair import check, repair
 from replag.repair.keyspace.digest import string_digest
 from replag.repair.keyspace.values import ReadValue, read_values
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.scanner import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
-from replag.reply_limits import ReplyLimits
-from replag.resp import RespConnection
 from replag.topology import Endpoint
+from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
+from replag.wire.resp import RespConnection
 from tests.helpers.redis_servers import RedisFactory, RedisServer
 
 LIMIT = ReplyLimits(max_bytes=1 << 20)

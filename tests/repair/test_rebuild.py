@@ -22,10 +22,10 @@ from replag.repair.bulk.refill import Refill
 from replag.repair.decisions.policy import Majority, Newest, Quorum, Source
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.rebuild import rebuild
-from replag.resp import RespConnection
 from replag.schemas import schema
 from replag.store import Store
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed

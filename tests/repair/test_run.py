@@ -20,8 +20,8 @@ from replag.repair import RepairProgress, check, get_run, list_runs, repair
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.values import read_values
 from replag.repair.writes.guarded_write import typed_writes
-from replag.resp import RespConnection
 from replag.store import Store
+from replag.wire.resp import RespConnection
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import write_every_type
 from tests.helpers.redis_servers import RedisFactory

@@ -136,7 +136,7 @@ async def test_a_client_write_on_the_copy_before_its_undo_is_kept_and_the_copy_r
 
 def test_element_changes_replay_what_clients_did_to_the_copy() -> None:
     from replag.repair.writes.undo import element_changes
-    from replag.resp import pack
+    from replag.wire.resp import pack
 
     ours = {b"f1": b"1", b"f2": b"1"}
     now = {b"f1": b"1", b"f3": b"9"}  # f2 deleted, f3 added after the copy

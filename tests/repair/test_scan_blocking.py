@@ -22,9 +22,9 @@ from replag.repair.scan.scanner import (
     ScanProgress,
     without_prefix,
 )
-from replag.resp import pack, pack_over_keys
-from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
+from replag.wire.resp import pack, pack_over_keys
+from replag.wire.resp_blocking import BlockingConnection
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory
 

@@ -24,8 +24,8 @@ from replag.replication import (
     ReplicationSnapshot,
     replication_targets,
 )
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, Region, Topology
+from replag.wire.resp import RespConnection, pack
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
 

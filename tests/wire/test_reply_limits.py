@@ -1,4 +1,4 @@
-"""The reply guard (`replag.reply_limits`) and the RESP readers that use it, fuzzed with
+"""The reply guard (`replag.wire.reply_limits`) and the RESP readers that use it, fuzzed with
 hypothesis: valid replies cut anywhere are read exactly as hiredis alone reads them;
 random, truncated or over-limit bytes end in an EndpointError naming the endpoint (or
 a reply), never another exception, a hang, or an allocation beyond the limits."""
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replag import reply_limits
 from replag.errors import EndpointError, UnreachableError
-from replag.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, ReplyLimits
-from replag.resp import RespConnection
-from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
+from replag.wire import reply_limits
+from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, ReplyLimits
+from replag.wire.resp import RespConnection
+from replag.wire.resp_blocking import BlockingConnection
 
 SMALL = ReplyLimits(max_bytes=4096, max_elements=64, max_depth=4)
 

@@ -13,8 +13,8 @@ import pytest
 
 from replag.errors import PermissionRefused, ReplagError
 from replag.probes.observers import PushObserver
-from replag.resp import RespConnection
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from replag.probes.observers import ONE_WAY_FLOOR_NS, PROMPT_READ_NS, PushObserver
-from replag.resp import RespConnection, _Protocol, pack
-from replag.stamped_socket import (
+from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, _Protocol, pack
+from replag.wire.stamped_socket import (
     StampedSocket,
     clock_offset,
     connect_stamped,
     kernel_stamps_possible,
 )
-from replag.topology import Endpoint
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until
 

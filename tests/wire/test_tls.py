@@ -248,8 +248,8 @@ def test_certificate_failures_are_one_line_and_exit_2(
 
 def test_a_certificate_failure_is_a_tls_error_in_the_library(tls_lab: TlsLab) -> None:
     """The same classification on the blocking scan connection."""
-    from replag.resp_blocking import BlockingConnection
     from replag.topology import Endpoint
+    from replag.wire.resp_blocking import BlockingConnection
 
     url = f"{tls_lab.expired.url}?tls_ca={tls_lab.pki.ca}&tls_cert={tls_lab.pki.client_cert}"
     endpoint = Endpoint.from_url(f"{url}&tls_key={tls_lab.pki.client_key}", name="e")

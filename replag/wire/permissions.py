@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from replag.errors import PermissionRefused
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text, pack
 
 Mode = Literal["probe", "check", "repair", "serve", "agent"]
 MODES: tuple[Mode, ...] = ("probe", "check", "repair", "serve", "agent")

@@ -1,7 +1,7 @@
 """TLS contexts made from `TlsOptions`, and a failed handshake said in one line.
 
 The one place replag makes a TLS context: `client_context` for every socket it
-opens as a client (Redis endpoints through `replag.connections.tls_context`, and
+opens as a client (Redis endpoints through `replag.wire.connections.tls_context`, and
 region agents' HTTPS from the coordinator), `server_context` for `replag agent`'s
 HTTPS (with client certificates required when it has a client CA). A file that
 cannot be read names itself and what it is for; `describe_failure` says which

@@ -26,7 +26,9 @@ from typing import Any, cast
 
 import hiredis
 
-from replag.connections import (
+from replag.errors import EndpointError, PermissionRefused
+from replag.topology import Endpoint
+from replag.wire.connections import (
     NotRespError,
     not_resp,
     permission_refused,
@@ -35,10 +37,8 @@ from replag.connections import (
     translate,
     translate_where,
 )
-from replag.errors import EndpointError, PermissionRefused
-from replag.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
-from replag.stamped_socket import ReadStamp, StampedSocket, connect_stamped
-from replag.topology import Endpoint
+from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
+from replag.wire.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 
 Arg = bytes | str | int | float
 

@@ -2,7 +2,7 @@
 
 One `redis.asyncio.Redis` (with its own pool) per endpoint, created here and
 closed by whoever owns it. `tls_context()` is where an endpoint's TLS context
-comes from (made by `replag.tls`, as region agents' are): redis-py's
+comes from (made by `replag.wire.tls`, as region agents' are): redis-py's
 connections, the timing and scan `RespConnection`, the blocking scan
 connection (in scan processes too) all use it, so a CA, client certificate or
 server name set once applies to every socket replag opens. `endpoint_errors()`
@@ -32,9 +32,9 @@ from replag.errors import (
     TlsError,
     UnreachableError,
 )
-from replag.reply_limits import NotRespHeader, ReplyLimitError
-from replag.tls import TlsFilesError, client_context, describe_failure, tls_cause
 from replag.topology import Endpoint
+from replag.wire.reply_limits import NotRespHeader, ReplyLimitError
+from replag.wire.tls import TlsFilesError, client_context, describe_failure, tls_cause
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -52,7 +52,7 @@ def _no_setinfo() -> dict[str, Any]:
 
 def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
     """The client TLS context of `endpoint` (None for redis://), made once per set of
-    options (`replag.tls.client_context`); ConfigError naming the endpoint when a CA,
+    options (`replag.wire.tls.client_context`); ConfigError naming the endpoint when a CA,
     certificate or key cannot be read."""
     if endpoint.tls is None:
         return None
@@ -78,7 +78,7 @@ def async_client(
 
     redis-py 8 opens with `HELLO 3` unless told otherwise; Dynomite closes the
     connection on it (and on CLIENT SETINFO), as do older servers and some proxies.
-    replag's own RESP connection (`replag.resp`) speaks RESP2 too, so every
+    replag's own RESP connection (`replag.wire.resp`) speaks RESP2 too, so every
     connection replag opens reads replies in one shape.
     """
     import redis.asyncio as aioredis
@@ -125,7 +125,7 @@ def _guarded_parser_class() -> type:
     from redis._parsers.hiredis import _AsyncHiredisParser
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from replag.reply_limits import ReplyGuard
+    from replag.wire.reply_limits import ReplyGuard
 
     class GuardedParser(_AsyncHiredisParser):
         guard: ReplyGuard
@@ -252,7 +252,7 @@ def _refused_command(text: str) -> str:
 
 
 def describe_tls_failure(exc: ssl.SSLError, endpoint: Endpoint) -> str:
-    """One line saying which side's certificate failed and why (`replag.tls`)."""
+    """One line saying which side's certificate failed and why (`replag.wire.tls`)."""
     return describe_failure(exc, tls=endpoint.tls, server_name=server_name(endpoint))
 
 

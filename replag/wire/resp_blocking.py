@@ -19,11 +19,11 @@ from typing import Any
 
 import hiredis
 
-from replag.connections import not_resp, server_name, tls_context, translate
 from replag.errors import EndpointError
-from replag.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
-from replag.resp import check_replies, setup_commands
 from replag.topology import Endpoint
+from replag.wire.connections import not_resp, server_name, tls_context, translate
+from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
+from replag.wire.resp import check_replies, setup_commands
 
 _READ_SIZE = 1 << 18  # per connection: a scan process holds one per replica it reads
 # What hiredis answers while no whole reply is buffered (its default, False, equals the
