@@ -4,7 +4,7 @@
  * function as the `xxhash` package's xxh3_64_intdigest) and folds them into entry
  * hashes; in Python that is four passes over the batch plus one object per hash. Here
  * it is one loop. Every function has a pure-Python twin in replag/repair/keyspace/native.py
- * (used when this module was not built) and tests/test_native.py checks the two agree
+ * (used when this module was not built) and tests/repair/test_native.py checks the two agree
  * bit for bit.
  *
  * Arrays cross as bytes in native byte order (numpy.frombuffer reads them).

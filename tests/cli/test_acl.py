@@ -182,7 +182,7 @@ async def test_repair_user(
 
 
 def test_the_docs_show_each_modes_line_as_printed() -> None:
-    page = (Path(__file__).parents[1] / "docs" / "security.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
     for mode in ("probe", "check", "repair", "serve", "agent"):
         result = CliRunner().invoke(main, ["acl", "--mode", mode, "--user", f"replag-{mode}"])
         assert result.output.strip() in page, f"docs/security.md: the {mode} line is stale"

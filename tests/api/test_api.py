@@ -285,7 +285,7 @@ def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> 
     import re
 
     dashboard = json.loads(
-        (Path(__file__).parent.parent / "grafana" / "replag-dashboard.json").read_text()
+        (Path(__file__).parents[2] / "grafana" / "replag-dashboard.json").read_text()
     )
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(replag_[a-z0-9_]+)", e)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-UNITS = Path(__file__).resolve().parents[1] / "deploy" / "systemd"
+UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 INSTALLED_AT = "/opt/replag/bin/replag"
 SANDBOX = (
     "User=replag",

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from replag.lab.server import free_port
+from tests.api.test_dashboard import serve_dashboard
 from tests.helpers.browser import CHROMIUM, chromium, evaluate_when_loaded
 from tests.helpers.redis_servers import primary_and_replicas
 from tests.helpers.waiting import wait_until
-from tests.test_dashboard import serve_dashboard
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 

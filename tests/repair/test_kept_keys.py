@@ -1,7 +1,7 @@
 """A scan process's kept keys (`KeptKeys`): compact, bounded in memory, and still exact.
 
 Plain data, no server: the scans that fill it run against real servers in
-test_scan_process.py and test_repair_scan.py.
+test_scan_process.py and test_scan.py.
 """
 
 from __future__ import annotations
