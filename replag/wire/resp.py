@@ -38,6 +38,7 @@ from replag.wire.connections import (
     translate_where,
 )
 from replag.wire.reply_limits import (
+    DEFAULT,
     NotRespHeader,
     ReplyGuard,
     ReplyLimitError,
@@ -145,7 +146,9 @@ def pack_over_keys(keys: Sequence[bytes], *heads: tuple[Arg, ...], bulks: bytes 
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, clock: Clock, on_push: PushHandler | None, limits: ReplyLimits) -> None:
+    def __init__(
+        self, clock: Clock, on_push: PushHandler | None = None, limits: ReplyLimits = DEFAULT
+    ) -> None:
         self.clock = clock
         self.on_push = on_push
         self.reader = hiredis.Reader()

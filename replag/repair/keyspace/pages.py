@@ -434,10 +434,11 @@ async def copied_in_pages(lane: PagedLane, key: bytes, state: KeyState, page_ele
     whose DUMP could not pass max_reply_bytes in one reply (read in GETRANGE pages)."""
     if state.type == "string":
         size = state.size
-        if size is None:
-            async with lane.connection() as conn:
+        async with lane.connection() as conn:
+            limit = conn.endpoint.limits.max_bytes
+            if size is None:
                 (size,) = await conn.request(pack(b"STRLEN", key), 1)
-        return isinstance(size, int) and size + DUMP_OVERHEAD > conn.endpoint.limits.max_bytes
+        return isinstance(size, int) and size + DUMP_OVERHEAD > limit
     if state.type not in _CARD:
         return False
     async with lane.connection() as conn:
