@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from replag.metrics import LAG_BUCKETS_S
+from replag.metrics import LAG_BUCKETS_PER_DECADE, lag_buckets_s
 
 Rule = dict[str, Any]
 
@@ -87,10 +87,13 @@ class MixinParams:
     absent_for: str = "5m"
     slo_lag_s: float = 1.0
     slo_objective: float = 0.99
+    # The service's lag_buckets_per_decade: the SLO threshold must be one of its bounds.
+    lag_buckets_per_decade: int = LAG_BUCKETS_PER_DECADE
 
     def __post_init__(self) -> None:
-        if self.slo_lag_s not in LAG_BUCKETS_S:
-            near = min(LAG_BUCKETS_S, key=lambda b: abs(b - self.slo_lag_s))
+        bounds = lag_buckets_s(self.lag_buckets_per_decade)
+        if self.slo_lag_s not in bounds:
+            near = min(bounds, key=lambda b: abs(b - self.slo_lag_s))
             raise ValueError(
                 f"slo_lag_s={self.slo_lag_s:g} is not a bound of replag_lag_seconds "
                 f"(the nearest is {near:g}): the SLO counts a bucket, not an estimate"
