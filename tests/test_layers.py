@@ -9,7 +9,7 @@
     io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
                    background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, prometheus_mixin, agent, permissions
+                   alerts, metrics, prometheus_mixin, grafana_dashboard, agent, permissions
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -88,6 +88,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.alerts",
             "replag.metrics",
             "replag.prometheus_mixin",
+            "replag.grafana_dashboard",
             "replag.agent",
             "replag.permissions",
         ),
