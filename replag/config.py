@@ -19,6 +19,7 @@ Every error names the file and the key (and the line for TOML syntax errors).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -111,7 +112,9 @@ def config_from_dict(
     return Config(
         path=path,
         settings=settings,
-        topology=file.topology(environ, defaults),
+        topology=dataclasses.replace(
+            file.topology(environ, defaults), allow_networks=settings.allow_networks
+        ),
         alerts=file.alerts.alerts(environ),
         api_tokens=tokens,
     )

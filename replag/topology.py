@@ -337,6 +337,8 @@ class Topology:
     regions: tuple[Region, ...]
     groups: tuple[ReplicaGroup, ...] = ()
     source_note: str = ""
+    # CIDRs beyond the named endpoints where a server's answer may lead (settings.allow_networks).
+    allow_networks: tuple[str, ...] = ()
 
     def region(self, name: str) -> Region:
         for region in self.regions:
