@@ -90,7 +90,8 @@ def _entries(reply: Any) -> bool:
 
 
 def _pong(reply: Any) -> bool:
-    return isinstance(reply, bytes)
+    # PING on a subscribed connection answers [pong, ""] (RESP2).
+    return isinstance(reply, bytes) or (isinstance(reply, list) and len(reply) == 2)
 
 
 def _ttl(reply: Any) -> bool:
