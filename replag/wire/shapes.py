@@ -169,8 +169,8 @@ def command_key(args: Sequence[Any]) -> str:
 def check(endpoint: Endpoint, args: Sequence[Any], reply: Any) -> Any:
     """`reply`, if it has the shape command `args` must answer with (or is an error
     reply); else ReplyShapeError naming the server, the command, expected and got."""
-    if isinstance(reply, hiredis.ReplyError | Exception):
-        return reply
+    if isinstance(reply, hiredis.ReplyError | Exception) or reply == b"QUEUED":
+        return reply  # an error is the caller's; inside MULTI, EXEC answers later
     key = command_key(args)
     shape = SHAPES.get(key)
     if shape is not None:
