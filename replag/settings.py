@@ -40,6 +40,15 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _optional_url(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return text.rstrip("/")
+
+
 def _lag_buckets_per_decade(value: Any) -> int:
     number = _positive_int(value)
     if number > 48:
@@ -382,6 +391,16 @@ class Settings:
     )
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    otlp_endpoint: str | None = setting(
+        None,
+        _optional_url,
+        "Service: OTLP/HTTP endpoint (e.g. http://otel-collector:4318) the metrics and the "
+        "traces of checks and repairs are exported to; unset: none. Needs the otel extra "
+        "(pip install 'replag[otel]').",
+    )
+    otlp_interval: float = setting(
+        "30s", _positive_duration, "Service: time between OTLP exports of the metrics."
     )
     lag_buckets_per_decade: int = setting(
         5,
