@@ -484,7 +484,10 @@ class ReplicaScanner:
             if not keep[i]:
                 continue
             value = read[keys[i]]
-            digests[i] = value.digest if value is not None else self._changed_digest
+            # A value replag cannot read (opaque) gets the changed digest too: every such
+            # key is a candidate, which verification names as not compared.
+            readable = value is not None and value.opaque is None
+            digests[i] = value.digest if value is not None and readable else self._changed_digest
         return digests
 
 
