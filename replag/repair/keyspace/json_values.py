@@ -15,8 +15,8 @@ from typing import Any
 
 import xxhash
 
-from replag import reply_limits
-from replag.resp import error_text, pack
+from replag.wire import reply_limits
+from replag.wire.resp import error_text, pack
 
 TYPE = "ReJSON-RL"
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from replag import reply_limits
 from replag.repair.keyspace.digest import UnorderedDigest
-from replag.resp import error_text, pack
+from replag.wire import reply_limits
+from replag.wire.resp import error_text, pack
 
 TYPE = "vectorset"
 # VINFO fields that define a set (the rest, size, max-level, vset-uid, hnsw-max-node-uid
