@@ -18,17 +18,19 @@ from pathlib import Path
 import jsonschema
 import pytest
 import redis
+import tomli_w
 from click.testing import CliRunner
 
 from replag.cli import main
-from replag.config import render_config
-from replag.lab.server import RedisServer
+from replag.config import load_config, render_config
+from replag.lab.server import RedisServer, free_port
 from replag.repair import check, repair
 from replag.repair.keyspace.observe import observe_keys
 from replag.repair.rebuild import rebuild
 from replag.schemas import CHECK
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection
+from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.configs import group_config
 from tests.helpers.redis_servers import start_redis
 from tests.helpers.server_kinds import kind_binary, using_server_kind
@@ -58,7 +60,7 @@ def _rejson() -> str | None:
 def _redis8(name: str, workdir: Path, *modules: str) -> RedisServer:
     assert _BIN is not None
     with using_server_kind(str(_BIN / "redis-server")):
-        args = [a for m in modules for a in ("--loadmodule", m)]
+        args = [a for m in modules for a in ("--loadmodule", *m.split())]
         return start_redis(name, workdir, extra_args=tuple(args))
 
 
@@ -67,7 +69,9 @@ def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisServer
     """Three Redis 8 servers with FalkorDB loaded (and RedisJSON, where found)."""
     assert _BIN is not None
     workdir = tmp_path_factory.mktemp("redis8")
-    modules = [str(_BIN / "falkordb.so"), *filter(None, [_rejson()])]
+    # CMD_INFO no: FalkorDB keeps no `telemetry{graph}` stream of the queries each server
+    # ran (an ordinary stream, compared as one: it differs between these servers).
+    modules = [f"{_BIN / 'falkordb.so'} CMD_INFO no", *filter(None, [_rejson()])]
     servers: list[RedisServer] = []
     try:
         for i in range(3):
@@ -290,3 +294,55 @@ async def test_json_documents_by_canonical_form(
     report = (await check(group_config(tmp_path, peers))).to_dict()
     assert [(k["key"], k["kind"]) for k in report["divergent_keys"]] == [("j:diff", "value")]
     assert not report["not_compared"]
+
+
+def test_agents_trees_read_vector_sets_again_and_name_module_values(
+    tmp_path: Path, peers: list[RedisServer], clients: list[redis.Redis]
+) -> None:
+    # Redis 8.2 publishes no keyspace event for VADD, VREM or VSETATTR (nor FalkorDB for
+    # GRAPH.QUERY): an agent's live tree cannot follow them, so it gives such keys the
+    # changed digest and every check reads them again, by content, through the agent.
+    a, b, _ = clients
+    same_set([a, b], "v:set")
+    for client in (a, b):
+        graph(client, "g:same", 2)
+        client.set("s", "1")
+    port = free_port()
+    data = {
+        "settings": {
+            "api_token": "t0ken",
+            "store": str(tmp_path / "replag.sqlite"),
+            "repair_settle": "20ms",
+            "agent_state_dir": str(tmp_path / "agents"),
+            "allow_config_changes": True,
+            "agent_wait": "300s",
+        },
+        "regions": [
+            {"name": "a", "replicas": [{"name": "a-1", "url": peers[0].url}]},
+            {
+                "name": "b",
+                "agent": f"http://127.0.0.1:{port}",
+                "replicas": [
+                    {
+                        "name": "b-1",
+                        "url": f"redis://127.0.0.1:{free_port()}",  # only through the agent
+                        "local": peers[1].url,
+                    }
+                ],
+            },
+        ],
+        "groups": [{"name": "g", "members": ["a-1", "b-1"]}],
+    }
+    path = tmp_path / "topology.toml"
+    path.write_text(tomli_w.dumps(data))
+    agent = start_agent(path, "b", port, tmp_path / "agent.log")
+    try:
+        first = asyncio.run(check(load_config(path))).to_dict()
+        assert first["divergent"] == 0, first["divergent_keys"]
+        assert [(r["type"], r["keys"]) for r in first["not_compared"]] == [("graphdata", 1)]
+        b.execute_command("VSETATTR", "v:set", "e1", '{"changed": true}')  # no event
+        second = asyncio.run(check(load_config(path))).to_dict()
+        assert [(k["key"], k["kind"]) for k in second["divergent_keys"]] == [("v:set", "value")]
+        assert {r["replica"]: r["via"] for r in second["replicas"]}["b-1"] == "agent"
+    finally:
+        stop_agent(agent)
