@@ -24,10 +24,12 @@ from click.testing import CliRunner
 from replag.cli import main
 from replag.config import load_config, render_config
 from replag.lab.server import RedisServer, free_port
-from replag.repair import check, repair
+from replag.repair import check, get_run, repair
 from replag.repair.keyspace.observe import observe_keys
 from replag.repair.rebuild import rebuild
 from replag.schemas import CHECK
+from replag.service import ReplagService
+from replag.store import Store
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection
 from tests.helpers.agent import start_agent, stop_agent
@@ -398,3 +400,29 @@ async def test_a_replication_group_is_fixed_through_its_primary(tmp_path: Path) 
             replica.stop()
     finally:
         primary.stop()
+
+
+async def test_serve_does_not_record_a_run_with_values_not_compared_as_clean(
+    tmp_path: Path, peers: list[RedisServer], clients: list[redis.Redis]
+) -> None:
+    a, b, _ = clients
+    for client in (a, b):
+        graph(client, "g:same", 2)
+        same_set([client], "v:set")
+    config = group_config(tmp_path, peers[:2])
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        job = await service.wait_job(service.start_job("check", "g").id)
+        assert (job.state, job.divergent, job.not_compared) == ("done", 0, 1)
+        assert job.to_dict()["not_compared"] == 1
+        metrics = service.metrics.render().decode()
+        assert 'replag_not_compared_keys{group="g"} 1.0' in metrics
+        assert (
+            'replag_repair_runs_total{action="check",group="g",outcome="not_clean"} 1.0' in metrics
+        )
+        run = get_run(store, job.run_id or "")
+        assert run is not None and run["report"]["not_compared_total"] == 1
+    finally:
+        await service.stop()
+        store.close()
