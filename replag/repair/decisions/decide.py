@@ -74,8 +74,9 @@ class GroupDecisions:
             return None
         winner = states[decision.winner]
         holders = [s for s in states if s.exists and s.opaque is not None]
-        if winner.opaque is None or len(holders) < 2:
-            return None
+        restores = any(not states[t].same_value(winner) for t in decision.targets)
+        if winner.opaque is None or len(holders) < 2 or not restores:
+            return None  # (a member holding the value already gets its expiry only)
         return Decision(
             "conflict",
             reason=(
