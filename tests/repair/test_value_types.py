@@ -234,13 +234,20 @@ async def test_repair_copies_vector_sets_and_a_lone_module_value(
 async def test_differing_module_values_are_a_conflict_not_a_guess(
     tmp_path: Path, peers: list[RedisServer], clients: list[redis.Redis]
 ) -> None:
-    a, b, _ = clients
+    a, b, c = clients
     graph(a, "g:which", 1)
     graph(b, "g:which", 5)
+    # Its expiry alone differs (every member holds one): that is fixed, the value untouched.
+    for client in clients:
+        graph(client, "g:ttl", 2)
+    c.expire("g:ttl", 3600)
     report = (await repair(group_config(tmp_path, peers))).to_dict()
-    (key,) = report["divergent_keys"]
-    assert key["status"] == "conflict" and "graphdata" in key["reason"], key
-    assert clients[2].exists("g:which") == 0
+    by_key = {k["key"]: k for k in report["divergent_keys"]}
+    assert by_key["g:which"]["status"] == "conflict", by_key
+    assert "graphdata" in by_key["g:which"]["reason"]
+    assert c.exists("g:which") == 0
+    assert (by_key["g:ttl"]["kind"], by_key["g:ttl"]["status"]) == ("ttl", "repaired")
+    assert c.ttl("g:ttl") == -1
 
 
 async def test_a_target_without_vector_sets_is_refused_by_name(
