@@ -16,6 +16,7 @@ from typing import Any
 import xxhash
 
 from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import error_text, pack
 
 TYPE = "ReJSON-RL"
@@ -37,8 +38,9 @@ class JsonReader:
 
     replies = 1
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, limits: ReplyLimits) -> None:
         self.key, self.type = key, TYPE
+        self.limits = limits
         self.done = False
         self.failed = False
         self.opaque: str | None = None
@@ -57,7 +59,7 @@ class JsonReader:
             return
         if not self.sized:
             self.sized = True
-            limit = reply_limits.current().max_bytes
+            limit = self.limits.max_bytes
             if isinstance(reply, int) and reply > limit // 4:
                 self.opaque = (
                     f"a JSON document of {reply:,} bytes in memory: one JSON.GET of it "

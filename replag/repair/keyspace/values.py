@@ -24,7 +24,7 @@ from typing import Any
 
 from replag.repair.keyspace import json_values, vector_sets
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
-from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
@@ -39,10 +39,10 @@ _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
 
 
-def string_page() -> int:
+def string_page(limits: ReplyLimits) -> int:
     """The most bytes one read of a string (GETRANGE) asks for: half of max_reply_bytes,
     so that a reply never breaks the limit (the rest of a longer string in more pages)."""
-    return max(1, reply_limits.current().max_bytes // 2)
+    return max(1, limits.max_bytes // 2)
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,11 @@ class ReadValue:
 class _Reader:
     """The state of one key being read chunk by chunk."""
 
-    def __init__(self, key: bytes, type_name: str, chunk: int, keep: bool) -> None:
+    def __init__(
+        self, key: bytes, type_name: str, chunk: int, keep: bool, limits: ReplyLimits
+    ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
+        self.limits = limits
         self.cursor: bytes = b"0"
         self.start = 0
         self.done = False
@@ -86,7 +89,7 @@ class _Reader:
         if not self.elements:
             return min(self.chunk, _FIRST_PAGE)
         per_element = max(1.0, self.bytes / self.elements)
-        fit = int(reply_limits.current().max_bytes / 4 / per_element)
+        fit = int(self.limits.max_bytes / 4 / per_element)
         return max(1, min(self.chunk, fit))
 
     def _sized(self, items: Sequence[Any], elements: int) -> None:
@@ -97,7 +100,7 @@ class _Reader:
         k = self.key
         n = self.asked = self._count()
         if self.type == "string":  # in pages of half of what one reply may carry
-            return pack(b"GETRANGE", k, self.start, self.start + string_page() - 1)
+            return pack(b"GETRANGE", k, self.start, self.start + string_page(self.limits) - 1)
         if self.type in _SCAN:
             page = pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
             return pack(_CARD[self.type], k) + page if self.card is None else page
@@ -125,7 +128,7 @@ class _Reader:
         if self.type == "string":
             self.items.append(reply)
             self.start += len(reply)
-            self.done = len(reply) < string_page()
+            self.done = len(reply) < string_page(self.limits)
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -191,10 +194,10 @@ def opaque_value(type_name: str) -> ReadValue:
     return ReadValue(type_name, 0, opaque=f"a {type_name} value: no command reads it whole")
 
 
-def _content_reader(key: bytes, type_name: str, chunk: int) -> _ContentReader:
+def _content_reader(key: bytes, type_name: str, chunk: int, limits: ReplyLimits) -> _ContentReader:
     if type_name == vector_sets.TYPE:
-        return vector_sets.VectorSetReader(key, chunk)
-    return json_values.JsonReader(key)
+        return vector_sets.VectorSetReader(key, chunk, limits)
+    return json_values.JsonReader(key, limits)
 
 
 def _content_result(reader: _ContentReader) -> ReadValue | None:
@@ -215,8 +218,9 @@ async def read_values(
     A type replag does not read (a module type) raises nothing: it gets an `opaque`
     ReadValue.
     """
-    readers = [_Reader(k, t, chunk, keep) for k, t in typed_keys if t in SUPPORTED_TYPES]
-    content = [_content_reader(k, t, chunk) for k, t in typed_keys if t in CONTENT_TYPES]
+    limits = conn.endpoint.limits
+    readers = [_Reader(k, t, chunk, keep, limits) for k, t in typed_keys if t in SUPPORTED_TYPES]
+    content = [_content_reader(k, t, chunk, limits) for k, t in typed_keys if t in CONTENT_TYPES]
     out: dict[bytes, ReadValue | None] = {
         k: None if t in SUPPORTED_TYPES or t in CONTENT_TYPES else opaque_value(t)
         for k, t in typed_keys

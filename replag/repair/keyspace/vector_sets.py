@@ -19,7 +19,7 @@ import numpy as np
 import xxhash
 
 from replag.repair.keyspace.digest import UnorderedDigest
-from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import error_text, pack
 
 TYPE = "vectorset"
@@ -55,8 +55,9 @@ class VectorSetReader:
     """The state of one vector set being read: VINFO, then its element names, then its
     elements `chunk` at a time (`values.read_values` drives it as any other reader)."""
 
-    def __init__(self, key: bytes, chunk: int) -> None:
+    def __init__(self, key: bytes, chunk: int, limits: ReplyLimits) -> None:
         self.key, self.type, self.chunk = key, TYPE, max(1, chunk)
+        self.limits = limits
         self.done = False
         self.failed = False
         self.opaque: str | None = None  # why the set was not read (too large)
@@ -110,7 +111,7 @@ class VectorSetReader:
         if not isinstance(size, int) or size <= 0:
             self.failed = self.done = True
             return
-        limit = reply_limits.current().max_elements
+        limit = self.limits.max_elements
         if size > limit:
             self.opaque = (
                 f"a vector set of {size:,} elements: listing them would pass "
