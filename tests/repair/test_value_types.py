@@ -433,3 +433,27 @@ async def test_serve_does_not_record_a_run_with_values_not_compared_as_clean(
     finally:
         await service.stop()
         store.close()
+
+
+async def test_a_rebuild_onto_valkey_names_the_vector_sets_it_cannot_copy(
+    tmp_path: Path, peers: list[RedisServer], clients: list[redis.Redis]
+) -> None:
+    binary, missing = kind_binary("valkey-9")
+    if binary is None:
+        pytest.skip(missing)
+    a = clients[0]
+    same_set([a], "v:set")
+    a.set("s", "1")
+    with using_server_kind(binary):
+        valkey = start_redis("valkey", tmp_path)
+    try:
+        config = group_config(tmp_path, [peers[0], valkey], kind="peers")
+        result = (await rebuild(config, group="g", replica="n1")).to_dict()
+        closing = result["closing"]
+        assert closing is not None and closing["errors"] == 1, closing
+        (refused,) = closing["not_fixed"]
+        assert refused["key"] == "v:set" and "cannot load it" in refused["reason"]
+        with valkey.client() as v:
+            assert v.get("s") == b"1" and v.exists("v:set") == 0
+    finally:
+        valkey.stop()
