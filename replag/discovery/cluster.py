@@ -25,6 +25,7 @@ from replag.discovery.contacts import Contacts
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+from replag.wire import shapes
 from replag.wire.connections import async_client, endpoint_errors
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
@@ -192,6 +193,7 @@ async def read_shards(
                 command = "CLUSTER SLOTS"
     finally:
         await client.aclose()
+    shapes.topology_nodes(seed, command, reply)
     state = _cluster_state(info)
     if command == "CLUSTER SHARDS":
         shards = parse_cluster_shards(reply, seed_host=seed.host, where=where)
