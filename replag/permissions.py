@@ -10,7 +10,12 @@ key patterns and channel patterns:
   state. Never CONFIG GET (it reads `requirepass` and `masterauth` too): whether a
   replica publishes is learned from its events (`probes.observers`) or declared
   (`settings.notify_keyspace_events`).
-- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers.
+- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers; on a
+  Redis Cluster the read-only CLUSTER subcommands that tell which slots moved
+  and which keys lie in slots a shard does not serve (NODES, SLOTS,
+  COUNTKEYSINSLOT, GETKEYSINSLOT; GETSLOTMIGRATIONS on Valkey 9, a rule older
+  servers refuse, so printed apart). The probe follows a shard with CLUSTER
+  INFO, SHARDS and SLOTS. Cluster subcommands are tried on cluster nodes only.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
   each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
 - serve: probe and repair (the service does both, and samples INFO).
@@ -54,6 +59,12 @@ class Need:
     args: tuple[str, ...] | None
     write: bool = False  # tried inside MULTI … DISCARD, never run
     optional: bool = False  # refused: the mode carries on without it (a note says so)
+    cluster: bool = False  # needed (and tried) on Redis Cluster nodes only
+    valkey_9: bool = False  # Valkey 9+ only: older servers refuse the rule itself
+
+
+def _cluster(*args: str, valkey_9: bool = False) -> Need:
+    return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, valkey_9=valkey_9)
 
 
 _PING = Need("ping", ("PING",))
@@ -70,6 +81,10 @@ _PROBE = (
     Need("mget", ("MGET", "KEY")),
     Need("time", ("TIME",), optional=True),
     Need("psubscribe", None),
+    # Following a shard's primary and slots (`discovery.cluster_follow`).
+    _cluster("INFO"),
+    _cluster("SHARDS"),
+    _cluster("SLOTS"),
 )
 _CHECK = (
     _PING,
@@ -100,6 +115,13 @@ _CHECK = (
     Need("xlen", ("XLEN", "KEY")),
     Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
     Need("dump", ("DUMP", "KEY")),
+    # Slots that move during a check, stray keys, stuck and stale moves (`keyspace.slots`,
+    # `stray_slots`): without them a Cluster check cannot vouch for its verdict.
+    _cluster("NODES"),
+    _cluster("SLOTS"),
+    _cluster("COUNTKEYSINSLOT", "0"),
+    _cluster("GETKEYSINSLOT", "0", "1"),
+    _cluster("GETSLOTMIGRATIONS", valkey_9=True),
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
@@ -162,13 +184,20 @@ SCRIPT_WARNING = (
 def commands(
     mode: Mode, *, allow_config_changes: bool = False, allow_scripts: bool = False
 ) -> list[str]:
-    """The ACL command names `mode` needs, each once, in the order they are listed."""
-    names = list(dict.fromkeys(n.command for n in NEEDS[mode]))
+    """The ACL command names `mode` needs, each once, in the order they are listed (not
+    the Valkey 9 ones: `valkey_9_commands`)."""
+    names = list(dict.fromkeys(n.command for n in NEEDS[mode] if not n.valkey_9))
     if allow_config_changes and mode in ("probe", "serve", "agent"):
         names += CONFIG_CHANGES
     if allow_scripts and mode in SCRIPT_MODES:
         names += SCRIPTS
     return names
+
+
+def valkey_9_commands(mode: Mode) -> list[str]:
+    """What `mode` needs on Valkey 9 and later beside `commands` (a rule Redis and older
+    Valkey refuse: `ACL SETUSER` fails on a subcommand it does not know)."""
+    return list(dict.fromkeys(n.command for n in NEEDS[mode] if n.valkey_9))
 
 
 def key_patterns(mode: Mode, prefix: str) -> list[str]:
@@ -230,7 +259,8 @@ async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[lis
     """(commands refused that `mode` cannot do without, optional ones refused), as ACL
     names, tried on `conn` without changing any data (see the module docstring)."""
     key = f"{prefix}acl-check:{secrets.token_hex(4)}"
-    needs = list({n.command: n for n in NEEDS[mode]}.values())
+    cluster = conn.endpoint.cluster
+    needs = [n for n in {n.command: n for n in NEEDS[mode]}.values() if cluster or not n.cluster]
     direct = [n for n in needs if n.args is not None and not n.write]
     refused = await _refused(conn, [_invocation(n, key) for n in direct], direct)
     writes = [n for n in needs if n.write]

@@ -19,6 +19,7 @@ from replag.permissions import (
     Mode,
     acl_line,
     require,
+    valkey_9_commands,
 )
 from replag.settings import resolve_settings
 from replag.topology import Endpoint
@@ -94,6 +95,13 @@ def command(
         allow_scripts=scripts,
     )
     click.echo(line)
+    if later := valkey_9_commands(chosen):
+        rules = " ".join(f"+{c}" for c in later)
+        click.echo(
+            f"replag: on Valkey 9 and later (Redis Cluster), also: ACL SETUSER {user} {rules} "
+            "(Redis and older Valkey refuse this rule)",
+            err=True,
+        )
     if scripts and chosen in SCRIPT_MODES:
         click.echo(f"replag: {SCRIPT_WARNING}", err=True)
     if "+config|get" in line.split():

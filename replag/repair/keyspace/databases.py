@@ -59,6 +59,7 @@ async def unchecked_databases(
             return []
         return [
             {"member": member.name, "address": member.address, "db": db, "keys": keys}
+            | ({"cluster": True} if member.cluster else {})
             for db, keys in sorted(dbs.items())
             if keys and (member.host, member.port, db) not in known
         ]
