@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replag import reply_limits
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
 from replag.private_files import write_private
 from replag.settings import Settings, resolve_settings
 from replag.tokens import ApiToken, all_tokens
 from replag.topology import Topology
+from replag.wire import reply_limits
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ TlsVerify = Literal["full", "ca-only", "none"]
 class TlsOptions:
     """How a rediss:// endpoint's TLS is set up: every connection to it (the timing and
     scan clients, redis-py's admin clients, scan processes, agents) builds its context
-    from these (`replag.connections.tls_context`).
+    from these (`replag.wire.connections.tls_context`).
 
     `ca`: a CA file (PEM) or a directory of hashed CA certificates (None: the system's);
     `cert`/`key`: the client certificate and its key, for `tls-auth-clients yes`;

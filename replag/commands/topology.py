@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from replag import reply_limits
 from replag.commands.options import config_option, fail_as_json, json_option, load
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
@@ -36,6 +35,7 @@ from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
 from replag.store import Store, parse_location
+from replag.wire import reply_limits
 
 
 @click.group(name="topology")

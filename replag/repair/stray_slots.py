@@ -36,8 +36,8 @@ from replag.errors import EndpointError, PermissionRefused
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.slots import SLOTS, SlotMap, ranges
 from replag.repair.keyspace.together import all_of
-from replag.resp import RespConnection, check_replies, pack
 from replag.topology import Endpoint, Topology
+from replag.wire.resp import RespConnection, check_replies, pack
 
 logger = logging.getLogger(__name__)
 
