@@ -19,7 +19,6 @@ import asyncio
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,21 +36,8 @@ from replag.config import load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster
-from tests.helpers.reshard import reshard, server_binary
+from tests.helpers.reshard import load_keys, reshard, server_binary
 from tests.helpers.server_kinds import using_server_kind
-
-
-def load(cluster: RedisClusterNodes, keys: int) -> None:
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.primaries[0].port)
-    try:
-        pipe = client.pipeline()
-        for i in range(keys):
-            pipe.set(f"k:{i}", "x" * 50)
-            if i % 2000 == 1999:
-                pipe.execute()
-        pipe.execute()
-    finally:
-        client.close()
 
 
 def writer(cluster: RedisClusterNodes, keys: int, stop: threading.Event, done: list[int]) -> None:
@@ -120,7 +106,7 @@ def main() -> None:
             cluster = start_cluster(Path(tmp))
             stop, writes = threading.Event(), []
             try:
-                load(cluster, args.keys)
+                load_keys(cluster, args.keys)
                 thread = threading.Thread(target=writer, args=(cluster, args.keys, stop, writes))
                 thread.start()
                 started = time.perf_counter()

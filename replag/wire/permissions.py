@@ -259,7 +259,7 @@ async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[lis
     """(commands refused that `mode` cannot do without, optional ones refused), as ACL
     names, tried on `conn` without changing any data (see the module docstring)."""
     key = f"{prefix}acl-check:{secrets.token_hex(4)}"
-    cluster = conn.endpoint.cluster
+    cluster = conn.endpoint.cluster or await _cluster_enabled(conn)
     needs = [n for n in {n.command: n for n in NEEDS[mode]}.values() if cluster or not n.cluster]
     direct = [n for n in needs if n.args is not None and not n.write]
     refused = await _refused(conn, [_invocation(n, key) for n in direct], direct)
@@ -269,6 +269,13 @@ async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[lis
     required = [n.command for n in refused if not n.optional]
     optional = [n.command for n in refused if n.optional]
     return required, optional
+
+
+async def _cluster_enabled(conn: RespConnection) -> bool:
+    """A Redis Cluster node (INFO cluster), whose cluster reads are tried too; INFO
+    refused: not known (INFO is a need of its own, refused then)."""
+    (reply,) = await conn.request(pack("INFO", "cluster"), 1)
+    return isinstance(reply, bytes) and b"cluster_enabled:1" in reply
 
 
 def _invocation(need: Need, key: str) -> bytes:

@@ -258,7 +258,8 @@ class SlotMap:
                     (listed,) = await conn.request(pack(b"CLUSTER", b"GETSLOTMIGRATIONS"), 1)
                     if not refusal(member, "CLUSTER GETSLOTMIGRATIONS", listed):
                         for m in parse_migrations(listed):
-                            if m.name not in migrations or not m.live:
+                            # A replica lists its primary's migration without its ends.
+                            if m.source or m.name not in migrations:
                                 migrations[m.name] = m
             except EndpointError:
                 return ""
