@@ -21,7 +21,6 @@ from replag.wire.permissions import (
     Mode,
     acl_line,
     require,
-    valkey_9_commands,
 )
 
 
@@ -49,6 +48,13 @@ from replag.wire.permissions import (
     "the user can then run any Lua.",
 )
 @click.option(
+    "--valkey-9",
+    "valkey_9",
+    is_flag=True,
+    help="The servers are Valkey 9 or later: also grant what only they have "
+    "(CLUSTER GETSLOTMIGRATIONS; Redis and older Valkey refuse that rule).",
+)
+@click.option(
     "--check",
     "check_servers",
     is_flag=True,
@@ -62,6 +68,7 @@ def command(
     dbs: tuple[int, ...],
     allow_config_changes: bool | None,
     allow_scripts: bool | None,
+    valkey_9: bool,
     check_servers: bool,
 ) -> None:
     """Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair,
@@ -93,15 +100,9 @@ def command(
             settings.allow_config_changes if allow_config_changes is None else allow_config_changes
         ),
         allow_scripts=scripts,
+        valkey_9=valkey_9,
     )
     click.echo(line)
-    if later := valkey_9_commands(chosen):
-        rules = " ".join(f"+{c}" for c in later)
-        click.echo(
-            f"replag: on Valkey 9 and later (Redis Cluster), also: ACL SETUSER {user} {rules} "
-            "(Redis and older Valkey refuse this rule)",
-            err=True,
-        )
     if scripts and chosen in SCRIPT_MODES:
         click.echo(f"replag: {SCRIPT_WARNING}", err=True)
     if "+config|get" in line.split():

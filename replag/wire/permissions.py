@@ -14,8 +14,9 @@ key patterns and channel patterns:
   Redis Cluster the read-only CLUSTER subcommands that tell which slots moved
   and which keys lie in slots a shard does not serve (NODES, SLOTS,
   COUNTKEYSINSLOT, GETKEYSINSLOT; GETSLOTMIGRATIONS on Valkey 9, a rule older
-  servers refuse, so printed apart). The probe follows a shard with CLUSTER
-  INFO, SHARDS and SLOTS. Cluster subcommands are tried on cluster nodes only.
+  servers refuse, so granted only with `valkey_9`: `replag acl --valkey-9`).
+  The probe follows a shard with CLUSTER INFO, SHARDS and SLOTS. Cluster
+  subcommands are tried on cluster nodes only.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
   each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
 - serve: probe and repair (the service does both, and samples INFO).
@@ -194,6 +195,9 @@ def commands(
     return names
 
 
+VALKEY_9 = frozenset(n.command for needs in NEEDS.values() for n in needs if n.valkey_9)
+
+
 def valkey_9_commands(mode: Mode) -> list[str]:
     """What `mode` needs on Valkey 9 and later beside `commands` (a rule Redis and older
     Valkey refuse: `ACL SETUSER` fails on a subcommand it does not know)."""
@@ -226,10 +230,13 @@ def acl_rules(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
+    valkey_9: bool = False,
 ) -> str:
-    """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password)."""
+    """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password;
+    `valkey_9`: with the rules only Valkey 9 and later accept)."""
     rules = ["resetkeys", "resetchannels", "-@all"]
     granted = commands(mode, allow_config_changes=allow_config_changes, allow_scripts=allow_scripts)
+    granted += valkey_9_commands(mode) if valkey_9 else []
     rules += [f"+{c}" for c in granted]
     rules += [f"~{p}" for p in key_patterns(mode, prefix)]
     rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
@@ -244,6 +251,7 @@ def acl_line(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
+    valkey_9: bool = False,
 ) -> str:
     rules = acl_rules(
         mode,
@@ -251,6 +259,7 @@ def acl_line(
         dbs=dbs,
         allow_config_changes=allow_config_changes,
         allow_scripts=allow_scripts,
+        valkey_9=valkey_9,
     )
     return f"ACL SETUSER {user} {rules}"
 
@@ -392,7 +401,8 @@ def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> Non
         names = ", ".join(c.upper() for c in needed)
         raise PermissionRefused(
             f"permission refused: {names} (user {user}): {what} needs "
-            f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}` "
+            f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}"
+            f"{' --valkey-9' if set(needed) & VALKEY_9 else ''}` "
             "prints every rule it needs",
             where=f"{endpoint.name} ({endpoint.url()})",
         )

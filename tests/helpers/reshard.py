@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,19 @@ def node_id(cluster: RedisClusterNodes, index: int) -> str:
 def reshard(
     cluster: RedisClusterNodes, source: int, dest: int, slots: int
 ) -> subprocess.CompletedProcess[str]:
-    """Move `slots` slots from primary `source` to primary `dest` (indexes)."""
-    done = subprocess.run(
-        [REDIS_CLI, "--cluster", "reshard", f"127.0.0.1:{cluster.primaries[dest].port}",
-         "--cluster-from", node_id(cluster, source), "--cluster-to", node_id(cluster, dest),
-         "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "10"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    """Move `slots` slots from primary `source` to primary `dest` (indexes). Asked again
+    while redis-cli finds the nodes' views differ (gossip after the last reshard, late on
+    a loaded host): it refuses to start then, and moves nothing."""
+    for _ in range(30):
+        done = subprocess.run(
+            [REDIS_CLI, "--cluster", "reshard", f"127.0.0.1:{cluster.primaries[dest].port}",
+             "--cluster-from", node_id(cluster, source), "--cluster-to", node_id(cluster, dest),
+             "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "10"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if done.returncode == 0 or "don't agree about configuration" not in done.stdout:
+            return done
+        time.sleep(0.5)
     return done
 
 
