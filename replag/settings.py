@@ -305,6 +305,28 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    max_info_bytes: int = setting(
+        "4MB",
+        _size,
+        "Most bytes an INFO (or CLUSTER NODES) answer may hold; a larger one is refused "
+        "before it is parsed, naming the server.",
+    )
+    max_info_lines: int = setting(
+        100_000, _positive_int, "Most lines an INFO (or CLUSTER NODES) answer may hold."
+    )
+    max_unrequested_bytes: int = setting(
+        "1MB",
+        _size,
+        "Most bytes a connection may receive while no request waits for them (on a "
+        "subscribed connection: not yet handed on); past it the connection is closed and "
+        "the server named.",
+    )
+    max_topology_nodes: int = setting(
+        10_000,
+        _positive_int,
+        "Most nodes one topology answer may name (CLUSTER SHARDS or SLOTS, a Sentinel's "
+        "replicas or Sentinels, INFO replication's replica lines); more is refused.",
+    )
     count: int = setting(200, _int, "Probe keys written per probe run.")
     rate: float = setting(
         200.0, _float, "Probe writes per second (0 = as fast as acknowledgements allow)."

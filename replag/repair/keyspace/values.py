@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
+from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
@@ -51,7 +52,12 @@ class _Reader:
     """The state of one key being read chunk by chunk."""
 
     def __init__(
-        self, key: bytes, type_name: str, chunk: int, keep: bool, limits: ReplyLimits
+        self,
+        key: bytes,
+        type_name: str,
+        chunk: int,
+        keep: bool,
+        limits: ReplyLimits = reply_limits.DEFAULT,
     ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
         self.limits = limits
