@@ -222,6 +222,7 @@ class GroupRun:
         self.report.candidates = saved.get("candidates", 0)
         self.report.bulk_refilled = saved.get("bulk_refilled", 0)
         self.report.changing = saved.get("changing_during_check", 0)
+        self.report.not_compared = list(saved.get("not_compared", []))
         self.report.undone = saved.get("undone", 0)
         self.report.undo_failed = saved.get("undo_failed", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
@@ -372,6 +373,7 @@ class GroupRun:
 
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        self.report.not_compared = self.verifier.opaque_keys.to_list()
 
     async def _compare_leaves(
         self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
