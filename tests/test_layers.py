@@ -8,7 +8,7 @@
                    store.location: what settings.store names), `replag`
     io             wire (every connection to a Redis-protocol server: resp, resp_blocking,
                    stamped_socket, connections, tls, permissions), store, discovery.http,
-                   background, heap, request_bodies
+                   background, heap, request_bodies, http_guard
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
                    alerts, metrics, prometheus_mixin, grafana_dashboard, otlp, agent
     service → api → cli (commands, docs_gen)
@@ -72,6 +72,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.background",
             "replag.heap",
             "replag.request_bodies",
+            "replag.http_guard",
         ),
     ),
     (
