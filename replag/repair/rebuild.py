@@ -28,7 +28,9 @@ from replag.errors import NotFound, RepairError, UsageError
 from replag.repair.bulk.rebuild_copy import WHOLE_PASS_SHARE, Rebuild, RebuildPlan, size_text
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BatchResult
+from replag.repair.decisions.report import KEYS_NAMED, LEFT
 from replag.repair.engine import repair
+from replag.repair.keyspace.observe import key_from_json, key_text
 from replag.repair.keyspace.progress import ProgressCallback
 from replag.repair.reachable import members_reachable
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
@@ -106,6 +108,9 @@ class RebuildReport:
                 f"{c['repaired']}, conflicts {c['conflicts']}, busy {c['busy']} "
                 f"({self.closing_s:.1f} s)"
             )
+            for k in c.get("not_fixed", []):
+                reason = f": {k['reason']}" if k["reason"] else ""
+                lines.append(f"    not fixed: {k['key']!r} {k['status']}{reason}")
         return "\n".join(lines)
 
 
@@ -204,9 +209,16 @@ async def rebuild(
             report.closing_keys = None if keys is None else len(keys)
             closing = await repair(config, group=group, store=store, progress=progress, keys=keys)
             report.closing_s = time.monotonic() - started
+            summary = closing.to_dict()
             report.closing = {
-                k: v for k, v in closing.to_dict().items() if k not in ("divergent_keys", "groups")
+                k: v for k, v in summary.items() if k not in ("divergent_keys", "groups")
             }
+            # The keys it could not fix, by name (a vector set the target cannot load, …).
+            report.closing["not_fixed"] = [
+                {**key_text(key_from_json(k)), "status": k["status"], "reason": k.get("reason", "")}
+                for k in summary["divergent_keys"]
+                if k.get("status") in LEFT
+            ][:KEYS_NAMED]
     except RepairError as exc:
         if run is not None:
             run.set_status(FAILED, error=str(exc))
