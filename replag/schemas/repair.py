@@ -99,7 +99,13 @@ REPAIR_GROUP = obj(
 # Cluster slot that moved while it was read (exists null, moved).
 KEY_STATE = obj(
     {"exists": nullable(BOOL)},
-    {"moved": BOOL, "type": STR, "digest": nullable(STR), "ttl_ms": nullable(INT)},
+    {
+        "moved": BOOL,
+        "type": STR,
+        "digest": nullable(STR),
+        "ttl_ms": nullable(INT),
+        "fields_with_ttl": INT,  # a hash's fields that have a TTL
+    },
 )
 
 DIVERGENT_KEY = obj(
@@ -114,6 +120,8 @@ DIVERGENT_KEY = obj(
         "findings": mapping({"enum": ["missing", "extra", "different"]}),
         "plan": mapping({"enum": ["copy", "delete"]}),
         "via": STR,  # the primary a replication group's write was made on
+        # kind ttl of a hash whose fields' TTLs differ: how many, and up to ten names
+        "fields": obj({"differing": INT, "named": arr(STR)}),
     },
 )
 
