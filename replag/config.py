@@ -19,6 +19,7 @@ Every error names the file and the key (and the line for TOML syntax errors).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replag import reply_limits
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
 from replag.private_files import write_private
 from replag.settings import Settings, resolve_settings
 from replag.tokens import ApiToken, all_tokens
 from replag.topology import Topology
+from replag.wire import reply_limits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +98,6 @@ def config_from_dict(
     settings = resolve_settings(
         table if isinstance(table, Mapping) else {}, where=where, environ=environ
     )
-    reply_limits.configure(reply_limits.from_settings(settings))
     defaults = EndpointDefaults.of(settings, environ, where=where)
     file = validate(ConfigFile, data, where=where, environ=environ)
     named = api_tokens(file.api_tokens, environ, where=where)
@@ -111,7 +111,10 @@ def config_from_dict(
     return Config(
         path=path,
         settings=settings,
-        topology=file.topology(environ, defaults),
+        topology=dataclasses.replace(
+            file.topology(environ, defaults).with_limits(reply_limits.from_settings(settings)),
+            allow_networks=settings.allow_networks,
+        ),
         alerts=file.alerts.alerts(environ),
         api_tokens=tokens,
     )

@@ -40,6 +40,13 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _lag_buckets_per_decade(value: Any) -> int:
+    number = _positive_int(value)
+    if number > 48:
+        raise ValueError(f"expected 1 to 48 buckets a decade, got {value!r}")
+    return number
+
+
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"expected a number, got {value!r}")
@@ -53,6 +60,18 @@ def _optional_float(value: Any) -> float | None:
     if value in (None, "", "none", "off"):
         return None
     return _float(value)
+
+
+def _networks(value: Any) -> tuple[str, ...]:
+    import ipaddress
+
+    parts = value if isinstance(value, list | tuple) else str(value).split(",")
+    try:
+        return tuple(
+            str(ipaddress.ip_network(str(p).strip(), strict=False)) for p in parts if str(p).strip()
+        )
+    except ValueError as exc:
+        raise ValueError(f"expected networks like 10.0.0.0/8,192.168.1.0/24: {exc}") from None
 
 
 def _optional_ratio(value: Any) -> float | None:
@@ -248,6 +267,15 @@ class Settings:
         "Connect timeout of every Redis endpoint, and the deadline of each request's whole "
         "reply (not of each read: a server sending a byte a second misses it too).",
     )
+    allow_networks: tuple[str, ...] = setting(
+        "",
+        _networks,
+        "Networks (CIDRs, comma-separated) beyond the topology's own endpoints where replag "
+        "may follow a server's answer (a Sentinel's master, CLUSTER SHARDS or MOVED nodes, "
+        "INFO replication's hosts) with the endpoint's credentials and writes. Any other "
+        "host named is not contacted: reported, alerted under serve, and written as a "
+        "comment by topology discover. Empty: only the hosts the topology names.",
+    )
     max_reply_bytes: int = setting(
         "512MB",
         _size,
@@ -332,6 +360,13 @@ class Settings:
     )
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    lag_buckets_per_decade: int = setting(
+        5,
+        _lag_buckets_per_decade,
+        "Service: buckets a decade of replag_lag_seconds (0.1 ms to 10 s; 1 to 48). Each is a "
+        "series per replica: 5 makes 30 series, 48 makes 245 (docs/metrics.md#series-budget). "
+        "Read at start.",
     )
     lease_time: float = setting(
         "20s",

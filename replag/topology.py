@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
+
 EndpointKind = Literal["redis", "dynomite"]
 TlsVerify = Literal["full", "ca-only", "none"]
 
@@ -24,7 +27,7 @@ TlsVerify = Literal["full", "ca-only", "none"]
 class TlsOptions:
     """How a rediss:// endpoint's TLS is set up: every connection to it (the timing and
     scan clients, redis-py's admin clients, scan processes, agents) builds its context
-    from these (`replag.connections.tls_context`).
+    from these (`replag.wire.connections.tls_context`).
 
     `ca`: a CA file (PEM) or a directory of hashed CA certificates (None: the system's);
     `cert`/`key`: the client certificate and its key, for `tls-auth-clients yes`;
@@ -145,6 +148,8 @@ class Endpoint:
     # A Redis Cluster node (found when a run starts, never configured): connections send
     # READONLY, so a replica serves reads of its primary's slots instead of MOVED.
     cluster: bool = False
+    # What a reply from it may hold (settings.max_reply_*): every connection applies them.
+    limits: ReplyLimits = field(default=DEFAULT_LIMITS, compare=False, repr=False)
 
     @classmethod
     def from_url(
@@ -337,6 +342,8 @@ class Topology:
     regions: tuple[Region, ...]
     groups: tuple[ReplicaGroup, ...] = ()
     source_note: str = ""
+    # CIDRs beyond the named endpoints where a server's answer may lead (settings.allow_networks).
+    allow_networks: tuple[str, ...] = ()
 
     def region(self, name: str) -> Region:
         for region in self.regions:
@@ -396,6 +403,29 @@ class Topology:
                     continue
                 out.append((region, ep))
         return out, skipped
+
+    def with_limits(self, limits: ReplyLimits) -> Topology:
+        """This topology with `limits` on every endpoint (Sentinels included)."""
+
+        def each(eps: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+            return tuple(replace(ep, limits=limits) for ep in eps)
+
+        regions = []
+        for r in self.regions:
+            sentinel = r.sentinel
+            if sentinel is not None:
+                sentinel = replace(sentinel, sentinels=each(sentinel.sentinels))
+            regions.append(
+                replace(
+                    r,
+                    write=replace(r.write, limits=limits) if r.write else None,
+                    replicas=each(r.replicas),
+                    write_fallbacks=each(r.write_fallbacks),
+                    sentinel=sentinel,
+                )
+            )
+        groups = tuple(replace(g, members=each(g.members)) for g in self.groups)
+        return replace(self, regions=tuple(regions), groups=groups)
 
     def endpoints(self) -> list[Endpoint]:
         """Every distinct endpoint, write endpoints first."""

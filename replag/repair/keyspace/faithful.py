@@ -13,7 +13,7 @@ from __future__ import annotations
 from replag.errors import KeyRefused
 from replag.repair.keyspace.field_ttls import server_has_field_ttls
 from replag.repair.keyspace.observe import KeyState
-from replag.resp import RespConnection
+from replag.wire.resp import RespConnection
 
 NOT_WHOLE = "; not copied (a copy would hold less than its source)"
 

@@ -27,7 +27,7 @@ import xxhash
 
 from replag.repair.keyspace.digest import _mix
 from replag.repair.keyspace.native import hash_each
-from replag.resp import RespConnection, pack
+from replag.wire.resp import RespConnection, pack
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

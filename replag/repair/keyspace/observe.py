@@ -24,7 +24,7 @@ from replag.repair.keyspace.field_ttls import (
 )
 from replag.repair.keyspace.slots import is_moved
 from replag.repair.keyspace.values import Data, read_values, string_page
-from replag.resp import RespConnection, error_text, pack
+from replag.wire.resp import RespConnection, error_text, pack
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ async def observe_keys(
     """
     if not keys:
         return {}
-    last = string_page() - 1
+    last = string_page(conn.endpoint.limits) - 1
     payload = b"".join(
         pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GETRANGE", k, 0, last) for k in keys
     )

@@ -45,7 +45,6 @@ from typing import Any, Literal, Protocol
 
 import xxhash
 
-from replag import reply_limits
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
 from replag.repair.keyspace.faithful import require_whole_copy
 from replag.repair.keyspace.field_ttls import (
@@ -57,9 +56,10 @@ from replag.repair.keyspace.field_ttls import (
 from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
 from replag.repair.keyspace.values import string_page
-from replag.resp import RespConnection, error_text, pack
 from replag.settings import Settings
 from replag.topology import Endpoint
+from replag.wire.reply_limits import ReplyLimits
+from replag.wire.resp import RespConnection, error_text, pack
 
 logger = logging.getLogger(__name__)
 PAGE_BYTES = 512 * 1024
@@ -144,13 +144,15 @@ def _writes(temp: bytes, type_name: str, items: list[Any]) -> list[bytes]:
 class _PageReader:
     """Pages of one collection on the winner, digested as they come."""
 
-    def __init__(self, key: bytes, type_name: str, page: int, field_ttls: bool = False) -> None:
+    def __init__(
+        self, key: bytes, type_name: str, page: int, limits: ReplyLimits, field_ttls: bool = False
+    ) -> None:
         self.key, self.type, self.page = key, type_name, page
         # A hash with field TTLs: each page's fields' TTLs are read after it (`expiries`).
         self.field_ttls = field_ttls and type_name == "hash"
         self.expiring: dict[bytes, int] = {}
         if type_name == "string":  # pages of bytes, each half of what a reply may carry
-            self.page = string_page()
+            self.page = string_page(limits)
         self.bytes = xxhash.xxh3_64()
         self.cursor: bytes = b"0"
         self.start = 0
@@ -254,7 +256,7 @@ async def copy_in_pages(
         await require_whole_copy(target, key, expected)
     (pttl,) = await winner.request(pack(b"PTTL", key), 1)
     read_at = time.monotonic()
-    reader = _PageReader(key, expected.type, options.page, field_ttls)
+    reader = _PageReader(key, expected.type, options.page, winner.endpoint.limits, field_ttls)
     pending: asyncio.Future[tuple[list[Any], int]] | None = None
     first = True
     try:
@@ -489,10 +491,11 @@ async def copied_in_pages(lane: PagedLane, key: bytes, state: KeyState, page_ele
     whose DUMP could not pass max_reply_bytes in one reply (read in GETRANGE pages)."""
     if state.type == "string":
         size = state.size
-        if size is None:
-            async with lane.connection() as conn:
+        async with lane.connection() as conn:
+            limit = conn.endpoint.limits.max_bytes
+            if size is None:
                 (size,) = await conn.request(pack(b"STRLEN", key), 1)
-        return isinstance(size, int) and size + DUMP_OVERHEAD > reply_limits.current().max_bytes
+        return isinstance(size, int) and size + DUMP_OVERHEAD > limit
     if state.type not in _CARD:
         return False
     async with lane.connection() as conn:

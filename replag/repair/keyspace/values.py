@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from replag import reply_limits
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.repair.keyspace.field_ttls import PLAIN_ENCODINGS, FieldExpiries
-from replag.resp import RespConnection, error_text, pack
+from replag.wire.reply_limits import ReplyLimits
+from replag.wire.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
 Data = (
@@ -43,10 +43,10 @@ _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
 
 
-def string_page() -> int:
+def string_page(limits: ReplyLimits) -> int:
     """The most bytes one read of a string (GETRANGE) asks for: half of max_reply_bytes,
     so that a reply never breaks the limit (the rest of a longer string in more pages)."""
-    return max(1, reply_limits.current().max_bytes // 2)
+    return max(1, limits.max_bytes // 2)
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,16 @@ class _Reader:
     """The state of one key being read chunk by chunk."""
 
     def __init__(
-        self, key: bytes, type_name: str, chunk: int, keep: bool, field_ttls: bool = False
+        self,
+        key: bytes,
+        type_name: str,
+        chunk: int,
+        keep: bool,
+        limits: ReplyLimits,
+        field_ttls: bool = False,
     ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
+        self.limits = limits
         # A hash whose fields may have TTLs: its encoding is asked with its HLEN, and
         # unless plain, each page's fields' TTLs with the next page (`held` till then).
         self.field_ttls = field_ttls and type_name == "hash"
@@ -104,7 +111,7 @@ class _Reader:
         if not self.elements:
             return min(self.chunk, _FIRST_PAGE)
         per_element = max(1.0, self.bytes / self.elements)
-        fit = int(reply_limits.current().max_bytes / 4 / per_element)
+        fit = int(self.limits.max_bytes / 4 / per_element)
         return max(1, min(self.chunk, fit))
 
     def _sized(self, items: Sequence[Any], elements: int) -> None:
@@ -115,7 +122,7 @@ class _Reader:
         k = self.key
         n = self.asked = self._count()
         if self.type == "string":  # in pages of half of what one reply may carry
-            return pack(b"GETRANGE", k, self.start, self.start + string_page() - 1)
+            return pack(b"GETRANGE", k, self.start, self.start + string_page(self.limits) - 1)
         if self.type in _SCAN:
             out = b""
             if self.card is None:
@@ -163,7 +170,7 @@ class _Reader:
         if self.type == "string":
             self.items.append(reply)
             self.start += len(reply)
-            self.done = len(reply) < string_page()
+            self.done = len(reply) < string_page(self.limits)
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -289,8 +296,11 @@ async def read_values(
 
     A type replag does not know (a module type) raises nothing: it gets None.
     """
+    limits = conn.endpoint.limits
     readers = [
-        _Reader(k, t, chunk, keep, field_ttls) for k, t in typed_keys if t in SUPPORTED_TYPES
+        _Reader(k, t, chunk, keep, limits, field_ttls)
+        for k, t in typed_keys
+        if t in SUPPORTED_TYPES
     ]
     out: dict[bytes, ReadValue | None] = {k: None for k, _ in typed_keys}
     active = readers

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from replag import reply_limits
 from replag.errors import RepairError, ReplagError
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.keep import KeepLimits, KeptKeys
@@ -293,7 +292,6 @@ def _worker(
     _die_with(parent if parent is not None else os.getppid())
     if options.nice > 0:
         os.nice(options.nice)
-    reply_limits.configure(options.reply_limits)  # a fork server's are its own
     kept = KeptKeys(depth, limits)
     selection: LeafSelection | None = None
     try:

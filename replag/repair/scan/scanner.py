@@ -13,16 +13,16 @@ are read within its slots (`scan_cluster`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from replag import reply_limits
 from replag.errors import RepairError, ReplagError, UnreachableError
 from replag.repair.keyspace.digest import TYPE_CODES
 from replag.repair.keyspace.field_ttls import (
@@ -46,8 +46,9 @@ from replag.repair.scan.ttls import (
 )
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
-from replag.reply_limits import ReplyLimitError, ReplyLimits
-from replag.resp import (
+from replag.topology import Endpoint
+from replag.wire.reply_limits import ReplyLimitError, ReplyLimits
+from replag.wire.resp import (
     RespConnection,
     error_text,
     pack,
@@ -55,7 +56,6 @@ from replag.resp import (
     pack_over_keys,
     pack_per_key,
 )
-from replag.topology import Endpoint
 
 # Where these lived before scan.py was split; other modules import them from here still.
 __all__ = [
@@ -103,8 +103,8 @@ class ScanOptions:
     nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
-    # This process's reply limits when the options were made: a scan process uses them.
-    reply_limits: ReplyLimits = field(default_factory=reply_limits.current)
+    # The reply limits of the scan (None: the endpoint's own).
+    reply_limits: ReplyLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,8 @@ class ReplicaScanner:
         checkpoint: Checkpoint | None = None,
         progress: Progress | None = None,
     ) -> None:
+        if options.reply_limits is not None:
+            endpoint = dataclasses.replace(endpoint, limits=options.reply_limits)
         self.endpoint = endpoint
         self.options = options
         self.hooks = ScanHooks(sink, checkpoint, progress, every_s=options.checkpoint_every_s)

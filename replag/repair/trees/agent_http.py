@@ -6,7 +6,7 @@ failure becomes an `AgentError` naming the agent: unreachable or dead
 and a TLS handshake that fails (`AgentTlsError`: the agent's certificate
 expired, names another host or is signed by a CA we do not trust, or the agent
 wants a client certificate we did not give or does not trust ours). An
-https:// agent's context comes from `replag.tls`, like a Redis endpoint's.
+https:// agent's context comes from `replag.wire.tls`, like a Redis endpoint's.
 
 With every request go the bearer token and, for the agent's audit log, what
 the coordinator is running (`X-Replag-Run`, `X-Replag-Job`, `X-Replag-Started-By`:
@@ -22,9 +22,10 @@ import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from replag import reply_limits
 from replag.errors import AgentError, AgentTlsError
-from replag.tls import (
+from replag.topology import TlsOptions
+from replag.wire import reply_limits
+from replag.wire.tls import (
     CLOSED,
     TlsFilesError,
     client_context,
@@ -32,7 +33,6 @@ from replag.tls import (
     refusal_after_handshake,
     tls_cause,
 )
-from replag.topology import TlsOptions
 
 if TYPE_CHECKING:
     import aiohttp
@@ -69,8 +69,10 @@ class AgentLink:
         timeout_s: float,
         tls: TlsOptions | None = None,
         headers: Mapping[str, str] | None = None,
+        max_bytes: int = reply_limits.DEFAULT.max_bytes,
     ) -> None:
         self.url = url.rstrip("/")
+        self.max_bytes = max_bytes  # of one answer (the region's max_reply_bytes)
         self.timeout_s = timeout_s
         self.tls = tls if self.url.startswith("https://") else None
         self._token = token
@@ -168,7 +170,7 @@ class AgentLink:
 
     async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
         """The answer's body, refused unread beyond max_reply_bytes (whatever it announces)."""
-        limit = reply_limits.current().max_bytes
+        limit = self.max_bytes
         if resp.content_length is not None and resp.content_length > limit:
             raise AgentError(
                 self._too_big(f"announced {resp.content_length} bytes"), where=self.url
@@ -181,9 +183,8 @@ class AgentLink:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @staticmethod
-    def _too_big(said: str) -> str:
-        limit = reply_limits.size_text(reply_limits.current().max_bytes)
+    def _too_big(self, said: str) -> str:
+        limit = reply_limits.size_text(self.max_bytes)
         return f"the agent's answer {said}, over max_reply_bytes = {limit}"
 
     async def _failed(self, exc: BaseException) -> AgentError:
