@@ -132,7 +132,9 @@ async def test_a_field_expired_but_not_reclaimed_is_absent_not_changing(
 async def test_field_ttls_are_carried_by_pages_by_rebuild_and_onto_the_primary(
     current_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
-    # A 200,000-field hash (above repair_page_elements: copied in pages) with field TTLs.
+    # A 200,000-field hash (above repair_page_elements: copied in pages) with field TTLs,
+    # as the issue asks: the longest test here (each full read of it is a second or two,
+    # and a repair reads it on every member several times).
     servers = [redis_factory("a"), redis_factory("b"), redis_factory("c")]
     a, b, c = (s.client() for s in servers)
     at, soon = _at(HOUR_MS), _at(HOUR_MS // 2)
@@ -152,7 +154,6 @@ async def test_field_ttls_are_carried_by_pages_by_rebuild_and_onto_the_primary(
     done = (await rebuild(config, group="g", replica="n2", closing_pass=False)).to_dict()
     assert done["big_copied"] == 1, done
     assert _expiry(c, "huge", "f0", "f1", "f5", "f199998") == [at, soon, -1, at]
-    assert (await check(config)).divergent == 0
 
 
 async def test_a_writable_replica_leaves_the_primarys_field_ttls_intact(
@@ -223,3 +224,30 @@ async def test_redis_8_to_valkey_9_carries_field_ttls_and_redis_7_is_refused_by_
     assert [k["key"] for k in errors] == ["h"], report
     assert errors[0]["reason"].startswith("n2 refused: "), errors[0]
     assert "keeps no field TTLs" in errors[0]["reason"], errors[0]
+
+
+def test_field_expiries_cross_to_and_from_an_agent_and_compare_with_the_tolerance() -> None:
+    from replag.repair.keyspace.field_ttls import FieldExpiries, keys_with_volatile_fields
+    from replag.repair.keyspace.observe import KeyState
+    from replag.repair.trees.remote import state_from_wire, state_to_wire
+
+    expiries = FieldExpiries.of([b"a", b"b\xff"], [1_000_000, 2_000_000])
+    state = KeyState(True, "hash", 7, None, field_expiries=expiries)
+    back = state_from_wire(state_to_wire(state), where="agent")
+    assert back.field_expiries is not None
+    assert sorted(back.field_expiries.items()) == [(b"a", 1_000_000), (b"b\xff", 2_000_000)]
+    assert back.same_as(state, 0)
+    near = KeyState(
+        True,
+        "hash",
+        7,
+        None,
+        field_expiries=FieldExpiries.of([b"a", b"b\xff"], [1_000_900, 2_000_000]),
+    )
+    assert near.same_as(state, 1000) and not near.same_as(state, 500)
+    assert not KeyState(True, "hash", 7, None).same_as(state, 10**9)  # none on one side
+    # INFO keyspace: Redis 8 says subexpiry, Valkey 9 keys_with_volatile_items, older none.
+    assert keys_with_volatile_fields(b"db0:keys=2,expires=0,avg_ttl=0,subexpiry=1\r\n", 0) == 1
+    valkey = b"# Keyspace\r\ndb3:keys=9,expires=1,avg_ttl=0,keys_with_volatile_items=0\r\n"
+    assert keys_with_volatile_fields(valkey, 3) == 0
+    assert keys_with_volatile_fields(b"db0:keys=2,expires=0,avg_ttl=0\r\n", 0) is None

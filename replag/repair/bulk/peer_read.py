@@ -37,7 +37,7 @@ from replag.repair.keyspace.digest import (
     set_digest,
     zset_digest,
 )
-from replag.repair.keyspace.field_ttls import FieldExpiries, entry_digest, server_has_field_ttls
+from replag.repair.keyspace.field_ttls import FieldExpiries, db_has_field_ttls, entry_digest
 from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import KeyState
 from replag.repair.keyspace.values import Data, StreamEntry, read_values
@@ -274,7 +274,7 @@ class PeerReader:
         if read.big:
             # Digested in pages (HSCAN …), as a check reads them: never one long command.
             big = [(keys[i], TYPE_NAMES[int(read.types[i])]) for i in sorted(read.big)]
-            fields = any(t == "hash" for _, t in big) and await server_has_field_ttls(conn)
+            fields = any(t == "hash" for _, t in big) and await db_has_field_ttls(conn)
             digests = await read_values(
                 conn, big, chunk=min(self.page_elements, 1000), field_ttls=fields
             )
@@ -334,7 +334,7 @@ class PeerReader:
             read.canonical.add(i)
             if type_name == "hash":
                 hashes.append((i, data))  # type: ignore[arg-type]
-        if hashes and await server_has_field_ttls(conn):
+        if hashes and await db_has_field_ttls(conn):
             await self._field_expiries(conn, keys, read, hashes)
 
     async def _field_expiries(

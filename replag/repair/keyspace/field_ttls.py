@@ -84,6 +84,16 @@ async def server_has_field_ttls(conn: RespConnection) -> bool:
     return conn.field_ttls
 
 
+async def db_has_field_ttls(conn: RespConnection) -> bool:
+    """Whether any key of `conn`'s database has fields with a TTL now (INFO keyspace):
+    where none has, a hash is read as on a server without them."""
+    if not await server_has_field_ttls(conn):
+        return False
+    (info,) = await conn.request(pack(b"INFO", b"keyspace"), 1)
+    count = keys_with_volatile_fields(info, conn.endpoint.db)
+    return count is None or count > 0
+
+
 def field_hashes(names: Sequence[bytes]) -> U64:
     return hash_each(list(names))
 

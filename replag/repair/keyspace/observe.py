@@ -19,8 +19,8 @@ import xxhash
 from replag.repair.keyspace.digest import string_digest
 from replag.repair.keyspace.field_ttls import (
     FieldExpiries,
+    db_has_field_ttls,
     same_field_expiries,
-    server_has_field_ttls,
 )
 from replag.repair.keyspace.slots import is_moved
 from replag.repair.keyspace.values import Data, read_values, string_page
@@ -131,7 +131,7 @@ async def observe_keys(
     with them); `keep` keeps string values, `fields` reads those hash fields too.
     A page is half of max_reply_bytes, so a string longer than one reply may carry
     is read, and digested as if whole, in pages (`string_page`). A hash's fields' TTLs
-    are read where the server has them (`field_ttls` None: asked of it once).
+    are read where its database holds any (`field_ttls` None: INFO keyspace says).
     """
     if not keys:
         return {}
@@ -176,7 +176,7 @@ async def observe_keys(
     if not collections:
         return out
     if field_ttls is None and any(t == "hash" for _, t in collections):
-        field_ttls = await server_has_field_ttls(conn)
+        field_ttls = await db_has_field_ttls(conn)
     values = await read_values(conn, collections, chunk=chunk, field_ttls=bool(field_ttls))
     hashes = [k for k, t in collections if t == "hash"] if fields else []
     selected = await _hash_fields(conn, hashes, fields)

@@ -9,7 +9,7 @@ so memory does not grow with a collection unless the data is asked for
 round also asks HLEN/SCARD/ZCARD: a count that does not match means the key
 moved (or was resized) while being read, and the read counts as changed.
 
-Where asked (`field_ttls`), a hash's fields' TTLs are read with it (`field_ttls`): a
+Where asked (`field_ttls`), a hash's fields' TTLs are read with it (`FieldExpiries`): a
 field the server says has expired is absent, as HSCAN already leaves it out. HLEN
 still counts such a field until the server reclaims it (a replica never does), so a
 hash that may hold field TTLs and reads fewer fields than HLEN says is read once more:
