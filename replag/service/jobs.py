@@ -33,6 +33,7 @@ from replag.service.scheduler import Claim
 from replag.settings import Settings
 from replag.store import Store, leases
 from replag.store.leases import instance_id
+from replag.tracing import span
 
 log = logging.getLogger("replag.service")
 
@@ -223,36 +224,8 @@ class JobRunner:
                 table.run_recorded(job.id, run_id)
 
         try:
-            if job.action == "check":
-                report = await check(
-                    self.job_config,
-                    group=None if resume else job.group,
-                    store=self.store,
-                    ttls=options.get("ttls"),
-                    resume=resume,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                )
-            elif resume is not None:
-                report = await repair(
-                    self.job_config,
-                    store=self.store,
-                    resume=resume,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                )
-            else:
-                report = await repair(
-                    self.job_config,
-                    group=job.group,
-                    store=self.store,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                    **options,
-                )
+            with span(f"replag.{job.action}", replag__group=group_label, replag__job=job.id):
+                report = await self._report(job, options, resume, recorded)
             job.run_id, job.divergent = report.run_id, int(report.divergent)
             job.state = "done"
             self._observe(job, report)
@@ -285,6 +258,44 @@ class JobRunner:
             with self.lock:
                 self.jobs[follow.id] = follow
             await self._run(follow, {})
+
+    async def _report(
+        self,
+        job: RepairJob,
+        options: dict[str, Any],
+        resume: str | None,
+        recorded: Callable[[str], None],
+    ) -> RepairReport:
+        """The check or repair `job` names, run (a resumed one from its run's record)."""
+        if job.action == "check":
+            return await check(
+                self.job_config,
+                group=None if resume else job.group,
+                store=self.store,
+                ttls=options.get("ttls"),
+                resume=resume,
+                on_run=recorded,
+                started_by=job.started_by,
+                acl_mode="serve",
+            )
+        if resume is not None:
+            return await repair(
+                self.job_config,
+                store=self.store,
+                resume=resume,
+                on_run=recorded,
+                started_by=job.started_by,
+                acl_mode="serve",
+            )
+        return await repair(
+            self.job_config,
+            group=job.group,
+            store=self.store,
+            on_run=recorded,
+            started_by=job.started_by,
+            acl_mode="serve",
+            **options,
+        )
 
     def _store_outcome(self, job: RepairJob) -> None:
         """The job's row says how it ended (a cancelled job stays running: resumable)."""

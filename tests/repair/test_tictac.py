@@ -103,13 +103,12 @@ def test_unordered_digests_ignore_page_order_and_splits_but_not_content() -> Non
 
 def test_a_collection_read_with_an_element_seen_twice_counts_as_changed() -> None:
     from replag.repair.keyspace.values import _Reader
-    from replag.wire.reply_limits import ReplyLimits
 
-    reader = _Reader(b"h", "hash", 2, keep=False, limits=ReplyLimits())
+    reader = _Reader(b"h", "hash", 2, keep=False)
     reader.feed([3, [b"7", [b"a", b"1", b"b", b"2"]]])  # HLEN 3, first page
     reader.feed([[b"0", [b"b", b"2", b"c", b"3"]]])  # "b" again: the table was resized
     assert reader.done and reader.result() is None
-    reader = _Reader(b"h", "hash", 2, keep=False, limits=ReplyLimits())
+    reader = _Reader(b"h", "hash", 2, keep=False)
     reader.feed([3, [b"7", [b"a", b"1", b"b", b"2"]]])
     reader.feed([[b"0", [b"c", b"3"]]])
     assert reader.result() is not None

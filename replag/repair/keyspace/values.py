@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.repair.keyspace.field_ttls import PLAIN_ENCODINGS, FieldExpiries
+from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
@@ -69,7 +70,7 @@ class _Reader:
         type_name: str,
         chunk: int,
         keep: bool,
-        limits: ReplyLimits,
+        limits: ReplyLimits = reply_limits.DEFAULT,
         field_ttls: bool = False,
     ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep

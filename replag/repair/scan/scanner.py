@@ -56,6 +56,7 @@ from replag.wire.resp import (
     pack_over_keys,
     pack_per_key,
 )
+from replag.wire.scan_end import ScanEnd
 
 # Where these lived before scan.py was split; other modules import them from here still.
 __all__ = [
@@ -259,7 +260,8 @@ class ReplicaScanner:
         started = time.perf_counter() - state.seconds
         hooks.started()
         read = state.keys
-        producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue))
+        end = ScanEnd(self.endpoint, state.total)
+        producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue, end))
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, ReplagError):
@@ -283,7 +285,7 @@ class ReplicaScanner:
                     walk = (
                         queue.put(None)
                         if cursor == b"0"
-                        else self._walk(scan_conn, fetch_conn, cursor, queue)
+                        else self._walk(scan_conn, fetch_conn, cursor, queue, end)
                     )
                     producer = asyncio.create_task(walk)
                     continue
@@ -356,13 +358,14 @@ class ReplicaScanner:
         queue: asyncio.Queue[
             tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ],
+        end: ScanEnd,
     ) -> None:
         extra = scan_arguments(self.options)
         try:
             while True:
                 replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
                 scan_conn.check(replies)
-                cursor, keys = replies[0]
+                cursor, keys = end.step(replies[0])
                 keys = batch_keys(keys, self.options)
                 if keys:
                     future = self._fetch(fetch_conn, keys, self.ttl_source)
