@@ -346,6 +346,14 @@ class ServiceMetrics:
             ["group"],
             registry=r,
         )
+        self.not_compared = Gauge(
+            "replag_not_compared_keys",
+            "Keys of a replica group whose values could not be compared at the last check "
+            "(a type replag cannot read whole, such as a module's): the group is not known "
+            "to be clean.",
+            ["group"],
+            registry=r,
+        )
         self.repair_runs = Counter(
             "replag_repair_runs",
             "Repair checks and runs by outcome.",

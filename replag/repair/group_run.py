@@ -38,7 +38,9 @@ from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.progress import RepairProgress
+from replag.repair.keyspace.slot_migrations import during_run, migration_rows
 from replag.repair.keyspace.slots import (
+    SLOTS,
     Move,
     SlotMap,
     key_slot,
@@ -51,7 +53,7 @@ from replag.repair.run_state import RunState
 from replag.repair.scan.keep import batch_bytes, keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
-from replag.repair.stray_slots import stray_keys
+from replag.repair.stray_slots import StrayCheck
 from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
@@ -220,6 +222,7 @@ class GroupRun:
         self.report.candidates = saved.get("candidates", 0)
         self.report.bulk_refilled = saved.get("bulk_refilled", 0)
         self.report.changing = saved.get("changing_during_check", 0)
+        self.report.not_compared = list(saved.get("not_compared", []))
         self.report.undone = saved.get("undone", 0)
         self.report.undo_failed = saved.get("undo_failed", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
@@ -328,31 +331,7 @@ class GroupRun:
             candidates = await self._bulk(plan, candidates)
         await self._verify(candidates, held if slot_map is not None else None)
         if slot_map is not None:
-            after = await self._slot_map()
-            skipped = not_compared(slot_map, after) | self.verifier.moved_slots
-            self._forget_slots(skipped)
-            stale: dict[str, set[int]] = {}
-            for slot, node in {**slot_map.stale, **after.stale}.items():
-                if slot not in skipped:
-                    stale.setdefault(node, set()).add(slot)
-            self.report.stale_marks = [
-                {"node": node, "slots": [list(r) for r in ranges(slots)]}
-                for node, slots in sorted(stale.items())
-            ]
-            stuck = {s: m for s, m in stuck_moves(slot_map, after).items() if s not in skipped}
-            self.report.stuck_moves = _stuck_rows(stuck, after)
-            # Keys members hold in slots the shard serves at neither end (a reshard's
-            # leftovers on a replica): not in the scan, and no repair through the primary.
-            self.report.stray_keys = await stray_keys(
-                self.topology,
-                [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
-                slot_map.owned | after.owned,
-                timeout_s=self.timeout_s,
-                skip=skipped | stuck.keys(),  # keys a stuck move took across: not strays
-            )
-            primary = self.group.members[self.primary].name if self.primary is not None else None
-            for row in self.report.stray_keys:
-                row["on_primary"] = row["member"] == primary
+            await self._settle_slots(slot_map)
             if self.key_sink is not None:
                 for key, detail in held:
                     if key in self.records:
@@ -394,6 +373,7 @@ class GroupRun:
 
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        self.report.not_compared = self.verifier.opaque_keys.to_list()
 
     async def _compare_leaves(
         self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
@@ -461,6 +441,53 @@ class GroupRun:
 
     async def _slot_map(self) -> SlotMap:
         return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
+
+    async def _settle_slots(self, before: SlotMap) -> None:
+        """What the run's slot maps say, at its end: the slots not compared (moved or
+        moving), stale marks, stuck moves, stray keys, a topology that changed (then
+        nothing of the group is reported), and the reads refused (then not verified)."""
+        after = await self._slot_map()
+        report = self.report
+        report.refused += before.refused + after.refused
+        report.slot_migrations = migration_rows(
+            during_run(before.migrations, after.migrations), {**before.where, **after.where}
+        )
+        changed = before.topology_change() or after.topology_change()
+        if changed is not None:
+            report.topology_changed = changed
+            self._forget_slots(set(range(SLOTS)))
+            return
+        skipped = not_compared(before, after) | self.verifier.moved_slots
+        stuck = {s: m for s, m in stuck_moves(before, after).items() if s not in skipped}
+        report.stuck_moves = _stuck_rows(stuck, after)
+        # Keys members hold in slots the shard serves at neither end (a reshard's
+        # leftovers on a replica): not in the scan, and no repair through the primary.
+        strays = StrayCheck(
+            self.topology,
+            [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
+            self.group.members[self.primary] if self.primary is not None else None,
+            timeout_s=self.timeout_s,
+            settle_s=self.settle_s,
+            read_map=self._slot_map,
+        )
+        # Keys a stuck move took across are not strays.
+        report.stray_keys = await strays.find(before.owned | after.owned, skipped | stuck.keys())
+        report.refused += strays.refused
+        if after.stale and not strays.maps:
+            await asyncio.sleep(self.settle_s)
+            strays.maps.append(await self._slot_map())
+            report.refused += strays.maps[-1].refused
+        # A mark is stale only if it still is at a later read: a live move's two ends are
+        # marked one after the other, and cleared one after the other.
+        stale: dict[str, set[int]] = {}
+        for slot, node in after.stale.items():
+            if slot not in skipped and all(m.stale.get(slot) == node for m in strays.maps):
+                stale.setdefault(node, set()).add(slot)
+        report.stale_marks = [
+            {"node": node, "slots": [list(r) for r in ranges(slots)]}
+            for node, slots in sorted(stale.items())
+        ]
+        self._forget_slots(skipped)
 
     def _forget_slots(self, skipped: set[int]) -> None:
         """Keys of slots that moved during the check were not compared: drop what was

@@ -29,7 +29,11 @@ from replag.wire.resp import RespConnection, error_text, pack
 
 @dataclass(frozen=True)
 class KeyState:
-    """One key on one replica. `digest is None` on a present key means it changed while read."""
+    """One key on one replica. `digest is None` on a present key means it changed while read,
+    unless the key is `opaque`: a value replag cannot read whole (a module type; `opaque`
+    says why), of which only the type and expiry are known. Two opaque states of one type
+    are the same value as far as a read can tell, which is all that a re-read (or a guard
+    before a write) asks; whether two members agree on one is not known (`uncompared`)."""
 
     exists: bool
     type: str | None = None
@@ -44,10 +48,13 @@ class KeyState:
     size: int | None = field(default=None, compare=False)
     # A hash's fields that have a TTL (`field_ttls`): compared as expiries are.
     field_expiries: FieldExpiries | None = field(default=None, compare=False, repr=False)
+    opaque: str | None = field(default=None, compare=False)
 
     @property
     def readable(self) -> bool:
-        return not self.moved and (not self.exists or self.digest is not None)
+        return not self.moved and (
+            not self.exists or self.digest is not None or self.opaque is not None
+        )
 
     def same_value(self, other: KeyState) -> bool:
         return (self.exists, self.type, self.digest) == (other.exists, other.type, other.digest)
@@ -81,6 +88,8 @@ class KeyState:
         }
         if self.field_expiries is not None:
             out["fields_with_ttl"] = len(self.field_expiries)
+        if self.opaque is not None:
+            out["not_compared"] = self.opaque
         return out
 
 
@@ -182,13 +191,15 @@ async def observe_keys(
     selected = await _hash_fields(conn, hashes, fields)
     for key, type_name in collections:
         read = values[key]
+        opaque = read.opaque if read else None
         out[key] = KeyState(
             True,
             type_name,
-            read.digest if read else None,
+            read.digest if read and opaque is None else None,
             expiries[key],
             fields=selected.get(key),
             field_expiries=read.field_expiries if read else None,
+            opaque=opaque,
         )
     return out
 

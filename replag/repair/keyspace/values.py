@@ -14,6 +14,12 @@ field the server says has expired is absent, as HSCAN already leaves it out. HLE
 still counts such a field until the server reclaims it (a replica never does), so a
 hash that may hold field TTLs and reads fewer fields than HLEN says is read once more:
 the same fields, values and TTLs twice is the hash as it is, not a hash changing.
+
+Vector sets (`vector_sets`) and RedisJSON documents (`json_values`) are read by
+their content in the same rounds. Any other type (a module's) is `opaque`: its
+type and expiry are known, its value is not compared. No server digest stands in
+for it: DEBUG DIGEST-VALUE is refused unless enable-debug-command allows it, and
+where it runs, FalkorDB's `graphdata` answers one digest for every graph (Redis 8.2.3).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from replag.repair.keyspace import json_values, vector_sets
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.repair.keyspace.field_ttls import PLAIN_ENCODINGS, FieldExpiries
 from replag.wire import reply_limits
@@ -52,13 +59,15 @@ def string_page(limits: ReplyLimits) -> int:
 
 @dataclass(frozen=True)
 class ReadValue:
-    """A key's value as read: its type, canonical digest and (if kept) the data."""
+    """A key's value as read: its type, canonical digest and (if kept) the data; or,
+    `opaque`, why its value could not be read (its digest then means nothing)."""
 
     type: str
     digest: int
     data: Data | None = None
     # A hash's fields that have a TTL (None: none has, or they were not asked for).
     field_expiries: FieldExpiries | None = None
+    opaque: str | None = None
 
 
 class _Reader:
@@ -282,6 +291,26 @@ class _Reader:
 
 
 SUPPORTED_TYPES = ("string", "hash", "set", "zset", "list", "stream")
+# Types read by their content besides those (never kept: no typed write rebuilds them).
+CONTENT_TYPES = (vector_sets.TYPE, json_values.TYPE)
+_ContentReader = vector_sets.VectorSetReader | json_values.JsonReader
+
+
+def opaque_value(type_name: str) -> ReadValue:
+    """A value of `type_name`, not one replag reads: not compared, and why."""
+    return ReadValue(type_name, 0, opaque=f"a {type_name} value: no command reads it whole")
+
+
+def _content_reader(key: bytes, type_name: str, chunk: int, limits: ReplyLimits) -> _ContentReader:
+    if type_name == vector_sets.TYPE:
+        return vector_sets.VectorSetReader(key, chunk, limits)
+    return json_values.JsonReader(key, limits)
+
+
+def _content_result(reader: _ContentReader) -> ReadValue | None:
+    if reader.opaque is not None:
+        return ReadValue(reader.type, 0, opaque=reader.opaque)
+    return None if reader.failed else ReadValue(reader.type, reader.digest)
 
 
 async def read_values(
@@ -295,7 +324,8 @@ async def read_values(
     """Read every (key, type); None for a key that vanished or changed type meanwhile.
     `field_ttls`: hashes with their fields' TTLs (a server that has them).
 
-    A type replag does not know (a module type) raises nothing: it gets None.
+    A type replag does not read (a module type) raises nothing: it gets an `opaque`
+    ReadValue.
     """
     limits = conn.endpoint.limits
     readers = [
@@ -303,8 +333,12 @@ async def read_values(
         for k, t in typed_keys
         if t in SUPPORTED_TYPES
     ]
-    out: dict[bytes, ReadValue | None] = {k: None for k, _ in typed_keys}
-    active = readers
+    content = [_content_reader(k, t, chunk, limits) for k, t in typed_keys if t in CONTENT_TYPES]
+    out: dict[bytes, ReadValue | None] = {
+        k: None if t in SUPPORTED_TYPES or t in CONTENT_TYPES else opaque_value(t)
+        for k, t in typed_keys
+    }
+    active: list[_Reader | _ContentReader] = [*readers, *content]
     while active:
         counts = [r.replies for r in active]
         payload = b"".join(r.command() for r in active)
@@ -316,4 +350,6 @@ async def read_values(
         active = [r for r in active if not r.done]
     for reader in readers:
         out[reader.key] = reader.result()
+    for other in content:
+        out[other.key] = _content_result(other)
     return out

@@ -81,6 +81,12 @@ __all__ = [
 ]
 
 
+# Types whose every write publishes a keyspace event (RedisJSON's json.* included). Redis
+# 8.2's vector sets publish none for VADD, VREM or VSETATTR, nor FalkorDB for GRAPH.QUERY,
+# and another module's type may not either; client tracking sees them, notifications not.
+NOTIFIED = frozenset(("string", "hash", "set", "zset", "list", "stream", "ReJSON-RL"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
     count: int = 1000
@@ -104,6 +110,10 @@ class ScanOptions:
     nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
+    # The index is kept current from keyspace notifications (a region agent's live tree):
+    # keys of types whose writes publish none (not `NOTIFIED`) get the changed digest, so
+    # every check reads them again rather than trusting an entry no event updates.
+    live: bool = False
     # The reply limits of the scan (None: the endpoint's own).
     reply_limits: ReplyLimits | None = None
 
@@ -518,9 +528,14 @@ class ReplicaScanner:
             if not keep[i]:
                 continue
             value = read[keys[i]]
+            # A value replag cannot read (opaque) gets the changed digest too: every such
+            # key is a candidate, which verification names as not compared.
+            readable = value is not None and value.opaque is None
+            if self.options.live and value is not None and value.type not in NOTIFIED:
+                readable = False
             digests[i] = (
                 entry_digest(value.digest, value.field_expiries, bucket_ms)
-                if value is not None
+                if value is not None and readable
                 else self._changed_digest
             )
         return digests

@@ -65,9 +65,10 @@ def keys_from_wire(items: Sequence[str]) -> list[bytes]:
 
 
 def state_to_wire(state: KeyState) -> list[Any] | None:
-    """`[type, digest, expiry]`, plus `{data, fields, field_expiries}` when the state
-    carries a string's value or hash fields (base64), which only a newest:FIELD policy
-    asks for, or a hash's fields' TTLs (`FieldExpiries.to_wire`)."""
+    """`[type, digest, expiry]`, plus `{data, fields}` when the state carries a string's
+    value or hash fields (base64), which only a newest:FIELD policy asks for,
+    `{opaque}`, why a value was not read (a module type: not compared), and
+    `{field_expiries}`, a hash's fields' TTLs (`FieldExpiries.to_wire`)."""
     if not state.exists:
         return None
     digest = f"{state.digest:016x}" if state.digest is not None else None
@@ -75,6 +76,8 @@ def state_to_wire(state: KeyState) -> list[Any] | None:
     extra: dict[str, Any] = {}
     if isinstance(state.data, bytes):
         extra["data"] = base64.b64encode(state.data).decode("ascii")
+    if state.opaque is not None:
+        extra["opaque"] = state.opaque
     if state.fields:
         extra["fields"] = {
             base64.b64encode(k).decode("ascii"): base64.b64encode(v).decode("ascii")
@@ -114,6 +117,7 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
             field_expiries=FieldExpiries.from_wire(extra["field_expiries"])
             if "field_expiries" in extra
             else None,
+            opaque=str(extra["opaque"])[:500] if extra.get("opaque") is not None else None,
         )
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None
