@@ -85,6 +85,7 @@ LONGEST_FIRST = (
     "agent/test_lag_agents.py",
     "cli/test_output_contracts.py",
     "repair/test_run.py",
+    "test_docs_pictures.py",
 )
 
 

@@ -22,6 +22,7 @@ from replag.docs_pictures import diagrams, lag_plot_svg
 from replag.lab.server import free_port
 from tests.helpers.browser import CHROMIUM, chromium
 from tests.helpers.lab import LabFactory
+from tests.helpers.serve_process import pair_state
 from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,16 +51,7 @@ def test_the_committed_pictures_are_there_at_their_sizes() -> None:
 
 def _pair(base: str, proc: subprocess.Popen[Any], want: str, recovered: bool = False) -> bool:
     assert proc.poll() is None, "replag serve exited"
-    try:
-        pairs = httpx.get(base + "/api/v1/health", timeout=10).json()["pairs"]
-    except httpx.TransportError:
-        return False
-    pair = next((p for p in pairs if (p["source"], p["target"]) == ("us-east", "eu-west")), None)
-    return (
-        pair is not None
-        and pair["state"] == want
-        and (not recovered or pair.get("recovered_ns") is not None)
-    )
+    return pair_state(base, "us-east", "eu-west", want, recovered)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")

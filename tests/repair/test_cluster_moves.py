@@ -20,11 +20,13 @@ import tomli_w
 from click.testing import CliRunner, Result
 
 from replag.cli import main
-from replag.config import load_config
+from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check, repair
 from replag.repair.keyspace.progress import RepairProgress
 from replag.repair.keyspace.slots import key_slot
+from replag.service import ReplagService
+from replag.store import Store
 from replag.wire.permissions import acl_line
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster, wait_cluster_whole
 from tests.helpers.reshard import (
@@ -141,6 +143,21 @@ def _users(cluster: RedisClusterNodes, *rules: str) -> None:
             c.execute_command("ACL", "SETUSER", *rules)
 
 
+async def _service_outcome(config: Config, tmp_path: Path) -> str:
+    """The outcome `serve` counts for a check of every group (replag_repair_runs_total)."""
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        job = await service.wait_job(service.start_job("check", None).id)
+        assert job.state == "done", job.to_dict()
+        text = service.metrics.render().decode()
+    finally:
+        await service.stop()
+        store.close()
+    (line,) = [x for x in text.splitlines() if x.startswith("replag_repair_runs_total{")]
+    return line.split('outcome="', 1)[1].split('"', 1)[0]
+
+
 async def _cli(args: list[str], env: dict[str, str] | None = None) -> Result:
     """The CLI in a thread of its own (it runs an event loop)."""
     return await asyncio.to_thread(CliRunner().invoke, main, args, env=env)
@@ -192,11 +209,13 @@ async def test_the_check_recipe_finds_a_stray_and_a_refused_read_is_not_verified
                 plain = tmp_path / "plain.toml"
                 plain.write_text(found + f'\n[settings]\nstore = "{tmp_path}/p.sqlite"\n')
                 refused = await _cli(["repair", "check", "-c", str(plain)])
+                served = await _service_outcome(load_config(plain), tmp_path)
             finally:
                 _users(cluster, "default", "+cluster|countkeysinslot")
             assert refused.exit_code == 3, refused.output
             assert "permission refused: CLUSTER|COUNTKEYSINSLOT (user default)" in refused.output
             assert "NOT VERIFIED" in refused.output
+            assert served == "not_verified"  # serve never records it as clean either
         finally:
             await asyncio.to_thread(move_slot, cluster, slot, dest, source)
             _users(cluster, USER, "off")
