@@ -312,6 +312,9 @@ class RespConnection:
         self.endpoint = endpoint
         self._protocol = protocol
         self._timeout_s = timeout_s
+        # Whether the server keeps hash-field TTLs: learned when first needed
+        # (`repair.keyspace.field_ttls.server_has_field_ttls`).
+        self.field_ttls: bool | None = None
         # Small requests by their future, so `wait` checks each reply's shape (`shapes`).
         self._small: dict[int, bytes] = {}
 
