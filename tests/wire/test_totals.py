@@ -98,3 +98,17 @@ async def test_a_cluster_answer_naming_too_many_nodes_is_refused() -> None:
         seed = Endpoint.from_url(f"redis://{server.address}", name="fake")
         with pytest.raises(ReplyShapeError, match="20000 nodes, over max_topology_nodes = 10000"):
             await read_shards(seed, timeout_s=5)
+
+
+def test_a_string_read_in_pages_ends_at_max_string_bytes() -> None:
+    from replag.repair.keyspace.values import _Reader
+
+    limits = ReplyLimits(max_bytes=16, max_string_bytes=64)
+    reader = _Reader(b"s", "string", 10, False, limits)
+    pages = 0
+    while not reader.done:
+        reader.command()
+        reader.feed([b"x" * 8])  # always a full page: a server claiming an endless string
+        pages += 1
+        assert pages < 100
+    assert reader.failed and reader.start == 64
