@@ -53,18 +53,24 @@ def _sentinel_naming(host: str, port: int) -> ScriptedServer:
     return ScriptedServer({"SENTINEL GET-MASTER-ADDR-BY-NAME": array(bulk(host), bulk(str(port)))})
 
 
+def _sentinel_config(tmp_path: Path, primary_port: int, sentinel_port: int) -> Path:
+    """Region a: its primary (password s3cret) followed through one Sentinel."""
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\nconnect_timeout = "1s"\n'
+        f'[[regions]]\nname = "a"\nwrite = "redis://:s3cret@127.0.0.1:{primary_port}"\n'
+        f'replicas = ["redis://:s3cret@127.0.0.1:{primary_port}"]\n'
+        f'sentinel = {{master = "m", sentinels = ["127.0.0.1:{sentinel_port}"]}}\n'
+    )
+    return config
+
+
 def test_a_sentinel_naming_a_host_outside_gets_it_no_auth_and_no_write(
     tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     primary = redis_factory("primary", password="s3cret")
     with capture_server() as capture, _sentinel_naming(capture.host, capture.port) as sentinel:
-        config = tmp_path / "t.toml"
-        config.write_text(
-            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
-            f'[[regions]]\nname = "a"\nwrite = "redis://:s3cret@127.0.0.1:{primary.port}"\n'
-            f'replicas = ["redis://:s3cret@127.0.0.1:{primary.port}"]\n'
-            f'sentinel = {{master = "m", sentinels = ["127.0.0.1:{sentinel.port}"]}}\n'
-        )
+        config = _sentinel_config(tmp_path, primary.port, sentinel.port)
         probe = _run(["probe", "-c", str(config), "--count", "3"], tmp_path)
         assert capture.commands == [], capture.commands
         assert sentinel.names() and "AUTH" not in sentinel.names()
@@ -140,13 +146,7 @@ async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
 
     primary = redis_factory("primary", password="s3cret")
     with capture_server() as capture, _sentinel_naming(capture.host, capture.port) as sentinel:
-        path = tmp_path / "t.toml"
-        path.write_text(
-            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\nconnect_timeout = "1s"\n'
-            f'[[regions]]\nname = "a"\nwrite = "redis://:s3cret@127.0.0.1:{primary.port}"\n'
-            f'replicas = ["redis://:s3cret@127.0.0.1:{primary.port}"]\n'
-            f'sentinel = {{master = "m", sentinels = ["127.0.0.1:{sentinel.port}"]}}\n'
-        )
+        path = _sentinel_config(tmp_path, primary.port, sentinel.port)
         app = create_app(
             load_config(path), store=Store(tmp_path / "s.sqlite"), run_schedulers=False
         )
