@@ -112,3 +112,23 @@ def test_a_string_read_in_pages_ends_at_max_string_bytes() -> None:
         pages += 1
         assert pages < 100
     assert reader.failed and reader.start == 64
+
+
+async def test_discovery_asks_the_replicas_it_finds_at_once_under_one_deadline() -> None:
+    """A primary naming 50 replicas where nothing answers: all asked at once, each
+    written with why it is unread."""
+    from replag.discovery.replication import discover_replication
+
+    silent = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = silent.getsockname()[1]
+    lines = "".join(f"slave{i}:ip=127.0.0.{i + 3},port={port},state=online,offset=0,lag=0\r\n"
+                    for i in range(50))  # fmt: skip
+    info = bulk("# Replication\r\nrole:master\r\nconnected_slaves:50\r\n" + lines)
+    try:
+        with ScriptedServer({"INFO": info}) as server:
+            found = await discover_replication(f"redis://{server.address}", timeout_s=0.5)
+    finally:
+        silent.close()
+    assert found.facts["replicas"] == 50
+    text = "\n".join(found.endpoint_comments.values())
+    assert text.count("could not be read") == 50
