@@ -7,8 +7,6 @@ the heal."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import tomli_w
 
 from replag.lab.cluster import lab_fault
 from replag.prometheus_mixin import MixinParams, generate
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.lab import LabFactory
 from tests.helpers.prometheus_tools import binary, free_port, running
 from tests.helpers.waiting import until
@@ -58,8 +57,8 @@ async def test_prometheus_fires_and_resolves_the_partition_alert(
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "replag", "serve", "--config", str(config),
-            "--port", str(port), stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            *replag_argv("serve", "--config", str(config), "--port", str(port)),
+            stderr=out, env=replag_env(),
         )  # fmt: skip
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
