@@ -40,6 +40,22 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _optional_url(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return text.rstrip("/")
+
+
+def _lag_buckets_per_decade(value: Any) -> int:
+    number = _positive_int(value)
+    if number > 48:
+        raise ValueError(f"expected 1 to 48 buckets a decade, got {value!r}")
+    return number
+
+
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"expected a number, got {value!r}")
@@ -289,6 +305,28 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    max_info_bytes: int = setting(
+        "4MB",
+        _size,
+        "Most bytes an INFO (or CLUSTER NODES) answer may hold; a larger one is refused "
+        "before it is parsed, naming the server.",
+    )
+    max_info_lines: int = setting(
+        100_000, _positive_int, "Most lines an INFO (or CLUSTER NODES) answer may hold."
+    )
+    max_unrequested_bytes: int = setting(
+        "1MB",
+        _size,
+        "Most bytes a connection may receive while no request waits for them (on a "
+        "subscribed connection: not yet handed on); past it the connection is closed and "
+        "the server named.",
+    )
+    max_topology_nodes: int = setting(
+        10_000,
+        _positive_int,
+        "Most nodes one topology answer may name (CLUSTER SHARDS or SLOTS, a Sentinel's "
+        "replicas or Sentinels, INFO replication's replica lines); more is refused.",
+    )
     count: int = setting(200, _int, "Probe keys written per probe run.")
     rate: float = setting(
         200.0, _float, "Probe writes per second (0 = as fast as acknowledgements allow)."
@@ -353,6 +391,23 @@ class Settings:
     )
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    otlp_endpoint: str | None = setting(
+        None,
+        _optional_url,
+        "Service: OTLP/HTTP endpoint (e.g. http://otel-collector:4318) the metrics and the "
+        "traces of checks and repairs are exported to; unset: none. Needs the otel extra "
+        "(pip install 'replag[otel]').",
+    )
+    otlp_interval: float = setting(
+        "30s", _positive_duration, "Service: time between OTLP exports of the metrics."
+    )
+    lag_buckets_per_decade: int = setting(
+        5,
+        _lag_buckets_per_decade,
+        "Service: buckets a decade of replag_lag_seconds (0.1 ms to 10 s; 1 to 48). Each is a "
+        "series per replica: 5 makes 30 series, 48 makes 245 (docs/metrics.md#series-budget). "
+        "Read at start.",
     )
     lease_time: float = setting(
         "20s",

@@ -1,7 +1,7 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
-                   private_files, _scanindex (the C extension)
+                   private_files, tracing, _scanindex (the C extension)
     configuration  settings, wire.reply_limits, topology, validation, config_security,
                    config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
@@ -10,7 +10,7 @@
                    stamped_socket, connections, tls, permissions), store, discovery.http,
                    background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, prometheus_mixin, agent
+                   alerts, metrics, prometheus_mixin, grafana_dashboard, otlp, agent
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.tokens",
             "replag.logfields",
             "replag.private_files",
+            "replag.tracing",
             "replag._scanindex",
         ),
     ),
@@ -85,6 +86,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.alerts",
             "replag.metrics",
             "replag.prometheus_mixin",
+            "replag.grafana_dashboard",
+            "replag.otlp",
             "replag.agent",
         ),
     ),

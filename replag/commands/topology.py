@@ -177,7 +177,7 @@ def discover(
         raise UsageError("--previous applies to --cluster only")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
-    reply_limits.configure(reply_limits.from_settings(settings))
+    limits = reply_limits.from_settings(settings)
     timeout_s = _timeout_s(timeout, settings)
     password = _password_from(password_env, dynomite=dynomite_url is not None)
     defaults = EndpointDefaults.of(settings, os.environ, where="environment")
@@ -205,7 +205,9 @@ def discover(
             discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s, contacts=contacts)
         )
     elif redis_url:
-        found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts))
+        found = asyncio.run(
+            discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts, limits=limits)
+        )
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
@@ -213,6 +215,7 @@ def discover(
                 masters=list(sentinel_masters),
                 timeout_s=timeout_s,
                 contacts=contacts,
+                limits=limits,
             )
         )
     else:
@@ -222,6 +225,7 @@ def discover(
                 cluster_url,
                 timeout_s=timeout_s,
                 contacts=contacts,
+                limits=limits,
                 previous=_shards_in(previous, "--previous") if previous else _shards_in(out),
             )
         )

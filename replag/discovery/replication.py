@@ -18,6 +18,8 @@ from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
 
 # A replication tree deeper than this is a loop in what the servers told us.
 _MAX_HOPS = 32
@@ -138,12 +140,16 @@ async def find_primary(
 
 
 async def discover_replication(
-    url: str, *, timeout_s: float, contacts: Contacts | None = None
+    url: str,
+    *,
+    timeout_s: float,
+    contacts: Contacts | None = None,
+    limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """The primary of `url`'s replication tree and every replica under it (those outside
-    `contacts.networks` left out, never contacted)."""
+    `contacts.networks` left out, never contacted); each reply within `limits`."""
     try:
-        seed = Endpoint.from_url(url)
+        seed = replace(Endpoint.from_url(url), limits=limits)
     except ValueError as exc:
         raise UsageError(f"--redis: {exc}") from None
     primary = await find_primary(seed, timeout_s=timeout_s, contacts=contacts)

@@ -61,6 +61,7 @@ from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
+from replag.tracing import server, span
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,15 @@ class GroupRun:
         return [m.name for m in self.group.members]
 
     async def run(self) -> rp.GroupReport:
+        with span(
+            f"replag.{self.params.kind}.group",
+            replag__group=self.group.name,
+            replag__group_kind=self.shape.kind,
+            replag__members=len(self.group.members),
+        ):
+            return await self._run()
+
+    async def _run(self) -> rp.GroupReport:
         try:
             phase = self.log.group_phase(self.group.name) if self.log else None
             if phase is not None:
@@ -170,9 +180,11 @@ class GroupRun:
                 # Bulk batches a crash left unverified are settled before anything is read.
                 await settle_members(self.refill.pages, self.group, self.log.store, self.log.run_id)
             if self.given is not None and phase is None:
-                await self._verify_given(self.given)
+                with span("replag.verify", replag__keys=len(self.given)):
+                    await self._verify_given(self.given)
             elif phase is None or phase[0] == "scanning":
-                await self._scan_and_verify()
+                with span("replag.scan_and_verify", replag__group=self.group.name):
+                    await self._scan_and_verify()
             if self.params.kind == "repair":
                 started = time.perf_counter()
                 # A resumed run trusts nothing it recorded as repaired: a replica may have
@@ -180,7 +192,8 @@ class GroupRun:
                 rounds = self._rounds()
                 differ = await rounds.reverify_repaired() if phase is not None else 0
                 if phase is None or phase[0] != "done" or differ:
-                    await rounds.run()
+                    with span("replag.repair.rounds", replag__group=self.group.name):
+                        await rounds.run()
                 self.report.repair_s += time.perf_counter() - started
             self._save_phase("done")
         finally:
@@ -207,6 +220,7 @@ class GroupRun:
         self.report.candidates = saved.get("candidates", 0)
         self.report.bulk_refilled = saved.get("bulk_refilled", 0)
         self.report.changing = saved.get("changing_during_check", 0)
+        self.report.not_compared = list(saved.get("not_compared", []))
         self.report.undone = saved.get("undone", 0)
         self.report.undo_failed = saved.get("undo_failed", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
@@ -381,6 +395,7 @@ class GroupRun:
 
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        self.report.not_compared = self.verifier.opaque_keys.to_list()
 
     async def _compare_leaves(
         self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
@@ -484,7 +499,14 @@ class GroupRun:
             if log is not None:
                 log.save_scan(self.group.name, progress, tree)
 
-        with self.lanes[i].clock.busy():
+        with (
+            span(
+                "replag.scan.member",
+                replag__replica=member.name,
+                **server(member.host, member.port),
+            ),
+            self.lanes[i].clock.busy(),
+        ):
             worker = await WorkerTree.scan(
                 member,
                 self.options,

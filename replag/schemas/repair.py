@@ -33,6 +33,20 @@ PER_REPLICA = mapping(counts("missing", "extra", "different", "copy", "delete", 
 # "conflict" and "error", the run's totals "conflicts" and "errors".
 _OUTCOMES = ("repaired", "busy", "kept", "would_repair", "agreed", "pending", "resync")
 
+# Keys every member holds as a value replag cannot read whole (a module type), by type:
+# how many, why, and the first few by name. Their presence, type and expiry were
+# compared; a run with any is NOT CLEAN.
+NOT_COMPARED = arr(
+    obj(
+        {
+            "type": STR,
+            "keys": INT,
+            "why": STR,
+            "examples": arr(obj({"key": STR}, {"key_b64": STR})),
+        }
+    )
+)
+
 REPAIR_GROUP = obj(
     {"group": STR, "divergent": INT, "counts": KIND_COUNTS},
     {
@@ -81,6 +95,7 @@ REPAIR_GROUP = obj(
         "candidates": INT,
         "bulk_refilled": INT,
         "changing_during_check": INT,
+        "not_compared": NOT_COMPARED,
         "undone": INT,
         "undo_failed": INT,
         "reverified": INT,
@@ -99,7 +114,14 @@ REPAIR_GROUP = obj(
 # Cluster slot that moved while it was read (exists null, moved).
 KEY_STATE = obj(
     {"exists": nullable(BOOL)},
-    {"moved": BOOL, "type": STR, "digest": nullable(STR), "ttl_ms": nullable(INT)},
+    {
+        "moved": BOOL,
+        "type": STR,
+        "digest": nullable(STR),
+        "ttl_ms": nullable(INT),
+        # Why this value could not be read whole (a module type): not compared.
+        "not_compared": STR,
+    },
 )
 
 DIVERGENT_KEY = obj(
@@ -161,6 +183,8 @@ REPAIR_REPORT = obj(
         # of a replica can fix (replication groups).
         "errors": INT,
         "resync": INT,
+        "not_compared": NOT_COMPARED,
+        "not_compared_total": INT,
     },
 )
 

@@ -9,8 +9,10 @@ raises `ReplyLimitError` when a reply announces or carries more than the
 Every reader replag has (`resp.RespConnection`, `resp_blocking.BlockingConnection`,
 redis-py's parser in `connections`) feeds hiredis only what its guard has passed.
 
-The limits are settings; `configure()` sets them for the process once its settings
-are read (scan processes get them from their parent), `current()` is what readers use.
+The limits are settings, carried by each `Endpoint` (as its TLS options are: the
+config sets them on every endpoint it makes, and an endpoint derived from another keeps
+them), so every reader of a connection to it applies them and no process-wide value
+exists.
 """
 
 from __future__ import annotations
@@ -30,19 +32,16 @@ class ReplyLimits:
     max_bytes: int = 512 * _MIB
     max_elements: int = 1_000_000
     max_depth: int = 16
+    # Totals beyond one reply's (`replag.wire.shapes`, `resp`): an INFO's size and lines,
+    # the bytes a connection may receive while no request waits, the nodes one topology
+    # answer (CLUSTER SHARDS, SENTINEL REPLICAS, INFO's replica lines) may name.
+    max_info_bytes: int = 4 * _MIB
+    max_info_lines: int = 100_000
+    max_unrequested_bytes: int = _MIB
+    max_topology_nodes: int = 10_000
 
 
-_current = ReplyLimits()
-
-
-def configure(limits: ReplyLimits) -> None:
-    """The limits every reader of this process uses from now on (set where settings load)."""
-    global _current
-    _current = limits
-
-
-def current() -> ReplyLimits:
-    return _current
+DEFAULT = ReplyLimits()
 
 
 def from_settings(settings: object) -> ReplyLimits:
@@ -51,6 +50,10 @@ def from_settings(settings: object) -> ReplyLimits:
         max_bytes=getattr(settings, "max_reply_bytes"),  # noqa: B009  (no import cycle)
         max_elements=getattr(settings, "max_reply_elements"),  # noqa: B009
         max_depth=getattr(settings, "max_reply_depth"),  # noqa: B009
+        max_info_bytes=getattr(settings, "max_info_bytes"),  # noqa: B009
+        max_info_lines=getattr(settings, "max_info_lines"),  # noqa: B009
+        max_unrequested_bytes=getattr(settings, "max_unrequested_bytes"),  # noqa: B009
+        max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
     )
 
 
@@ -132,7 +135,7 @@ class ReplyGuard:
     __slots__ = ("_elements", "_offset", "_open", "_partial", "_reply_start", "_skip", "limits")
 
     def __init__(self, limits: ReplyLimits | None = None) -> None:
-        self.limits = limits or current()
+        self.limits = limits or DEFAULT
         self._open: list[int] = []
         self._skip = 0
         self._partial: bytes | None = None
@@ -335,12 +338,11 @@ class ReplyGuard:
 
 
 __all__ = [
+    "DEFAULT",
     "NotRespHeader",
     "ReplyGuard",
     "ReplyLimitError",
     "ReplyLimits",
     "command_name",
-    "configure",
-    "current",
     "from_settings",
 ]

@@ -28,6 +28,7 @@ import hiredis
 
 from replag.errors import EndpointError, PermissionRefused
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.connections import (
     NotRespError,
     not_resp,
@@ -37,7 +38,14 @@ from replag.wire.connections import (
     translate,
     translate_where,
 )
-from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
+from replag.wire.reply_limits import (
+    DEFAULT,
+    NotRespHeader,
+    ReplyGuard,
+    ReplyLimitError,
+    ReplyLimits,
+    command_name,
+)
 from replag.wire.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 
 Arg = bytes | str | int | float
@@ -139,11 +147,13 @@ def pack_over_keys(keys: Sequence[bytes], *heads: tuple[Arg, ...], bulks: bytes 
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, clock: Clock, on_push: PushHandler | None = None) -> None:
+    def __init__(
+        self, clock: Clock, on_push: PushHandler | None = None, limits: ReplyLimits = DEFAULT
+    ) -> None:
         self.clock = clock
         self.on_push = on_push
         self.reader = hiredis.Reader()
-        self.guard = ReplyGuard()  # checks each chunk before hiredis allocates what it says
+        self.guard = ReplyGuard(limits)  # checks each chunk before hiredis allocates what it says
         # (replies expected, their future, the request's first bytes: to name its command)
         self.waiting: collections.deque[
             tuple[int, asyncio.Future[tuple[list[Any], int]], bytes]
@@ -276,6 +286,8 @@ class RespConnection:
         self.endpoint = endpoint
         self._protocol = protocol
         self._timeout_s = timeout_s
+        # Small requests by their future, so `wait` checks each reply's shape (`shapes`).
+        self._small: dict[int, bytes] = {}
 
     @classmethod
     async def open(
@@ -297,7 +309,7 @@ class RespConnection:
             if context is not None:
                 _, protocol = await asyncio.wait_for(
                     loop.create_connection(
-                        lambda: _Protocol(clock, on_push),
+                        lambda: _Protocol(clock, on_push, endpoint.limits),
                         endpoint.host,
                         endpoint.port,
                         ssl=context,
@@ -307,7 +319,7 @@ class RespConnection:
                     timeout_s,
                 )
             else:
-                protocol = _Protocol(clock, on_push)
+                protocol = _Protocol(clock, on_push, endpoint.limits)
                 protocol.transport = await asyncio.wait_for(
                     connect_stamped(endpoint.host, endpoint.port, protocol, clock), timeout_s
                 )
@@ -338,6 +350,8 @@ class RespConnection:
             # The socket closed (the server hung up) before connection_lost ran.
             raise translate(exc, self.endpoint) from exc
         protocol.waiting.append((count, future, payload[:64]))
+        if len(payload) <= shapes.READ_BACK_BYTES:
+            self._small[id(future)] = payload
         return future
 
     async def wait(
@@ -347,7 +361,7 @@ class RespConnection:
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
             async with asyncio.timeout(timeout_s or self._timeout_s):
-                return await future
+                replies, arrived = await future
         except TimeoutError:
             # A hung server: every other request on the connection fails the same way,
             # not as "closed by the server" (it was us who closed it).
@@ -361,6 +375,11 @@ class RespConnection:
         except (OSError, ReplyLimitError) as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
+        finally:
+            payload = self._small.pop(id(future), None)
+        if payload is not None:
+            shapes.check_request(self.endpoint, payload, replies)
+        return replies, arrived
 
     async def request(
         self, payload: bytes, count: int, timeout_s: float | None = None

@@ -25,7 +25,6 @@ from tests.helpers.redis_servers import RedisFactory
 
 TIMEOUT_S = 1.0  # connect_timeout of every run here
 GROWTH_MB = 100
-REPO = Path(__file__).resolve().parents[2]
 
 
 def run_replag(args: list[str], server: HostileServer, tmp_path: Path) -> tuple[int, str, float]:

@@ -17,8 +17,6 @@ from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.scripted import ScriptedServer, array, bulk, capture_server
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return run_replag(*args, cwd=cwd, timeout=60, env={"REPLAG_CONNECT_TIMEOUT": "1s", **env})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replag.repair.decisions.not_compared import EXAMPLES
 from replag.repair.trees.diff import KINDS
 
 KEYS_SHOWN = 100
@@ -153,6 +154,9 @@ class GroupReport:
     stuck_moves: list[dict[str, Any]] = field(default_factory=list)
     candidates: int = 0
     changing: int = 0
+    # Keys every member holds as a value replag cannot read (a module type), by type:
+    # {type, keys, why, examples} (`not_compared`).
+    not_compared: list[dict[str, Any]] = field(default_factory=list)
     undone: int = 0  # target writes put back because the winner moved before they stood
     undo_failed: int = 0  # keys whose copy a client changed in place before the undo
     reverified: int = 0  # keys a resumed run read again because it had repaired them
@@ -185,6 +189,7 @@ class GroupReport:
             "candidates": self.candidates,
             "bulk_refilled": self.bulk_refilled,
             "changing_during_check": self.changing,
+            "not_compared": self.not_compared,
             "undone": self.undone,
             "undo_failed": self.undo_failed,
             "reverified": self.reverified,
@@ -235,9 +240,28 @@ class RepairReport:
 
     @property
     def not_clean(self) -> bool:
-        """Something is wrong beyond the divergent keys: a database with keys no group
-        covers, or keys left in slots their shard does not serve."""
-        return bool(self.unchecked_databases) or any(g.stray_keys for g in self.groups)
+        """Something is wrong beyond the divergent keys, or not known to be right: a
+        database with keys no group covers, keys left in slots their shard does not
+        serve, keys whose values could not be compared."""
+        return (
+            bool(self.unchecked_databases)
+            or any(g.stray_keys for g in self.groups)
+            or self.not_compared_keys > 0
+        )
+
+    @property
+    def not_compared_keys(self) -> int:
+        return sum(row["keys"] for g in self.groups for row in g.not_compared)
+
+    def not_compared(self) -> list[dict[str, Any]]:
+        """Every group's keys not compared, by type (their counts added, names merged)."""
+        by_type: dict[str, dict[str, Any]] = {}
+        for g in self.groups:
+            for row in g.not_compared:
+                mine = by_type.setdefault(row["type"], {**row, "keys": 0, "examples": []})
+                mine["keys"] += row["keys"]
+                mine["examples"] = (mine["examples"] + row["examples"])[:EXAMPLES]
+        return [by_type[name] for name in sorted(by_type)]
 
     def _total(self, outcome: str) -> int:
         return sum(g.outcomes.get(outcome, 0) for g in self.groups)
@@ -276,6 +300,8 @@ class RepairReport:
             "divergent_keys": keys[:KEYS_SHOWN],
             "divergent_keys_total": self.divergent,
             "unchecked_databases": self.unchecked_databases,
+            "not_compared": self.not_compared(),
+            "not_compared_total": self.not_compared_keys,
         }
 
     def render(self) -> str:
@@ -347,6 +373,7 @@ class RepairReport:
                 reason = f": {k['reason']}" if k.get("reason") else ""
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += self._unchecked()
+        lines += self._not_compared_lines()
         done = f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"
         if self.unchecked_databases:
             n = len(self.unchecked_databases)
@@ -354,8 +381,28 @@ class RepairReport:
         strays = sum(row["keys"] for g in self.groups for row in g.stray_keys)
         if strays:
             done += f"; NOT CLEAN: {strays} key(s) in slots their shard does not serve (above)"
+        if self.not_compared_keys:
+            done += (
+                f"; NOT CLEAN: {self.not_compared_keys} key(s) whose values could not be "
+                "compared (above)"
+            )
         lines += ["", done]
         return "\n".join(lines)
+
+    def _not_compared_lines(self) -> list[str]:
+        rows = self.not_compared()
+        if not rows:
+            return []
+        lines = [
+            "",
+            "not compared: keys every member holds as a value replag cannot read whole "
+            "(presence, type and expiry compared; values not):",
+        ]
+        for row in rows:
+            named = ", ".join(repr(k["key"]) for k in row["examples"])
+            more = ", …" if row["keys"] > len(row["examples"]) else ""
+            lines.append(f"  {row['type']}: {row['keys']:,} key(s) ({row['why']}): {named}{more}")
+        return lines
 
     def _unchecked(self) -> list[str]:
         if not self.unchecked_databases:

@@ -33,6 +33,7 @@ from replag.repair.trees.agent_http import PREFIX as PREFIX
 from replag.repair.trees.agent_http import AgentLink, run_headers
 from replag.repair.trees.index import ScanIndex
 from replag.topology import Endpoint, Region, Topology
+from replag.wire import reply_limits
 
 U64 = npt.NDArray[np.uint64]
 # Response headers describing how a tree was built: the coordinator refuses to compare
@@ -64,7 +65,8 @@ def keys_from_wire(items: Sequence[str]) -> list[bytes]:
 
 def state_to_wire(state: KeyState) -> list[Any] | None:
     """`[type, digest, expiry]`, plus `{data, fields}` when the state carries a string's
-    value or hash fields (base64), which only a newest:FIELD policy asks for."""
+    value or hash fields (base64), which only a newest:FIELD policy asks for, and
+    `{opaque}`, why a value was not read (a module type: not compared)."""
     if not state.exists:
         return None
     digest = f"{state.digest:016x}" if state.digest is not None else None
@@ -72,6 +74,8 @@ def state_to_wire(state: KeyState) -> list[Any] | None:
     extra: dict[str, Any] = {}
     if isinstance(state.data, bytes):
         extra["data"] = base64.b64encode(state.data).decode("ascii")
+    if state.opaque is not None:
+        extra["opaque"] = state.opaque
     if state.fields:
         extra["fields"] = {
             base64.b64encode(k).decode("ascii"): base64.b64encode(v).decode("ascii")
@@ -106,6 +110,7 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
             {base64.b64decode(k): base64.b64decode(v) for k, v in fields.items()}
             if fields
             else None,
+            opaque=str(extra["opaque"])[:500] if extra.get("opaque") is not None else None,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None
@@ -304,8 +309,14 @@ def _region_client(
 ) -> AgentClient | None:
     if region.agent is None:
         return None
+    members = ((region.write,) if region.write else ()) + region.replicas
     return AgentClient(
-        region.agent, token=token, timeout_s=timeout_s, tls=region.agent_tls, headers=headers
+        region.agent,
+        token=token,
+        timeout_s=timeout_s,
+        tls=region.agent_tls,
+        headers=headers,
+        max_bytes=members[0].limits.max_bytes if members else reply_limits.DEFAULT.max_bytes,
     )
 
 
