@@ -305,6 +305,29 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    http_header_timeout: float = setting(
+        "10s",
+        _positive_duration,
+        "serve and agent: a connection whose request has not sent all its headers within "
+        "this long (of its first byte, or of connecting) is closed.",
+    )
+    http_keep_alive_timeout: float = setting(
+        "5s",
+        _positive_duration,
+        "serve and agent: an HTTP connection idle between requests this long is closed.",
+    )
+    http_max_connections: int = setting(
+        1000,
+        _positive_int,
+        "serve and agent: most HTTP connections (and requests in progress) at once; past "
+        "it a new one is answered 503.",
+    )
+    max_string_bytes: int = setting(
+        "4GB",
+        _size,
+        "Most bytes of one string value replag reads in pages (GETRANGE); a server that "
+        "keeps answering full pages past it ends the read there, as that key's error.",
+    )
     max_info_bytes: int = setting(
         "4MB",
         _size,

@@ -6,17 +6,13 @@ server attributes."""
 
 from __future__ import annotations
 
-import asyncio
-import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
-from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.lab import LabFactory
 from tests.helpers.otelcol import Collector, collector
 from tests.helpers.prometheus_tools import binary, free_port
+from tests.helpers.serve_process import lab_config, start_serve
 from tests.helpers.waiting import until
 
 SETTINGS = {
@@ -59,19 +55,11 @@ async def test_metrics_and_check_traces_arrive_in_a_collector(
 ) -> None:
     binary("REPLAG_OTELCOL", "otelcol-replag")
     lab = lab_factory(regions=("us-east", "eu-west"))
-    data = tomllib.loads((Path(lab["dir"]) / "topology.toml").read_text())
     with collector(tmp_path / "otelcol") as c:
-        data["settings"].update(
-            SETTINGS, store=str(tmp_path / "svc.sqlite"), otlp_endpoint=c.endpoint
-        )
-        config = tmp_path / "replag.toml"
-        config.write_text(tomli_w.dumps(data))
+        settings = {**SETTINGS, "store": str(tmp_path / "svc.sqlite"), "otlp_endpoint": c.endpoint}
+        config = lab_config(Path(lab["dir"]), tmp_path / "replag.toml", **settings)
         log = tmp_path / "serve.log"
-        with log.open("w") as out:
-            serve = await asyncio.create_subprocess_exec(
-                *replag_argv("serve", "--config", str(config), "--port", str(free_port())),
-                stderr=out, env=replag_env(),
-            )  # fmt: skip
+        serve = await start_serve(config, free_port(), log)
         try:
 
             def lag_seen() -> bool:

@@ -26,6 +26,7 @@ from replag.repair.bulk.copy import (
     BULK_MIN,
     RefillOptions,
     bulk_allowed,
+    pending_log,
     refill_members,
     refill_plan,
     settle_members,
@@ -38,7 +39,9 @@ from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.progress import RepairProgress
+from replag.repair.keyspace.slot_migrations import during_run, migration_rows
 from replag.repair.keyspace.slots import (
+    SLOTS,
     Move,
     SlotMap,
     key_slot,
@@ -51,11 +54,12 @@ from replag.repair.run_state import RunState
 from replag.repair.scan.keep import batch_bytes, keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
-from replag.repair.stray_slots import stray_keys
+from replag.repair.stray_slots import StrayCheck
 from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
 from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves, keys_in_batches
+from replag.repair.wiped_member import find_wiped, refill_wiped
 from replag.repair.writes.apply import Applier
 from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
@@ -74,7 +78,7 @@ class GroupRun:
     ) -> None:
         s, params = run.setup.settings, run.params
         self.topology = run.setup.topology
-        self.refill = RefillOptions.of(s)
+        self.settings, self.refill = s, RefillOptions.of(s)
         self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, run.log
@@ -182,6 +186,9 @@ class GroupRun:
             if self.given is not None and phase is None:
                 with span("replag.verify", replag__keys=len(self.given)):
                     await self._verify_given(self.given)
+            elif phase is None and (left := await self._refill_wiped()) is not None:
+                with span("replag.verify", replag__keys=len(left)):
+                    await self._verify_given(left)
             elif phase is None or phase[0] == "scanning":
                 with span("replag.scan_and_verify", replag__group=self.group.name):
                     await self._scan_and_verify()
@@ -329,31 +336,7 @@ class GroupRun:
             candidates = await self._bulk(plan, candidates)
         await self._verify(candidates, held if slot_map is not None else None)
         if slot_map is not None:
-            after = await self._slot_map()
-            skipped = not_compared(slot_map, after) | self.verifier.moved_slots
-            self._forget_slots(skipped)
-            stale: dict[str, set[int]] = {}
-            for slot, node in {**slot_map.stale, **after.stale}.items():
-                if slot not in skipped:
-                    stale.setdefault(node, set()).add(slot)
-            self.report.stale_marks = [
-                {"node": node, "slots": [list(r) for r in ranges(slots)]}
-                for node, slots in sorted(stale.items())
-            ]
-            stuck = {s: m for s, m in stuck_moves(slot_map, after).items() if s not in skipped}
-            self.report.stuck_moves = _stuck_rows(stuck, after)
-            # Keys members hold in slots the shard serves at neither end (a reshard's
-            # leftovers on a replica): not in the scan, and no repair through the primary.
-            self.report.stray_keys = await stray_keys(
-                self.topology,
-                [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
-                slot_map.owned | after.owned,
-                timeout_s=self.timeout_s,
-                skip=skipped | stuck.keys(),  # keys a stuck move took across: not strays
-            )
-            primary = self.group.members[self.primary].name if self.primary is not None else None
-            for row in self.report.stray_keys:
-                row["on_primary"] = row["member"] == primary
+            await self._settle_slots(slot_map)
             if self.key_sink is not None:
                 for key, detail in held:
                     if key in self.records:
@@ -461,8 +444,85 @@ class GroupRun:
         self.report.bulk_refilled += len(copied)
         return [k for k in candidates if k not in copied]
 
+    async def _refill_wiped(self) -> list[bytes] | None:
+        """A member found wiped or nearly empty is refilled the rebuild's way before anything
+        is scanned (`wiped_member`); the keys left to verify, None: scan every member."""
+        if not self._bulk_possible() or self.params.filtered:
+            return None
+        wiped = await find_wiped(
+            self.group,
+            self.policy,
+            allow_deletes=self.params.allow_deletes,
+            timeout_s=self.timeout_s,
+        )
+        if wiped is None:
+            return None
+        target = self.group.members[wiped.index]
+        log = (
+            pending_log(self.log.store, self.log.run_id, self.group.name, target.name)
+            if self.log is not None
+            else None
+        )
+        done = await refill_wiped(
+            self.settings, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
+        )
+        self.report.bulk_refilled += done.copied
+        self.report.scan_s += done.seconds
+        self.stats[wiped.index].writes += done.copied
+        for stats in self.stats:
+            if stats.replica == done.source:
+                stats.keys_scanned, stats.scan_s = done.read, done.seconds
+        return done.left
+
     async def _slot_map(self) -> SlotMap:
         return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
+
+    async def _settle_slots(self, before: SlotMap) -> None:
+        """What the run's slot maps say, at its end: the slots not compared (moved or
+        moving), stale marks, stuck moves, stray keys, a topology that changed (then
+        nothing of the group is reported), and the reads refused (then not verified)."""
+        after = await self._slot_map()
+        report = self.report
+        report.refused += before.refused + after.refused
+        report.slot_migrations = migration_rows(
+            during_run(before.migrations, after.migrations), {**before.where, **after.where}
+        )
+        changed = before.topology_change() or after.topology_change()
+        if changed is not None:
+            report.topology_changed = changed
+            self._forget_slots(set(range(SLOTS)))
+            return
+        skipped = not_compared(before, after) | self.verifier.moved_slots
+        stuck = {s: m for s, m in stuck_moves(before, after).items() if s not in skipped}
+        report.stuck_moves = _stuck_rows(stuck, after)
+        # Keys members hold in slots the shard serves at neither end (a reshard's
+        # leftovers on a replica): not in the scan, and no repair through the primary.
+        strays = StrayCheck(
+            self.topology,
+            [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
+            self.group.members[self.primary] if self.primary is not None else None,
+            timeout_s=self.timeout_s,
+            settle_s=self.settle_s,
+            read_map=self._slot_map,
+        )
+        # Keys a stuck move took across are not strays.
+        report.stray_keys = await strays.find(before.owned | after.owned, skipped | stuck.keys())
+        report.refused += strays.refused
+        if after.stale and not strays.maps:
+            await asyncio.sleep(self.settle_s)
+            strays.maps.append(await self._slot_map())
+            report.refused += strays.maps[-1].refused
+        # A mark is stale only if it still is at a later read: a live move's two ends are
+        # marked one after the other, and cleared one after the other.
+        stale: dict[str, set[int]] = {}
+        for slot, node in after.stale.items():
+            if slot not in skipped and all(m.stale.get(slot) == node for m in strays.maps):
+                stale.setdefault(node, set()).add(slot)
+        report.stale_marks = [
+            {"node": node, "slots": [list(r) for r in ranges(slots)]}
+            for node, slots in sorted(stale.items())
+        ]
+        self._forget_slots(skipped)
 
     def _forget_slots(self, skipped: set[int]) -> None:
         """Keys of slots that moved during the check were not compared: drop what was

@@ -72,7 +72,12 @@ REPAIR_GROUP = obj(
                 },
                 # Held by the shard's primary (a move into the shard left half-done), not
                 # by a replica (a reshard's leftovers).
-                {"on_primary": BOOL},
+                # origin: replica (a reshard's leftovers), unfinished_move (marked importing
+                # on the primary), promoted (a primary that held them as a replica), unknown.
+                {
+                    "on_primary": BOOL,
+                    "origin": {"enum": ["replica", "unfinished_move", "promoted", "unknown"]},
+                },
             )
         ),
         # Redis Cluster: migrating/importing marks with no move under way (a mark on a
@@ -92,6 +97,14 @@ REPAIR_GROUP = obj(
                 }
             )
         ),
+        # Valkey 9: atomic slot migrations that moved slots during the run.
+        "slot_migrations": arr(
+            obj({"slots": arr(arr(INT)), "source": STR, "target": STR, "state": STR})
+        ),
+        # Redis Cluster: why the members are no longer the configured shard (rediscover).
+        "topology_changed": nullable(STR),
+        # Reads a member refused (NOPERM) that the verdict depends on: not verified.
+        "refused": arr(STR),
         "candidates": INT,
         "bulk_refilled": INT,
         "changing_during_check": INT,
@@ -119,6 +132,7 @@ KEY_STATE = obj(
         "type": STR,
         "digest": nullable(STR),
         "ttl_ms": nullable(INT),
+        "fields_with_ttl": INT,  # a hash's fields that have a TTL
         # Why this value could not be read whole (a module type): not compared.
         "not_compared": STR,
     },
@@ -136,6 +150,8 @@ DIVERGENT_KEY = obj(
         "findings": mapping({"enum": ["missing", "extra", "different"]}),
         "plan": mapping({"enum": ["copy", "delete"]}),
         "via": STR,  # the primary a replication group's write was made on
+        # kind ttl of a hash whose fields' TTLs differ: how many, and up to ten names
+        "fields": obj({"differing": INT, "named": arr(STR)}),
     },
 )
 
@@ -173,7 +189,11 @@ REPAIR_REPORT = obj(
         "seconds": NUM,
         "scan_rate": nullable(NUM),
         # Databases holding keys on a compared server that no group covers (not checked).
-        "unchecked_databases": arr(obj({"member": STR, "address": STR, "db": INT, "keys": INT})),
+        "unchecked_databases": arr(
+            obj({"member": STR, "address": STR, "db": INT, "keys": INT}, {"cluster": BOOL})
+        ),
+        # A read refused, or a topology changed under the run: exit 3, never clean.
+        "not_verified": BOOL,
         "pending": INT,
         "found": FOUND_COUNTS,
         "replicas": arr(REPAIR_REPLICA),

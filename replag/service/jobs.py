@@ -249,7 +249,12 @@ class JobRunner:
             job.finished_ns = time.time_ns()
             self._store_outcome(job)
         self.counters[f"{job.action}s"] += 1
-        outcome = "divergent" if job.divergent else "not_clean" if job.not_compared else "clean"
+        if job.divergent:
+            outcome = "divergent"
+        elif job.not_compared or report.not_clean:
+            outcome = "not_clean"
+        else:  # a read refused, a Cluster shard changed: the check could not vouch for it
+            outcome = "not_verified" if report.not_verified else "clean"
         self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
         self.metrics.last_success.labels(job.action, group_label).set(time.time())
         if job.action == "check" and job.group and job.divergent and self.settings.auto_repair:

@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 _MIB = 1 << 20
 
 
@@ -39,6 +41,9 @@ class ReplyLimits:
     max_info_lines: int = 100_000
     max_unrequested_bytes: int = _MIB
     max_topology_nodes: int = 10_000
+    # The most of one string value read in pages (GETRANGE): a server claiming more ends
+    # the read there (Redis's own strings stop at proto-max-bulk-len, 512 MB by default).
+    max_string_bytes: int = 4 << 30
 
 
 DEFAULT = ReplyLimits()
@@ -54,6 +59,7 @@ def from_settings(settings: object) -> ReplyLimits:
         max_info_lines=getattr(settings, "max_info_lines"),  # noqa: B009
         max_unrequested_bytes=getattr(settings, "max_unrequested_bytes"),  # noqa: B009
         max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
+        max_string_bytes=getattr(settings, "max_string_bytes"),  # noqa: B009
     )
 
 
@@ -121,6 +127,16 @@ _BULKS = frozenset(b"$!=")
 _AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2}
 _LINE_RUN = re.compile(rb"(?:[-+:,#_(][^\r\n]*\r\n)+")
 _LONGEST_HEADER = 32  # a kind, a 64-bit signed number and CRLF fit in 22
+
+
+def _after_lines(buf: bytes | bytearray, pos: int, end: int, lines: int) -> int:
+    """Where the `lines`-th line from `pos` ends (`buf[pos:end]` holds more than that)."""
+    if lines < 64:
+        for _ in range(lines):
+            pos = buf.find(b"\r\n", pos, end) + 2
+        return pos
+    newlines = np.flatnonzero(np.frombuffer(buf, np.uint8, end - pos, pos) == 10)
+    return pos + int(newlines[lines - 1]) + 1
 
 
 class ReplyGuard:
@@ -218,6 +234,14 @@ class ReplyGuard:
                     if opened[-1] > lines:
                         opened[-1] -= lines
                         pos = run.end()
+                        continue
+                    # The run reaches past the aggregate's end (an array of integers, an
+                    # HPEXPIRETIME's, then the next reply): all but its last element
+                    # skipped here, not one line per pass of the match (quadratic).
+                    skip = opened[-1] - 1
+                    if skip > 0:
+                        pos = _after_lines(buf, pos, run.end(), skip)
+                        opened[-1] -= skip
                         continue
                 pos = nl + 2
             elif kind in _AGGREGATES:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.helpers.prometheus_tools import binary, free_port
+from tests.helpers.prometheus_tools import binary, free_port, stop
 
 
 @dataclass
@@ -77,9 +77,4 @@ def collector(directory: Path) -> Iterator[Collector]:
             time.sleep(0.1)
         yield Collector(f"http://127.0.0.1:{port}", directory)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
