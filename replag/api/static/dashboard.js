@@ -640,7 +640,10 @@ async function drawReplication(data) {
       const c = rpo.get(r.replica) || {};
       const link = r.status === "ok" ? "up" : r.status;
       return el("tr", { "data-replica": r.replica, "data-status": r.status, "data-bytes-behind": r.bytes_behind ?? "" },
-        el("td", {}, el("strong", {}, r.replica), el("div", { class: "node" }, r.region)),
+        el("td", {}, el("strong", {}, r.replica), el("div", { class: "node" }, r.region),
+          ...(r.read_only === false ? [el("span", { class: "badge badge-critical", title: "replica-read-only no: clients may write to it" }, "writable")] : []),
+          ...(c.last_check ? [el("div", { class: `node${c.last_check.divergent_keys ? " bad" : ""}`, "data-last-check": c.last_check.run_id },
+            `${c.last_check.kind} ${ago(Date.now() * 1e6 - c.last_check.age_s * 1e9)}: ${c.last_check.divergent_keys} divergent`)] : [])),
         el("td", {}, el("span", { class: `badge badge-${r.status === "ok" ? "ok" : "critical"}` }, link),
           ...(r.link_down_s !== null ? [el("div", { class: "node" }, `down ${r.link_down_s} s`)] : []),
           ...(r.error ? [el("div", { class: "message" }, r.error)] : [])),
@@ -649,7 +652,8 @@ async function drawReplication(data) {
         el("td", { class: "num" }, r.backlog_headroom !== null && r.backlog_headroom < 0 ? "full resync due" :
           r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction, r.headroom_colour, r.headroom_bands)),
         el("td", { class: "num" }, c.rpo_bytes === null || c.rpo_bytes === undefined ? "–" : fmtBytes(c.rpo_bytes),
-          el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000))),
+          el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000)),
+          ...(c.eligible === false ? [el("div", { class: "message passed-over" }, `passed over: ${c.reason}`)] : [])),
         el("td", {}, ...behindOverRange(series.get(`${p.source}/${r.replica}`) || [], (p.backlog || {}).size)));
     });
     return el("div", { class: "repl-primary" }, head, el("table", { class: "list replication", id: `replication-${p.source}` },
