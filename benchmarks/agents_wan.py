@@ -171,8 +171,8 @@ def used_cpu(port: int) -> float:
 
 
 async def _sustained_writes(port: int, rate: int, seconds: float) -> int:
-    from replag.resp import RespConnection, pack
     from replag.topology import Endpoint
+    from replag.wire.resp import RespConnection, pack
 
     conn = await RespConnection.open(Endpoint.from_url(f"redis://127.0.0.1:{port}"), timeout_s=10.0)
     tick, per_tick, sent, i = 0.01, max(1, int(rate * 0.01)), 0, 0

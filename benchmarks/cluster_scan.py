@@ -50,8 +50,8 @@ from replag.discovery.cluster import discover_cluster
 from replag.repair import check
 from replag.repair.keyspace.slots import slot_groups
 from replag.repair.scan.scanner import ReplicaScanner, ScanOptions
-from replag.resp import pack, pack_over_keys, pack_per_key
 from replag.topology import Endpoint
+from replag.wire.resp import pack, pack_over_keys, pack_per_key
 from tests.helpers.redis_cluster import start_cluster
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 

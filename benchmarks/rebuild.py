@@ -60,9 +60,9 @@ from replag.repair import repair
 from replag.repair.keyspace.observe import observe_keys
 from replag.repair.rebuild import rebuild
 from replag.repair.runs import RunLog
-from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 KINDS = ("hash", "set", "zset", "list", "stream")
 TTL_MS = 4 * 3600 * 1000

@@ -16,7 +16,7 @@ import time
 import hiredis
 from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benchmarks.py)
 
-from replag.reply_limits import ReplyGuard
+from replag.wire.reply_limits import ReplyGuard
 
 READ = 1 << 18
 

@@ -19,6 +19,7 @@ Every error names the file and the key (and the line for TOML syntax errors).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replag import reply_limits
 from replag.alerts.config import AlertsConfig
 from replag.errors import ConfigError
 from replag.private_files import write_private
 from replag.settings import Settings, resolve_settings
 from replag.tokens import ApiToken, all_tokens
 from replag.topology import Topology
+from replag.wire import reply_limits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +112,9 @@ def config_from_dict(
     return Config(
         path=path,
         settings=settings,
-        topology=file.topology(environ, defaults),
+        topology=dataclasses.replace(
+            file.topology(environ, defaults), allow_networks=settings.allow_networks
+        ),
         alerts=file.alerts.alerts(environ),
         api_tokens=tokens,
     )

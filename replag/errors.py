@@ -16,6 +16,8 @@ route) so the edge (CLI, API) can print one clear line::
     │   │   ├── TlsError            certificate refused (expired, wrong name, unknown CA)
     │   │   └── PermissionRefused   NOPERM: the ACL user lacks a command, key or channel
     │   ├── KeyRefused          a server refused a command on one key (that key's error)
+    │   ├── OutsideReach        a server named a host outside the topology and allow_networks
+    │   ├── ReplyShapeError     a reply is not of the shape its command has
     │   └── AgentError          a region agent failed, refused, or has no current tree
     │       └── AgentTlsError       (also a TlsError) its certificate or ours was refused
     ├── LabError                the local lab could not start or stop
@@ -99,6 +101,16 @@ class PermissionRefused(MisconfiguredError):
 class KeyRefused(EndpointError):
     """A server refused a command on one key (READONLY, NOPERM, OOM, EXECABORT, a module's
     type, MOVED): that key's error, named with the replica; the run goes on."""
+
+
+class OutsideReach(EndpointError):
+    """A server named a host (a master, a node, a replica) that the topology does not name
+    and that is outside allow_networks: it was not contacted, and got no credentials."""
+
+
+class ReplyShapeError(EndpointError):
+    """A reply is not of the shape its command must have (a TIME that is no pair of
+    integers, an INFO that is no text): the server is named with what was expected and got."""
 
 
 class AgentError(EndpointError):

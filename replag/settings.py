@@ -55,6 +55,18 @@ def _optional_float(value: Any) -> float | None:
     return _float(value)
 
 
+def _networks(value: Any) -> tuple[str, ...]:
+    import ipaddress
+
+    parts = value if isinstance(value, list | tuple) else str(value).split(",")
+    try:
+        return tuple(
+            str(ipaddress.ip_network(str(p).strip(), strict=False)) for p in parts if str(p).strip()
+        )
+    except ValueError as exc:
+        raise ValueError(f"expected networks like 10.0.0.0/8,192.168.1.0/24: {exc}") from None
+
+
 def _optional_ratio(value: Any) -> float | None:
     ratio = _optional_float(value)
     if ratio is not None and ratio > 1:
@@ -247,6 +259,15 @@ class Settings:
         _positive_duration,
         "Connect timeout of every Redis endpoint, and the deadline of each request's whole "
         "reply (not of each read: a server sending a byte a second misses it too).",
+    )
+    allow_networks: tuple[str, ...] = setting(
+        "",
+        _networks,
+        "Networks (CIDRs, comma-separated) beyond the topology's own endpoints where replag "
+        "may follow a server's answer (a Sentinel's master, CLUSTER SHARDS or MOVED nodes, "
+        "INFO replication's hosts) with the endpoint's credentials and writes. Any other "
+        "host named is not contacted: reported, alerted under serve, and written as a "
+        "comment by topology discover. Empty: only the hosts the topology names.",
     )
     max_reply_bytes: int = setting(
         "512MB",

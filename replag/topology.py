@@ -24,7 +24,7 @@ TlsVerify = Literal["full", "ca-only", "none"]
 class TlsOptions:
     """How a rediss:// endpoint's TLS is set up: every connection to it (the timing and
     scan clients, redis-py's admin clients, scan processes, agents) builds its context
-    from these (`replag.connections.tls_context`).
+    from these (`replag.wire.connections.tls_context`).
 
     `ca`: a CA file (PEM) or a directory of hashed CA certificates (None: the system's);
     `cert`/`key`: the client certificate and its key, for `tls-auth-clients yes`;
@@ -337,6 +337,8 @@ class Topology:
     regions: tuple[Region, ...]
     groups: tuple[ReplicaGroup, ...] = ()
     source_note: str = ""
+    # CIDRs beyond the named endpoints where a server's answer may lead (settings.allow_networks).
+    allow_networks: tuple[str, ...] = ()
 
     def region(self, name: str) -> Region:
         for region in self.regions:

@@ -55,44 +55,53 @@ atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 # instead of each worker starting its own.
 SHARED_FIXTURE_MODULES = frozenset(
     {
-        "test_cluster_discovery.py",
-        "test_cluster_follow.py",
-        "test_repair_cluster.py",
-        "test_output_contracts.py",
-        "test_reload.py",
-        "test_tls.py",
-        "test_agent_security.py",
+        "discovery/test_cluster.py",
+        "discovery/test_cluster_follow.py",
+        "repair/test_cluster.py",
+        "cli/test_output_contracts.py",
+        "service/test_reload.py",
+        "wire/test_tls.py",
+        "agent/test_security.py",
     }
 )
 # The longest modules (--durations in CI says which) start first, so that no worker is
 # left running a long one alone at the end; the others follow in their usual order.
 LONGEST_FIRST = (
-    "test_ha.py",
+    "service/test_ha.py",
     "test_benchmarks.py",
-    "test_repair_cluster.py",
-    "test_sentinel.py",
-    "test_cluster_follow.py",
-    "test_api_schema.py",
-    "test_agent_check.py",
-    "test_repair_runs.py",
-    "test_store_service.py",
-    "test_outage.py",
-    "test_replication_alerts.py",
-    "test_big_keys.py",
-    "test_cluster_discovery.py",
+    "repair/test_cluster.py",
+    "discovery/test_sentinel.py",
+    "discovery/test_cluster_follow.py",
+    "api/test_schema.py",
+    "agent/test_check.py",
+    "repair/test_runs.py",
+    "service/test_store_backends.py",
+    "service/test_outage.py",
+    "replication/test_alerts.py",
+    "repair/test_big_keys.py",
+    "discovery/test_cluster.py",
     "test_install.py",
-    "test_lag_agents.py",
-    "test_output_contracts.py",
-    "test_repair_run.py",
+    "agent/test_lag_agents.py",
+    "cli/test_output_contracts.py",
+    "repair/test_run.py",
 )
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _module(item: pytest.Item) -> str:
+    """The test's file as named above: its path under tests/ ("repair/test_cluster.py")."""
+    path = item.path.resolve()
+    return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules whole
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable: modules whole
     for item in items:
-        if item.path.name in SHARED_FIXTURE_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        if _module(item) in SHARED_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(_module(item)))
 
 
 @pytest.fixture
@@ -201,7 +210,7 @@ def store(store_location: str) -> Iterator[Store]:
     opened.close()
 
 
-# --- several `replag serve` on one PostgreSQL (tests/test_ha*.py) -----------------------
+# --- several `replag serve` on one PostgreSQL (tests/service/test_ha*.py) -----------------------
 
 
 @pytest.fixture

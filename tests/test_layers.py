@@ -2,14 +2,15 @@
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
                    private_files, _scanindex (the C extension)
-    configuration  settings, reply_limits, topology, validation, config_security, config_tables,
-                   config
+    configuration  settings, wire.reply_limits, topology, validation, config_security,
+                   config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
-    io             tls, connections, stamped_socket, resp, resp_blocking, store, discovery.http,
+    io             wire (every connection to a Redis-protocol server: resp, resp_blocking,
+                   stamped_socket, connections, tls, permissions), store, discovery.http,
                    background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, prometheus_mixin, agent, permissions
+                   alerts, metrics, prometheus_mixin, agent
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -49,7 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "replag",
             "replag.settings",
-            "replag.reply_limits",
+            "replag.wire.reply_limits",
             "replag.store.location",
             "replag.topology",
             "replag.validation",
@@ -63,11 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "io",
         (
-            "replag.tls",
-            "replag.connections",
-            "replag.stamped_socket",
-            "replag.resp",
-            "replag.resp_blocking",
+            "replag.wire",
             "replag.store",
             "replag.discovery.http",
             "replag.background",
@@ -89,7 +86,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.metrics",
             "replag.prometheus_mixin",
             "replag.agent",
-            "replag.permissions",
         ),
     ),
     ("service", ("replag.service",)),

@@ -232,7 +232,7 @@ async def test_a_webhook_url_with_credentials_stays_out_of_delivery_errors(tmp_p
     from replag.alerts.config import AlertSink
     from replag.alerts.delivery import AlertSender
     from replag.store import Store
-    from tests.test_alerts_sinks import event
+    from tests.alerts.test_sinks import event
 
     async def loop(request: web.Request) -> web.Response:
         raise web.HTTPFound(str(request.url))

@@ -4,7 +4,7 @@
  * function as the `xxhash` package's xxh3_64_intdigest) and folds them into entry
  * hashes; in Python that is four passes over the batch plus one object per hash. Here
  * it is one loop. Every function has a pure-Python twin in replag/repair/keyspace/native.py
- * (used when this module was not built) and tests/test_native.py checks the two agree
+ * (used when this module was not built) and tests/repair/test_native.py checks the two agree
  * bit for bit.
  *
  * Arrays cross as bytes in native byte order (numpy.frombuffer reads them).
@@ -237,7 +237,7 @@ done:
 
 
 /* skip_bulks(buf, pos, end, left, max_bytes) -> (pos, left): the reply guard's hot loop
- * (replag/reply_limits.py, `ReplyGuard._steps`, whose Python loop is its twin). From `pos`,
+ * (replag/wire/reply_limits.py, `ReplyGuard._steps`, whose Python loop is its twin). From `pos`,
  * inside an aggregate with `left` elements to come, step over whole bulk strings
  * (`$LEN\r\n` + LEN bytes + CRLF, or `$-1\r\n`) while the next one lies whole before
  * `end` and is not the aggregate's last. Stops (leaving the element to the general path)

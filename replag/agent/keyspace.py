@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from replag.errors import UnreachableError
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 log = logging.getLogger(__name__)
 

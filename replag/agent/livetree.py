@@ -59,8 +59,8 @@ from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text, pack
 
 log = logging.getLogger(__name__)
 

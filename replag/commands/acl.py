@@ -11,7 +11,9 @@ import click
 
 from replag.commands.options import load
 from replag.errors import ReplagError
-from replag.permissions import (
+from replag.settings import resolve_settings
+from replag.topology import Endpoint
+from replag.wire.permissions import (
     CONFIG_WARNING,
     MODES,
     SCRIPT_MODES,
@@ -20,8 +22,6 @@ from replag.permissions import (
     acl_line,
     require,
 )
-from replag.settings import resolve_settings
-from replag.topology import Endpoint
 
 
 @click.command(name="acl")

@@ -19,7 +19,7 @@ from replag.config import Config
 from replag.durations import parse_duration_ns
 from replag.errors import ConfigError, UsageError
 from replag.logfields import bind_log_fields
-from replag.tls import TlsFilesError, server_context
+from replag.wire.tls import TlsFilesError, server_context
 
 log = logging.getLogger("replag.agent")
 DEFAULT_PORT = 8701
@@ -146,7 +146,7 @@ def command(
 
 
 class _ServerConfig(uvicorn.Config):
-    """uvicorn's configuration, serving HTTPS with a context made by `replag.tls` (a client
+    """uvicorn's configuration, serving HTTPS with a context made by `replag.wire.tls` (a client
     CA may be a directory; the files are checked before the port is bound)."""
 
     def __init__(self, app: Any, context: ssl.SSLContext | None, **kwargs: Any) -> None:

@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from replag import reply_limits
 from replag.commands.options import config_option, fail_as_json, json_option, load
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
@@ -36,6 +35,7 @@ from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
 from replag.store import Store, parse_location
+from replag.wire import reply_limits
 
 
 @click.group(name="topology")
@@ -122,7 +122,8 @@ def command() -> None:
     metavar="CIDR,...",
     help="Contact only hosts in these networks (e.g. 10.0.0.0/8,192.168.1.0/24): discovery "
     "follows what servers say (INFO replication) and sends them the URL's credentials; "
-    "a host outside is neither contacted nor written.",
+    "a Sentinel names masters, replicas and Sentinels, Dynomite its peers: a host outside "
+    "is neither contacted nor written as an endpoint, only listed in the file's header.",
 )
 @click.option(
     "--store",
@@ -174,8 +175,6 @@ def discover(
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     if previous is not None and not cluster_url:
         raise UsageError("--previous applies to --cluster only")
-    if allow_networks and not (redis_url or cluster_url):
-        raise UsageError("--allow-networks applies to --redis and --cluster")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
     reply_limits.configure(reply_limits.from_settings(settings))
@@ -202,13 +201,18 @@ def discover(
             overrides=port_maps,
             path=port_map_file,
         )
-        found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
+        found = asyncio.run(
+            discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s, contacts=contacts)
+        )
     elif redis_url:
         found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts))
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
-                list(sentinel_addresses), masters=list(sentinel_masters), timeout_s=timeout_s
+                list(sentinel_addresses),
+                masters=list(sentinel_masters),
+                timeout_s=timeout_s,
+                contacts=contacts,
             )
         )
     else:

@@ -21,11 +21,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from replag.connections import async_client, endpoint_errors
 from replag.discovery.contacts import Contacts
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+from replag.wire.connections import async_client, endpoint_errors
 
 SLOT_COUNT = 16384
 

@@ -20,7 +20,13 @@ import time
 from dataclasses import dataclass, field
 
 from replag.discovery.cluster import ClusterNode, Shard, read_shards
-from replag.errors import DiscoveryError, EndpointError, ReplagError, UnreachableError
+from replag.errors import (
+    DiscoveryError,
+    EndpointError,
+    OutsideReach,
+    ReplagError,
+    UnreachableError,
+)
 from replag.replication.check import recent_lag_p99_ms
 from replag.replication.follow import (
     FailoverEvent,
@@ -32,6 +38,7 @@ from replag.replication.follow import (
 )
 from replag.store import Store
 from replag.topology import Endpoint, Region, Topology
+from replag.wire.reach import Reach
 
 _LAG_FRESHNESS_S = 300.0  # probe figures older than this say nothing about the lag now
 
@@ -87,15 +94,18 @@ async def read_cluster(
     )
 
 
-def _endpoint(topology: Topology, region: Region, node: ClusterNode) -> Endpoint:
+def _endpoint(topology: Topology, region: Region, node: ClusterNode, seen_by: str) -> Endpoint:
     """The configured endpoint at the node's address (its name, credentials), else one like
     the region's write endpoint there, named host:port as discovery names them."""
     for ep in topology.endpoints():
         if (node.host, node.port) in ((ep.host, ep.port), ep.local):
             return dataclasses.replace(ep, region=region.name)
     assert region.write is not None
-    return dataclasses.replace(
+    found = dataclasses.replace(
         region.write, name=f"{node.host}:{node.port}", host=node.host, port=node.port, local=None
+    )
+    return Reach.of(topology).admit(
+        found, named_by=f"CLUSTER SHARDS of {seen_by}", as_what=f"a node of region {region.name}"
     )
 
 
@@ -129,8 +139,13 @@ async def current_shard(topology: Topology, region: Region, *, timeout_s: float)
             f"{region.shard or 'with the nodes of ' + region.name} holding slots",
             where=f"region {region.name}",
         )
-    write = _endpoint(topology, region, shard.primary)
-    replicas = [_endpoint(topology, region, n) for n in shard.replicas]
+    write = _endpoint(topology, region, shard.primary, seed.address)
+    replicas, outside = [], []
+    for node in shard.replicas:
+        try:
+            replicas.append(_endpoint(topology, region, node, seed.address))
+        except OutsideReach as exc:
+            outside.append(str(exc))
     # A configured node the cluster lists in no shard now (a failed old primary) is still
     # one of the shard's servers: observed, and reported while it does not answer.
     listed = {(n.host, n.port) for s in shards for n in s.nodes}
@@ -148,6 +163,7 @@ async def current_shard(topology: Topology, region: Region, *, timeout_s: float)
     )
     for ep in gone:
         now.notes.append(f"{ep.name} ({ep.address}) is in no shard of the cluster now")
+    now.notes += outside
     if shard.slots != region.slots:
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
         now.notes.append(f"{region.name} holds slots {ranges} now (the config lists others)")

@@ -64,6 +64,15 @@ class Contacts:
         if endpoint.password and endpoint.address not in self.credentialed:
             self.credentialed.append(endpoint.address)
 
+    async def admits(self, host: str, port: int) -> bool:
+        """Whether host:port is inside the networks (if not, recorded as refused)."""
+        if self.networks is None:
+            return True
+        outside = await self._outside(host, port)
+        if outside is not None:
+            self.refused[f"{host}:{port}"] = outside
+        return outside is None
+
     async def _outside(self, host: str, port: int) -> str | None:
         assert self.networks is not None
         try:

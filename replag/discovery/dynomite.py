@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from replag.discovery.contacts import Contacts
 from replag.discovery.dynomite_backends import read_backend
 from replag.discovery.dynomite_ports import (
     Address,
@@ -207,12 +208,19 @@ async def fetch_consistency(stats_url: str, *, timeout_s: float) -> Consistency 
     return None if text is None else parse_consistency(text, where=url)
 
 
-async def discover_dynomite(stats_url: str, *, ports: PortMap, timeout_s: float) -> Discovery:
-    """Read `/cluster_describe` and `/get_consistency` of one node and map the cluster."""
+async def discover_dynomite(
+    stats_url: str, *, ports: PortMap, timeout_s: float, contacts: Contacts | None = None
+) -> Discovery:
+    """Read `/cluster_describe` and `/get_consistency` of one node and map the cluster; a
+    node outside `contacts.networks` (--allow-networks) is neither asked nor written."""
     base = _base_url(stats_url)
     where = f"{base}/cluster_describe"
     data = await fetch_json_object(where, timeout_s=timeout_s)
     nodes = parse_cluster_describe(data, where=where, ports=ports)
+    if contacts is not None and contacts.networks is not None:
+        nodes = [n for n in nodes if await contacts.admits(n.host, n.peer_port)]
+        if not nodes:
+            raise DiscoveryError("every node it describes is outside --allow-networks", where=where)
     nodes, notes = await fill_backends(nodes, ports=ports, timeout_s=timeout_s, where=where)
     _check_distinct(nodes, where=where)
     consistency = await fetch_consistency(base, timeout_s=timeout_s)

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from replag import reply_limits
 from replag.errors import DiscoveryError, UnreachableError
+from replag.wire import reply_limits
 
 
 async def fetch_text(url: str, *, timeout_s: float) -> str | None:

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from replag.connections import async_client, endpoint_errors
 from replag.discovery.contacts import Contacts, OutsideNetworks
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+from replag.wire.connections import async_client, endpoint_errors
 
 # A replication tree deeper than this is a loop in what the servers told us.
 _MAX_HOPS = 32

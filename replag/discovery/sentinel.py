@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from replag.discovery.contacts import Contacts, OutsideNetworks
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
 from replag.replication import sentinel as ask
@@ -26,9 +27,16 @@ from replag.topology import (
 
 
 async def discover_sentinel(
-    addresses: list[str], *, masters: list[str], timeout_s: float
+    addresses: list[str],
+    *,
+    masters: list[str],
+    timeout_s: float,
+    contacts: Contacts | None = None,
 ) -> Discovery:
-    """Ask the first of `addresses` that answers; `masters` narrows to those names."""
+    """Ask the first of `addresses` that answers; `masters` narrows to those names. With
+    `contacts.networks` (--allow-networks), a master, replica or Sentinel it names outside
+    them is not written as an endpoint, only named in the header for the user to approve."""
+    contacts = contacts or Contacts()
     try:
         sentinels = [sentinel_endpoint(a) for a in addresses]
     except ValueError as exc:
@@ -40,7 +48,7 @@ async def discover_sentinel(
         except EndpointError as exc:
             failures.append(str(exc))
             continue
-        return await _discover(sentinel, sentinels, monitored, masters, timeout_s)
+        return await _discover(sentinel, sentinels, monitored, masters, timeout_s, contacts)
     raise UnreachableError("no Sentinel answered: " + "; ".join(failures))
 
 
@@ -50,6 +58,7 @@ async def _discover(
     monitored: list[dict[str, str]],
     names: list[str],
     timeout_s: float,
+    contacts: Contacts,
 ) -> Discovery:
     by_name = {m.get("name", ""): m for m in monitored}
     unknown = [n for n in names if n not in by_name]
@@ -73,12 +82,18 @@ async def _discover(
             raise DiscoveryError(
                 f"SENTINEL MASTERS: bad entry {master!r}", where=sentinel.url()
             ) from None
+        if not await _inside(contacts, primary):
+            continue
         listed = await ask.replicas(sentinel, name, timeout_s=timeout_s)
         others = await ask.other_sentinels(sentinel, name, timeout_s=timeout_s)
-        watching = _sentinels(sentinel, given, others)
+        watching = tuple(
+            [ep for ep in _sentinels(sentinel, given, others) if await _inside(contacts, ep)]
+        )
         replicas = []
         for i, entry in enumerate(listed, start=1):
             ep = _node(entry["ip"], int(entry["port"]), f"{name}-{i}", name, sentinel)
+            if not await _inside(contacts, ep):
+                continue
             replicas.append(ep)
             endpoint_comments[ep.name] = (
                 f"Sentinel flags {entry.get('flags', '?')}, link "
@@ -113,6 +128,16 @@ async def _discover(
         endpoint_comments=endpoint_comments,
         facts={"masters": [r.name for r in regions], "sentinel": sentinel.address},
     )
+
+
+async def _inside(contacts: Contacts, endpoint: Endpoint) -> bool:
+    """Whether `endpoint` may be written (inside --allow-networks); if not, it is recorded
+    as refused, for the file's header."""
+    try:
+        await contacts.reach(endpoint)
+    except OutsideNetworks:
+        return False
+    return True
 
 
 def _node(host: str, port: int, name: str, region: str, sentinel: Endpoint) -> Endpoint:

@@ -19,8 +19,8 @@ from replag.errors import UsageError
 from replag.lab.cluster import lab_topology, read_state
 from replag.lab.load import key_name, key_type, read_load
 from replag.repair.keyspace.observe import key_to_json
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 # injected → what `repair check` should call it (an extra key is missing elsewhere)
 EXPECTED_KIND = {

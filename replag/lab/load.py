@@ -21,8 +21,8 @@ from typing import Any
 
 from replag.errors import LabError, UsageError
 from replag.lab.cluster import lab_topology, read_state
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 LOAD_FILE = "load.json"
 BATCH = 1000

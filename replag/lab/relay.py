@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from replag.stamped_socket import StampedReader
+from replag.wire.stamped_socket import StampedReader
 
 _CHUNK = 65536
 JITTER_SHAPES = ("uniform", "pareto")

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from replag.clock import estimate_offset
 from replag.config import Config
 from replag.errors import PermissionRefused, ReplagError, TlsError
-from replag.permissions import require_on
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Observer, open_observer
 from replag.probes.progress import ProgressCallback, waiting_reporter
@@ -23,8 +22,9 @@ from replag.probes.samples import collect_samples
 from replag.probes.targets import ReplicaTarget, observation_units, unit_label
 from replag.probes.writes import delete_keys, no_clock_note, server_time, write_keys
 from replag.replication.alongside import ProbeReplication
-from replag.resp import RespConnection, error_text
 from replag.settings import Settings
+from replag.wire.permissions import require_on
+from replag.wire.resp import RespConnection, error_text
 
 if TYPE_CHECKING:
     from replag.probes.remote import RegionWatch

@@ -5,7 +5,7 @@ replica applied the key, on this process's monotonic clock, with the bracket
 [lo_ns, hi_ns] that surely contains it.
 
 Push subscribes on a `RespConnection` of its own (`on_push`), which stamps each
-event with the kernel's receive time (`replag.stamped_socket`): a busy event
+event with the kernel's receive time (`replag.wire.stamped_socket`): a busy event
 loop reading it late does not make it late. The replica publishes the event when it
 applies the write and sends it at the end of that event-loop pass, as it does a PING's
 reply, so the apply moment lies within the largest of a few PING round trips before
@@ -32,9 +32,9 @@ from typing import Any
 from replag.background import cancel_and_wait
 from replag.errors import EndpointError, PermissionRefused, ReplagError
 from replag.probes.cpu_wait import CpuWait, local_server
-from replag.resp import RespConnection, error_text
-from replag.stamped_socket import ReadStamp
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text
+from replag.wire.stamped_socket import ReadStamp
 
 # A chunk read within this of its last packet's arrival was read by a reader that was
 # not behind: an idle event loop wakes and reads in 0.05-0.3 ms, and one that fell
@@ -179,7 +179,7 @@ class PushObserver(Observer):
         self, channel: bytes, arrived_ns: int, earliest_ns: int, read: ReadStamp | None = None
     ) -> None:
         """The event reached us at `arrived_ns`, or between `earliest_ns` and then when it
-        was read together with later events (see `replag.stamped_socket`). `read`: how
+        was read together with later events (see `replag.wire.stamped_socket`). `read`: how
         its read was stamped (None: by the kernel, read now)."""
         now = self.clock()
         self.cpu_wait.note(now)

@@ -17,9 +17,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from replag.config import Config
-from replag.connections import async_client, endpoint_errors
 from replag.errors import UsageError
 from replag.probes.keys import ProbeKeys
+from replag.wire.connections import async_client, endpoint_errors
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis

@@ -18,7 +18,7 @@ from replag.topology import Endpoint, Region, Topology
 if TYPE_CHECKING:
     from replag.errors import PermissionRefused, TlsError
     from replag.probes.observers import Observer
-    from replag.resp import RespConnection
+    from replag.wire.resp import RespConnection
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,9 +27,9 @@ from replag.background import cancel_and_wait
 from replag.clockbound import WallClock
 from replag.errors import ReplagError, UsageError
 from replag.probes.observers import Observer, open_observer
-from replag.resp import RespConnection
 from replag.settings import PROBE_MODES, Settings
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 
 log = logging.getLogger(__name__)
 MAX_KEYS = 100_000

@@ -15,14 +15,14 @@ from collections.abc import Callable
 import hiredis
 
 from replag.errors import ReplagError, UnreachableError
-from replag.permissions import require_on
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Observer
 from replag.probes.progress import ProbeProgress, ProgressCallback
 from replag.probes.report import ProbeReport
-from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.topology import Endpoint
+from replag.wire.permissions import require_on
+from replag.wire.resp import RespConnection, pack
 
 log = logging.getLogger(__name__)
 _CLEANUP_BATCH = 500

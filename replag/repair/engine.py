@@ -28,7 +28,6 @@ from replag.errors import (
     UsageError,
 )
 from replag.logfields import bind_log_fields
-from replag.permissions import Mode
 from replag.repair.decisions import report as rp
 from replag.repair.decisions.outages import cut_off_replicas
 from replag.repair.decisions.policy import Policy, parse_policy
@@ -56,6 +55,7 @@ from replag.settings import REPAIR_TTLS
 from replag.store import Store
 from replag.store.leases import Lease
 from replag.topology import ReplicaGroup, Topology
+from replag.wire.permissions import Mode
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A check that scans two healthy replicas for minutes and then fails on the third
 wastes the scans and leaves a half-done run; one PING per member first costs a
 round trip each and fails in a second, naming every member that did not answer.
 The same goes for ACL permissions: each member's user is checked for what the
-run will do (`replag.permissions`), before any scan.
+run will do (`replag.wire.permissions`), before any scan.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from replag.errors import EndpointError
-from replag.permissions import Mode, require
 from replag.repair.keyspace.together import all_of
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
+from replag.wire.permissions import Mode, require
+from replag.wire.resp import RespConnection, pack
 
 
 async def _ping(member: Endpoint, timeout_s: float) -> EndpointError | None:

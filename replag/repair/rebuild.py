@@ -38,10 +38,10 @@ from replag.repair.keyspace.together import all_of, cancel_all
 from replag.repair.reachable import members_reachable
 from replag.repair.runs import DONE, FAILED, INTERRUPTED, RUNNING, RunLog
 from replag.repair.scan.scanner import without_prefix
-from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
+from replag.wire.resp import RespConnection, pack
 
 _Item = TypeVar("_Item")
 

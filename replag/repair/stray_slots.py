@@ -21,8 +21,8 @@ from replag.errors import EndpointError
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.slots import SLOTS, ranges
 from replag.repair.keyspace.together import all_of
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, Topology
+from replag.wire.resp import RespConnection, pack
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from replag.replication.info import ReplicationInfo
 from replag.replication.sentinel import master_address, sentinel_call
 from replag.store import Store
 from replag.topology import Endpoint, Region, Topology
+from replag.wire.reach import Reach
 
 
 @dataclass(kw_only=True)
@@ -96,16 +97,27 @@ def home(endpoint: Endpoint) -> str:
     return endpoint.in_region().address
 
 
-def endpoint_at(topology: Topology, region: Region, host: str, port: int) -> Endpoint:
+def endpoint_at(
+    topology: Topology, region: Region, host: str, port: int, *, named_by: str = "the store"
+) -> Endpoint:
     """The configured endpoint at host:port (its name and credentials), else one like
-    the region's write endpoint at that address."""
+    the region's write endpoint at that address if `Reach` admits it (OutsideReach, saying
+    that `named_by` named it, if not: it gets neither the credentials nor the writes)."""
     for r in topology.observed_from(region):
         for ep in ((r.write,) if r.write else ()) + r.replicas:
             # Sentinel names servers as their region sees them (`local`, if configured).
             if (host, port) in ((ep.host, ep.port), ep.local):
                 return replace(ep, region=region.name)
     assert region.write is not None
-    return replace(region.write, name=f"{region.name}-primary@{host}:{port}", host=host, port=port)
+    found = replace(region.write, name=f"{region.name}-primary@{host}:{port}", host=host, port=port)
+    return Reach.of(topology).admit(
+        found, named_by=named_by, as_what=f"the primary of region {region.name}"
+    )
+
+
+def _sentinels_of(region: Region) -> str:
+    assert region.sentinel is not None
+    return f"Sentinels of region {region.name} (master {region.sentinel.master})"
 
 
 async def sentinel_primary(
@@ -128,7 +140,7 @@ async def sentinel_primary(
             f"the Sentinels do not know a master named {ref.master!r}",
             where=f"region {region.name}",
         )
-    endpoint = endpoint_at(topology, region, *found)
+    endpoint = endpoint_at(topology, region, *found, named_by=_sentinels_of(region))
     notes = []
     if home(endpoint) != home(region.write):
         notes.append(
@@ -165,7 +177,7 @@ async def resolve_write(
             f"the Sentinels do not know a master named {ref.master!r}",
             where=f"region {region.name}",
         )
-    endpoint = endpoint_at(topology, region, *found)
+    endpoint = endpoint_at(topology, region, *found, named_by=_sentinels_of(region))
     info = await _primary_info(endpoint, timeout_s=timeout_s, why="primary named by Sentinel")
     resolution = WriteResolution(endpoint=endpoint, info=info, notes=notes)
     if home(endpoint) != home(region.write):

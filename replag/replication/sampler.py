@@ -33,8 +33,8 @@ from replag.replication.state import (
     ReplicaStatus,
     ReplicationSnapshot,
 )
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint, Region, Topology
+from replag.wire.resp import RespConnection, error_text, pack
 
 _INFO_REPLICATION = pack(b"INFO", b"replication")
 _INFO_STATS = pack(b"INFO", b"stats")

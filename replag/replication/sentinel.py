@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from replag.errors import EndpointError, UnreachableError
-from replag.resp import Arg, RespConnection
 from replag.topology import Endpoint
+from replag.wire.resp import Arg, RespConnection
 
 
 def _text(value: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from replag.alerts.thresholds import headroom_bands
 from replag.background import BackgroundLoop
 from replag.config import Config
-from replag.errors import StoreUnwritable
+from replag.errors import OutsideReach, StoreUnwritable
 from replag.metrics import ServiceMetrics
 from replag.replication import history as replication_history
 from replag.replication.check import recent_lag_p99_ms
@@ -75,7 +75,11 @@ class ReplicationState:
                     known = None  # the store is away: as configured until it is back
                 if known is not None:
                     host, _, port = known.address.rpartition(":")
-                    moved = endpoint_at(self.config.topology, region, host, int(port))
+                    try:
+                        moved = endpoint_at(self.config.topology, region, host, int(port))
+                    except OutsideReach:
+                        regions.append(region)  # as configured: the probe reports the refusal
+                        continue
                     # The configured primary, demoted (or dead), is one of the set's servers
                     # like the others: sampled as a replica, its link down while it is.
                     replicas = region.replicas

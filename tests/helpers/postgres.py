@@ -21,7 +21,9 @@ def postgres_available() -> bool:
 
 
 def database_name(module: str) -> str:
-    return re.sub(r"\W", "_", module.rsplit(".", 1)[-1]).lower()[:60]
+    """A database name for test module `module` ("tests.repair.test_cluster" → repair_test_cluster:
+    two folders may each hold a test_cluster.py)."""
+    return re.sub(r"\W", "_", module.removeprefix("tests.")).lower()[:60]
 
 
 def empty_database(url: str) -> None:

@@ -41,9 +41,9 @@ from replag.lab.server import RedisServer, free_port
 from replag.repair import repair
 from replag.repair.decisions.report import RepairReport
 from replag.repair.runs import RunLog
-from replag.resp import RespConnection, pack
 from replag.store import Store
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 FAULTS = ("missing", "stale", "only_here", "ttl", "type")
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from replag.resp import pack
+from replag.wire.resp import pack
 
 TYPES = ("string", "hash", "set", "zset")
 _LETTER = {"string": "s", "hash": "h", "set": "t", "zset": "z"}

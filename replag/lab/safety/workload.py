@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from replag.lab.safety.model import Keyspace, expire_command, write_command
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text, pack
 
 WRITE, DELETE, EXPIRE = "w", "d", "e"
 

@@ -28,8 +28,8 @@ from replag.repair.bulk.peer_read import WRITES_PROBE, Writes, writes_of
 from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.together import all_of
 from replag.repair.scan.scanner import without_prefix
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 SCAN_COUNT = 1000
 

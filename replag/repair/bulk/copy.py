@@ -30,10 +30,10 @@ from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.pages import PageOptions, copy_big_keys
 from replag.repair.keyspace.together import all_of, cancel_all
 from replag.repair.trees.index import ScanIndex
-from replag.resp import RespConnection, pack
 from replag.settings import Settings
 from replag.store import Store
 from replag.topology import Endpoint, ReplicaGroup
+from replag.wire.resp import RespConnection, pack
 
 if TYPE_CHECKING:
     from replag.repair.keyspace.progress import ProgressCallback

@@ -41,7 +41,7 @@ from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import KeyState
 from replag.repair.keyspace.values import Data, StreamEntry, read_values
 from replag.repair.scan.ttls import TTL_SCRIPT, TtlSource, batch_ttls
-from replag.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
+from replag.wire.resp import RespConnection, error_text, pack, pack_over_keys, pack_per_key
 
 CARD = {
     "hash": b"HLEN",

@@ -59,8 +59,8 @@ from replag.repair.keyspace.timeouts import request_within
 from replag.repair.keyspace.together import all_of
 from replag.repair.keyspace.values import Data
 from replag.repair.writes.undo import PreImage, undo
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text, pack
 
 logger = logging.getLogger(__name__)
 BATCH = 1000  # keys a batch (their values in one MGET reply per peer)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, pack
 
 
 @dataclass(frozen=True)

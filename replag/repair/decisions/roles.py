@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from replag.errors import AgentError, EndpointError
 from replag.repair.keyspace.together import all_of
 from replag.replication.info import parse_info
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup
+from replag.wire.resp import RespConnection, pack
 
 if TYPE_CHECKING:
     from replag.repair.trees.remote import AgentClient

@@ -15,8 +15,8 @@ from typing import Any
 from replag.errors import EndpointError
 from replag.repair.keyspace.together import all_of
 from replag.replication.info import keyspace_keys
-from replag.resp import RespConnection, pack
 from replag.topology import Endpoint, ReplicaGroup, Topology
+from replag.wire.resp import RespConnection, pack
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 compiler is there) or, without it, the same results in Python.
 
 Each function returns numpy arrays; `NATIVE` says which implementation runs.
-`tests/test_native.py` checks the two agree bit for bit.
+`tests/repair/test_native.py` checks the two agree bit for bit.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import xxhash
 from replag.repair.keyspace.digest import string_digest
 from replag.repair.keyspace.slots import is_moved
 from replag.repair.keyspace.values import Data, read_values, string_page
-from replag.resp import RespConnection, error_text, pack
+from replag.wire.resp import RespConnection, error_text, pack
 
 
 @dataclass(frozen=True)

@@ -45,14 +45,14 @@ from typing import Any, Literal, Protocol
 
 import xxhash
 
-from replag import reply_limits
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
 from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
 from replag.repair.keyspace.values import string_page
-from replag.resp import RespConnection, error_text, pack
 from replag.settings import Settings
 from replag.topology import Endpoint
+from replag.wire import reply_limits
+from replag.wire.resp import RespConnection, error_text, pack
 
 logger = logging.getLogger(__name__)
 PAGE_BYTES = 512 * 1024

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from replag.errors import EndpointError
 from replag.repair.keyspace.together import all_of
-from replag.resp import RespConnection, error_text, pack
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, error_text, pack
 
 SLOTS = 16384
 # Error replies saying a key is served elsewhere now (or, mid-migration, for now).

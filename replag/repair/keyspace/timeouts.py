@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from replag.errors import KeyRefused, RepairError, UnreachableError
-from replag.reply_limits import ReplyLimitError
-from replag.resp import RespConnection
+from replag.wire.reply_limits import ReplyLimitError
+from replag.wire.resp import RespConnection
 
 BYTES_PER_SECOND = 10_000_000
 # A DUMP's bytes beyond a string's own (type, length, version, checksum) and its reply's

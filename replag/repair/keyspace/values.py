@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag import reply_limits
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
-from replag.resp import RespConnection, error_text, pack
+from replag.wire import reply_limits
+from replag.wire.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
 Data = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from replag.resp import pack
+from replag.wire.resp import pack
 
 WriteOp = Literal["delete", "restore", "expire", "undo", "purge"]
 

@@ -46,9 +46,9 @@ from replag.repair.scan.ttls import (
     ttl_source_from_info,
 )
 from replag.repair.trees.index import ScanIndex, index_batch
-from replag.resp import RespConnection, check_replies, pack
-from replag.resp_blocking import BlockingConnection
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection, check_replies, pack
+from replag.wire.resp_blocking import BlockingConnection
 
 I64 = npt.NDArray[np.int64]
 # A batch's replies are kept near this size (SCAN's COUNT lowered from `options.count`

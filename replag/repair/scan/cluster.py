@@ -19,7 +19,7 @@ from typing import Any
 
 from replag.repair.keyspace.slots import is_moved, key_slot, slot_groups
 from replag.repair.scan.ttls import TtlSource
-from replag.resp import error_text, pack_over_keys, pack_per_key
+from replag.wire.resp import error_text, pack_over_keys, pack_per_key
 
 
 def cluster_fetch_request(keys: list[bytes], source: TtlSource) -> tuple[bytes, int]:

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from replag import reply_limits
 from replag.errors import RepairError, ReplagError
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.keep import KeepLimits, KeptKeys
@@ -55,6 +54,7 @@ from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 from replag.repair.trees.walk import first_down, fold
 from replag.topology import Endpoint
+from replag.wire import reply_limits
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

@@ -22,7 +22,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from replag import reply_limits
 from replag.errors import RepairError, ReplagError, UnreachableError
 from replag.repair.keyspace.digest import TYPE_CODES
 from replag.repair.keyspace.native import hash_each
@@ -41,8 +40,10 @@ from replag.repair.scan.ttls import (
 )
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
-from replag.reply_limits import ReplyLimitError, ReplyLimits
-from replag.resp import (
+from replag.topology import Endpoint
+from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimitError, ReplyLimits
+from replag.wire.resp import (
     RespConnection,
     error_text,
     pack,
@@ -50,7 +51,6 @@ from replag.resp import (
     pack_over_keys,
     pack_per_key,
 )
-from replag.topology import Endpoint
 
 # Where these lived before scan.py was split; other modules import them from here still.
 __all__ = [

@@ -19,8 +19,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from replag.resp import check_replies, pack
 from replag.topology import Endpoint
+from replag.wire.resp import check_replies, pack
 
 # Per batch: the 1-based position and PTTL of every key that has an expiry (or is
 # gone: -2), as a flat list. A key without one costs the server no reply.

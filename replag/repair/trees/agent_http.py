@@ -6,7 +6,7 @@ failure becomes an `AgentError` naming the agent: unreachable or dead
 and a TLS handshake that fails (`AgentTlsError`: the agent's certificate
 expired, names another host or is signed by a CA we do not trust, or the agent
 wants a client certificate we did not give or does not trust ours). An
-https:// agent's context comes from `replag.tls`, like a Redis endpoint's.
+https:// agent's context comes from `replag.wire.tls`, like a Redis endpoint's.
 
 With every request go the bearer token and, for the agent's audit log, what
 the coordinator is running (`X-Replag-Run`, `X-Replag-Job`, `X-Replag-Started-By`:
@@ -22,9 +22,10 @@ import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from replag import reply_limits
 from replag.errors import AgentError, AgentTlsError
-from replag.tls import (
+from replag.topology import TlsOptions
+from replag.wire import reply_limits
+from replag.wire.tls import (
     CLOSED,
     TlsFilesError,
     client_context,
@@ -32,7 +33,6 @@ from replag.tls import (
     refusal_after_handshake,
     tls_cause,
 )
-from replag.topology import TlsOptions
 
 if TYPE_CHECKING:
     import aiohttp

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag import reply_limits
 from replag.errors import EndpointError, KeyRefused
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, NOT_COPIED, request_within
 from replag.repair.keyspace.values import Data, StreamEntry
 from replag.repair.writes.undo import collection_data
-from replag.resp import RespConnection, error_text, pack
+from replag.wire import reply_limits
+from replag.wire.resp import RespConnection, error_text, pack
 
 
 @dataclass(frozen=True)

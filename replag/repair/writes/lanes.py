@@ -27,8 +27,8 @@ from replag.repair.writes.guarded_write import (
     read_for_copy_with_data,
 )
 from replag.repair.writes.undo import PreImage, overwritten, undo
-from replag.resp import RespConnection
 from replag.topology import Endpoint
+from replag.wire.resp import RespConnection
 
 
 class RemoteReplica(Protocol):

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.values import Data, read_values
-from replag.resp import RespConnection, pack
+from replag.wire.resp import RespConnection, pack
 
 # Elements of a copied collection kept (until the copy stands or is undone) to merge an
 # undo with: repairs in flight hold at most this many each (max_inflight per replica).

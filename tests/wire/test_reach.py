@@ -1,0 +1,129 @@
+"""Sent only where allowed (`replag.wire.reach`): a Sentinel that names a host the topology
+does not name, outside allow_networks, gets that host neither the credentials nor a write.
+A capture server on 127.0.0.2 (loopback) records every command it receives: none arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replag.errors import OutsideReach
+from replag.topology import Endpoint, Region, Topology
+from replag.wire.reach import Reach
+from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.scripted import ScriptedServer, array, bulk, capture_server
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": "1s", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "replag", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def test_reach_admits_named_hosts_and_allowed_networks_only() -> None:
+    a = Endpoint.from_url("redis://10.0.0.1:6379", name="a")
+    topology = Topology(
+        regions=(Region(name="r", write=a, replicas=()),), allow_networks=("10.1.0.0/16",)
+    )
+    reach = Reach.of(topology)
+    assert reach.outside("10.0.0.1", 6379) is None
+    assert reach.outside("10.1.2.3", 6379) is None
+    assert reach.outside("10.0.0.1", 6380) is not None
+    assert "host name" in (reach.outside("evil.example", 6379) or "")
+    with pytest.raises(
+        OutsideReach, match=r"named 10.9.9.9:1 as the primary.*allow_networks = 10.1.0.0/16"
+    ):
+        reach.admit(Endpoint.from_url("redis://10.9.9.9:1"), named_by="S", as_what="the primary")
+
+
+def _sentinel_naming(host: str, port: int) -> ScriptedServer:
+    return ScriptedServer({"SENTINEL GET-MASTER-ADDR-BY-NAME": array(bulk(host), bulk(str(port)))})
+
+
+def test_a_sentinel_naming_a_host_outside_gets_it_no_auth_and_no_write(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    primary = redis_factory("primary", password="s3cret")
+    with capture_server() as capture, _sentinel_naming(capture.host, capture.port) as sentinel:
+        config = tmp_path / "t.toml"
+        config.write_text(
+            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\n'
+            f'[[regions]]\nname = "a"\nwrite = "redis://:s3cret@127.0.0.1:{primary.port}"\n'
+            f'replicas = ["redis://:s3cret@127.0.0.1:{primary.port}"]\n'
+            f'sentinel = {{master = "m", sentinels = ["127.0.0.1:{sentinel.port}"]}}\n'
+        )
+        probe = _run(["probe", "-c", str(config), "--count", "3"], tmp_path)
+        assert capture.commands == [], capture.commands
+        assert sentinel.names() and "AUTH" not in sentinel.names()
+        out = probe.stdout + probe.stderr
+        assert probe.returncode in (2, 3), out
+        assert "Traceback" not in out, out
+        lines = [line for line in out.splitlines() if capture.address in line]
+        assert len(lines) == 1 and "not contacted" in lines[0] and "allow_networks" in lines[0]
+
+        # Allowed, it is followed (and the capture server sees the credentials).
+        allowed = _run(
+            ["probe", "-c", str(config), "--count", "1"],
+            tmp_path,
+            REPLAG_ALLOW_NETWORKS="127.0.0.2/32",
+        )
+        assert "AUTH" in capture.names(), allowed.stdout + allowed.stderr
+
+
+def _entry(**fields: str) -> bytes:
+    return array(*(bulk(x) for kv in fields.items() for x in kv))
+
+
+def test_discover_sentinel_writes_hosts_outside_allow_networks_as_comments(
+    tmp_path: Path,
+) -> None:
+    masters = array(
+        _entry(name="inside", ip="127.0.0.1", port="7001", flags="master"),
+        _entry(name="outside", ip="127.0.0.2", port="7002", flags="master"),
+    )
+    replicas = array(
+        _entry(ip="127.0.0.1", port="7003", flags="slave"),
+        _entry(ip="127.0.0.2", port="7004", flags="slave"),
+    )
+    others = array(_entry(ip="127.0.0.2", port="26380"))
+    answers = {
+        "SENTINEL MASTERS": masters,
+        "SENTINEL REPLICAS": replicas,
+        "SENTINEL SENTINELS": others,
+    }
+    with ScriptedServer(answers) as sentinel:
+        out = tmp_path / "found.toml"
+        found = _run(
+            [
+                "topology",
+                "discover",
+                "--sentinel",
+                f"127.0.0.1:{sentinel.port}",
+                "--allow-networks",
+                "127.0.0.1/32",
+                "--out",
+                str(out),
+            ],
+            tmp_path,
+        )
+    assert found.returncode == 0, found.stdout + found.stderr
+    text = out.read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert "127.0.0.1:7001" in body and "127.0.0.1:7003" in body
+    assert "127.0.0.2" not in body, body
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    for address in ("127.0.0.2:7002", "127.0.0.2:7004", "127.0.0.2:26380"):
+        assert address in header, header
