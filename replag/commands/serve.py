@@ -16,8 +16,11 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.commands.repeated_logs import uvicorn_log_config
+from replag.config import Config
 from replag.errors import UsageError
 from replag.heap import freeze_long_lived, tune_for_service
+from replag.store import Store, parse_location
+from replag.store.configs import claim_for_config
 
 log = logging.getLogger("replag.serve")
 uvicorn_log = logging.getLogger("uvicorn.error")
@@ -84,6 +87,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
+    _claim_store(config, config_path)
     if not _is_loopback(host) and not config.api_tokens:
         log.warning(
             "binding %s without an API token (api_token or [[api_tokens]]): data-changing "
@@ -119,6 +123,17 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
             )
         )
         server.run(sockets=[sock])
+
+
+def _claim_store(config: Config, config_path: Path) -> None:
+    """Refuse a store another config's serve used (unless settings.store_shared)."""
+    with Store(config.settings.store) as store:
+        claim_for_config(
+            store,
+            str(config_path.expanduser().resolve()),
+            shared=config.settings.store_shared,
+            where=parse_location(config.settings.store).shown,
+        )
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -35,6 +35,7 @@ from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
 from replag.store import Store, parse_location
+from replag.store.location import store_for_config
 from replag.wire import reply_limits
 
 
@@ -129,8 +130,9 @@ def command() -> None:
     "--store",
     "store_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Results store written into the file as `store` (default: settings.store, "
-    "i.e. $REPLAG_STORE or ~/.local/state/replag/replag.sqlite).",
+    help="Results store written into the file as `store` (default: $REPLAG_STORE, else "
+    "one of the file's own, ~/.local/state/replag/NAME-HASH.sqlite, named for --out: "
+    "two configs never share a store unless told to).",
 )
 def discover(
     dynomite_url: str | None,
@@ -232,9 +234,20 @@ def discover(
     lines = contacts.header_lines()
     if lines:
         found = replace(found, header="\n".join([found.header, *lines]))
-    _emit(with_store(found, store_path or settings.store), out)
+    _emit(with_store(found, store_path or _own_store(found, out, settings)), out)
     for line in lines:
         click.echo(f"note: {line}", err=True)
+
+
+def _own_store(found: Discovery, out: Path | None, settings: Settings) -> str:
+    """The store the file gets: $REPLAG_STORE (shared on purpose), else one of its own,
+    named for the --out file (or, printed, for what was discovered)."""
+    if "REPLAG_STORE" in os.environ:
+        return settings.store
+    if out is not None:
+        return str(store_for_config(out.stem, where=out))
+    regions = found.topology.regions
+    return str(store_for_config(regions[0].name if regions else "replag"))
 
 
 def _shards_in(path: Path | None, option: str = "--out") -> list[EarlierShard]:
