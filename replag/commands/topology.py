@@ -53,15 +53,26 @@ def command() -> None:
 )
 @click.option(
     "--redis",
-    "redis_url",
+    "redis_urls",
+    multiple=True,
     metavar="URL",
-    help="A Redis primary (or any replica of it), e.g. redis://10.0.0.1:6379.",
+    help="A Redis primary (or any replica of it), e.g. redis://10.0.0.1:6379; repeatable: "
+    "each replica set becomes a region and group named after its primary (host:port).",
 )
 @click.option(
     "--cluster",
-    "cluster_url",
+    "cluster_urls",
+    multiple=True,
     metavar="URL",
-    help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000.",
+    help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000; repeatable (with "
+    "several, each cluster is named after the node given: its shards NAME-shard-…).",
+)
+@click.option(
+    "--name",
+    "fleet_name",
+    metavar="NAME",
+    help="With one --redis or --cluster: its name (the region and group of a replica "
+    "set; the cluster and its shards' prefix), instead of the primary's host:port.",
 )
 @click.option(
     "--sentinel",
@@ -136,8 +147,9 @@ def command() -> None:
 )
 def discover(
     dynomite_url: str | None,
-    redis_url: str | None,
-    cluster_url: str | None,
+    redis_urls: tuple[str, ...],
+    cluster_urls: tuple[str, ...],
+    fleet_name: str | None,
     sentinel_addresses: tuple[str, ...],
     sentinel_masters: tuple[str, ...],
     out: Path | None,
@@ -163,32 +175,39 @@ def discover(
     password to every host it names: the hosts that got them are listed on stderr and in
     the file; --allow-networks keeps discovery inside the networks you trust.
     """
-    sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
-    if sentinel_addresses:
-        sources.append("sentinel")
-    if len(sources) != 1:
+    redis_sources = [("--redis", u) for u in redis_urls] + [("--cluster", u) for u in cluster_urls]
+    kinds = sum(bool(k) for k in (dynomite_url, redis_sources, sentinel_addresses))
+    if kinds != 1:
         raise UsageError(
-            "give exactly one of --dynomite URL, --redis URL, --cluster URL, --sentinel HOST:PORT"
+            "give --dynomite URL, or --redis/--cluster URLs (each repeatable), or "
+            "--sentinel HOST:PORT: one kind of source"
+        )
+    if fleet_name is not None and len(redis_sources) != 1:
+        raise UsageError(
+            "--name names one --redis or --cluster: with several, each is named after "
+            "its primary (host:port) or the node given"
         )
     if sentinel_masters and not sentinel_addresses:
         raise UsageError("--master applies to --sentinel only")
     dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
-    if previous is not None and not cluster_url:
+    if previous is not None and not cluster_urls:
         raise UsageError("--previous applies to --cluster only")
+    if allow_networks and not redis_sources:
+        raise UsageError("--allow-networks applies to --redis and --cluster")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
     reply_limits.configure(reply_limits.from_settings(settings))
     timeout_s = _timeout_s(timeout, settings)
     password = _password_from(password_env, dynomite=dynomite_url is not None)
     defaults = EndpointDefaults.of(settings, os.environ, where="environment")
-    if redis_url or cluster_url:
-        seed = redis_url or cluster_url or ""
+    seeded_sources = []
+    for option, seed in redis_sources:
         if password is not None and urlsplit(seed).password:
-            raise UsageError("give the password once: in the URL or with --password-env")
-        seeded = seed_url(seed, password=password, tls=defaults.tls)
-        redis_url, cluster_url = (seeded, None) if redis_url else (None, seeded)
+            raise UsageError(f"{option} {_shown(seed)}: give the password once: in the URL or "
+                             "with --password-env")  # fmt: skip
+        seeded_sources.append((option, seed_url(seed, password=password, tls=defaults.tls)))
     sentinel_addresses = tuple(
         seed_url(a, password=None, tls=defaults.tls) if a.startswith("rediss://") else a
         for a in sentinel_addresses
@@ -203,30 +222,37 @@ def discover(
             overrides=port_maps,
             path=port_map_file,
         )
-        found = asyncio.run(
-            discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s, contacts=contacts)
-        )
-    elif redis_url:
-        found = asyncio.run(discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts))
+        found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
-                list(sentinel_addresses),
-                masters=list(sentinel_masters),
-                timeout_s=timeout_s,
-                contacts=contacts,
+                list(sentinel_addresses), masters=list(sentinel_masters), timeout_s=timeout_s
             )
         )
     else:
-        assert cluster_url is not None
-        found = asyncio.run(
-            discover_cluster(
-                cluster_url,
-                timeout_s=timeout_s,
-                contacts=contacts,
-                previous=_shards_in(previous, "--previous") if previous else _shards_in(out),
-            )
-        )
+        earlier = _shards_in(previous, "--previous") if previous else _shards_in(out)
+        several = len(seeded_sources) > 1
+        parts = []
+        for option, url in seeded_sources:
+            if option == "--redis":
+                part = asyncio.run(
+                    discover_replication(
+                        url, timeout_s=timeout_s, contacts=contacts, name=fleet_name
+                    )
+                )
+                if several:  # two replica sets in one file: each its own cluster
+                    part = _in_cluster(part, part.topology.regions[0].name)
+            else:
+                name = fleet_name or (_seed_address(url) if len(cluster_urls) > 1 else None)
+                part = asyncio.run(
+                    discover_cluster(
+                        url, timeout_s=timeout_s, contacts=contacts, previous=earlier, name=name
+                    )
+                )
+                if several and name is None:
+                    part = _in_cluster(part, _seed_address(url))
+            parts.append((f"{option} {_shown(url)}", part))
+        found = merge_discoveries(parts)
     topology, references = as_references(
         found.topology, password=password, password_env=password_env
     )
@@ -248,6 +274,55 @@ def _own_store(found: Discovery, out: Path | None, settings: Settings) -> str:
         return str(store_for_config(out.stem, where=out))
     regions = found.topology.regions
     return str(store_for_config(regions[0].name if regions else "replag"))
+
+
+def _shown(url: str) -> str:
+    """`url` without its password, for a message."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def _seed_address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def _in_cluster(found: Discovery, cluster: str) -> Discovery:
+    """`found` with every region in `cluster` (probes then expect its writes only there)."""
+    regions = tuple(replace(r, cluster=r.cluster or cluster) for r in found.topology.regions)
+    return replace(found, topology=replace(found.topology, regions=regions))
+
+
+def merge_discoveries(parts: list[tuple[str, Discovery]]) -> Discovery:
+    """One file of several discoveries (`parts`: (the option and URL given, what it found));
+    a region or group found twice (two URLs of one replica set) is refused, naming both."""
+    if len(parts) == 1:
+        return parts[0][1]
+    seen: dict[str, str] = {}
+    for given, part in parts:
+        names = {r.name for r in part.topology.regions} | {g.name for g in part.topology.groups}
+        for name in sorted(names):
+            if name in seen:
+                raise UsageError(
+                    f"{given} and {seen[name]} both found {name!r}: the same replica set or "
+                    "cluster given twice (or give each a --name in a file of its own)"
+                )
+            seen[name] = given
+    first = parts[0][1]
+    return Discovery(
+        topology=replace(
+            first.topology,
+            regions=tuple(r for _, p in parts for r in p.topology.regions),
+            groups=tuple(g for _, p in parts for g in p.topology.groups),
+        ),
+        header="\n".join(p.header for _, p in parts),
+        comments={k: v for _, p in parts for k, v in p.comments.items()},
+        endpoint_comments={k: v for _, p in parts for k, v in p.endpoint_comments.items()},
+        settings={k: v for _, p in parts for k, v in p.settings.items()},
+        facts={k: v for _, p in parts for k, v in p.facts.items()},
+    )
 
 
 def _shards_in(path: Path | None, option: str = "--out") -> list[EarlierShard]:
@@ -394,9 +469,13 @@ def port_map(
     return replace(ports, overrides=nodes)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def summary(found: Discovery) -> str:
     regions, groups = found.topology.regions, found.topology.groups
-    line = f"{len(regions)} regions, {len(groups)} replica groups"
+    line = f"{_count(len(regions), 'region')}, {_count(len(groups), 'replica group')}"
     consistency = found.facts.get("consistency")
     if isinstance(consistency, dict):
         line += f"; Dynomite consistency read {consistency['read']}, write {consistency['write']}"

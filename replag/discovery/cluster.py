@@ -231,10 +231,12 @@ async def discover_cluster(
     timeout_s: float,
     contacts: Contacts | None = None,
     previous: Sequence[EarlierShard] = (),
+    name: str | None = None,
 ) -> Discovery:
     """Every shard of the Redis Cluster that the node at `url` belongs to. `previous`: the
     shards of an earlier discovery (the file being rewritten, or the config in use): a
-    shard keeps the name of the one it is (see `kept_names`)."""
+    shard keeps the name of the one it is (see `kept_names`). `name`: the cluster's, which
+    prefixes each shard's (`NAME-shard-…`) and is each region's `cluster`."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
@@ -243,7 +245,12 @@ async def discover_cluster(
     if not shards:
         raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
     return cluster_topology(
-        shards, seed=seed, command=command, state=state, names=kept_names(shards, previous)
+        shards,
+        seed=seed,
+        command=command,
+        state=state,
+        names=kept_names(shards, previous),
+        cluster=name,
     )
 
 
@@ -284,9 +291,11 @@ def cluster_topology(
     command: str,
     state: str,
     names: Mapping[str, str] | None = None,
+    cluster: str | None = None,
 ) -> Discovery:
     """One region and one replica group per shard, in slot order (`names`: identity → a
-    name kept from an earlier discovery)."""
+    name kept from an earlier discovery; `cluster`: the cluster's name, prefixing the
+    shards' names)."""
     names = names or {}
     regions, groups = [], []
     comments: dict[str, str] = {}
@@ -305,7 +314,8 @@ def cluster_topology(
         return ep
 
     for shard in sorted(shards, key=lambda s: s.slots[0]):
-        name = names.get(shard.identity, shard.name)
+        own = f"{cluster}-{shard.name}" if cluster else shard.name
+        name = names.get(shard.identity, own)
         primary = endpoint(shard.primary, name)
         replicas = tuple(endpoint(node, name) for node in shard.replicas)
         endpoint_comments[primary.name] = f"primary, cluster node {shard.primary.node_id}"
@@ -319,11 +329,12 @@ def cluster_topology(
                 replicas=replicas,
                 slots=shard.slots,
                 shard=shard.identity,
+                cluster=cluster,
             )
         )
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
         named = "shard id" if shard.shard_id else "lowest slot"
-        if name != shard.name:
+        if name != own:
             named = "earlier name (--previous, or the file --out rewrote)"
         comments[name] = (
             f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "

@@ -138,16 +138,18 @@ async def find_primary(
 
 
 async def discover_replication(
-    url: str, *, timeout_s: float, contacts: Contacts | None = None
+    url: str, *, timeout_s: float, contacts: Contacts | None = None, name: str | None = None
 ) -> Discovery:
     """The primary of `url`'s replication tree and every replica under it (those outside
-    `contacts.networks` left out, never contacted)."""
+    `contacts.networks` left out, never contacted); its region and group are named `name`,
+    else after the primary (host:port), so two replica sets never share a name."""
     try:
         seed = Endpoint.from_url(url)
     except ValueError as exc:
         raise UsageError(f"--redis: {exc}") from None
     primary = await find_primary(seed, timeout_s=timeout_s, contacts=contacts)
-    primary = replace(primary, name=primary.address, region="primary")
+    region = name or primary.address
+    primary = replace(primary, name=primary.address, region=region)
     links: list[ReplicaLink] = []
     unread: dict[str, str] = {}
     frontier, seen = [primary], {primary.address}
@@ -181,6 +183,10 @@ async def discover_replication(
     )
 
 
+def _region_of(primary: Endpoint) -> str:
+    return primary.region or primary.address
+
+
 def replication_topology(
     primary: Endpoint,
     links: list[ReplicaLink],
@@ -189,8 +195,11 @@ def replication_topology(
     source: str,
     databases: Mapping[int, int] | None = None,
 ) -> Discovery:
-    """One region "primary" (write = primary, replicas = all) and one replica group."""
-    replicas = tuple(replace(link.endpoint, region="primary") for link in links)
+    """One region (write = primary, replicas = all) and one replica group, both named as
+    the primary's region (its host:port unless named)."""
+    name = _region_of(primary)
+    primary = replace(primary, region=name)
+    replicas = tuple(replace(link.endpoint, region=name) for link in links)
     endpoint_comments = {primary.name: "primary (role:master in INFO replication)"}
     for link in links:
         chained = link.upstream.address != primary.address
@@ -207,12 +216,12 @@ def replication_topology(
         endpoint_comments[link.endpoint.name] = text
     groups: tuple[ReplicaGroup, ...] = ()
     comments = {
-        "primary": f"primary {primary.address} and the {len(links)} replicas INFO replication "
-        "leads to (lag per replica)",
+        name: f"primary {primary.address} and the {len(links)} replica"
+        f"{'' if len(links) == 1 else 's'} INFO replication leads to (lag per replica)",
     }
     if replicas:
-        group = ReplicaGroup(name="replication", members=(primary, *replicas), kind="replication")
-        comments["replication"] = "the primary and every replica: they should hold the same data"
+        group = ReplicaGroup(name=name, members=(primary, *replicas), kind="replication")
+        comments[name] += "; as a group, the primary and every replica: the same data"
         others, more = database_groups(group, databases or {})
         groups = (group, *others)
         comments.update(more)
@@ -221,7 +230,7 @@ def replication_topology(
         header.append("The primary lists no replicas: nothing to probe or repair against.")
     return Discovery(
         topology=Topology(
-            regions=(Region(name="primary", write=primary, replicas=replicas),), groups=groups
+            regions=(Region(name=name, write=primary, replicas=replicas),), groups=groups
         ),
         header="\n".join(header),
         comments=comments,
