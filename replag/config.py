@@ -98,7 +98,6 @@ def config_from_dict(
     settings = resolve_settings(
         table if isinstance(table, Mapping) else {}, where=where, environ=environ
     )
-    reply_limits.configure(reply_limits.from_settings(settings))
     defaults = EndpointDefaults.of(settings, environ, where=where)
     file = validate(ConfigFile, data, where=where, environ=environ)
     named = api_tokens(file.api_tokens, environ, where=where)
@@ -113,7 +112,8 @@ def config_from_dict(
         path=path,
         settings=settings,
         topology=dataclasses.replace(
-            file.topology(environ, defaults), allow_networks=settings.allow_networks
+            file.topology(environ, defaults).with_limits(reply_limits.from_settings(settings)),
+            allow_networks=settings.allow_networks,
         ),
         alerts=file.alerts.alerts(environ),
         api_tokens=tokens,

@@ -40,6 +40,13 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _lag_buckets_per_decade(value: Any) -> int:
+    number = _positive_int(value)
+    if number > 48:
+        raise ValueError(f"expected 1 to 48 buckets a decade, got {value!r}")
+    return number
+
+
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"expected a number, got {value!r}")
@@ -360,6 +367,13 @@ class Settings:
     )
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    lag_buckets_per_decade: int = setting(
+        5,
+        _lag_buckets_per_decade,
+        "Service: buckets a decade of replag_lag_seconds (0.1 ms to 10 s; 1 to 48). Each is a "
+        "series per replica: 5 makes 30 series, 48 makes 245 (docs/metrics.md#series-budget). "
+        "Read at start.",
     )
     lease_time: float = setting(
         "20s",

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
+
 EndpointKind = Literal["redis", "dynomite"]
 TlsVerify = Literal["full", "ca-only", "none"]
 
@@ -145,6 +148,8 @@ class Endpoint:
     # A Redis Cluster node (found when a run starts, never configured): connections send
     # READONLY, so a replica serves reads of its primary's slots instead of MOVED.
     cluster: bool = False
+    # What a reply from it may hold (settings.max_reply_*): every connection applies them.
+    limits: ReplyLimits = field(default=DEFAULT_LIMITS, compare=False, repr=False)
 
     @classmethod
     def from_url(
@@ -398,6 +403,29 @@ class Topology:
                     continue
                 out.append((region, ep))
         return out, skipped
+
+    def with_limits(self, limits: ReplyLimits) -> Topology:
+        """This topology with `limits` on every endpoint (Sentinels included)."""
+
+        def each(eps: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+            return tuple(replace(ep, limits=limits) for ep in eps)
+
+        regions = []
+        for r in self.regions:
+            sentinel = r.sentinel
+            if sentinel is not None:
+                sentinel = replace(sentinel, sentinels=each(sentinel.sentinels))
+            regions.append(
+                replace(
+                    r,
+                    write=replace(r.write, limits=limits) if r.write else None,
+                    replicas=each(r.replicas),
+                    write_fallbacks=each(r.write_fallbacks),
+                    sentinel=sentinel,
+                )
+            )
+        groups = tuple(replace(g, members=each(g.members)) for g in self.groups)
+        return replace(self, regions=tuple(regions), groups=groups)
 
     def endpoints(self) -> list[Endpoint]:
         """Every distinct endpoint, write endpoints first."""

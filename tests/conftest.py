@@ -39,6 +39,7 @@ from tests.helpers.postgres import (
 )
 from tests.helpers.redis_servers import RedisFactory, start_redis
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
+from tests.helpers.servers_marker import needs_servers
 
 # The tests never touch the real home: a command run without settings.store opens the
 # default store, ~/.local/state/replag/replag.sqlite, and one left there by another
@@ -102,6 +103,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _module(item) in SHARED_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(_module(item)))
+        if needs_servers(item):
+            item.add_marker(pytest.mark.servers)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@
                    stamped_socket, connections, tls, permissions), store, discovery.http,
                    background, heap, request_bodies
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, prometheus_mixin, agent
+                   alerts, metrics, prometheus_mixin, grafana_dashboard, agent
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -85,6 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.alerts",
             "replag.metrics",
             "replag.prometheus_mixin",
+            "replag.grafana_dashboard",
             "replag.agent",
         ),
     ),

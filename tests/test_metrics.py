@@ -1,7 +1,10 @@
-"""`/metrics` against the API on the same samples: quantiles agree, every series exists early."""
+"""`/metrics` against the API on the same samples: quantiles agree within a bucket's width at
+the default resolution and within 5 % at 48 buckets a decade, every series exists early, and
+a replica costs the series budget docs/metrics.md states."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +17,9 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from replag.api.app import create_app
+from replag.config import Config
 from replag.histogram import LagHistogram
+from replag.metrics import LAG_BUCKETS_PER_DECADE
 from replag.probes.report import ProbeSample
 from replag.store import LagWindow, Store
 from tests.helpers.configs import make_config
@@ -61,10 +66,17 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return start + (end - start) * (rank / count)
 
 
-@pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
+def configured(tmp_path: Path, per_decade: int = LAG_BUCKETS_PER_DECADE) -> Config:
+    config = make_config(tmp_path)
+    settings = dataclasses.replace(config.settings, lag_buckets_per_decade=per_decade)
+    return dataclasses.replace(config, settings=settings)
+
+
+@pytest.fixture(params=[LAG_BUCKETS_PER_DECADE, 48], ids=lambda n: f"{n}-a-decade")
+async def app(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[FastAPI]:
     store = Store(tmp_path / "s.sqlite")
-    application = create_app(make_config(tmp_path), store=store, run_schedulers=False)
+    application = create_app(configured(tmp_path, request.param), store=store, run_schedulers=False)
+    application.state.per_decade = request.param
     now = time.time_ns()
     windows, samples = [], []
     for i, (median_ms, sigma) in enumerate(CASES):
@@ -103,7 +115,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
         yield application
 
 
-async def test_histogram_quantile_reads_within_5_percent_of_the_api(app: FastAPI) -> None:
+async def test_histogram_quantile_reads_within_a_bucket_of_the_api(app: FastAPI) -> None:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://replag") as client:
         exact = {
@@ -131,7 +143,10 @@ async def test_histogram_quantile_reads_within_5_percent_of_the_api(app: FastAPI
                 )
             )
     worst = max(errors)
-    assert worst[0] <= 0.05, worst[1]
+    # A bucket is 10^(1/n) wide: 58.5 % at the default 5, 4.9 % at 48.
+    per_decade = app.state.per_decade
+    width = 10 ** (1 / per_decade) - 1
+    assert worst[0] <= (0.05 if per_decade == 48 else width), worst[1]
 
 
 def test_every_series_of_a_replica_exists_from_its_first_probe(app: FastAPI) -> None:
@@ -150,3 +165,23 @@ def test_every_series_of_a_replica_exists_from_its_first_probe(app: FastAPI) -> 
     assert f"replag_probes_sent_total{{{labels}}} 0.0" in text
     assert f"replag_lag_seconds_count{{{labels}}} 0.0" in text
     assert 'replag_probe_runs_total{outcome="error",source="us-west"} 0.0' in text
+
+
+def test_a_replica_costs_the_series_budget(app: FastAPI) -> None:
+    """Counted in /metrics as Prometheus would store them: every sample line of one
+    replica (buckets with +Inf, _count, _sum, _created)."""
+    per_decade = app.state.per_decade
+    text = app.state.service.metrics.render().decode()
+    lag = sent_lost = 0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("replica") != "t0-1":
+                continue
+            if s.name.startswith("replag_lag_seconds"):
+                lag += 1
+            elif s.name.startswith(("replag_probes_sent", "replag_probes_lost")):
+                sent_lost += 1
+    assert lag == 5 * per_decade + 2 + 3
+    if per_decade == LAG_BUCKETS_PER_DECADE:
+        assert lag <= 30, "docs/metrics.md#series-budget promises 30"
+        assert lag + sent_lost == 34

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from replag.metrics import ServiceMetrics
 from replag.prometheus_mixin import ALERTING_FILE, RECORDING_FILE, MixinParams, generate
+from tests.helpers.metric_names import exported_metrics, panels
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXIN = ROOT / "deploy" / "prometheus"
@@ -53,18 +53,6 @@ def alerts() -> list[dict[str, str]]:
     return [r for r in rules() if "alert" in r]
 
 
-def exported_metrics() -> set[str]:
-    """The sample names `replag serve` exports (every family, by its type)."""
-    names = set()
-    for family in ServiceMetrics().registry.collect():
-        suffixes = {
-            "counter": ("_total",),
-            "histogram": ("_bucket", "_count", "_sum"),
-        }.get(family.type, ("",))
-        names |= {family.name + s for s in suffixes}
-    return names
-
-
 def raw_metrics(expr: str, recorded: dict[str, str]) -> set[str]:
     """The raw series an expression reads, through the recording rules it uses."""
     found = set(METRIC.findall(expr))
@@ -76,7 +64,7 @@ def raw_metrics(expr: str, recorded: dict[str, str]) -> set[str]:
 
 def panel_exprs() -> list[tuple[str, list[str]]]:
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(p["title"], [t["expr"] for t in p.get("targets", [])]) for p in dashboard["panels"]]
+    return [(p["title"], [t["expr"] for t in p.get("targets", [])]) for p in panels(dashboard)]
 
 
 def test_rule_files_are_what_the_generator_writes() -> None:

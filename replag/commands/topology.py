@@ -194,11 +194,9 @@ def discover(
         raise UsageError("port conventions and --port-map apply to --dynomite only")
     if previous is not None and not cluster_urls:
         raise UsageError("--previous applies to --cluster only")
-    if allow_networks and not redis_sources:
-        raise UsageError("--allow-networks applies to --redis and --cluster")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
-    reply_limits.configure(reply_limits.from_settings(settings))
+    limits = reply_limits.from_settings(settings)
     timeout_s = _timeout_s(timeout, settings)
     password = _password_from(password_env, dynomite=dynomite_url is not None)
     defaults = EndpointDefaults.of(settings, os.environ, where="environment")
@@ -222,11 +220,17 @@ def discover(
             overrides=port_maps,
             path=port_map_file,
         )
-        found = asyncio.run(discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s))
+        found = asyncio.run(
+            discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s, contacts=contacts)
+        )
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
-                list(sentinel_addresses), masters=list(sentinel_masters), timeout_s=timeout_s
+                list(sentinel_addresses),
+                masters=list(sentinel_masters),
+                timeout_s=timeout_s,
+                contacts=contacts,
+                limits=limits,
             )
         )
     else:
@@ -237,7 +241,7 @@ def discover(
             if option == "--redis":
                 part = asyncio.run(
                     discover_replication(
-                        url, timeout_s=timeout_s, contacts=contacts, name=fleet_name
+                        url, timeout_s=timeout_s, contacts=contacts, name=fleet_name, limits=limits
                     )
                 )
                 if several:  # two replica sets in one file: each its own cluster
@@ -246,7 +250,12 @@ def discover(
                 name = fleet_name or (_seed_address(url) if len(cluster_urls) > 1 else None)
                 part = asyncio.run(
                     discover_cluster(
-                        url, timeout_s=timeout_s, contacts=contacts, previous=earlier, name=name
+                        url,
+                        timeout_s=timeout_s,
+                        contacts=contacts,
+                        previous=earlier,
+                        name=name,
+                        limits=limits,
                     )
                 )
                 if several and name is None:

@@ -26,6 +26,8 @@ from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
 
 SLOT_COUNT = 16384
 
@@ -232,13 +234,14 @@ async def discover_cluster(
     contacts: Contacts | None = None,
     previous: Sequence[EarlierShard] = (),
     name: str | None = None,
+    limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """Every shard of the Redis Cluster that the node at `url` belongs to. `previous`: the
     shards of an earlier discovery (the file being rewritten, or the config in use): a
     shard keeps the name of the one it is (see `kept_names`). `name`: the cluster's, which
     prefixes each shard's (`NAME-shard-…`) and is each region's `cluster`."""
     try:
-        seed = Endpoint.from_url(url)
+        seed = replace(Endpoint.from_url(url), limits=limits)
     except ValueError as exc:
         raise UsageError(f"--cluster: {exc}") from None
     shards, command, state = await read_shards(seed, timeout_s=timeout_s, contacts=contacts)

@@ -42,7 +42,7 @@ async def fetch_text(url: str, *, timeout_s: float) -> str | None:
 
 async def _bounded_body(response: aiohttp.ClientResponse, url: str) -> bytes:
     """The body, refused once it passes max_reply_bytes (whatever the server announces)."""
-    limit = reply_limits.current().max_bytes
+    limit = reply_limits.DEFAULT.max_bytes
     chunks, size = [], 0
     async for chunk in response.content.iter_chunked(1 << 16):
         size += len(chunk)

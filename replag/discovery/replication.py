@@ -18,6 +18,8 @@ from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
 
 # A replication tree deeper than this is a loop in what the servers told us.
 _MAX_HOPS = 32
@@ -138,13 +140,19 @@ async def find_primary(
 
 
 async def discover_replication(
-    url: str, *, timeout_s: float, contacts: Contacts | None = None, name: str | None = None
+    url: str,
+    *,
+    timeout_s: float,
+    contacts: Contacts | None = None,
+    name: str | None = None,
+    limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """The primary of `url`'s replication tree and every replica under it (those outside
-    `contacts.networks` left out, never contacted); its region and group are named `name`,
-    else after the primary (host:port), so two replica sets never share a name."""
+    `contacts.networks` left out, never contacted), each reply within `limits`; its region
+    and group are named `name`, else after the primary (host:port), so two replica sets
+    never share a name."""
     try:
-        seed = Endpoint.from_url(url)
+        seed = replace(Endpoint.from_url(url), limits=limits)
     except ValueError as exc:
         raise UsageError(f"--redis: {exc}") from None
     primary = await find_primary(seed, timeout_s=timeout_s, contacts=contacts)

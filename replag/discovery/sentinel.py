@@ -24,6 +24,8 @@ from replag.topology import (
     Topology,
     sentinel_endpoint,
 )
+from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
+from replag.wire.reply_limits import ReplyLimits
 
 
 async def discover_sentinel(
@@ -32,13 +34,14 @@ async def discover_sentinel(
     masters: list[str],
     timeout_s: float,
     contacts: Contacts | None = None,
+    limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """Ask the first of `addresses` that answers; `masters` narrows to those names. With
     `contacts.networks` (--allow-networks), a master, replica or Sentinel it names outside
     them is not written as an endpoint, only named in the header for the user to approve."""
     contacts = contacts or Contacts()
     try:
-        sentinels = [sentinel_endpoint(a) for a in addresses]
+        sentinels = [replace(sentinel_endpoint(a), limits=limits) for a in addresses]
     except ValueError as exc:
         raise UsageError(f"--sentinel: {exc}") from None
     failures: list[str] = []

@@ -94,7 +94,7 @@ class ReplagService:
                 self.store.close()
                 raise
         self.store.hold(hold_limits(config.settings))
-        self.metrics = ServiceMetrics()
+        self.metrics = ServiceMetrics(lag_buckets_per_decade=config.settings.lag_buckets_per_decade)
         self.metrics.watch_store(self.store)
         self.counters: Counter[str] = Counter()
         self.index = LagIndex(self.store)

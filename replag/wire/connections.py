@@ -33,7 +33,7 @@ from replag.errors import (
     UnreachableError,
 )
 from replag.topology import Endpoint
-from replag.wire.reply_limits import NotRespHeader, ReplyLimitError
+from replag.wire.reply_limits import NotRespHeader, ReplyLimitError, ReplyLimits
 from replag.wire.tls import TlsFilesError, client_context, describe_failure, tls_cause
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def async_client(
         # decides itself what to retry, so a dead endpoint is reported at once.
         "retry": Retry(NoBackoff(), 0),
         # Replies checked against max_reply_* before hiredis allocates them.
-        "parser_class": _guarded_parser_class(),
+        "parser_class": _guarded_parser_class(endpoint.limits),
         **_no_setinfo(),
     }
     context = tls_context(endpoint)
@@ -120,8 +120,9 @@ def async_client(
 
 
 @functools.cache
-def _guarded_parser_class() -> type:
-    """redis-py's hiredis parser, feeding hiredis only what a `ReplyGuard` has passed."""
+def _guarded_parser_class(limits: ReplyLimits) -> type:
+    """redis-py's hiredis parser, feeding hiredis only what a `ReplyGuard` of `limits` has
+    passed (one class per set of limits: redis-py makes the parser itself)."""
     from redis._parsers.hiredis import _AsyncHiredisParser
     from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -132,7 +133,7 @@ def _guarded_parser_class() -> type:
 
         def on_connect(self, connection: Any) -> None:
             super().on_connect(connection)  # type: ignore[no-untyped-call]
-            self.guard = ReplyGuard()
+            self.guard = ReplyGuard(limits)
 
         async def read_from_socket(self) -> bool:
             buffer = await self._stream.read(self._read_size)  # type: ignore[union-attr]

@@ -9,8 +9,10 @@ raises `ReplyLimitError` when a reply announces or carries more than the
 Every reader replag has (`resp.RespConnection`, `resp_blocking.BlockingConnection`,
 redis-py's parser in `connections`) feeds hiredis only what its guard has passed.
 
-The limits are settings; `configure()` sets them for the process once its settings
-are read (scan processes get them from their parent), `current()` is what readers use.
+The limits are settings, carried by each `Endpoint` (as its TLS options are: the
+config sets them on every endpoint it makes, and an endpoint derived from another keeps
+them), so every reader of a connection to it applies them and no process-wide value
+exists.
 """
 
 from __future__ import annotations
@@ -32,17 +34,7 @@ class ReplyLimits:
     max_depth: int = 16
 
 
-_current = ReplyLimits()
-
-
-def configure(limits: ReplyLimits) -> None:
-    """The limits every reader of this process uses from now on (set where settings load)."""
-    global _current
-    _current = limits
-
-
-def current() -> ReplyLimits:
-    return _current
+DEFAULT = ReplyLimits()
 
 
 def from_settings(settings: object) -> ReplyLimits:
@@ -132,7 +124,7 @@ class ReplyGuard:
     __slots__ = ("_elements", "_offset", "_open", "_partial", "_reply_start", "_skip", "limits")
 
     def __init__(self, limits: ReplyLimits | None = None) -> None:
-        self.limits = limits or current()
+        self.limits = limits or DEFAULT
         self._open: list[int] = []
         self._skip = 0
         self._partial: bytes | None = None
@@ -335,12 +327,11 @@ class ReplyGuard:
 
 
 __all__ = [
+    "DEFAULT",
     "NotRespHeader",
     "ReplyGuard",
     "ReplyLimitError",
     "ReplyLimits",
     "command_name",
-    "configure",
-    "current",
     "from_settings",
 ]

@@ -37,7 +37,14 @@ from replag.wire.connections import (
     translate,
     translate_where,
 )
-from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
+from replag.wire.reply_limits import (
+    DEFAULT,
+    NotRespHeader,
+    ReplyGuard,
+    ReplyLimitError,
+    ReplyLimits,
+    command_name,
+)
 from replag.wire.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 
 Arg = bytes | str | int | float
@@ -139,11 +146,13 @@ def pack_over_keys(keys: Sequence[bytes], *heads: tuple[Arg, ...], bulks: bytes 
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, clock: Clock, on_push: PushHandler | None = None) -> None:
+    def __init__(
+        self, clock: Clock, on_push: PushHandler | None = None, limits: ReplyLimits = DEFAULT
+    ) -> None:
         self.clock = clock
         self.on_push = on_push
         self.reader = hiredis.Reader()
-        self.guard = ReplyGuard()  # checks each chunk before hiredis allocates what it says
+        self.guard = ReplyGuard(limits)  # checks each chunk before hiredis allocates what it says
         # (replies expected, their future, the request's first bytes: to name its command)
         self.waiting: collections.deque[
             tuple[int, asyncio.Future[tuple[list[Any], int]], bytes]
@@ -297,7 +306,7 @@ class RespConnection:
             if context is not None:
                 _, protocol = await asyncio.wait_for(
                     loop.create_connection(
-                        lambda: _Protocol(clock, on_push),
+                        lambda: _Protocol(clock, on_push, endpoint.limits),
                         endpoint.host,
                         endpoint.port,
                         ssl=context,
@@ -307,7 +316,7 @@ class RespConnection:
                     timeout_s,
                 )
             else:
-                protocol = _Protocol(clock, on_push)
+                protocol = _Protocol(clock, on_push, endpoint.limits)
                 protocol.transport = await asyncio.wait_for(
                     connect_stamped(endpoint.host, endpoint.port, protocol, clock), timeout_s
                 )

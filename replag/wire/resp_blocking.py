@@ -41,7 +41,7 @@ class BlockingConnection:
         self._deadline = 0.0  # of the exchange under way (time.monotonic)
         self._sent = b""  # the start of the last request, to name its command
         self._reader = hiredis.Reader(notEnoughData=_INCOMPLETE)
-        self._guard = ReplyGuard()
+        self._guard = ReplyGuard(endpoint.limits)
         self._first_bytes = b""
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0

@@ -281,25 +281,6 @@ async def test_repair_runs_page_with_offset_and_total(
     assert len(set(ids)) == 3
 
 
-def test_grafana_dashboard_reads_metrics_the_service_exports(tmp_path: Path) -> None:
-    import re
-
-    dashboard = json.loads(
-        (Path(__file__).parents[2] / "grafana" / "replag-dashboard.json").read_text()
-    )
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used = {m for e in exprs for m in re.findall(r"\b(replag_[a-z0-9_]+)", e)}
-    registry = create_app(
-        make_config(tmp_path), run_schedulers=False
-    ).state.service.metrics.registry
-    exported = {s.name for metric in registry.collect() for s in metric.samples} | {
-        metric.name for metric in registry.collect()
-    }
-    suffixes = ("_bucket", "_total", "_count", "_sum")
-    exported |= {metric.name + sfx for metric in registry.collect() for sfx in suffixes}
-    assert used and used <= exported, used - exported
-
-
 def test_every_endpoint_and_metric_is_documented(app: FastAPI) -> None:
     docs = docs_text()
     for path in app.openapi()["paths"]:

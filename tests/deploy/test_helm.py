@@ -2,13 +2,11 @@
 with docker exactly as rendered until its readiness endpoint answers.
 
 helm is built once per machine from the Go module proxy (`.ci/container-tests`);
-REPLAG_HELM names it, else `helm` on PATH or /var/cache/replag-tools/bin/helm.
+tests/helpers/helm.py finds it.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +25,7 @@ from tests.deploy.docker import (
     wait_postgres,
 )
 from tests.deploy.kube import Manifest, Rendered, docker_run_args, probe_port
+from tests.helpers.helm import helm_binary
 
 pytestmark = pytest.mark.container
 
@@ -63,14 +62,7 @@ members = ["us-east-1", "eu-west-1"]
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    for candidate in (
-        os.environ.get("REPLAG_HELM"),
-        shutil.which("helm"),
-        "/var/cache/replag-tools/bin/helm",
-    ):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    pytest.skip("no helm: `go install helm.sh/helm/v3/cmd/helm@v3.22.0` (.ci/container-tests)")
+    return helm_binary()
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ collections are read in pages sized by their elements' bytes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from replag.repair.keyspace.values import ReadValue, read_values
 from replag.repair.scan.blocking import BlockingScan
 from replag.repair.scan.scanner import ReplicaScanner, ScanIndex, ScanOptions, ScanProgress
 from replag.topology import Endpoint
-from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection
 from tests.helpers.redis_servers import RedisFactory, RedisServer
@@ -51,14 +50,9 @@ def entries(index: ScanIndex) -> list[tuple[bytes, int, int]]:
 def test_a_scan_under_a_low_reply_limit_indexes_what_it_indexes_without(big: RedisServer) -> None:
     endpoint = Endpoint.from_url(big.url, name="big")
     expected = BlockingScan(endpoint, ScanOptions(count=1000)).run(ScanProgress("big"))
-    before = reply_limits.current()
-    reply_limits.configure(LIMIT)
-    try:
-        scan = BlockingScan(endpoint, ScanOptions(count=1000, reply_limits=LIMIT))
-        state = ScanProgress("big")
-        got = scan.run(state)
-    finally:
-        reply_limits.configure(before)
+    scan = BlockingScan(endpoint, ScanOptions(count=1000, reply_limits=LIMIT))
+    state = ScanProgress("big")
+    got = scan.run(state)
     assert entries(got) == entries(expected)
     assert len(got) == 20 + 1 + 1 + 200
     assert state.finished and state.cursor == b"0"
@@ -85,17 +79,8 @@ def _limited(tmp_path: Path, servers: list[RedisServer]) -> Config:
     return config_from_dict(data, where="test")
 
 
-@pytest.fixture
-def restored_limits() -> Iterator[None]:
-    before = reply_limits.current()
-    try:
-        yield
-    finally:
-        reply_limits.configure(before)
-
-
 async def test_check_and_repair_under_a_low_reply_limit(
-    redis_factory: RedisFactory, tmp_path: Path, restored_limits: None
+    redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
     servers = [redis_factory("a"), redis_factory("b")]
     for server in servers:
@@ -109,7 +94,7 @@ async def test_check_and_repair_under_a_low_reply_limit(
         client.setrange("huge", 2 << 20, b"X")
         client.set("grown", b"g" * (3 << 20))
     config = _limited(tmp_path, servers)
-    assert reply_limits.current().max_bytes == 1 << 20
+    assert all(ep.limits.max_bytes == 1 << 20 for ep in config.topology.endpoints())
     # The check compares every key, the 3 MB strings too (read in pages on both replicas).
     found = (await check(config, group="g")).to_dict()
     divergent = ["grown", "huge", "s:010", "s:020", "v:07"]
@@ -132,7 +117,7 @@ async def test_check_and_repair_under_a_low_reply_limit(
 
 
 async def test_a_hash_of_big_fields_is_read_in_pages_that_fit(
-    redis_factory: RedisFactory, tmp_path: Path, restored_limits: None
+    redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
     # 2000 fields of 5 KB: a page of 1000 (the default chunk) would be 5 MB.
     servers = [redis_factory("a"), redis_factory("b")]
@@ -155,11 +140,11 @@ async def test_a_hash_of_big_fields_is_read_in_pages_that_fit(
 
 
 def test_the_async_scanner_under_a_low_reply_limit_indexes_what_it_indexes_without(
-    big: RedisServer, restored_limits: None
+    big: RedisServer,
 ) -> None:
     endpoint = Endpoint.from_url(big.url, name="big")
     expected = BlockingScan(endpoint, ScanOptions(count=1000)).run(ScanProgress("big"))
-    reply_limits.configure(LIMIT)
+    endpoint = dataclasses.replace(endpoint, limits=LIMIT)
     state = ScanProgress("big")
     got = asyncio.run(ReplicaScanner(endpoint, ScanOptions(count=1000)).run(state))
     assert entries(got) == entries(expected)
@@ -167,10 +152,9 @@ def test_the_async_scanner_under_a_low_reply_limit_indexes_what_it_indexes_witho
 
 
 def test_read_values_reads_a_string_over_the_limit_in_pages(
-    big: RedisServer, restored_limits: None
+    big: RedisServer,
 ) -> None:
-    reply_limits.configure(LIMIT)
-    endpoint = Endpoint.from_url(big.url, name="big")
+    endpoint = dataclasses.replace(Endpoint.from_url(big.url, name="big"), limits=LIMIT)
 
     async def read() -> ReadValue | None:
         conn = await RespConnection.open(endpoint, timeout_s=5)

@@ -6,6 +6,7 @@ a reply), never another exception, a hang, or an allocation beyond the limits.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 import tracemalloc
@@ -95,7 +96,7 @@ def _endpoint() -> Endpoint:
 
 def _blocking_read(data: bytes, count: int) -> list[Any] | EndpointError:
     ours, theirs = socket.socketpair()
-    conn = BlockingConnection(_endpoint(), ours, 0.5)
+    conn = BlockingConnection(dataclasses.replace(_endpoint(), limits=SMALL), ours, 0.5)
     try:
         theirs.sendall(data)
         theirs.shutdown(socket.SHUT_WR)
@@ -123,14 +124,12 @@ hostile_bytes = st.one_of(
 def test_the_blocking_reader_ends_random_and_truncated_replies_as_endpoint_errors(
     data: bytes, count: int
 ) -> None:
-    reply_limits.configure(SMALL)
     tracemalloc.start()
     try:
         out = _blocking_read(data, count)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-        reply_limits.configure(ReplyLimits())
     assert isinstance(out, list | EndpointError)
     if isinstance(out, EndpointError):
         assert "fuzzed" in str(out)
@@ -161,7 +160,7 @@ def test_the_async_reader_ends_random_and_truncated_replies_as_endpoint_errors(
     async def read() -> Any:
         listener, port = _serve_once(data)
         with listener:
-            endpoint = Endpoint(name="fuzzed", host="127.0.0.1", port=port)
+            endpoint = Endpoint(name="fuzzed", host="127.0.0.1", port=port, limits=SMALL)
             conn = await RespConnection.open(endpoint, timeout_s=0.5)
             try:
                 return await conn.request(b"*1\r\n$4\r\nPING\r\n", 1)
@@ -170,11 +169,7 @@ def test_the_async_reader_ends_random_and_truncated_replies_as_endpoint_errors(
             finally:
                 await conn.close()
 
-    reply_limits.configure(SMALL)
-    try:
-        out = asyncio.run(read())
-    finally:
-        reply_limits.configure(ReplyLimits())
+    out = asyncio.run(read())
     assert isinstance(out, list | EndpointError)
 
 

@@ -120,7 +120,7 @@ async def observe_keys(
     """
     if not keys:
         return {}
-    last = string_page() - 1
+    last = string_page(conn.endpoint.limits) - 1
     payload = b"".join(
         pack(b"TYPE", k) + pack(b"PTTL", k) + pack(b"GETRANGE", k, 0, last) for k in keys
     )

@@ -51,7 +51,7 @@ from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
 from replag.repair.keyspace.values import string_page
 from replag.settings import Settings
 from replag.topology import Endpoint
-from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
 logger = logging.getLogger(__name__)
@@ -137,10 +137,10 @@ def _writes(temp: bytes, type_name: str, items: list[Any]) -> list[bytes]:
 class _PageReader:
     """Pages of one collection on the winner, digested as they come."""
 
-    def __init__(self, key: bytes, type_name: str, page: int) -> None:
+    def __init__(self, key: bytes, type_name: str, page: int, limits: ReplyLimits) -> None:
         self.key, self.type, self.page = key, type_name, page
         if type_name == "string":  # pages of bytes, each half of what a reply may carry
-            self.page = string_page()
+            self.page = string_page(limits)
         self.bytes = xxhash.xxh3_64()
         self.cursor: bytes = b"0"
         self.start = 0
@@ -219,7 +219,7 @@ async def copy_in_pages(
         return None  # copied whole (DUMP/RESTORE keeps its groups), by the key-by-key path
     (pttl,) = await winner.request(pack(b"PTTL", key), 1)
     read_at = time.monotonic()
-    reader = _PageReader(key, expected.type, options.page)
+    reader = _PageReader(key, expected.type, options.page, winner.endpoint.limits)
     pending: asyncio.Future[tuple[list[Any], int]] | None = None
     first = True
     try:
@@ -434,10 +434,11 @@ async def copied_in_pages(lane: PagedLane, key: bytes, state: KeyState, page_ele
     whose DUMP could not pass max_reply_bytes in one reply (read in GETRANGE pages)."""
     if state.type == "string":
         size = state.size
-        if size is None:
-            async with lane.connection() as conn:
+        async with lane.connection() as conn:
+            limit = conn.endpoint.limits.max_bytes
+            if size is None:
                 (size,) = await conn.request(pack(b"STRLEN", key), 1)
-        return isinstance(size, int) and size + DUMP_OVERHEAD > reply_limits.current().max_bytes
+        return isinstance(size, int) and size + DUMP_OVERHEAD > limit
     if state.type not in _CARD:
         return False
     async with lane.connection() as conn:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
-from replag.wire import reply_limits
+from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
@@ -32,10 +32,10 @@ _SCAN = {"hash": b"HSCAN", "set": b"SSCAN", "zset": b"ZSCAN"}
 _CARD = {"hash": b"HLEN", "set": b"SCARD", "zset": b"ZCARD"}
 
 
-def string_page() -> int:
+def string_page(limits: ReplyLimits) -> int:
     """The most bytes one read of a string (GETRANGE) asks for: half of max_reply_bytes,
     so that a reply never breaks the limit (the rest of a longer string in more pages)."""
-    return max(1, reply_limits.current().max_bytes // 2)
+    return max(1, limits.max_bytes // 2)
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,11 @@ class ReadValue:
 class _Reader:
     """The state of one key being read chunk by chunk."""
 
-    def __init__(self, key: bytes, type_name: str, chunk: int, keep: bool) -> None:
+    def __init__(
+        self, key: bytes, type_name: str, chunk: int, keep: bool, limits: ReplyLimits
+    ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
+        self.limits = limits
         self.cursor: bytes = b"0"
         self.start = 0
         self.done = False
@@ -77,7 +80,7 @@ class _Reader:
         if not self.elements:
             return min(self.chunk, _FIRST_PAGE)
         per_element = max(1.0, self.bytes / self.elements)
-        fit = int(reply_limits.current().max_bytes / 4 / per_element)
+        fit = int(self.limits.max_bytes / 4 / per_element)
         return max(1, min(self.chunk, fit))
 
     def _sized(self, items: Sequence[Any], elements: int) -> None:
@@ -88,7 +91,7 @@ class _Reader:
         k = self.key
         n = self.asked = self._count()
         if self.type == "string":  # in pages of half of what one reply may carry
-            return pack(b"GETRANGE", k, self.start, self.start + string_page() - 1)
+            return pack(b"GETRANGE", k, self.start, self.start + string_page(self.limits) - 1)
         if self.type in _SCAN:
             page = pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
             return pack(_CARD[self.type], k) + page if self.card is None else page
@@ -116,7 +119,7 @@ class _Reader:
         if self.type == "string":
             self.items.append(reply)
             self.start += len(reply)
-            self.done = len(reply) < string_page()
+            self.done = len(reply) < string_page(self.limits)
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
@@ -185,7 +188,8 @@ async def read_values(
 
     A type replag does not know (a module type) raises nothing: it gets None.
     """
-    readers = [_Reader(k, t, chunk, keep) for k, t in typed_keys if t in SUPPORTED_TYPES]
+    limits = conn.endpoint.limits
+    readers = [_Reader(k, t, chunk, keep, limits) for k, t in typed_keys if t in SUPPORTED_TYPES]
     out: dict[bytes, ReadValue | None] = {k: None for k, _ in typed_keys}
     active = readers
     while active:

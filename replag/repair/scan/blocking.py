@@ -19,6 +19,7 @@ server idle meanwhile. A Tictac tree is an XOR, so the order does not matter.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -79,6 +80,9 @@ class BlockingScan:
         checkpoint: Checkpoint | None = None,
         progress: Progress | None = None,
     ) -> None:
+        if options.reply_limits is not None:
+            endpoint = dataclasses.replace(endpoint, limits=options.reply_limits)
+        self.limits = endpoint.limits
         # Its batches' requests and replies, TTL source and values are the async scan's.
         self.scanner = ReplicaScanner(
             endpoint, options, sink=sink, checkpoint=checkpoint, progress=progress
@@ -199,7 +203,7 @@ class BlockingScan:
         # Bytes per unit of COUNT asked: whatever share of the keys visited SCAN returns
         # (MATCH, TYPE) and the scan fetches (a scan of a few leaves fetches few).
         per_unit = max(1.0, (self._received + conn.bytes_received) / self._asked)
-        floor = min(_MIN_COUNT, max(1, int(self.options.reply_limits.max_bytes / 2 / per_unit)))
+        floor = min(_MIN_COUNT, max(1, int(self.limits.max_bytes / 2 / per_unit)))
         return max(min(count, floor), min(count, int(REPLY_BUDGET / per_unit)))
 
     def _ttl_source(self, conn: BlockingConnection) -> TtlSource:
@@ -269,7 +273,7 @@ class BlockingScan:
         """Index a string too long for one reply: its xxh3 fed page by page (GETRANGE of at
         most a quarter of max_reply_bytes). Pages are separate reads: a string written
         meanwhile gets a digest of no single moment, a difference the check reads again."""
-        page = max(1, min(_BIG_PAGE, self.options.reply_limits.max_bytes // 4))
+        page = max(1, min(_BIG_PAGE, self.limits.max_bytes // 4))
         conn = self._open()
         try:
             length, ttl = conn.request(pack(b"STRLEN", key) + pack(b"PTTL", key), 2)

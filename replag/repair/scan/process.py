@@ -54,7 +54,6 @@ from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree
 from replag.repair.trees.walk import first_down, fold
 from replag.topology import Endpoint
-from replag.wire import reply_limits
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -293,7 +292,6 @@ def _worker(
     _die_with(parent if parent is not None else os.getppid())
     if options.nice > 0:
         os.nice(options.nice)
-    reply_limits.configure(options.reply_limits)  # a fork server's are its own
     kept = KeptKeys(depth, limits)
     selection: LeafSelection | None = None
     try:

@@ -13,10 +13,11 @@ are read within its slots (`scan_cluster`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -41,7 +42,6 @@ from replag.repair.scan.ttls import (
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
 from replag.topology import Endpoint
-from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimitError, ReplyLimits
 from replag.wire.resp import (
     RespConnection,
@@ -98,8 +98,8 @@ class ScanOptions:
     nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
-    # This process's reply limits when the options were made: a scan process uses them.
-    reply_limits: ReplyLimits = field(default_factory=reply_limits.current)
+    # The reply limits of the scan (None: the endpoint's own).
+    reply_limits: ReplyLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,8 @@ class ReplicaScanner:
         checkpoint: Checkpoint | None = None,
         progress: Progress | None = None,
     ) -> None:
+        if options.reply_limits is not None:
+            endpoint = dataclasses.replace(endpoint, limits=options.reply_limits)
         self.endpoint = endpoint
         self.options = options
         self.hooks = ScanHooks(sink, checkpoint, progress, every_s=options.checkpoint_every_s)

@@ -69,8 +69,10 @@ class AgentLink:
         timeout_s: float,
         tls: TlsOptions | None = None,
         headers: Mapping[str, str] | None = None,
+        max_bytes: int = reply_limits.DEFAULT.max_bytes,
     ) -> None:
         self.url = url.rstrip("/")
+        self.max_bytes = max_bytes  # of one answer (the region's max_reply_bytes)
         self.timeout_s = timeout_s
         self.tls = tls if self.url.startswith("https://") else None
         self._token = token
@@ -168,7 +170,7 @@ class AgentLink:
 
     async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
         """The answer's body, refused unread beyond max_reply_bytes (whatever it announces)."""
-        limit = reply_limits.current().max_bytes
+        limit = self.max_bytes
         if resp.content_length is not None and resp.content_length > limit:
             raise AgentError(
                 self._too_big(f"announced {resp.content_length} bytes"), where=self.url
@@ -181,9 +183,8 @@ class AgentLink:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @staticmethod
-    def _too_big(said: str) -> str:
-        limit = reply_limits.size_text(reply_limits.current().max_bytes)
+    def _too_big(self, said: str) -> str:
+        limit = reply_limits.size_text(self.max_bytes)
         return f"the agent's answer {said}, over max_reply_bytes = {limit}"
 
     async def _failed(self, exc: BaseException) -> AgentError:

@@ -33,6 +33,7 @@ from replag.repair.trees.agent_http import PREFIX as PREFIX
 from replag.repair.trees.agent_http import AgentLink, run_headers
 from replag.repair.trees.index import ScanIndex
 from replag.topology import Endpoint, Region, Topology
+from replag.wire import reply_limits
 
 U64 = npt.NDArray[np.uint64]
 # Response headers describing how a tree was built: the coordinator refuses to compare
@@ -304,8 +305,14 @@ def _region_client(
 ) -> AgentClient | None:
     if region.agent is None:
         return None
+    members = ((region.write,) if region.write else ()) + region.replicas
     return AgentClient(
-        region.agent, token=token, timeout_s=timeout_s, tls=region.agent_tls, headers=headers
+        region.agent,
+        token=token,
+        timeout_s=timeout_s,
+        tls=region.agent_tls,
+        headers=headers,
+        max_bytes=members[0].limits.max_bytes if members else reply_limits.DEFAULT.max_bytes,
     )
 
 

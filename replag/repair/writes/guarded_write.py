@@ -20,7 +20,7 @@ from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, NOT_COPIED, request_within
 from replag.repair.keyspace.values import Data, StreamEntry
 from replag.repair.writes.undo import collection_data
-from replag.wire import reply_limits
+from replag.wire.reply_limits import size_text
 from replag.wire.resp import RespConnection, error_text, pack
 
 
@@ -148,13 +148,13 @@ async def compare_and_write(
 async def _dump_fits(conn: RespConnection, key: bytes, now: KeyState) -> None:
     """A string too long for its DUMP to pass max_reply_bytes in one reply: that key's
     error, named, before anything is read or written (the connection stays usable)."""
-    limit = reply_limits.current().max_bytes
+    limit = conn.endpoint.limits.max_bytes
     if now.size is None or now.size + DUMP_OVERHEAD <= limit:
         return
     conn.check(await conn.request(pack(b"UNWATCH"), 1))
     raise KeyRefused(
         f"{key!r} is a string of {now.size} bytes: its DUMP would pass max_reply_bytes = "
-        f"{reply_limits.size_text(limit)}{NOT_COPIED}",
+        f"{size_text(limit)}{NOT_COPIED}",
         where=conn.endpoint.name,
     )
 

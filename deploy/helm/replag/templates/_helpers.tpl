@@ -43,6 +43,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
         path: store-password
 - name: tmp
   emptyDir: {}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "replag.volumeMounts" -}}
@@ -56,4 +59,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   mountPath: /tmp
 - name: home
   mountPath: /var/lib/replag
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "replag.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "replag.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What every replag pod's spec starts with. */}}
+{{- define "replag.podSpec" -}}
+serviceAccountName: {{ include "replag.serviceAccountName" . }}
+automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The label the ServiceMonitor's and PodMonitor's jobLabel names: the Prometheus
+Operator sets `job` from it, which the mixin's rules select (metrics.job). */}}
+{{- define "replag.jobLabel" -}}
+replag.io/job
 {{- end -}}
