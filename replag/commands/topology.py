@@ -18,6 +18,7 @@ from replag.commands.options import config_option, fail_as_json, json_option, lo
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
+from replag.discovery.alert_rules import default_alert_rules
 from replag.discovery.cluster import EarlierShard, discover_cluster
 from replag.discovery.contacts import Contacts, parse_networks
 from replag.discovery.dynomite import (
@@ -416,16 +417,17 @@ def _emit(found: Discovery, out: Path | None) -> None:
     """Print the file (no password: a placeholder to fill in) or write it to `out` (0600,
     atomically)."""
     store = parse_location(found.settings["store"]).shown
+    rules = "\n" + default_alert_rules(found.topology)
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
         shown = printable(found)
-        click.echo(shown.render(redact=True), nl=False)
+        click.echo(shown.render(redact=True) + rules, nl=False)
         if shown is not found:
             note = shown.header[len(found.header) :].strip().replace("\n", " ")
             click.echo(f"note: {note}", err=True)
         click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
         return
-    write_config_atomic(out, found.render())
+    write_config_atomic(out, found.render() + rules)
     click.echo(f"wrote {out}: {summary(found)}", err=True)
     click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
 

@@ -66,12 +66,17 @@ def _replica_divergent(kind: str, counts: dict[str, Any]) -> int:
 
 
 class VerdictCache:
-    """`latest_verdicts`, read again only when a run finished since (one small query
-    otherwise): the service asks at every sample and every API call."""
+    """`latest_verdicts` (and the groups'), read again only when a run finished since (one
+    small query otherwise): the service asks at every sample and every API call."""
 
     def __init__(self) -> None:
         self._seen: tuple[Any, ...] | None = None
         self._verdicts: dict[str, CheckVerdict] = {}
+        self._groups: dict[str, CheckVerdict] = {}
+
+    def groups(self, store: Store) -> dict[str, CheckVerdict]:
+        self.get(store)
+        return self._groups
 
     def get(self, store: Store) -> dict[str, CheckVerdict]:
         row = store.execute(
@@ -81,7 +86,7 @@ class VerdictCache:
         )
         seen = (row[0].n, row[0].newest) if row else None
         if seen is None or seen != self._seen:
-            self._verdicts = latest_verdicts(store)
+            self._verdicts, self._groups = _latest(store)
             self._seen = seen
         return self._verdicts
 
@@ -89,6 +94,16 @@ class VerdictCache:
 def latest_verdicts(store: Store) -> dict[str, CheckVerdict]:
     """Per replica name, the verdict of the newest finished (done) check or repair run whose
     report compared it; dry runs count as checks."""
+    return _latest(store)[0]
+
+
+def latest_group_verdicts(store: Store) -> dict[str, CheckVerdict]:
+    """Per group, the newest finished check or repair run that compared it (`replica` is
+    "": the group's whole count, keys found by a check, left by a repair)."""
+    return _latest(store)[1]
+
+
+def _latest(store: Store) -> tuple[dict[str, CheckVerdict], dict[str, CheckVerdict]]:
     rows = store.execute(
         "SELECT run_id, kind, finished_ns, params_json, report_json FROM repair_runs "
         "WHERE status = 'done' AND kind IN ('check', 'repair') AND report_json IS NOT NULL "
@@ -97,6 +112,7 @@ def latest_verdicts(store: Store) -> dict[str, CheckVerdict]:
         last_known=True,
     )
     verdicts: dict[str, CheckVerdict] = {}
+    groups: dict[str, CheckVerdict] = {}
     for row in rows:
         try:
             report = json.loads(row.report_json)
@@ -106,6 +122,20 @@ def latest_verdicts(store: Store) -> dict[str, CheckVerdict]:
         kind = "check" if row.kind == "check" or dry else "repair"
         for group in report.get("groups") or ():
             per_replica = group.get("per_replica") or {}
+            name = str(group.get("group"))
+            if name not in groups:
+                found = int(group.get("divergent", 0) or 0)
+                left = sum(
+                    _replica_divergent(kind, c) for c in per_replica.values() if isinstance(c, dict)
+                )
+                groups[name] = CheckVerdict(
+                    replica="",
+                    group=name,
+                    run_id=str(row.run_id),
+                    kind=kind,
+                    finished_ns=int(row.finished_ns or 0),
+                    divergent=found if kind == "check" else min(found, left),
+                )
             for replica, counts in per_replica.items():
                 if replica in verdicts or not isinstance(counts, dict):
                     continue
@@ -117,4 +147,4 @@ def latest_verdicts(store: Store) -> dict[str, CheckVerdict]:
                     finished_ns=int(row.finished_ns or 0),
                     divergent=_replica_divergent(kind, counts),
                 )
-    return verdicts
+    return verdicts, groups

@@ -57,7 +57,7 @@ class ReplicationState:
         self._lock = threading.Lock()
         self.rebuild_on: BackgroundLoop | None = None
         self.keeper: LeaseKeeper | None = None  # set while several instances may run
-        self._verdicts = VerdictCache()
+        self.verdicts = VerdictCache()  # the latest runs, shared with RoundFindings
         self.metrics.replication.expect(
             (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
             for t in self.targets()
@@ -130,7 +130,7 @@ class ReplicationState:
     def check_verdicts(self) -> dict[str, CheckVerdict]:
         """Each replica's latest check or repair run (whoever ran it), from the store."""
         try:
-            return self._verdicts.get(self.store)
+            return self.verdicts.get(self.store)
         except StoreUnwritable:
             return {}
 
