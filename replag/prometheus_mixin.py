@@ -502,8 +502,7 @@ def keeping(groups: list[dict[str, Any]], params: MixinParams) -> list[dict[str,
         return f"by ({', '.join(dict.fromkeys([*kept, *own]))})"
 
     return [
-        {**g, "rules": [{**r, "expr": _BY.sub(by, r["expr"])} for r in g["rules"]]}
-        for g in groups
+        {**g, "rules": [{**r, "expr": _BY.sub(by, r["expr"])} for r in g["rules"]]} for g in groups
     ]
 
 
