@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Builds the Go tools the Prometheus mixin and Alertmanager tests run, once per machine:
-# promtool and prometheus (v0.316.0), alertmanager (v0.35.0), from the Go module proxy into
-# a cache outside the clone (REPLAG_TOOLS, default /var/cache/replag-tools/go). A binary
-# already there is not built again. Prints the env vars the tests read
-# (REPLAG_PROMTOOL, REPLAG_PROMETHEUS, REPLAG_ALERTMANAGER) as `export` lines; a tool that
-# cannot be built is left out, and its tests skip saying so.
+# Builds the Go tools the Prometheus mixin, Alertmanager and OTLP tests run, once per
+# machine: promtool and prometheus (v0.316.0), alertmanager (v0.35.0), an OpenTelemetry
+# Collector (v0.161.0: OTLP receiver, file and debug exporters, .ci/otelcol-builder.yaml),
+# from the Go module proxy into a cache outside the clone (REPLAG_TOOLS, default
+# /var/cache/replag-tools/go). A binary already there is not built again. Prints the env
+# vars the tests read (REPLAG_PROMTOOL, REPLAG_PROMETHEUS, REPLAG_ALERTMANAGER,
+# REPLAG_OTELCOL) as `export` lines; a tool that cannot be built is left out, and its
+# tests skip saying so.
 #
 #   eval "$(bash .ci/go-tools.sh)"
 set -uo pipefail
 
 PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.35.0
+OTELCOL_VERSION=v0.161.0
+manifest="$(cd "$(dirname "$0")" && pwd)/otelcol-builder.yaml"
 tools="${REPLAG_TOOLS:-/var/cache/replag-tools/go}"
 
 if ! command -v go >/dev/null 2>&1; then
@@ -72,7 +76,20 @@ build_alertmanager() {
   rm -rf "$src"
 }
 
-for tool in promtool prometheus alertmanager; do
+build_otelcol() {
+  local dir="$tools/otelcol-$OTELCOL_VERSION" out
+  out="$dir/otelcol-replag"
+  [ -x "$out" ] && { echo "$out"; return 0; }
+  echo "go-tools: building otelcol $OTELCOL_VERSION (once per machine)" >&2
+  GOBIN="$dir/bin" nice go install "go.opentelemetry.io/collector/cmd/builder@$OTELCOL_VERSION" \
+    >>"$log" 2>&1 || return 1
+  # The builder writes the distribution's sources into output_path, then builds them.
+  sed "s|^dist:|dist:\n  output_path: $dir|" "$manifest" >"$dir/builder.yaml"
+  nice "$dir/bin/builder" --config "$dir/builder.yaml" >>"$log" 2>&1 \
+    && [ -x "$out" ] && echo "$out"
+}
+
+for tool in promtool prometheus alertmanager otelcol; do
   var="REPLAG_$(echo "$tool" | tr '[:lower:]' '[:upper:]')"
   if path=$("build_$tool") && [ -x "$path" ]; then
     echo "export $var=$path"

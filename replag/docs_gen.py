@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from replag.cli import main as cli_main
+from replag.docs_pictures import diagrams
 from replag.metrics import ServiceMetrics
 from replag.schemas import SCHEMAS, schema
 from replag.settings import SETTINGS
@@ -132,6 +133,7 @@ def generated(docs: Path) -> dict[Path, str]:
         docs / "reference" / "metrics.md": metrics_page(),
         docs / "reference" / "schemas.md": schemas_page(),
     }
+    pages.update({docs / "img" / name: svg for name, svg in diagrams().items()})
     for page in sorted(docs.rglob("*.md")):
         if page not in pages:
             text = page.read_text(encoding="utf-8")

@@ -17,7 +17,7 @@ primary, per replica (labels source, primary, region, replica) and per primary.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -297,6 +297,8 @@ class ServiceMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         # (source, target, replica) → its rack label ("" when not a Dynomite rack).
         self._racks: dict[tuple[str, str, str], str] = {}
+        # Called with (labels, seconds) for every lag observed (the OTLP export's histogram).
+        self.lag_listeners: list[Callable[[Sequence[str], float], None]] = []
         r = self.registry
         self.store = StoreCollector()
         r.register(self.store)
@@ -341,6 +343,14 @@ class ServiceMetrics:
         self.divergent = Gauge(
             "replag_divergent_keys",
             "Keys that differ between the members of a replica group.",
+            ["group"],
+            registry=r,
+        )
+        self.not_compared = Gauge(
+            "replag_not_compared_keys",
+            "Keys of a replica group whose values could not be compared at the last check "
+            "(a type replag cannot read whole, such as a module's): the group is not known "
+            "to be clean.",
             ["group"],
             registry=r,
         )
@@ -424,7 +434,10 @@ class ServiceMetrics:
             if sample.lag_ns is None:
                 self.probes_lost.labels(*labels).inc()
             else:
-                self.lag.labels(*labels).observe(max(sample.lag_ns, 0) / 1e9)
+                seconds = max(sample.lag_ns, 0) / 1e9
+                self.lag.labels(*labels).observe(seconds)
+                for listener in self.lag_listeners:
+                    listener(labels, seconds)
         for value_us, count in SparseHistogram.from_lag_histogram(write).values_us():
             for _ in range(count):
                 self.write_latency.labels(source).observe(value_us / 1e6)

@@ -124,7 +124,34 @@ class BoundedBodies:
                 ),
             )
             return
+        if _is_json(scope) and (constant := _non_finite(body)) is not None:
+            # Python's json reads NaN and Infinity, JSON has neither: refused here, before
+            # a float field takes one or an error answer cannot be written back (a 500).
+            await _refuse(send, Refusal(400, f"request body: {constant} is not JSON"))
+            return
         await self.app(scope, _replay(body, receive), send)
+
+
+class _NonFinite(Exception):
+    pass
+
+
+def _constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def _non_finite(body: bytes) -> str | None:
+    """NaN, Infinity or -Infinity if the body holds one (else None: valid JSON, or JSON
+    that FastAPI refuses itself)."""
+    if not any(word in body for word in (b"NaN", b"Infinity")):
+        return None
+    try:
+        json.loads(body, parse_constant=_constant)
+    except _NonFinite as exc:
+        return str(exc)
+    except ValueError:
+        return None
+    return None
 
 
 async def _read(receive: Receive, limits: BodyLimits) -> tuple[bytes, bool]:

@@ -40,6 +40,15 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _optional_url(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return text.rstrip("/")
+
+
 def _lag_buckets_per_decade(value: Any) -> int:
     number = _positive_int(value)
     if number > 48:
@@ -296,6 +305,45 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    http_header_timeout: float = setting(
+        "10s",
+        _positive_duration,
+        "serve and agent: a connection whose request has not sent all its headers within "
+        "this long (of its first byte, or of connecting) is closed.",
+    )
+    http_keep_alive_timeout: float = setting(
+        "5s",
+        _positive_duration,
+        "serve and agent: an HTTP connection idle between requests this long is closed.",
+    )
+    http_max_connections: int = setting(
+        1000,
+        _positive_int,
+        "serve and agent: most HTTP connections (and requests in progress) at once; past "
+        "it a new one is answered 503.",
+    )
+    max_info_bytes: int = setting(
+        "4MB",
+        _size,
+        "Most bytes an INFO (or CLUSTER NODES) answer may hold; a larger one is refused "
+        "before it is parsed, naming the server.",
+    )
+    max_info_lines: int = setting(
+        100_000, _positive_int, "Most lines an INFO (or CLUSTER NODES) answer may hold."
+    )
+    max_unrequested_bytes: int = setting(
+        "1MB",
+        _size,
+        "Most bytes a connection may receive while no request waits for them (on a "
+        "subscribed connection: not yet handed on); past it the connection is closed and "
+        "the server named.",
+    )
+    max_topology_nodes: int = setting(
+        10_000,
+        _positive_int,
+        "Most nodes one topology answer may name (CLUSTER SHARDS or SLOTS, a Sentinel's "
+        "replicas or Sentinels, INFO replication's replica lines); more is refused.",
+    )
     count: int = setting(200, _int, "Probe keys written per probe run.")
     rate: float = setting(
         200.0, _float, "Probe writes per second (0 = as fast as acknowledgements allow)."
@@ -367,6 +415,16 @@ class Settings:
     )
     probe_interval: float = setting(
         "10s", _positive_duration, "Service: time between probe rounds of every source region."
+    )
+    otlp_endpoint: str | None = setting(
+        None,
+        _optional_url,
+        "Service: OTLP/HTTP endpoint (e.g. http://otel-collector:4318) the metrics and the "
+        "traces of checks and repairs are exported to; unset: none. Needs the otel extra "
+        "(pip install 'replag[otel]').",
+    )
+    otlp_interval: float = setting(
+        "30s", _positive_duration, "Service: time between OTLP exports of the metrics."
     )
     lag_buckets_per_decade: int = setting(
         5,

@@ -90,6 +90,12 @@ def test_monitors_and_rules_agree_on_the_job_whatever_the_release(tmp_path: Path
     serve_pod = find(docs, "Deployment", "-serve")["spec"]["template"]["metadata"]["labels"]
     for jobbed, labels in ((monitor, service["metadata"]["labels"]), (pods, serve_pod)):
         assert labels[jobbed["spec"]["jobLabel"]] == "replag"
+    agents = find(docs, "ServiceMonitor", "-agents")["spec"]
+    agent_service = find(docs, "Service", "-agent-eu-west")["metadata"]["labels"]
+    assert agent_service[agents["jobLabel"]] == "replag"
+    secret = find(docs, "Secret")["metadata"]["name"]
+    auth = agents["endpoints"][0]["authorization"]["credentials"]
+    assert auth == {"name": secret, "key": "api-token"}
     exprs = rule_exprs(find(docs, "PrometheusRule"))
     assert all("__REPLAG_JOB__" not in e for e in exprs)
     reading = [e for e in exprs if re.search(r"(replag_[a-z_]+|up)\{", e)]

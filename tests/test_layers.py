@@ -1,16 +1,16 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
-                   private_files, _scanindex (the C extension)
+                   private_files, tracing, docs_pictures, _scanindex (the C extension)
     configuration  settings, wire.reply_limits, topology, validation, config_security,
                    config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
                    store.location: what settings.store names), `replag`
     io             wire (every connection to a Redis-protocol server: resp, resp_blocking,
                    stamped_socket, connections, tls, permissions), store, discovery.http,
-                   background, heap, request_bodies
+                   background, heap, request_bodies, http_guard
     components     discovery, monitoring, replication, lagindex, probes, repair, lab,
-                   alerts, metrics, prometheus_mixin, grafana_dashboard, agent
+                   alerts, metrics, prometheus_mixin, grafana_dashboard, otlp, agent
     service → api → cli (commands, docs_gen)
 
 Components may use each other, but their packages never form a cycle. Every import
@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.tokens",
             "replag.logfields",
             "replag.private_files",
+            "replag.tracing",
+            "replag.docs_pictures",
             "replag._scanindex",
         ),
     ),
@@ -70,6 +72,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.background",
             "replag.heap",
             "replag.request_bodies",
+            "replag.http_guard",
         ),
     ),
     (
@@ -86,6 +89,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.metrics",
             "replag.prometheus_mixin",
             "replag.grafana_dashboard",
+            "replag.otlp",
             "replag.agent",
         ),
     ),

@@ -55,6 +55,7 @@ def tree_options(settings: Settings) -> ScanOptions:
         timeout_s=settings.connect_timeout,
         exclude_prefix=settings.prefix.encode(),
         ttl_bucket_ms=max(int(settings.ttl_tolerance * 1000), 1),
+        live=True,
     )
 
 

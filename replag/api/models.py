@@ -137,6 +137,9 @@ class Job(Open):
     finished_ns: int | None = None
     run_id: str | None = None
     divergent: int | None = None
+    not_compared: int | None = Field(
+        None, description="keys whose values could not be compared: the run is not clean"
+    )
     error: str | None = None
 
 

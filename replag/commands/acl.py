@@ -48,6 +48,13 @@ from replag.wire.permissions import (
     "the user can then run any Lua.",
 )
 @click.option(
+    "--valkey-9",
+    "valkey_9",
+    is_flag=True,
+    help="The servers are Valkey 9 or later: also grant what only they have "
+    "(CLUSTER GETSLOTMIGRATIONS; Redis and older Valkey refuse that rule).",
+)
+@click.option(
     "--check",
     "check_servers",
     is_flag=True,
@@ -61,6 +68,7 @@ def command(
     dbs: tuple[int, ...],
     allow_config_changes: bool | None,
     allow_scripts: bool | None,
+    valkey_9: bool,
     check_servers: bool,
 ) -> None:
     """Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair,
@@ -92,6 +100,7 @@ def command(
             settings.allow_config_changes if allow_config_changes is None else allow_config_changes
         ),
         allow_scripts=scripts,
+        valkey_9=valkey_9,
     )
     click.echo(line)
     if scripts and chosen in SCRIPT_MODES:

@@ -18,6 +18,7 @@ from replag.commands.serve import CleanExitServer, _is_loopback, listen
 from replag.config import Config
 from replag.durations import parse_duration_ns
 from replag.errors import ConfigError, UsageError
+from replag.http_guard import server_options
 from replag.logfields import bind_log_fields
 from replag.wire.tls import TlsFilesError, server_context
 
@@ -139,6 +140,7 @@ def command(
                 log_config=uvicorn_log_config(),
                 access_log=False,
                 lifespan="on",
+                **server_options(settings),
             )
         )
         with bind_log_fields(region=region):  # every line of this agent names its region

@@ -180,7 +180,8 @@ def check_command(
     as_json: bool,
 ) -> None:
     """Compare the replicas; exit 0 if they agree, 1 if divergence is found (or a
-    database holding keys is covered by no group: it was not compared)."""
+    database holding keys is covered by no group: it was not compared), 3 if the check
+    could not see all it needs (a read refused, a Cluster shard changed: not verified)."""
     with _json_errors(as_json, []):
         sink = _KeysOut(keys_out) if keys_out is not None else None
     try:
@@ -198,8 +199,9 @@ def check_command(
     finally:
         if sink is not None:
             sink.close()
-    # A database with keys that nothing compared is not a clean result.
-    sys.exit(1 if report.divergent or report.not_clean else 0)
+    # A database with keys that nothing compared is not a clean result; nor is a run that
+    # could not read all its verdict depends on.
+    sys.exit(1 if report.divergent or report.not_clean else 3 if report.not_verified else 0)
 
 
 @command.command("runs")
@@ -352,7 +354,8 @@ def run_command(
     finally:
         if sink is not None:
             sink.close()
-    sys.exit(1 if _left(report.to_dict()) or report.not_clean else 0)
+    failed = _left(report.to_dict()) or report.not_clean
+    sys.exit(1 if failed else 3 if report.not_verified else 0)
 
 
 def _add_rebuild() -> None:

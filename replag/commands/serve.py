@@ -19,6 +19,7 @@ from replag.commands.repeated_logs import uvicorn_log_config
 from replag.config import Config
 from replag.errors import UsageError
 from replag.heap import freeze_long_lived, tune_for_service
+from replag.http_guard import server_options
 from replag.store import Store, parse_location
 from replag.store.configs import claim_for_config
 
@@ -119,7 +120,8 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
                 # uvloop and httptools (dependencies): idle closed-loop capacity 3,377
                 # req/s against 682 with asyncio's loop and h11 (benchmarks/api_load.py).
                 loop="auto",
-                http="auto",
+                # httptools, closing a connection that drips its headers (`http_guard`).
+                **server_options(config.settings),
             )
         )
         server.run(sockets=[sock])

@@ -9,11 +9,14 @@ digits>`, else its lowest slot, `shard-<slot>` (a node id would not do: a dead
 old primary stands alone, slotless, after a failover, and the lowest of the
 ids left is another). A reshard keeps names through the file being rewritten
 (`kept_names`). The region's `shard` is its identity for following it: the
-shard id, else its lowest node id.
+shard id, else its lowest node id. A database other than 0 holding keys on a
+shard's primary (Valkey 9's `cluster-databases`) gets a group of its own, as in
+replication discovery (`database_groups`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,8 +25,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from replag.discovery.contacts import Contacts
+from replag.discovery.replication import database_groups, read_keyspace
 from replag.discovery.result import Discovery
-from replag.errors import DiscoveryError, UsageError
+from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire.connections import async_client, endpoint_errors
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
@@ -216,6 +220,7 @@ def _cluster_state(info: Any) -> str:
 
 
 Slots = tuple[tuple[int, int], ...]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,7 @@ async def discover_cluster(
     shards, command, state = await read_shards(seed, timeout_s=timeout_s, contacts=contacts)
     if not shards:
         raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
+    databases = {s.identity: await _databases(seed, s.primary, timeout_s=timeout_s) for s in shards}
     return cluster_topology(
         shards,
         seed=seed,
@@ -254,7 +260,20 @@ async def discover_cluster(
         state=state,
         names=kept_names(shards, previous),
         cluster=name,
+        databases=databases,
     )
+
+
+async def _databases(seed: Endpoint, node: ClusterNode, *, timeout_s: float) -> dict[int, int]:
+    """Database → keys (INFO keyspace) on a shard's primary: Valkey 9's cluster-databases
+    lets a cluster hold keys beyond db 0. Unreadable: db 0 only (logged)."""
+    primary = replace(seed, host=node.host, port=node.port, name=f"{node.host}:{node.port}")
+    try:
+        return await read_keyspace(primary, timeout_s=timeout_s)
+    except EndpointError as exc:
+        logger.warning("%s: INFO keyspace not read (databases but 0 not discovered): %s",
+                       primary.name, exc)  # fmt: skip
+        return {}
 
 
 def _slot_set(slots: Slots) -> set[int]:
@@ -295,10 +314,12 @@ def cluster_topology(
     state: str,
     names: Mapping[str, str] | None = None,
     cluster: str | None = None,
+    databases: Mapping[str, Mapping[int, int]] | None = None,
 ) -> Discovery:
     """One region and one replica group per shard, in slot order (`names`: identity → a
     name kept from an earlier discovery; `cluster`: the cluster's name, prefixing the
-    shards' names)."""
+    shards' names), and a group per other database holding keys on its primary
+    (`databases`: identity → db → keys; Valkey 9 cluster-databases)."""
     names = names or {}
     regions, groups = [], []
     comments: dict[str, str] = {}
@@ -344,14 +365,15 @@ def cluster_topology(
             "the probe re-reads where it is and which slots it holds"
         )
         if replicas:
-            groups.append(
-                ReplicaGroup(
-                    name=name,
-                    members=(primary, *replicas),
-                    slots=shard.slots,
-                    kind="replication",
-                )
+            group = ReplicaGroup(
+                name=name,
+                members=(primary, *replicas),
+                slots=shard.slots,
+                kind="replication",
             )
+            others, notes = database_groups(group, (databases or {}).get(shard.identity, {}))
+            groups += [group, *others]
+            comments.update(notes)
     covered = sum(b - a + 1 for s in shards for a, b in s.slots)
     header = [f"Discovered from {command} of Redis Cluster node {seed.url()}."]
     if state != "ok":

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from replag.clock import estimate_offset
 from replag.config import Config
-from replag.errors import PermissionRefused, ReplagError, TlsError
+from replag.errors import PermissionRefused, ReplagError, ReplyShapeError, TlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Observer, open_observer
 from replag.probes.progress import ProgressCallback, waiting_reporter
@@ -73,6 +73,8 @@ class ProbeRun:
                     lambda: server_time(writer), endpoint=writer.endpoint.name
                 )
                 report.clock.insert(0, offset)
+            except ReplyShapeError:
+                raise  # not a refused TIME: a server answering what no Redis would
             except ReplagError as exc:
                 report.notes.append(no_clock_note(writer.endpoint.name, exc))
         # A replica found unreachable (a stall, a reply over a limit) is not asked again
@@ -179,6 +181,8 @@ async def open_target(
             report.clock.append(
                 await estimate_offset(lambda: server_time(conn), endpoint=replica.name)
             )
+        except ReplyShapeError:
+            raise
         except ReplagError as exc:
             report.notes.append(no_clock_note(replica.name, exc))
         observer = await open_observer(

@@ -21,6 +21,7 @@ from replag.probes.progress import ProbeProgress, ProgressCallback
 from replag.probes.report import ProbeReport
 from replag.settings import Settings
 from replag.topology import Endpoint
+from replag.wire.connector import Connector
 from replag.wire.permissions import require_on
 from replag.wire.resp import RespConnection, pack
 
@@ -67,8 +68,8 @@ async def open_writer_or_fallback(
 
 
 async def _open_writer(endpoint: Endpoint, settings: Settings) -> RespConnection:
-    writer = await RespConnection.open(
-        endpoint, timeout_s=settings.connect_timeout, clock=time.monotonic_ns
+    writer = await Connector(endpoint, timeout_s=settings.connect_timeout).open(
+        clock=time.monotonic_ns
     )
     try:
         await writer.checked("PING")

@@ -38,7 +38,9 @@ from replag.repair.decisions.report import key_finding
 from replag.repair.decisions.roles import GroupShape, cluster_members
 from replag.repair.keyspace.observe import key_to_json
 from replag.repair.keyspace.progress import RepairProgress
+from replag.repair.keyspace.slot_migrations import during_run, migration_rows
 from replag.repair.keyspace.slots import (
+    SLOTS,
     Move,
     SlotMap,
     key_slot,
@@ -51,7 +53,7 @@ from replag.repair.run_state import RunState
 from replag.repair.scan.keep import batch_bytes, keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
-from replag.repair.stray_slots import stray_keys
+from replag.repair.stray_slots import StrayCheck
 from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
@@ -61,6 +63,7 @@ from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
+from replag.tracing import server, span
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +165,15 @@ class GroupRun:
         return [m.name for m in self.group.members]
 
     async def run(self) -> rp.GroupReport:
+        with span(
+            f"replag.{self.params.kind}.group",
+            replag__group=self.group.name,
+            replag__group_kind=self.shape.kind,
+            replag__members=len(self.group.members),
+        ):
+            return await self._run()
+
+    async def _run(self) -> rp.GroupReport:
         try:
             phase = self.log.group_phase(self.group.name) if self.log else None
             if phase is not None:
@@ -170,9 +182,11 @@ class GroupRun:
                 # Bulk batches a crash left unverified are settled before anything is read.
                 await settle_members(self.refill.pages, self.group, self.log.store, self.log.run_id)
             if self.given is not None and phase is None:
-                await self._verify_given(self.given)
+                with span("replag.verify", replag__keys=len(self.given)):
+                    await self._verify_given(self.given)
             elif phase is None or phase[0] == "scanning":
-                await self._scan_and_verify()
+                with span("replag.scan_and_verify", replag__group=self.group.name):
+                    await self._scan_and_verify()
             if self.params.kind == "repair":
                 started = time.perf_counter()
                 # A resumed run trusts nothing it recorded as repaired: a replica may have
@@ -180,7 +194,8 @@ class GroupRun:
                 rounds = self._rounds()
                 differ = await rounds.reverify_repaired() if phase is not None else 0
                 if phase is None or phase[0] != "done" or differ:
-                    await rounds.run()
+                    with span("replag.repair.rounds", replag__group=self.group.name):
+                        await rounds.run()
                 self.report.repair_s += time.perf_counter() - started
             self._save_phase("done")
         finally:
@@ -207,6 +222,7 @@ class GroupRun:
         self.report.candidates = saved.get("candidates", 0)
         self.report.bulk_refilled = saved.get("bulk_refilled", 0)
         self.report.changing = saved.get("changing_during_check", 0)
+        self.report.not_compared = list(saved.get("not_compared", []))
         self.report.undone = saved.get("undone", 0)
         self.report.undo_failed = saved.get("undo_failed", 0)
         self.report.scan_s = saved.get("scan_s", 0.0)
@@ -315,31 +331,7 @@ class GroupRun:
             candidates = await self._bulk(plan, candidates)
         await self._verify(candidates, held if slot_map is not None else None)
         if slot_map is not None:
-            after = await self._slot_map()
-            skipped = not_compared(slot_map, after) | self.verifier.moved_slots
-            self._forget_slots(skipped)
-            stale: dict[str, set[int]] = {}
-            for slot, node in {**slot_map.stale, **after.stale}.items():
-                if slot not in skipped:
-                    stale.setdefault(node, set()).add(slot)
-            self.report.stale_marks = [
-                {"node": node, "slots": [list(r) for r in ranges(slots)]}
-                for node, slots in sorted(stale.items())
-            ]
-            stuck = {s: m for s, m in stuck_moves(slot_map, after).items() if s not in skipped}
-            self.report.stuck_moves = _stuck_rows(stuck, after)
-            # Keys members hold in slots the shard serves at neither end (a reshard's
-            # leftovers on a replica): not in the scan, and no repair through the primary.
-            self.report.stray_keys = await stray_keys(
-                self.topology,
-                [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
-                slot_map.owned | after.owned,
-                timeout_s=self.timeout_s,
-                skip=skipped | stuck.keys(),  # keys a stuck move took across: not strays
-            )
-            primary = self.group.members[self.primary].name if self.primary is not None else None
-            for row in self.report.stray_keys:
-                row["on_primary"] = row["member"] == primary
+            await self._settle_slots(slot_map)
             if self.key_sink is not None:
                 for key, detail in held:
                     if key in self.records:
@@ -381,6 +373,7 @@ class GroupRun:
 
         self.report.changing = 0
         await self.verifier.verify(candidates, phase="verify", on_batch=record)
+        self.report.not_compared = self.verifier.opaque_keys.to_list()
 
     async def _compare_leaves(
         self, trees: Sequence[MemberTree], leaves: npt.NDArray[np.int64]
@@ -449,6 +442,53 @@ class GroupRun:
     async def _slot_map(self) -> SlotMap:
         return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
 
+    async def _settle_slots(self, before: SlotMap) -> None:
+        """What the run's slot maps say, at its end: the slots not compared (moved or
+        moving), stale marks, stuck moves, stray keys, a topology that changed (then
+        nothing of the group is reported), and the reads refused (then not verified)."""
+        after = await self._slot_map()
+        report = self.report
+        report.refused += before.refused + after.refused
+        report.slot_migrations = migration_rows(
+            during_run(before.migrations, after.migrations), {**before.where, **after.where}
+        )
+        changed = before.topology_change() or after.topology_change()
+        if changed is not None:
+            report.topology_changed = changed
+            self._forget_slots(set(range(SLOTS)))
+            return
+        skipped = not_compared(before, after) | self.verifier.moved_slots
+        stuck = {s: m for s, m in stuck_moves(before, after).items() if s not in skipped}
+        report.stuck_moves = _stuck_rows(stuck, after)
+        # Keys members hold in slots the shard serves at neither end (a reshard's
+        # leftovers on a replica): not in the scan, and no repair through the primary.
+        strays = StrayCheck(
+            self.topology,
+            [m for m, a in zip(self.group.members, self.agents, strict=True) if a is None],
+            self.group.members[self.primary] if self.primary is not None else None,
+            timeout_s=self.timeout_s,
+            settle_s=self.settle_s,
+            read_map=self._slot_map,
+        )
+        # Keys a stuck move took across are not strays.
+        report.stray_keys = await strays.find(before.owned | after.owned, skipped | stuck.keys())
+        report.refused += strays.refused
+        if after.stale and not strays.maps:
+            await asyncio.sleep(self.settle_s)
+            strays.maps.append(await self._slot_map())
+            report.refused += strays.maps[-1].refused
+        # A mark is stale only if it still is at a later read: a live move's two ends are
+        # marked one after the other, and cleared one after the other.
+        stale: dict[str, set[int]] = {}
+        for slot, node in after.stale.items():
+            if slot not in skipped and all(m.stale.get(slot) == node for m in strays.maps):
+                stale.setdefault(node, set()).add(slot)
+        report.stale_marks = [
+            {"node": node, "slots": [list(r) for r in ranges(slots)]}
+            for node, slots in sorted(stale.items())
+        ]
+        self._forget_slots(skipped)
+
     def _forget_slots(self, skipped: set[int]) -> None:
         """Keys of slots that moved during the check were not compared: drop what was
         found in them (never a false positive) and name the slots instead."""
@@ -484,7 +524,14 @@ class GroupRun:
             if log is not None:
                 log.save_scan(self.group.name, progress, tree)
 
-        with self.lanes[i].clock.busy():
+        with (
+            span(
+                "replag.scan.member",
+                replag__replica=member.name,
+                **server(member.host, member.port),
+            ),
+            self.lanes[i].clock.busy(),
+        ):
             worker = await WorkerTree.scan(
                 member,
                 self.options,

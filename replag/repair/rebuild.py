@@ -31,7 +31,9 @@ from replag.repair.bulk.peer_read import Writes
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
 from replag.repair.decisions.replica_role import replica_of, resync_advice
+from replag.repair.decisions.report import KEYS_NAMED, LEFT
 from replag.repair.engine import repair
+from replag.repair.keyspace.observe import key_from_json, key_text
 from replag.repair.keyspace.pages import copy_big_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
 from replag.repair.keyspace.together import all_of, cancel_all
@@ -161,6 +163,9 @@ class RebuildReport:
                 f"{c['repaired']}, conflicts {c['conflicts']}, busy {c['busy']} "
                 f"({self.closing_s:.1f} s)"
             )
+            for k in c.get("not_fixed", []):
+                reason = f": {k['reason']}" if k["reason"] else ""
+                lines.append(f"    not fixed: {k['key']!r} {k['status']}{reason}")
         return "\n".join(lines)
 
 
@@ -552,9 +557,16 @@ async def rebuild(
             report.closing_keys = None if keys is None else len(keys)
             closing = await repair(config, group=group, store=store, progress=progress, keys=keys)
             report.closing_s = time.monotonic() - started
+            summary = closing.to_dict()
             report.closing = {
-                k: v for k, v in closing.to_dict().items() if k not in ("divergent_keys", "groups")
+                k: v for k, v in summary.items() if k not in ("divergent_keys", "groups")
             }
+            # The keys it could not fix, by name (a vector set the target cannot load, …).
+            report.closing["not_fixed"] = [
+                {**key_text(key_from_json(k)), "status": k["status"], "reason": k.get("reason", "")}
+                for k in summary["divergent_keys"]
+                if k.get("status") in LEFT
+            ][:KEYS_NAMED]
     except RepairError as exc:
         if run is not None:
             run.set_status(FAILED, error=str(exc))

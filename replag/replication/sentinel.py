@@ -8,13 +8,13 @@ read into dicts of text. Errors name the Sentinel; all of them failing is one
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from replag.errors import EndpointError, UnreachableError
 from replag.topology import Endpoint
-from replag.wire.resp import Arg, RespConnection
+from replag.wire.connector import Connector
+from replag.wire.resp import Arg
 
 
 def _text(value: Any) -> str:
@@ -29,11 +29,7 @@ def flat_dict(entry: Sequence[Any]) -> dict[str, str]:
 
 async def sentinel_call(sentinel: Endpoint, *args: Arg, timeout_s: float) -> Any:
     """One command to one Sentinel (EndpointError naming it on failure or an error reply)."""
-    conn = await RespConnection.open(sentinel, timeout_s=timeout_s, clock=time.monotonic_ns)
-    try:
-        return await conn.checked(*args)
-    finally:
-        await conn.close()
+    return await Connector(sentinel, timeout_s=timeout_s).call(*args)
 
 
 async def ask_sentinels(

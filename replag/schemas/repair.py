@@ -33,6 +33,20 @@ PER_REPLICA = mapping(counts("missing", "extra", "different", "copy", "delete", 
 # "conflict" and "error", the run's totals "conflicts" and "errors".
 _OUTCOMES = ("repaired", "busy", "kept", "would_repair", "agreed", "pending", "resync")
 
+# Keys every member holds as a value replag cannot read whole (a module type), by type:
+# how many, why, and the first few by name. Their presence, type and expiry were
+# compared; a run with any is NOT CLEAN.
+NOT_COMPARED = arr(
+    obj(
+        {
+            "type": STR,
+            "keys": INT,
+            "why": STR,
+            "examples": arr(obj({"key": STR}, {"key_b64": STR})),
+        }
+    )
+)
+
 REPAIR_GROUP = obj(
     {"group": STR, "divergent": INT, "counts": KIND_COUNTS},
     {
@@ -58,7 +72,12 @@ REPAIR_GROUP = obj(
                 },
                 # Held by the shard's primary (a move into the shard left half-done), not
                 # by a replica (a reshard's leftovers).
-                {"on_primary": BOOL},
+                # origin: replica (a reshard's leftovers), unfinished_move (marked importing
+                # on the primary), promoted (a primary that held them as a replica), unknown.
+                {
+                    "on_primary": BOOL,
+                    "origin": {"enum": ["replica", "unfinished_move", "promoted", "unknown"]},
+                },
             )
         ),
         # Redis Cluster: migrating/importing marks with no move under way (a mark on a
@@ -78,9 +97,18 @@ REPAIR_GROUP = obj(
                 }
             )
         ),
+        # Valkey 9: atomic slot migrations that moved slots during the run.
+        "slot_migrations": arr(
+            obj({"slots": arr(arr(INT)), "source": STR, "target": STR, "state": STR})
+        ),
+        # Redis Cluster: why the members are no longer the configured shard (rediscover).
+        "topology_changed": nullable(STR),
+        # Reads a member refused (NOPERM) that the verdict depends on: not verified.
+        "refused": arr(STR),
         "candidates": INT,
         "bulk_refilled": INT,
         "changing_during_check": INT,
+        "not_compared": NOT_COMPARED,
         "undone": INT,
         "undo_failed": INT,
         "reverified": INT,
@@ -99,7 +127,14 @@ REPAIR_GROUP = obj(
 # Cluster slot that moved while it was read (exists null, moved).
 KEY_STATE = obj(
     {"exists": nullable(BOOL)},
-    {"moved": BOOL, "type": STR, "digest": nullable(STR), "ttl_ms": nullable(INT)},
+    {
+        "moved": BOOL,
+        "type": STR,
+        "digest": nullable(STR),
+        "ttl_ms": nullable(INT),
+        # Why this value could not be read whole (a module type): not compared.
+        "not_compared": STR,
+    },
 )
 
 DIVERGENT_KEY = obj(
@@ -151,7 +186,11 @@ REPAIR_REPORT = obj(
         "seconds": NUM,
         "scan_rate": nullable(NUM),
         # Databases holding keys on a compared server that no group covers (not checked).
-        "unchecked_databases": arr(obj({"member": STR, "address": STR, "db": INT, "keys": INT})),
+        "unchecked_databases": arr(
+            obj({"member": STR, "address": STR, "db": INT, "keys": INT}, {"cluster": BOOL})
+        ),
+        # A read refused, or a topology changed under the run: exit 3, never clean.
+        "not_verified": BOOL,
         "pending": INT,
         "found": FOUND_COUNTS,
         "replicas": arr(REPAIR_REPLICA),
@@ -161,6 +200,8 @@ REPAIR_REPORT = obj(
         # of a replica can fix (replication groups).
         "errors": INT,
         "resync": INT,
+        "not_compared": NOT_COMPARED,
+        "not_compared_total": INT,
     },
 )
 

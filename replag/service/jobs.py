@@ -33,6 +33,7 @@ from replag.service.scheduler import Claim
 from replag.settings import Settings
 from replag.store import Store, leases
 from replag.store.leases import instance_id
+from replag.tracing import span
 
 log = logging.getLogger("replag.service")
 
@@ -51,6 +52,9 @@ class RepairJob:
     finished_ns: int | None = None
     run_id: str | None = None
     divergent: int | None = None
+    # Keys whose values could not be compared (a module type): a run with any is not
+    # clean, whatever `divergent` says.
+    not_compared: int | None = None
     error: str | None = None
     # Who asked for it through the API: the token's name, the client's address, the job
     # id (None: the service's own schedule). Stored with the run too.
@@ -66,6 +70,7 @@ class RepairJob:
             "finished_ns": self.finished_ns,
             "run_id": self.run_id,
             "divergent": self.divergent,
+            "not_compared": self.not_compared,
             "error": self.error,
             "started_by": self.started_by,
         }
@@ -223,37 +228,10 @@ class JobRunner:
                 table.run_recorded(job.id, run_id)
 
         try:
-            if job.action == "check":
-                report = await check(
-                    self.job_config,
-                    group=None if resume else job.group,
-                    store=self.store,
-                    ttls=options.get("ttls"),
-                    resume=resume,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                )
-            elif resume is not None:
-                report = await repair(
-                    self.job_config,
-                    store=self.store,
-                    resume=resume,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                )
-            else:
-                report = await repair(
-                    self.job_config,
-                    group=job.group,
-                    store=self.store,
-                    on_run=recorded,
-                    started_by=job.started_by,
-                    acl_mode="serve",
-                    **options,
-                )
+            with span(f"replag.{job.action}", replag__group=group_label, replag__job=job.id):
+                report = await self._report(job, options, resume, recorded)
             job.run_id, job.divergent = report.run_id, int(report.divergent)
+            job.not_compared = report.not_compared_keys
             job.state = "done"
             self._observe(job, report)
         except ReplagError as exc:
@@ -271,7 +249,12 @@ class JobRunner:
             job.finished_ns = time.time_ns()
             self._store_outcome(job)
         self.counters[f"{job.action}s"] += 1
-        outcome = "divergent" if job.divergent else "clean"
+        if job.divergent:
+            outcome = "divergent"
+        elif job.not_compared or report.not_clean:
+            outcome = "not_clean"
+        else:  # a read refused, a Cluster shard changed: the check could not vouch for it
+            outcome = "not_verified" if report.not_verified else "clean"
         self.metrics.repair_runs.labels(group_label, job.action, outcome).inc()
         self.metrics.last_success.labels(job.action, group_label).set(time.time())
         if job.action == "check" and job.group and job.divergent and self.settings.auto_repair:
@@ -285,6 +268,44 @@ class JobRunner:
             with self.lock:
                 self.jobs[follow.id] = follow
             await self._run(follow, {})
+
+    async def _report(
+        self,
+        job: RepairJob,
+        options: dict[str, Any],
+        resume: str | None,
+        recorded: Callable[[str], None],
+    ) -> RepairReport:
+        """The check or repair `job` names, run (a resumed one from its run's record)."""
+        if job.action == "check":
+            return await check(
+                self.job_config,
+                group=None if resume else job.group,
+                store=self.store,
+                ttls=options.get("ttls"),
+                resume=resume,
+                on_run=recorded,
+                started_by=job.started_by,
+                acl_mode="serve",
+            )
+        if resume is not None:
+            return await repair(
+                self.job_config,
+                store=self.store,
+                resume=resume,
+                on_run=recorded,
+                started_by=job.started_by,
+                acl_mode="serve",
+            )
+        return await repair(
+            self.job_config,
+            group=job.group,
+            store=self.store,
+            on_run=recorded,
+            started_by=job.started_by,
+            acl_mode="serve",
+            **options,
+        )
 
     def _store_outcome(self, job: RepairJob) -> None:
         """The job's row says how it ended (a cancelled job stays running: resumable)."""
@@ -312,6 +333,9 @@ class JobRunner:
         for group in report.groups:
             if job.action == "check" or not report.dry_run:
                 self.metrics.divergent.labels(group.group).set(group.divergent)
+                self.metrics.not_compared.labels(group.group).set(
+                    sum(row["keys"] for row in group.not_compared)
+                )
                 record_check(
                     self.store,
                     group=group.group,

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replag.alerts.evaluate import AlertBook, AlertSender
 from replag.alerts.health import probe_health
@@ -56,6 +56,9 @@ from replag.store import Store, leases
 from replag.store.backlog import HoldLimits
 from replag.store.leases import instance_id
 from replag.topology import Region
+
+if TYPE_CHECKING:
+    from replag.otlp import OtlpExport
 
 log = logging.getLogger("replag.service")
 
@@ -102,6 +105,7 @@ class ReplagService:
         self.store.hold(hold_limits(config.settings))
         self.metrics = ServiceMetrics(lag_buckets_per_decade=config.settings.lag_buckets_per_decade)
         self.metrics.watch_store(self.store)
+        self.otlp: OtlpExport | None = None
         self.counters: Counter[str] = Counter()
         self.index = LagIndex(self.store)
         self.started_ns = time.time_ns()
@@ -246,6 +250,15 @@ class ReplagService:
         self.job_runner.table = JobTable(self.store, holder=self.instance)
         self._schedules = BackgroundLoop("replag-schedules").start()
         await self._schedules.call(self._start_schedules)
+        if self.settings.otlp_endpoint and self.otlp is None:
+            from replag.otlp import OtlpExport  # the otel extra: imported only when asked for
+
+            self.otlp = OtlpExport(
+                self.metrics,
+                endpoint=self.settings.otlp_endpoint,
+                interval_s=self.settings.otlp_interval,
+                instance=self.instance,
+            )
 
     def _start_schedules(self) -> None:
         # Decode the last day of windows off the event loop, before the dashboard asks.
@@ -333,6 +346,9 @@ class ReplagService:
         await self.job_runner.cancel_local()
         self.scheduler.clear()
         await self._close_clients()
+        if self.otlp is not None:  # what is pending goes out before the process ends
+            await asyncio.to_thread(self.otlp.shutdown)
+            self.otlp = None
         if self._own_store:
             self.store.close()
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.counters.items())) or "nothing done"

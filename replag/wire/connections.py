@@ -33,6 +33,7 @@ from replag.errors import (
     UnreachableError,
 )
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.reply_limits import NotRespHeader, ReplyLimitError, ReplyLimits
 from replag.wire.tls import TlsFilesError, client_context, describe_failure, tls_cause
 
@@ -116,7 +117,15 @@ def async_client(
         )
     client = aioredis.Redis(connection_pool=pool, single_connection_client=single_connection)
     client.auto_close_connection_pool = True  # the pool is this client's alone
+    # Each reply's shape checked before redis-py's own parsing reads it (`shapes`).
+    for command in ("INFO", "TIME", "DBSIZE", "ROLE"):
+        then = client.response_callbacks.get(command, _as_is)
+        client.set_response_callback(command, shapes.redis_py_callback(endpoint, command, then))
     return client
+
+
+def _as_is(response: Any, **options: Any) -> Any:
+    return response
 
 
 @functools.cache

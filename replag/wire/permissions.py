@@ -10,7 +10,13 @@ key patterns and channel patterns:
   state. Never CONFIG GET (it reads `requirepass` and `masterauth` too): whether a
   replica publishes is learned from its events (`probes.observers`) or declared
   (`settings.notify_keyspace_events`).
-- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers.
+- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers; on a
+  Redis Cluster the read-only CLUSTER subcommands that tell which slots moved
+  and which keys lie in slots a shard does not serve (NODES, SLOTS,
+  COUNTKEYSINSLOT, GETKEYSINSLOT; GETSLOTMIGRATIONS on Valkey 9, a rule older
+  servers refuse, so granted only with `valkey_9`: `replag acl --valkey-9`).
+  The probe follows a shard with CLUSTER INFO, SHARDS and SLOTS. Cluster
+  subcommands are tried on cluster nodes only.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
   each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
 - serve: probe and repair (the service does both, and samples INFO).
@@ -54,6 +60,12 @@ class Need:
     args: tuple[str, ...] | None
     write: bool = False  # tried inside MULTI … DISCARD, never run
     optional: bool = False  # refused: the mode carries on without it (a note says so)
+    cluster: bool = False  # needed (and tried) on Redis Cluster nodes only
+    valkey_9: bool = False  # Valkey 9+ only: older servers refuse the rule itself
+
+
+def _cluster(*args: str, valkey_9: bool = False) -> Need:
+    return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, valkey_9=valkey_9)
 
 
 _PING = Need("ping", ("PING",))
@@ -70,6 +82,10 @@ _PROBE = (
     Need("mget", ("MGET", "KEY")),
     Need("time", ("TIME",), optional=True),
     Need("psubscribe", None),
+    # Following a shard's primary and slots (`discovery.cluster_follow`).
+    _cluster("INFO"),
+    _cluster("SHARDS"),
+    _cluster("SLOTS"),
 )
 _CHECK = (
     _PING,
@@ -100,6 +116,13 @@ _CHECK = (
     Need("xlen", ("XLEN", "KEY")),
     Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
     Need("dump", ("DUMP", "KEY")),
+    # Slots that move during a check, stray keys, stuck and stale moves (`keyspace.slots`,
+    # `stray_slots`): without them a Cluster check cannot vouch for its verdict.
+    _cluster("NODES"),
+    _cluster("SLOTS"),
+    _cluster("COUNTKEYSINSLOT", "0"),
+    _cluster("GETKEYSINSLOT", "0", "1"),
+    _cluster("GETSLOTMIGRATIONS", valkey_9=True),
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
@@ -162,13 +185,23 @@ SCRIPT_WARNING = (
 def commands(
     mode: Mode, *, allow_config_changes: bool = False, allow_scripts: bool = False
 ) -> list[str]:
-    """The ACL command names `mode` needs, each once, in the order they are listed."""
-    names = list(dict.fromkeys(n.command for n in NEEDS[mode]))
+    """The ACL command names `mode` needs, each once, in the order they are listed (not
+    the Valkey 9 ones: `valkey_9_commands`)."""
+    names = list(dict.fromkeys(n.command for n in NEEDS[mode] if not n.valkey_9))
     if allow_config_changes and mode in ("probe", "serve", "agent"):
         names += CONFIG_CHANGES
     if allow_scripts and mode in SCRIPT_MODES:
         names += SCRIPTS
     return names
+
+
+VALKEY_9 = frozenset(n.command for needs in NEEDS.values() for n in needs if n.valkey_9)
+
+
+def valkey_9_commands(mode: Mode) -> list[str]:
+    """What `mode` needs on Valkey 9 and later beside `commands` (a rule Redis and older
+    Valkey refuse: `ACL SETUSER` fails on a subcommand it does not know)."""
+    return list(dict.fromkeys(n.command for n in NEEDS[mode] if n.valkey_9))
 
 
 def key_patterns(mode: Mode, prefix: str) -> list[str]:
@@ -197,10 +230,13 @@ def acl_rules(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
+    valkey_9: bool = False,
 ) -> str:
-    """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password)."""
+    """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password;
+    `valkey_9`: with the rules only Valkey 9 and later accept)."""
     rules = ["resetkeys", "resetchannels", "-@all"]
     granted = commands(mode, allow_config_changes=allow_config_changes, allow_scripts=allow_scripts)
+    granted += valkey_9_commands(mode) if valkey_9 else []
     rules += [f"+{c}" for c in granted]
     rules += [f"~{p}" for p in key_patterns(mode, prefix)]
     rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
@@ -215,6 +251,7 @@ def acl_line(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
+    valkey_9: bool = False,
 ) -> str:
     rules = acl_rules(
         mode,
@@ -222,6 +259,7 @@ def acl_line(
         dbs=dbs,
         allow_config_changes=allow_config_changes,
         allow_scripts=allow_scripts,
+        valkey_9=valkey_9,
     )
     return f"ACL SETUSER {user} {rules}"
 
@@ -230,7 +268,8 @@ async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[lis
     """(commands refused that `mode` cannot do without, optional ones refused), as ACL
     names, tried on `conn` without changing any data (see the module docstring)."""
     key = f"{prefix}acl-check:{secrets.token_hex(4)}"
-    needs = list({n.command: n for n in NEEDS[mode]}.values())
+    cluster = conn.endpoint.cluster or await _cluster_enabled(conn)
+    needs = [n for n in {n.command: n for n in NEEDS[mode]}.values() if cluster or not n.cluster]
     direct = [n for n in needs if n.args is not None and not n.write]
     refused = await _refused(conn, [_invocation(n, key) for n in direct], direct)
     writes = [n for n in needs if n.write]
@@ -239,6 +278,13 @@ async def missing(conn: RespConnection, mode: Mode, *, prefix: str) -> tuple[lis
     required = [n.command for n in refused if not n.optional]
     optional = [n.command for n in refused if n.optional]
     return required, optional
+
+
+async def _cluster_enabled(conn: RespConnection) -> bool:
+    """A Redis Cluster node (INFO cluster), whose cluster reads are tried too; INFO
+    refused: not known (INFO is a need of its own, refused then)."""
+    (reply,) = await conn.request(pack("INFO", "cluster"), 1)
+    return isinstance(reply, bytes) and b"cluster_enabled:1" in reply
 
 
 def _invocation(need: Need, key: str) -> bytes:
@@ -355,7 +401,8 @@ def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> Non
         names = ", ".join(c.upper() for c in needed)
         raise PermissionRefused(
             f"permission refused: {names} (user {user}): {what} needs "
-            f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}` "
+            f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}"
+            f"{' --valkey-9' if set(needed) & VALKEY_9 else ''}` "
             "prints every rule it needs",
             where=f"{endpoint.name} ({endpoint.url()})",
         )

@@ -32,6 +32,13 @@ class ReplyLimits:
     max_bytes: int = 512 * _MIB
     max_elements: int = 1_000_000
     max_depth: int = 16
+    # Totals beyond one reply's (`replag.wire.shapes`, `resp`): an INFO's size and lines,
+    # the bytes a connection may receive while no request waits, the nodes one topology
+    # answer (CLUSTER SHARDS, SENTINEL REPLICAS, INFO's replica lines) may name.
+    max_info_bytes: int = 4 * _MIB
+    max_info_lines: int = 100_000
+    max_unrequested_bytes: int = _MIB
+    max_topology_nodes: int = 10_000
 
 
 DEFAULT = ReplyLimits()
@@ -43,6 +50,10 @@ def from_settings(settings: object) -> ReplyLimits:
         max_bytes=getattr(settings, "max_reply_bytes"),  # noqa: B009  (no import cycle)
         max_elements=getattr(settings, "max_reply_elements"),  # noqa: B009
         max_depth=getattr(settings, "max_reply_depth"),  # noqa: B009
+        max_info_bytes=getattr(settings, "max_info_bytes"),  # noqa: B009
+        max_info_lines=getattr(settings, "max_info_lines"),  # noqa: B009
+        max_unrequested_bytes=getattr(settings, "max_unrequested_bytes"),  # noqa: B009
+        max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
     )
 
 

@@ -28,6 +28,7 @@ import hiredis
 
 from replag.errors import EndpointError, PermissionRefused
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.connections import (
     NotRespError,
     not_resp,
@@ -285,6 +286,8 @@ class RespConnection:
         self.endpoint = endpoint
         self._protocol = protocol
         self._timeout_s = timeout_s
+        # Small requests by their future, so `wait` checks each reply's shape (`shapes`).
+        self._small: dict[int, bytes] = {}
 
     @classmethod
     async def open(
@@ -347,6 +350,8 @@ class RespConnection:
             # The socket closed (the server hung up) before connection_lost ran.
             raise translate(exc, self.endpoint) from exc
         protocol.waiting.append((count, future, payload[:64]))
+        if len(payload) <= shapes.READ_BACK_BYTES:
+            self._small[id(future)] = payload
         return future
 
     async def wait(
@@ -356,7 +361,7 @@ class RespConnection:
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
             async with asyncio.timeout(timeout_s or self._timeout_s):
-                return await future
+                replies, arrived = await future
         except TimeoutError:
             # A hung server: every other request on the connection fails the same way,
             # not as "closed by the server" (it was us who closed it).
@@ -370,6 +375,11 @@ class RespConnection:
         except (OSError, ReplyLimitError) as exc:
             self.abort()
             raise translate(exc, self.endpoint) from exc
+        finally:
+            payload = self._small.pop(id(future), None)
+        if payload is not None:
+            shapes.check_request(self.endpoint, payload, replies)
+        return replies, arrived
 
     async def request(
         self, payload: bytes, count: int, timeout_s: float | None = None

@@ -218,3 +218,10 @@ def test_every_malformed_body_is_a_client_error(running: Running) -> None:
     ]:  # fmt: skip
         answer = running.call("POST", path, "fixer", json=body)
         assert 400 <= answer.status_code < 500, (path, answer.text)
+
+
+def test_nan_and_infinity_in_an_agent_body_are_400(running: Running) -> None:
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        body = f'{{"leaves": [{constant}]}}'.encode()
+        answer = running.call("POST", "/agent/v1/replicas/r/leaves", "fixer", content=body)
+        assert answer.status_code == 400 and "is not JSON" in answer.text, answer.text

@@ -70,3 +70,14 @@ async def test_redoc_and_swagger_load_nothing_from_the_network(client: httpx.Asy
             text = (await client.get(script)).text
             assert (await client.get(script)).status_code == 200
             assert "cdn.redoc.ly" not in text and "cdn.jsdelivr" not in text
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+async def test_nan_and_infinity_in_a_body_are_400_not_500(
+    client: httpx.AsyncClient, constant: str
+) -> None:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+    for body in (f'{{"action": {constant}}}', f'{{"action": "check", "rate": {constant}}}'):
+        refused = await client.post("/api/v1/repairs", content=body.encode(), headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert f"{constant} is not JSON" in refused.json()["detail"]

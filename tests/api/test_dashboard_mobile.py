@@ -18,6 +18,7 @@ from replag.lab.server import free_port
 from tests.api.test_dashboard import serve_dashboard
 from tests.helpers.browser import CHROMIUM, chromium, evaluate_when_loaded
 from tests.helpers.redis_servers import primary_and_replicas
+from tests.helpers.serve_process import pair_state
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
@@ -136,16 +137,7 @@ def _tile(tmp_path: Path, base: str, width: int) -> Any:
 
 def _pair_state(base: str, proc: subprocess.Popen[Any], want: str, recovered: bool) -> bool:
     assert proc.poll() is None, "replag serve exited"
-    try:
-        pairs = httpx.get(base + "/api/v1/health").json()["pairs"]
-    except httpx.TransportError:
-        return False
-    pair = next((p for p in pairs if (p["source"], p["target"]) == ("a", "b")), None)
-    return (
-        pair is not None
-        and pair["state"] == want
-        and (not recovered or pair.get("recovered_ns") is not None)
-    )
+    return pair_state(base, "a", "b", want, recovered)
 
 
 def test_a_partitioned_pair_is_red_now_and_says_when_it_recovered(

@@ -5,21 +5,17 @@ mixin's files, or what the Helm chart renders)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import httpx
-import tomli_w
 import yaml
 
 from replag.lab.cluster import lab_fault
 from replag.prometheus_mixin import MixinParams
 from tests.helpers.lab import LabFactory
 from tests.helpers.prometheus_tools import binary, free_port, running
+from tests.helpers.serve_process import lab_config, start_serve
 from tests.helpers.waiting import until
 
 SETTINGS = {"count": 10, "rate": 0, "timeout": "1s", "probe_interval": "300ms"}
@@ -40,18 +36,10 @@ async def partition_fires_and_resolves(
     prometheus = binary("REPLAG_PROMETHEUS", "prometheus")
     lab = lab_factory(regions=("us-east", "eu-west"), delays_ms={"eu-west": 5})
     lab_dir = Path(lab["dir"])
-    data = tomllib.loads((lab_dir / "topology.toml").read_text())
-    data.pop("groups", None)
-    data["settings"].update(SETTINGS, store=str(tmp_path / "svc.sqlite"))
-    config = tmp_path / "replag.toml"
-    config.write_text(tomli_w.dumps(data))
-
+    settings = {**SETTINGS, "store": str(tmp_path / "svc.sqlite")}
+    config = lab_config(lab_dir, tmp_path / "replag.toml", groups=False, **settings)
     log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "replag", "serve", "--config", str(config),
-            "--port", str(port), stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    serve = await start_serve(config, port, log)
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
     (prom_dir / "prometheus.yml").write_text(

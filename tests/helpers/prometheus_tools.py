@@ -54,12 +54,17 @@ def running(
             time.sleep(0.1)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 ALERTMANAGER_CONFIG = """\

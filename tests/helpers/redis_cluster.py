@@ -114,9 +114,14 @@ def slot_ranges(count: int) -> list[tuple[int, int]]:
 
 
 def start_cluster(
-    workdir: Path, *, primaries: int = 3, node_timeout_ms: int = 2000
+    workdir: Path,
+    *,
+    primaries: int = 3,
+    node_timeout_ms: int = 2000,
+    extra_args: tuple[str, ...] = (),
 ) -> RedisClusterNodes:
-    """`primaries` primaries with one replica each, joined into one cluster, state ok."""
+    """`primaries` primaries with one replica each, joined into one cluster, state ok
+    (`extra_args`: more server options, e.g. Valkey 9's `--cluster-databases 4`)."""
     servers: list[RedisServer] = []
     try:
         for i in range(primaries * 2):
@@ -137,6 +142,7 @@ def start_cluster(
                         "--cluster-node-timeout",
                         str(node_timeout_ms),
                         *FAST_SYNC,
+                        *extra_args,
                     ),
                 )
             )

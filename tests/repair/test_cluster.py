@@ -12,7 +12,6 @@ of slots not compared: never a false positive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import threading
@@ -25,8 +24,7 @@ import jsonschema
 import pytest
 import redis
 
-from replag.config import Config, load_config
-from replag.discovery.cluster import discover_cluster
+from replag.config import Config
 from replag.repair import check, repair
 from replag.repair.keyspace.slots import key_slot
 from replag.schemas import schema, versioned
@@ -37,13 +35,29 @@ from tests.helpers.redis_cluster import (
     wait_cluster_ok,
     wait_cluster_whole,
 )
+from tests.helpers.reshard import (
+    UNREPLICATED,
+)
+from tests.helpers.reshard import (
+    cluster_config as _config,
+)
+from tests.helpers.reshard import (
+    is_primary as _is_primary,
+)
+from tests.helpers.reshard import (
+    move_slot as _move_slot,
+)
+from tests.helpers.reshard import (
+    primary_of as _primary_of,
+)
+from tests.helpers.reshard import (
+    tag_in as _tag,
+)
+from tests.helpers.reshard import (
+    take_over as _take_over,
+)
 from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
 from tests.helpers.waiting import until, wait_until
-
-UNREPLICATED = """if redis.replicate_commands then redis.replicate_commands() end
-redis.set_repl(redis.REPL_NONE)
-if ARGV[1] == '' then return redis.call('DEL', KEYS[1]) end
-return redis.call('SET', KEYS[1], ARGV[1])"""
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -60,35 +74,6 @@ def cluster(
         yield nodes
     finally:
         nodes.stop()
-
-
-async def _config(cluster: RedisClusterNodes, tmp_path: Path) -> Config:
-    found = await discover_cluster(cluster.url, timeout_s=5)
-    path = tmp_path / "cluster.toml"
-    path.write_text(found.render() + '\n[settings]\nrepair_settle = "100ms"\n')
-    return load_config(path, environ={"REPLAG_STORE": str(tmp_path / "s.sqlite")})
-
-
-def _tag(first: int, last: int, nth: int = 0) -> str:
-    """The `nth` hash tag t0, t1, … whose slot lies in [first, last]."""
-    n = 0
-    while True:
-        slot = key_slot(f"t{n}".encode())
-        if first <= slot <= last:
-            if not nth:
-                return f"t{n}"
-            nth -= 1
-        n += 1
-
-
-def _primary_of(cluster: RedisClusterNodes, key: str) -> redis.Redis:
-    """A client of the primary serving `key`'s slot now."""
-    slot = key_slot(key.encode())
-    with cluster.primaries[0].client() as c:
-        for start, end, primary, *_ in cluster_command(c, "SLOTS"):
-            if start <= slot <= end:
-                return redis.Redis(host="127.0.0.1", port=int(primary[1]))
-    raise AssertionError(f"no primary serves slot {slot}")
 
 
 def _settled(cluster: RedisClusterNodes) -> None:
@@ -220,23 +205,6 @@ async def test_a_migrating_slot_and_a_reshard_are_named_never_reported(
     assert _found(after) <= planted and _named(after) == set(), after
     await repair(config)
     assert (await check(config)).divergent == 0
-
-
-def _move_slot(
-    cluster: RedisClusterNodes, slot: int, source: redis.Redis, dest: redis.Redis
-) -> None:
-    """Serve `slot` from `dest` instead, moving the keys `source` holds in it (MIGRATE)."""
-    source_id = source.execute_command("CLUSTER", "MYID").decode()
-    dest_id = dest.execute_command("CLUSTER", "MYID").decode()
-    dest.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dest_id)
-    port = dest.connection_pool.connection_kwargs["port"]
-    while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-        source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
-    for node in cluster.nodes:
-        with node.client() as c:
-            if c.info("replication")["role"] == "master":
-                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dest_id)
 
 
 async def test_keys_a_reshard_leaves_on_a_replica_are_named_with_who_serves_their_slot(
@@ -484,33 +452,6 @@ async def test_a_move_a_failover_interrupted_is_stuck_or_stale_and_its_slot_comp
         await asyncio.to_thread(wait_cluster_ok, cluster)
         await asyncio.to_thread(_take_over, old)
         await asyncio.to_thread(wait_cluster_whole, cluster)
-
-
-def _take_over(node: Any) -> None:
-    """`node`, a replica, made its shard's primary by CLUSTER FAILOVER, asked again until
-    it is: a primary ignores a replica's request until gossip has told it of the replica
-    (a primary that has just become one)."""
-    for _ in range(10):
-        with node.client() as c:
-            if c.info("replication").get("master_link_status") == "up":
-                c.execute_command("CLUSTER", "FAILOVER")
-        with contextlib.suppress(AssertionError):
-            wait_until(lambda: _is_primary(node), "the replica took over", timeout_s=6)
-            break
-    else:
-        raise AssertionError(f"{node.port} never took over its shard")
-    wait_until(lambda: _has_replica(node), "the old primary replicating from it")
-
-
-def _has_replica(node: Any) -> bool:
-    with node.client() as c:
-        replica = c.info("replication").get("slave0")
-    return isinstance(replica, dict) and replica.get("state") == "online"
-
-
-def _is_primary(node: Any) -> bool:
-    with node.client() as c:
-        return bool(c.info("replication")["role"] == "master")
 
 
 def _marked_port(cluster: RedisClusterNodes, slot: int) -> int | None:

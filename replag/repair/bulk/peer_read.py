@@ -156,7 +156,10 @@ class PeerRead:
     data: dict[int, Data] = field(default_factory=dict)  # elements, once known (undo merges)
     sizes: dict[int, int] = field(default_factory=dict)  # element counts of collections
     big: set[int] = field(default_factory=set)  # collections above page_elements
-    unreadable: set[int] = field(default_factory=set)  # a module type, or changed mid-read
+    unreadable: set[int] = field(default_factory=set)  # changed mid-read
+    # Values replag cannot read (a module type): index → (type, why). Copied from the one
+    # peer there is; between peers, not known to agree.
+    opaque: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def state(self, i: int) -> KeyState:
         """Key `i` as a `KeyState` (what a copy of it should leave on every replica): a
@@ -165,6 +168,9 @@ class PeerRead:
         if not self.present[i]:
             return KeyState(False)
         expiry = int(self.expiry_ms[i])
+        if i in self.opaque:
+            type_name, why = self.opaque[i]
+            return KeyState(True, type_name, None, expiry if expiry >= 0 else None, opaque=why)
         return KeyState(
             True,
             TYPE_NAMES.get(int(self.types[i])),
@@ -238,15 +244,20 @@ class PeerReader:
     ) -> None:
         names = await conn.request(pack_per_key(b"TYPE", [keys[i] for i in others]), len(others))
         typed: list[tuple[int, str]] = []
+        whole: list[tuple[int, str]] = []  # vector sets, JSON, module types: DUMPed
         for i, name in zip(others, names, strict=True):
             type_name = name.decode() if isinstance(name, bytes) else str(name)
             if type_name == "none":
                 read.present[i] = False
-            elif type_name not in CARD:
-                read.unreadable.add(i)  # a module type, or a string that came meanwhile
-            else:
+            elif type_name in CARD:
                 read.types[i] = TYPE_CODES[type_name]
                 typed.append((i, type_name))
+            elif type_name != "string":
+                whole.append((i, type_name))
+            else:
+                read.unreadable.add(i)  # a string that came meanwhile
+        if whole:
+            await self._read_whole(conn, keys, whole, read)
         if not typed:
             return
         sizes = await conn.request(b"".join(pack(CARD[t], keys[i]) for i, t in typed), len(typed))
@@ -275,6 +286,29 @@ class PeerReader:
                 else:
                     read.digests[i] = value.digest
                     read.canonical.add(i)
+
+    async def _read_whole(
+        self, conn: RespConnection, keys: list[bytes], typed: list[tuple[int, str]], read: PeerRead
+    ) -> None:
+        """Values only DUMP/RESTORE copies: a vector set or JSON document digested by its
+        content (`values.read_values`, the check's digest), any other type (a module's)
+        `opaque`, its digest its type's. Each is DUMPed for the copy."""
+        digests = await read_values(conn, [(keys[i], t) for i, t in typed], chunk=1000)
+        replies = await conn.request(b"".join(pack(b"DUMP", keys[i]) for i, _ in typed), len(typed))
+        for (i, type_name), dump in zip(typed, replies, strict=True):
+            value = digests[keys[i]]
+            if dump is None:
+                read.present[i] = False
+            elif value is None or not isinstance(dump, bytes):
+                read.unreadable.add(i)  # changed while read
+            else:
+                read.types[i] = TYPE_CODES.get(type_name, 0)
+                read.dumps[i] = dump
+                read.canonical.add(i)
+                read.digests[i] = value.digest
+                if value.opaque is not None:
+                    read.opaque[i] = (type_name, value.opaque)
+                    read.digests[i] = xxh3_64_intdigest(type_name.encode())
 
     async def _read_small(
         self,
@@ -329,6 +363,8 @@ def agreeing(reads: Sequence[PeerRead], *, tolerance_ms: int, ttls: bool) -> npt
             same = ((a < 0) & (b < 0)) | ((a >= 0) & (b >= 0) & (np.abs(a - b) <= tolerance_ms))
             ok &= same
         bad |= other.unreadable
+    if len(reads) > 1:
+        bad |= {i for r in reads for i in r.opaque}  # opaque values: agreement not known
     if bad:
         ok[list(bad)] = False
     return ok

@@ -53,11 +53,12 @@ from replag.repair.bulk.peer_read import (
     whole_read,
     write_counters,
 )
-from replag.repair.keyspace.digest import TYPE_NAMES
+from replag.repair.keyspace.digest import TYPE_CODES, TYPE_NAMES
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import request_within
 from replag.repair.keyspace.together import all_of
 from replag.repair.keyspace.values import Data
+from replag.repair.writes.guarded_write import TYPED_WRITES
 from replag.repair.writes.undo import PreImage, undo
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection, error_text, pack
@@ -333,9 +334,10 @@ class Refill:
                 result.present.append(keys[i])
             elif text is None:
                 written.append(i)
-            elif "payload" in text.lower():
-                # The target cannot read this DUMP (an older server): the key-by-key
-                # repair rebuilds it with typed writes.
+            elif "payload" in text.lower() or int(src.types[i]) not in TYPED_CODES:
+                # The target cannot read this DUMP (an older server; a module it does not
+                # load): the key-by-key repair rebuilds it with typed writes, or, for a
+                # type no typed write rebuilds, names it as not copied.
                 result.disagree.append(keys[i])
             else:
                 raise RepairError(
@@ -428,6 +430,9 @@ class Refill:
             if type_name in MERGEABLE:
                 src.data[i] = data
 
+
+# Types a typed write rebuilds where a target refuses their DUMP (`guarded_write`).
+TYPED_CODES = frozenset(TYPE_CODES[t] for t in TYPED_WRITES)
 
 # SET key value [PXAT ms | PX ms] NX in RESP, formatted here: hiredis's pack_command costs
 # ~5 µs a command, as much as the server spends on it.

@@ -15,8 +15,9 @@ from typing import Any
 
 from replag.repair.decisions import report as rp
 from replag.repair.decisions.findings import findings, plan
-from replag.repair.decisions.policy import Decision, Policy, through_primary
+from replag.repair.decisions.policy import Decision, Policy, Source, through_primary
 from replag.repair.decisions.roles import GroupShape
+from replag.repair.keyspace.observe import KeyState
 from replag.repair.trees.diff import Divergence
 
 
@@ -55,13 +56,34 @@ class GroupDecisions:
             states, allow_deletes=self.allow_deletes, tolerance_ms=self.tolerance_ms
         )
         if self.primary is None:
-            return decision
+            return self._unknown_winner(decision, states) or decision
         return through_primary(
             decision,
             states,
             primary=self.primary,
             unfollowing=self.shape.unfollowing,
             names=self.names,
+        )
+
+    def _unknown_winner(self, decision: Decision, states: list[KeyState]) -> Decision | None:
+        """A conflict where a peer group's policy would copy a value replag cannot read
+        (a module type) that more than one member holds: which of them is right (or
+        whether they agree) is not known, so none is copied. A configured source is
+        trusted as it is for any type; a replication group's primary is the truth."""
+        if decision.action != "copy" or decision.winner is None or isinstance(self.policy, Source):
+            return None
+        winner = states[decision.winner]
+        holders = [s for s in states if s.exists and s.opaque is not None]
+        restores = any(not states[t].same_value(winner) for t in decision.targets)
+        if winner.opaque is None or len(holders) < 2 or not restores:
+            return None  # (a member holding the value already gets its expiry only)
+        return Decision(
+            "conflict",
+            reason=(
+                f"{len(holders)} members hold a {winner.type} value, which replag cannot "
+                "compare: which one is right is not known (--policy source:NAME copies "
+                "the source's to members that lack the key)"
+            ),
         )
 
     def detail(self, divergence: Divergence) -> dict[str, Any]:

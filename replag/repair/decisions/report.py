@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replag.repair.decisions.not_compared import EXAMPLES
 from replag.repair.trees.diff import KINDS
 
 KEYS_SHOWN = 100
@@ -51,22 +52,57 @@ def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"  {row['member']} holds {row['keys']} key(s) in slots this shard does not serve: "
             f"{slots} (served by {row['served_by']}, {row['served_at']}); e.g. {named}"
         )
-        if row.get("on_primary"):
-            # On the primary: MIGRATE brought them here and the slot stayed elsewhere (a
-            # move into this shard that did not finish, its other end failed over, say).
-            lines.append(
-                "    left by a slot move into this shard that did not finish; clients never "
-                f"read them ({row['member']} answers MOVED): `redis-cli --cluster fix "
-                f"{row['member']}` (valkey-cli on Valkey) moves them to the slot's owner while "
-                "the slot is still marked importing here (its mark cleared, they stay unread)"
-            )
-        else:
-            lines.append(
-                "    left by a reshard (MIGRATE moves the primary's keys only); clients never "
-                f"read them ({row['member']} answers MOVED) and this shard's primary cannot "
-                f"delete them: a full resync of {row['member']} removes them"
-            )
+        lines.append("    " + _stray_advice(row))
     return lines
+
+
+def _stray_advice(row: dict[str, Any]) -> str:
+    """Where a member's stray keys came from, and what removes them without bringing a
+    deleted key back."""
+    member, origin = (
+        row["member"],
+        row.get("origin", "replica" if not row.get("on_primary") else "unknown"),
+    )
+    unread = f"clients never read them ({member} answers MOVED)"
+    if origin == "replica":
+        return (
+            f"left by a reshard (MIGRATE moves the primary's keys only); {unread} and this "
+            f"shard's primary cannot delete them: a full resync of {member} removes them"
+        )
+    if origin == "unfinished_move":
+        # MIGRATE brought them here and the slot stayed elsewhere (a move into this shard
+        # that did not finish, its other end failed over, say).
+        return (
+            f"left by a slot move into this shard that did not finish; {unread}: `redis-cli "
+            f"--cluster fix {member}` (valkey-cli on Valkey) moves them to the slot's owner "
+            "while the slot is still marked importing here"
+        )
+    if origin == "promoted":
+        return (
+            f"inherited: {member} held them as a replica (a reshard moves only the primary's "
+            "keys; its primary then had deleted them or never held them) and was promoted "
+            f"since; {unread}. Do not move them (`redis-cli --cluster fix` would bring deleted "
+            f"keys back on the slot's owner): delete them on {member} (per slot `CLUSTER "
+            "SETSLOT <slot> IMPORTING <owner id>`, then `ASKING` and `DEL` on the same "
+            "connection, then `CLUSTER SETSLOT <slot> STABLE`)"
+        )
+    return (
+        f"held by the primary with no move open here; {unread}: if a move into this shard "
+        f"brought them, `redis-cli --cluster fix {member}` moves them to the slot's owner; "
+        "if they were deleted elsewhere, delete them here instead (per slot `CLUSTER SETSLOT "
+        "<slot> IMPORTING <owner id>`, then `ASKING` and `DEL`, then `CLUSTER SETSLOT <slot> "
+        "STABLE`)"
+    )
+
+
+def _migration_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Valkey 9 atomic slot migrations that moved slots during the run, by range."""
+    return [
+        f"  slot migration (CLUSTER MIGRATESLOTS) during the run: "
+        f"{', '.join(f'{a}-{b}' if a != b else str(a) for a, b in m['slots'])} from "
+        f"{m['source']} to {m['target']} ({m['state']})"
+        for m in rows
+    ]
 
 
 def _stuck_line(move: dict[str, Any]) -> str:
@@ -151,8 +187,19 @@ class GroupReport:
     # Redis Cluster: moves marked on both ends during which no key moved (their slots
     # were compared): {migrating, importing, slots, keys_migrating, keys_importing}.
     stuck_moves: list[dict[str, Any]] = field(default_factory=list)
+    # Valkey 9: atomic slot migrations (CLUSTER MIGRATESLOTS) that moved slots during the
+    # run: {slots, source, target, state}.
+    slot_migrations: list[dict[str, Any]] = field(default_factory=list)
+    # Redis Cluster: why the group's members are no longer the shard the config names
+    # (nothing of the group is reported then: rediscover).
+    topology_changed: str | None = None
+    # Reads a member refused (NOPERM) that the verdict depends on: the run is not verified.
+    refused: list[str] = field(default_factory=list)
     candidates: int = 0
     changing: int = 0
+    # Keys every member holds as a value replag cannot read (a module type), by type:
+    # {type, keys, why, examples} (`not_compared`).
+    not_compared: list[dict[str, Any]] = field(default_factory=list)
     undone: int = 0  # target writes put back because the winner moved before they stood
     undo_failed: int = 0  # keys whose copy a client changed in place before the undo
     reverified: int = 0  # keys a resumed run read again because it had repaired them
@@ -185,6 +232,7 @@ class GroupReport:
             "candidates": self.candidates,
             "bulk_refilled": self.bulk_refilled,
             "changing_during_check": self.changing,
+            "not_compared": self.not_compared,
             "undone": self.undone,
             "undo_failed": self.undo_failed,
             "reverified": self.reverified,
@@ -198,6 +246,9 @@ class GroupReport:
             "stray_keys": self.stray_keys,
             "stale_marks": self.stale_marks,
             "stuck_moves": self.stuck_moves,
+            "slot_migrations": self.slot_migrations,
+            "topology_changed": self.topology_changed,
+            "refused": self.refused,
             "bytes_by_region": self.bytes_by_region(),
         }
 
@@ -235,9 +286,34 @@ class RepairReport:
 
     @property
     def not_clean(self) -> bool:
-        """Something is wrong beyond the divergent keys: a database with keys no group
-        covers, or keys left in slots their shard does not serve."""
-        return bool(self.unchecked_databases) or any(g.stray_keys for g in self.groups)
+        """Something is wrong beyond the divergent keys, or not known to be right: a
+        database with keys no group covers, keys left in slots their shard does not
+        serve, keys whose values could not be compared."""
+        return (
+            bool(self.unchecked_databases)
+            or any(g.stray_keys for g in self.groups)
+            or self.not_compared_keys > 0
+        )
+
+    @property
+    def not_compared_keys(self) -> int:
+        return sum(row["keys"] for g in self.groups for row in g.not_compared)
+
+    def not_compared(self) -> list[dict[str, Any]]:
+        """Every group's keys not compared, by type (their counts added, names merged)."""
+        by_type: dict[str, dict[str, Any]] = {}
+        for g in self.groups:
+            for row in g.not_compared:
+                mine = by_type.setdefault(row["type"], {**row, "keys": 0, "examples": []})
+                mine["keys"] += row["keys"]
+                mine["examples"] = (mine["examples"] + row["examples"])[:EXAMPLES]
+        return [by_type[name] for name in sorted(by_type)]
+
+    @property
+    def not_verified(self) -> bool:
+        """The run could not see all it needed to vouch for its verdict: a read refused
+        (NOPERM), or a group whose topology changed under it (exit 3, never clean)."""
+        return any(g.refused or g.topology_changed for g in self.groups)
 
     def _total(self, outcome: str) -> int:
         return sum(g.outcomes.get(outcome, 0) for g in self.groups)
@@ -276,6 +352,9 @@ class RepairReport:
             "divergent_keys": keys[:KEYS_SHOWN],
             "divergent_keys_total": self.divergent,
             "unchecked_databases": self.unchecked_databases,
+            "not_verified": self.not_verified,
+            "not_compared": self.not_compared(),
+            "not_compared_total": self.not_compared_keys,
         }
 
     def render(self) -> str:
@@ -347,6 +426,7 @@ class RepairReport:
                 reason = f": {k['reason']}" if k.get("reason") else ""
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += self._unchecked()
+        lines += self._not_compared_lines()
         done = f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"
         if self.unchecked_databases:
             n = len(self.unchecked_databases)
@@ -354,8 +434,30 @@ class RepairReport:
         strays = sum(row["keys"] for g in self.groups for row in g.stray_keys)
         if strays:
             done += f"; NOT CLEAN: {strays} key(s) in slots their shard does not serve (above)"
+        if self.not_verified:
+            done += "; NOT VERIFIED: the check could not see everything it needs (above)"
+        if self.not_compared_keys:
+            done += (
+                f"; NOT CLEAN: {self.not_compared_keys} key(s) whose values could not be "
+                "compared (above)"
+            )
         lines += ["", done]
         return "\n".join(lines)
+
+    def _not_compared_lines(self) -> list[str]:
+        rows = self.not_compared()
+        if not rows:
+            return []
+        lines = [
+            "",
+            "not compared: keys every member holds as a value replag cannot read whole "
+            "(presence, type and expiry compared; values not):",
+        ]
+        for row in rows:
+            named = ", ".join(repr(k["key"]) for k in row["examples"])
+            more = ", …" if row["keys"] > len(row["examples"]) else ""
+            lines.append(f"  {row['type']}: {row['keys']:,} key(s) ({row['why']}): {named}{more}")
+        return lines
 
     def _unchecked(self) -> list[str]:
         if not self.unchecked_databases:
@@ -363,10 +465,17 @@ class RepairReport:
         lines = ["", "not checked: databases that hold keys and that no group covers:"]
         for u in self.unchecked_databases:
             lines.append(f"  {u['member']} ({u['address']}) db{u['db']}: {u['keys']:,} keys")
-        lines.append(
-            "  add a group for each (`replag topology discover` writes one per database "
-            "that holds keys; a member's url names its database: redis://host:port/N)"
-        )
+        if any(u.get("cluster") for u in self.unchecked_databases):
+            lines.append(
+                "  discover again (`replag topology discover --cluster URL --out FILE` writes "
+                "a group per database that holds keys on each shard's primary), or add a "
+                "group for each: a member's url names its database, redis://host:port/N"
+            )
+        else:
+            lines.append(
+                "  add a group for each (`replag topology discover` writes one per database "
+                "that holds keys; a member's url names its database: redis://host:port/N)"
+            )
         return lines
 
     def _acted_on(self, d: dict[str, Any]) -> list[str]:
@@ -416,7 +525,19 @@ class RepairReport:
                     "STABLE` on that node, or on a replica's primary, which Valkey passes on)"
                 )
             lines += [_stuck_line(m) for m in g.stuck_moves]
+            lines += _migration_lines(g.slot_migrations)
             lines += _stray_lines(g.stray_keys)
+            if g.topology_changed:
+                lines.append(
+                    f"  topology changed: {g.topology_changed}; nothing of this group is "
+                    "reported: rediscover (`replag topology discover --cluster URL --out FILE`)"
+                )
+            lines += [f"  not verified: {r}" for r in g.refused]
+            if g.refused:
+                lines.append(
+                    "    the ACL user lacks what the check needs here; `replag acl --mode "
+                    "check --user NAME` prints every rule (`--check -c CONFIG` tries them)"
+                )
             if not g.divergent:
                 continue
             head = f"  {'replica':<24} {'missing':>8} {'extra':>8} {'different':>10}"

@@ -48,6 +48,14 @@ async def unchecked_databases(
         if m.kind == "redis" and m.name not in skip
     }
     known = covered(topology)
+    # Nodes of a Redis Cluster's shards (regions with slots): discovery covers their
+    # databases too (Valkey 9's cluster-databases).
+    shards = {
+        (ep.host, ep.port)
+        for r in topology.regions
+        if r.slots
+        for ep in ((r.write,) if r.write else ()) + r.replicas
+    }
 
     async def one(member: Endpoint) -> list[dict[str, Any]]:
         try:
@@ -59,6 +67,7 @@ async def unchecked_databases(
             return []
         return [
             {"member": member.name, "address": member.address, "db": db, "keys": keys}
+            | ({"cluster": True} if member.cluster or (member.host, member.port) in shards else {})
             for db, keys in sorted(dbs.items())
             if keys and (member.host, member.port, db) not in known
         ]

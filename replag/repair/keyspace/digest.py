@@ -28,6 +28,9 @@ TYPE_CODES: dict[str, int] = {
     "zset": 4,
     "list": 5,
     "stream": 6,
+    # Read by their content (`vector_sets`, `json_values`); other types are 0 in a tree.
+    "vectorset": 7,
+    "ReJSON-RL": 8,
 }
 TYPE_NAMES: dict[int, str] = {code: name for name, code in TYPE_CODES.items()}
 _NO_EXPIRY_BUCKET = np.uint64(0xFFFF_FFFF_FFFF_FFFF)

@@ -24,7 +24,11 @@ from replag.wire.resp import RespConnection, error_text, pack
 
 @dataclass(frozen=True)
 class KeyState:
-    """One key on one replica. `digest is None` on a present key means it changed while read."""
+    """One key on one replica. `digest is None` on a present key means it changed while read,
+    unless the key is `opaque`: a value replag cannot read whole (a module type; `opaque`
+    says why), of which only the type and expiry are known. Two opaque states of one type
+    are the same value as far as a read can tell, which is all that a re-read (or a guard
+    before a write) asks; whether two members agree on one is not known (`uncompared`)."""
 
     exists: bool
     type: str | None = None
@@ -37,10 +41,13 @@ class KeyState:
     moved: bool = field(default=False, compare=False)
     # A string's length in bytes (a DUMP of it must fit one reply: `guarded_write`).
     size: int | None = field(default=None, compare=False)
+    opaque: str | None = field(default=None, compare=False)
 
     @property
     def readable(self) -> bool:
-        return not self.moved and (not self.exists or self.digest is not None)
+        return not self.moved and (
+            not self.exists or self.digest is not None or self.opaque is not None
+        )
 
     def same_value(self, other: KeyState) -> bool:
         return (self.exists, self.type, self.digest) == (other.exists, other.type, other.digest)
@@ -63,12 +70,15 @@ class KeyState:
             return {"exists": None, "moved": True}
         if not self.exists:
             return {"exists": False}
-        return {
+        out: dict[str, Any] = {
             "exists": True,
             "type": self.type,
             "digest": f"{self.digest:016x}" if self.digest is not None else None,
             "ttl_ms": self.remaining_ms(),
         }
+        if self.opaque is not None:
+            out["not_compared"] = self.opaque
+        return out
 
 
 ABSENT = KeyState(exists=False)
@@ -165,12 +175,14 @@ async def observe_keys(
     selected = await _hash_fields(conn, hashes, fields)
     for key, type_name in collections:
         read = values[key]
+        opaque = read.opaque if read else None
         out[key] = KeyState(
             True,
             type_name,
-            read.digest if read else None,
+            read.digest if read and opaque is None else None,
             expiries[key],
             fields=selected.get(key),
+            opaque=opaque,
         )
     return out
 

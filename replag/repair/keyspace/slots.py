@@ -10,6 +10,10 @@ nothing found in them is reported. A move marked on both ends during which no
 key left the migrating node (its CLUSTER COUNTKEYSINSLOT the same at the start
 and the end: a reshard interrupted, by a failover say, whose marks Valkey hands
 to the new primaries) is stuck, not live (`stuck_moves`): its slot is compared.
+On Valkey 9 the migrations `CLUSTER GETSLOTMIGRATIONS` lists as under way are
+moving too (an atomic migration leaves no marks). A member that now replicates a
+node outside the group (a shard emptied by a migration) is a topology change
+(`topology_change`): the group is no longer what the config says.
 `slot_groups` gives a scan batch's keys by slot, for one MGET per slot where SCAN
 walks dense slots in order (see `scan`).
 """
@@ -22,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replag.errors import EndpointError
+from replag.repair.keyspace.slot_migrations import SlotMigration, parse_migrations
 from replag.repair.keyspace.together import all_of
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection, error_text, pack
@@ -92,6 +97,17 @@ class SlotMap:
     moves: dict[int, Move] = field(default_factory=dict)
     # (node id, slot) → that node's CLUSTER COUNTKEYSINSLOT, for each slot it marks.
     keys: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Each answering member (host:port): its node id, the primary it replicates (node id;
+    # primaries absent), the slots its own line marks importing.
+    ids: dict[str, str] = field(default_factory=dict)
+    follows: dict[str, str] = field(default_factory=dict)
+    importing: dict[str, set[int]] = field(default_factory=dict)
+    # Node id → host:port, of every node a member lists.
+    where: dict[str, str] = field(default_factory=dict)
+    # Valkey 9 atomic slot migrations the members list (CLUSTER GETSLOTMIGRATIONS).
+    migrations: list[SlotMigration] = field(default_factory=list)
+    # Reads a member refused (NOPERM): what this map says is then not the whole truth.
+    refused: list[str] = field(default_factory=list)
 
     @classmethod
     def parse(
@@ -162,7 +178,38 @@ class SlotMap:
                 out.stale.setdefault(slot, address)
         for slot in out.moving:
             out.stale.pop(slot, None)
+        for _, address, slot, way, _ in marks:
+            if way == "<" and address in addresses:
+                out.importing.setdefault(address, set()).add(slot)
+        for text in texts:
+            for line in text.splitlines():
+                parts = line.split()
+                if len(parts) >= 8 and "myself" in parts[2].split(","):
+                    address = parts[1].split("@", 1)[0].split(",", 1)[0]
+                    out.ids[address] = parts[0]
+                    if "slave" in parts[2].split(",") and parts[3] != "-":
+                        out.follows[address] = parts[3]
+        out.where = {node: f"{h}:{p}" for node, (h, p) in where.items()}
         return out
+
+    def topology_change(self) -> str | None:
+        """Why the group's members are no longer one shard as configured (None: they
+        are): a member replicating a node outside the group (Valkey turns a primary whose
+        slots all moved away into a replica of their new owner), or no slot served by any
+        member that answered."""
+        if not self.ids:
+            return None
+        mine = set(self.ids.values())
+        for address, primary in sorted(self.follows.items()):
+            if primary not in mine:
+                other = self.where.get(primary, primary)
+                return f"{address} now replicates {other}, a node outside this group"
+        if not self.owned:
+            return "its nodes serve no slots now (they all moved to other shards)"
+        return None
+
+    def live_migrations(self) -> set[int]:
+        return {s for m in self.migrations if m.live for s in m.slot_set()}
 
     @classmethod
     async def read(cls, members: Sequence[Endpoint], *, timeout_s: float) -> SlotMap:
@@ -171,15 +218,29 @@ class SlotMap:
         like = members[0] if members else None
 
         keys: dict[tuple[str, int], int] = {}
+        refused: list[str] = []
+        migrations: dict[str, SlotMigration] = {}
+
+        def refusal(member: Endpoint, command: str, reply: object) -> bool:
+            text = error_text(reply)
+            if text is not None and text.startswith("NOPERM"):
+                refused.append(f"{command} on {member.name}: {text}")
+                return True
+            return False
 
         async def nodes(member: Endpoint) -> str:
-            """Its CLUSTER NODES, and its count of keys in each slot it marks."""
+            """Its CLUSTER NODES, its count of keys in each slot it marks, and (Valkey 9)
+            the slot migrations it lists."""
             try:
                 conn = await RespConnection.open(member, timeout_s=timeout_s)
             except EndpointError:
                 return ""
             try:
-                (reply,) = await conn.request(pack(b"CLUSTER", b"NODES"), 1)
+                reply, info = await conn.request(
+                    pack(b"CLUSTER", b"NODES") + pack(b"INFO", b"server"), 2
+                )
+                if refusal(member, "CLUSTER NODES", reply):
+                    return ""
                 text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else ""
                 mine = _marks([text])
                 marked = sorted({m[2] for m in mine})
@@ -191,6 +252,15 @@ class SlotMap:
                     for slot, count in zip(marked, counts, strict=True):
                         if isinstance(count, int):
                             keys[(mine[0][0], slot)] = count
+                        else:
+                            refusal(member, "CLUSTER COUNTKEYSINSLOT", count)
+                if _valkey_major(info) >= 9:
+                    (listed,) = await conn.request(pack(b"CLUSTER", b"GETSLOTMIGRATIONS"), 1)
+                    if not refusal(member, "CLUSTER GETSLOTMIGRATIONS", listed):
+                        for m in parse_migrations(listed):
+                            # A replica lists its primary's migration without its ends.
+                            if m.source or m.name not in migrations:
+                                migrations[m.name] = m
             except EndpointError:
                 return ""
             finally:
@@ -208,8 +278,27 @@ class SlotMap:
             )
             peers = {p: text for p, text in zip(asked, found, strict=True) if text}
         out = cls.parse(texts, {m.address for m in members}, peers)
-        out.keys = keys
+        out.keys, out.refused = keys, refused
+        ids = set(out.ids.values())
+        out.migrations = sorted(
+            (m for m in migrations.values() if ids & {m.source, m.target}), key=lambda m: m.name
+        )
+        moving = out.live_migrations()
+        out.moving |= moving
+        for slot in moving:
+            out.stale.pop(slot, None)
         return out
+
+
+def _valkey_major(info: object) -> int:
+    """Valkey's major version from INFO server (0: not Valkey, or unreadable)."""
+    if not isinstance(info, bytes):
+        return 0
+    for line in info.decode("utf-8", "replace").splitlines():
+        if line.startswith("valkey_version:"):
+            major = line.split(":", 1)[1].split(".", 1)[0].strip()
+            return int(major) if major.isdigit() else 0
+    return 0
 
 
 def _marks(texts: Sequence[str]) -> list[tuple[str, str, int, str, str]]:

@@ -8,6 +8,12 @@ so memory does not grow with a collection unless the data is asked for
 (`keep`). SCAN-family commands may return an element twice, so the first
 round also asks HLEN/SCARD/ZCARD: a count that does not match means the key
 moved (or was resized) while being read, and the read counts as changed.
+
+Vector sets (`vector_sets`) and RedisJSON documents (`json_values`) are read by
+their content in the same rounds. Any other type (a module's) is `opaque`: its
+type and expiry are known, its value is not compared. No server digest stands in
+for it: DEBUG DIGEST-VALUE is refused unless enable-debug-command allows it, and
+where it runs, FalkorDB's `graphdata` answers one digest for every graph (Redis 8.2.3).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replag.repair.keyspace import json_values, vector_sets
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
+from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
 
@@ -40,18 +48,25 @@ def string_page(limits: ReplyLimits) -> int:
 
 @dataclass(frozen=True)
 class ReadValue:
-    """A key's value as read: its type, canonical digest and (if kept) the data."""
+    """A key's value as read: its type, canonical digest and (if kept) the data; or,
+    `opaque`, why its value could not be read (its digest then means nothing)."""
 
     type: str
     digest: int
     data: Data | None = None
+    opaque: str | None = None
 
 
 class _Reader:
     """The state of one key being read chunk by chunk."""
 
     def __init__(
-        self, key: bytes, type_name: str, chunk: int, keep: bool, limits: ReplyLimits
+        self,
+        key: bytes,
+        type_name: str,
+        chunk: int,
+        keep: bool,
+        limits: ReplyLimits = reply_limits.DEFAULT,
     ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
         self.limits = limits
@@ -175,6 +190,26 @@ class _Reader:
 
 
 SUPPORTED_TYPES = ("string", "hash", "set", "zset", "list", "stream")
+# Types read by their content besides those (never kept: no typed write rebuilds them).
+CONTENT_TYPES = (vector_sets.TYPE, json_values.TYPE)
+_ContentReader = vector_sets.VectorSetReader | json_values.JsonReader
+
+
+def opaque_value(type_name: str) -> ReadValue:
+    """A value of `type_name`, not one replag reads: not compared, and why."""
+    return ReadValue(type_name, 0, opaque=f"a {type_name} value: no command reads it whole")
+
+
+def _content_reader(key: bytes, type_name: str, chunk: int, limits: ReplyLimits) -> _ContentReader:
+    if type_name == vector_sets.TYPE:
+        return vector_sets.VectorSetReader(key, chunk, limits)
+    return json_values.JsonReader(key, limits)
+
+
+def _content_result(reader: _ContentReader) -> ReadValue | None:
+    if reader.opaque is not None:
+        return ReadValue(reader.type, 0, opaque=reader.opaque)
+    return None if reader.failed else ReadValue(reader.type, reader.digest)
 
 
 async def read_values(
@@ -186,12 +221,17 @@ async def read_values(
 ) -> dict[bytes, ReadValue | None]:
     """Read every (key, type); None for a key that vanished or changed type meanwhile.
 
-    A type replag does not know (a module type) raises nothing: it gets None.
+    A type replag does not read (a module type) raises nothing: it gets an `opaque`
+    ReadValue.
     """
     limits = conn.endpoint.limits
     readers = [_Reader(k, t, chunk, keep, limits) for k, t in typed_keys if t in SUPPORTED_TYPES]
-    out: dict[bytes, ReadValue | None] = {k: None for k, _ in typed_keys}
-    active = readers
+    content = [_content_reader(k, t, chunk, limits) for k, t in typed_keys if t in CONTENT_TYPES]
+    out: dict[bytes, ReadValue | None] = {
+        k: None if t in SUPPORTED_TYPES or t in CONTENT_TYPES else opaque_value(t)
+        for k, t in typed_keys
+    }
+    active: list[_Reader | _ContentReader] = [*readers, *content]
     while active:
         counts = [r.replies for r in active]
         payload = b"".join(r.command() for r in active)
@@ -203,4 +243,6 @@ async def read_values(
         active = [r for r in active if not r.done]
     for reader in readers:
         out[reader.key] = reader.result()
+    for other in content:
+        out[other.key] = _content_result(other)
     return out

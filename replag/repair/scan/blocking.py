@@ -50,6 +50,7 @@ from replag.repair.trees.index import ScanIndex, index_batch
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection, check_replies, pack
 from replag.wire.resp_blocking import BlockingConnection
+from replag.wire.scan_end import ScanEnd
 
 I64 = npt.NDArray[np.int64]
 # A batch's replies are kept near this size (SCAN's COUNT lowered from `options.count`
@@ -153,10 +154,11 @@ class BlockingScan:
         asked = self._count(conn)  # the COUNT of the SCAN whose reply is read next
         conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts, asked)))
         self._pending = None
+        end = ScanEnd(self.endpoint, state.total)
         while self._pending is None or self._pending[0] != b"0":
             scanned = conn.reply()
             conn.check([scanned])
-            cursor, keys = scanned
+            cursor, keys = end.step(scanned)
             keys = batch_keys(keys, opts)
             out = b""
             if cursor != b"0":

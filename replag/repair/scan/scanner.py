@@ -51,6 +51,7 @@ from replag.wire.resp import (
     pack_over_keys,
     pack_per_key,
 )
+from replag.wire.scan_end import ScanEnd
 
 # Where these lived before scan.py was split; other modules import them from here still.
 __all__ = [
@@ -73,6 +74,12 @@ __all__ = [
     "ttl_source_from_info",
     "without_prefix",
 ]
+
+
+# Types whose every write publishes a keyspace event (RedisJSON's json.* included). Redis
+# 8.2's vector sets publish none for VADD, VREM or VSETATTR, nor FalkorDB for GRAPH.QUERY,
+# and another module's type may not either; client tracking sees them, notifications not.
+NOTIFIED = frozenset(("string", "hash", "set", "zset", "list", "stream", "ReJSON-RL"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +105,10 @@ class ScanOptions:
     nice: int = 0
     # Only keys in these leaves are read (a keys-only pass over the rest).
     leaves: LeafFilter | None = None
+    # The index is kept current from keyspace notifications (a region agent's live tree):
+    # keys of types whose writes publish none (not `NOTIFIED`) get the changed digest, so
+    # every check reads them again rather than trusting an entry no event updates.
+    live: bool = False
     # The reply limits of the scan (None: the endpoint's own).
     reply_limits: ReplyLimits | None = None
 
@@ -251,7 +262,8 @@ class ReplicaScanner:
         started = time.perf_counter() - state.seconds
         hooks.started()
         read = state.keys
-        producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue))
+        end = ScanEnd(self.endpoint, state.total)
+        producer = asyncio.create_task(self._walk(scan_conn, fetch_conn, state.cursor, queue, end))
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, ReplagError):
@@ -275,7 +287,7 @@ class ReplicaScanner:
                     walk = (
                         queue.put(None)
                         if cursor == b"0"
-                        else self._walk(scan_conn, fetch_conn, cursor, queue)
+                        else self._walk(scan_conn, fetch_conn, cursor, queue, end)
                     )
                     producer = asyncio.create_task(walk)
                     continue
@@ -344,13 +356,14 @@ class ReplicaScanner:
         queue: asyncio.Queue[
             tuple[bytes, list[bytes], asyncio.Future[tuple[list[object], int]]] | ReplagError | None
         ],
+        end: ScanEnd,
     ) -> None:
         extra = scan_arguments(self.options)
         try:
             while True:
                 replies = await scan_conn.request(pack(b"SCAN", cursor, *extra), 1)
                 scan_conn.check(replies)
-                cursor, keys = replies[0]
+                cursor, keys = end.step(replies[0])
                 keys = batch_keys(keys, self.options)
                 if keys:
                     future = self._fetch(fetch_conn, keys, self.ttl_source)
@@ -486,7 +499,12 @@ class ReplicaScanner:
             if not keep[i]:
                 continue
             value = read[keys[i]]
-            digests[i] = value.digest if value is not None else self._changed_digest
+            # A value replag cannot read (opaque) gets the changed digest too: every such
+            # key is a candidate, which verification names as not compared.
+            readable = value is not None and value.opaque is None
+            if self.options.live and value is not None and value.type not in NOTIFIED:
+                readable = False
+            digests[i] = value.digest if value is not None and readable else self._changed_digest
         return digests
 
 

@@ -65,7 +65,8 @@ def keys_from_wire(items: Sequence[str]) -> list[bytes]:
 
 def state_to_wire(state: KeyState) -> list[Any] | None:
     """`[type, digest, expiry]`, plus `{data, fields}` when the state carries a string's
-    value or hash fields (base64), which only a newest:FIELD policy asks for."""
+    value or hash fields (base64), which only a newest:FIELD policy asks for, and
+    `{opaque}`, why a value was not read (a module type: not compared)."""
     if not state.exists:
         return None
     digest = f"{state.digest:016x}" if state.digest is not None else None
@@ -73,6 +74,8 @@ def state_to_wire(state: KeyState) -> list[Any] | None:
     extra: dict[str, Any] = {}
     if isinstance(state.data, bytes):
         extra["data"] = base64.b64encode(state.data).decode("ascii")
+    if state.opaque is not None:
+        extra["opaque"] = state.opaque
     if state.fields:
         extra["fields"] = {
             base64.b64encode(k).decode("ascii"): base64.b64encode(v).decode("ascii")
@@ -107,6 +110,7 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
             {base64.b64decode(k): base64.b64decode(v) for k, v in fields.items()}
             if fields
             else None,
+            opaque=str(extra["opaque"])[:500] if extra.get("opaque") is not None else None,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None

@@ -84,7 +84,9 @@ from replag.repair.keyspace.values import Data
 from replag.repair.keyspace.write import Write
 from replag.repair.writes.guarded_write import (
     CHUNK,
+    TYPED_WRITES,
     Refused,
+    cannot_restore,
     compare_and_write,
     elapsed_ms,
     raise_refusal,
@@ -383,6 +385,10 @@ class Applier:
                 target, key, expected, Write("restore", payload, pttl), read_at
             )
         except EndpointError as exc:
+            if winner.type not in TYPED_WRITES:
+                raise KeyRefused(
+                    cannot_restore(key, str(winner.type), exc.message), where=exc.where
+                ) from exc
             if (
                 "payload" not in exc.message.lower()
                 or self.lanes[target].remote is not None

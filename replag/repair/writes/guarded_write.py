@@ -159,6 +159,22 @@ async def _dump_fits(conn: RespConnection, key: bytes, now: KeyState) -> None:
     )
 
 
+# The types `typed_writes` rebuilds; any other (a vector set, a module's type) is copied
+# by DUMP/RESTORE alone, and not at all where the target cannot load its payload.
+TYPED_WRITES = ("string", "hash", "set", "zset", "list", "stream")
+
+
+def cannot_restore(key: bytes, type_name: str, refusal: str) -> str:
+    """Why `key`, a `type_name` value, was not copied: the target refused its RESTORE (a
+    server without the type: Valkey, an older Redis, a module not loaded) and no other
+    write rebuilds it whole (a repair never writes a value it could not read whole)."""
+    return (
+        f"{key!r} is a {type_name} value and the target cannot load it ({refusal}): "
+        f"not copied (only DUMP/RESTORE copies a {type_name} whole; a server that has "
+        "the type, or loads its module, can take it)"
+    )
+
+
 def typed_writes(key: bytes, state: KeyState) -> list[bytes]:
     """Commands rebuilding `state`'s value without DUMP/RESTORE."""
     data: Any = state.data

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replag.errors import AgentError
+from replag.repair.decisions.not_compared import NotCompared, uncompared
 from replag.repair.decisions.policy import Newest, Policy
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
@@ -60,6 +61,9 @@ class Verifier:
         self.progress, self.not_compared = progress, not_compared
         # Cluster slots of keys a member answered MOVED or ASK for: not compared.
         self.moved_slots: set[int] = set()
+        # Keys every member holds as a value replag cannot read (a module type), tallied
+        # by the first verification of a run's candidates ("verify"), not by its rechecks.
+        self.opaque_keys = NotCompared()
 
     @property
     def stamp_fields(self) -> tuple[bytes, ...]:
@@ -138,7 +142,7 @@ class Verifier:
                     reads.append(asyncio.ensure_future(self.observe_twice(upcoming)))
                 first, second = await reads.popleft()
                 found_before, changing_before = len(divergent), len(changing)
-                self.judge(batch, first, second, divergent, changing)
+                self.judge(batch, first, second, divergent, changing, tally=phase == "verify")
                 if on_batch is not None:
                     on_batch(divergent[found_before:], changing[changing_before:])
                 done += len(batch)
@@ -157,8 +161,11 @@ class Verifier:
         second: list[dict[bytes, KeyState]],
         divergent: list[Divergence],
         changing: list[Changing],
+        *,
+        tally: bool = False,
     ) -> None:
-        """Sort a batch read twice into `divergent` and `changing`."""
+        """Sort a batch read twice into `divergent` and `changing`; with `tally`, keys whose
+        values cannot be compared into `not_compared` too (their expiries still are)."""
         now_ms = time.time_ns() // 1_000_000
         for key in batch:
             states = [reads[key] for reads in second]
@@ -176,8 +183,11 @@ class Verifier:
             )
             if not stable:
                 changing.append((key, found))
-            elif found is not None:
+                continue
+            if found is not None:
                 divergent.append(found)
+            if tally and (opaque := uncompared(states)) is not None:
+                self.opaque_keys.add(key, opaque)
 
     def _same(self, a: KeyState, b: KeyState) -> bool:
         if self.compare_ttls:

@@ -1,0 +1,242 @@
+"""The shape each command's reply must have, checked at the door before anyone reads it.
+
+A server (or something posing as one) can answer TIME with an integer, INFO with an
+empty array, SCAN with a negative cursor. Every reply of a command named in `SHAPES`
+is checked here, on replag's RESP connections (`RespConnection.call`/`checked`, and
+`request` for requests of a few commands) and on redis-py's clients (their response
+callbacks): a wrong shape raises `ReplyShapeError`, one line naming the server, the
+command, what it must answer and what it did. Error replies pass: they are the
+caller's (`check_replies`). INFO is also bounded in size and lines
+(max_info_bytes, max_info_lines): a 1M-line INFO is refused before it is parsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hiredis
+
+from replag.errors import ReplyShapeError
+from replag.topology import Endpoint
+
+Check = Callable[[Any], bool]
+
+
+def _is_int_text(value: Any, *, signed: bool = False) -> bool:
+    if not isinstance(value, bytes) or not 0 < len(value) <= 20:
+        return False
+    digits = value[1:] if signed and value[:1] == b"-" else value
+    return digits.isdigit()
+
+
+def _int(reply: Any) -> bool:
+    return isinstance(reply, int) and not isinstance(reply, bool)
+
+
+def _count(reply: Any) -> bool:
+    return _int(reply) and reply >= 0
+
+
+def _text(reply: Any) -> bool:
+    return isinstance(reply, bytes)
+
+
+def _array(reply: Any) -> bool:
+    return isinstance(reply, list)
+
+
+def _bulks(reply: Any) -> bool:
+    return isinstance(reply, list) and all(isinstance(x, bytes) for x in reply)
+
+
+def _bulks_or_nils(reply: Any) -> bool:
+    return isinstance(reply, list) and all(x is None or isinstance(x, bytes) for x in reply)
+
+
+def _time(reply: Any) -> bool:
+    return isinstance(reply, list) and len(reply) == 2 and all(map(_is_int_text, reply))
+
+
+def _scan(reply: Any) -> bool:
+    return (
+        isinstance(reply, list)
+        and len(reply) == 2
+        and _is_int_text(reply[0])
+        and isinstance(reply[1], list)
+    )
+
+
+def _role(reply: Any) -> bool:
+    return (
+        isinstance(reply, list)
+        and bool(reply)
+        and reply[0] in (b"master", b"slave", b"sentinel", b"replica")
+    )
+
+
+def _address(reply: Any) -> bool:
+    return reply is None or (
+        isinstance(reply, list)
+        and len(reply) == 2
+        and isinstance(reply[0], bytes)
+        and _is_int_text(reply[1])
+    )
+
+
+def _entries(reply: Any) -> bool:
+    """An array of flat [field, value, ...] arrays (SENTINEL MASTERS, REPLICAS, ...)."""
+    return isinstance(reply, list) and all(isinstance(e, list) and len(e) % 2 == 0 for e in reply)
+
+
+def _pong(reply: Any) -> bool:
+    # PING on a subscribed connection answers [pong, ""] (RESP2).
+    return isinstance(reply, bytes) or (isinstance(reply, list) and len(reply) == 2)
+
+
+def _ttl(reply: Any) -> bool:
+    return _int(reply) and reply >= -2
+
+
+# command (upper case; with its subcommand where the subcommand decides) → (what it must
+# answer, the check).
+SHAPES: dict[str, tuple[str, Check]] = {
+    "TIME": ("an array of two integers (seconds, microseconds)", _time),
+    "INFO": ("a bulk string of key:value lines", _text),
+    "PING": ("PONG", _pong),
+    "DBSIZE": ("a non-negative integer", _count),
+    "SCAN": ("an array of a cursor (a non-negative integer) and an array of keys", _scan),
+    "MGET": ("an array of bulk strings and nils, one per key", _bulks_or_nils),
+    "ROLE": ("an array starting with master, slave or sentinel", _role),
+    "STRLEN": ("a non-negative integer", _count),
+    "HLEN": ("a non-negative integer", _count),
+    "SCARD": ("a non-negative integer", _count),
+    "ZCARD": ("a non-negative integer", _count),
+    "LLEN": ("a non-negative integer", _count),
+    "XLEN": ("a non-negative integer", _count),
+    "PTTL": ("an integer of at least -2", _ttl),
+    "TTL": ("an integer of at least -2", _ttl),
+    "TYPE": ("a type name", _text),
+    "CLUSTER SHARDS": ("an array of shards, each an array of fields", _entries),
+    "CLUSTER SLOTS": ("an array of slot ranges", _array),
+    "CLUSTER NODES": ("a bulk string of node lines", _text),
+    "CLUSTER INFO": ("a bulk string of key:value lines", _text),
+    "CONFIG GET": ("an array of names and values", _bulks),
+    "SENTINEL GET-MASTER-ADDR-BY-NAME": ("nil or an array of a host and a port", _address),
+    "SENTINEL MASTERS": ("an array of masters, each an array of fields", _entries),
+    "SENTINEL REPLICAS": ("an array of replicas, each an array of fields", _entries),
+    "SENTINEL SLAVES": ("an array of replicas, each an array of fields", _entries),
+    "SENTINEL SENTINELS": ("an array of Sentinels, each an array of fields", _entries),
+}
+_TWO_WORDS = frozenset(name.split()[0] for name in SHAPES if " " in name)
+
+
+def described(reply: Any) -> str:
+    """What a reply is, for an error: `the integer 1`, `nil`, `an empty array`, ..."""
+    if reply is None:
+        return "nil"
+    if isinstance(reply, bool):
+        return f"the boolean {reply}"
+    if isinstance(reply, int):
+        return f"the integer {reply}"
+    if isinstance(reply, float):
+        return f"the number {reply}"
+    if isinstance(reply, bytes):
+        return f"a string of {len(reply)} bytes ({reply[:24]!r})" if reply else "an empty string"
+    if isinstance(reply, dict):
+        return f"a map of {len(reply)} entries"
+    if isinstance(reply, list):
+        if not reply:
+            return "an empty array"
+        kinds = sorted({described(x).split(" (")[0].split(" of ")[0] for x in reply[:8]})
+        return f"an array of {len(reply)} ({', '.join(kinds)})"
+    return type(reply).__name__
+
+
+def command_key(args: Sequence[Any]) -> str:
+    """The SHAPES key of a command: its name, with its subcommand where that decides."""
+    if not args:
+        return ""
+    first = args[0]
+    name = (first.decode("ascii", "replace") if isinstance(first, bytes) else str(first)).upper()
+    if name in _TWO_WORDS and len(args) > 1:
+        sub = args[1]
+        sub_text = sub.decode("ascii", "replace") if isinstance(sub, bytes) else str(sub)
+        return f"{name} {sub_text.upper()}"
+    return name
+
+
+def check(endpoint: Endpoint, args: Sequence[Any], reply: Any) -> Any:
+    """`reply`, if it has the shape command `args` must answer with (or is an error
+    reply); else ReplyShapeError naming the server, the command, expected and got."""
+    if isinstance(reply, hiredis.ReplyError | Exception) or reply == b"QUEUED":
+        return reply  # an error is the caller's; inside MULTI, EXEC answers later
+    key = command_key(args)
+    shape = SHAPES.get(key)
+    if shape is not None:
+        expected, fits = shape
+        if not fits(reply):
+            raise wrong(endpoint, key, expected, reply)
+        if key == "MGET" and len(reply) != len(args) - 1:
+            raise wrong(endpoint, key, f"{len(args) - 1} values, one per key", reply)
+        if key == "SCAN" and reply[0].startswith(b"-"):
+            raise wrong(endpoint, key, SHAPES["SCAN"][0], reply)
+    if key == "INFO" or key == "CLUSTER NODES":
+        bounded_text(endpoint, key, reply)
+    return reply
+
+
+def bounded_text(endpoint: Endpoint, command: str, reply: bytes) -> None:
+    """INFO (and CLUSTER NODES) within max_info_bytes and max_info_lines."""
+    limits = endpoint.limits
+    if len(reply) > limits.max_info_bytes:
+        raise ReplyShapeError(
+            f"{command} answered {len(reply)} bytes, over max_info_bytes = {limits.max_info_bytes}",
+            where=_where(endpoint),
+        )
+    lines = reply.count(b"\n")
+    if lines > limits.max_info_lines:
+        raise ReplyShapeError(
+            f"{command} answered {lines} lines, over max_info_lines = {limits.max_info_lines}",
+            where=_where(endpoint),
+        )
+
+
+def wrong(endpoint: Endpoint, command: str, expected: str, reply: Any) -> ReplyShapeError:
+    return ReplyShapeError(
+        f"{command} answered {described(reply)}, expected {expected}", where=_where(endpoint)
+    )
+
+
+def _where(endpoint: Endpoint) -> str:
+    return f"{endpoint.name} ({endpoint.url()})"
+
+
+# A request of at most this many bytes is read back into its commands, so that each reply
+# of a `request` is checked too (scan batches, far larger, check their own replies).
+READ_BACK_BYTES = 4096
+
+
+def check_request(endpoint: Endpoint, payload: bytes, replies: Sequence[Any]) -> None:
+    """Check each reply of a small pipelined request against its command's shape."""
+    if len(payload) > READ_BACK_BYTES:
+        return
+    reader = hiredis.Reader()
+    reader.feed(payload)
+    for reply in replies:
+        command = reader.gets()
+        if command is False:
+            return
+        check(endpoint, command, reply)
+
+
+def redis_py_callback(
+    endpoint: Endpoint, command: str, then: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A redis-py response callback checking `command`'s shape before redis-py's own."""
+
+    def callback(response: Any, **options: Any) -> Any:
+        check(endpoint, command.split(), response)
+        return then(response, **options)
+
+    return callback
