@@ -361,7 +361,8 @@ def cluster_topology(
         if name != own:
             named = "earlier name (--previous, or the file --out rewrote)"
         comments[name] = (
-            f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "
+            f"shard holding slots {ranges} ({len(replicas)} replica"
+            f"{'' if len(replicas) == 1 else 's'}); named by its {named}: "
             "the probe re-reads where it is and which slots it holds"
         )
         if replicas:
