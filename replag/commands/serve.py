@@ -88,7 +88,6 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
 
     config = load(config_path)
     logging.getLogger("replag").setLevel(log_level.upper())
-    _claim_store(config, config_path)
     if not _is_loopback(host) and not config.api_tokens:
         log.warning(
             "binding %s without an API token (api_token or [[api_tokens]]): data-changing "
@@ -99,6 +98,7 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     # to the store) and only then find the port taken.
     sock = listen(host, port)
     with sock:
+        _claim_store(config, config_path)
         # Checks fork a scan process per replica: from a small server, not from this
         # process (its heap and the API's thread; see replag.repair.scan.process).
         fork_scans_from_server()

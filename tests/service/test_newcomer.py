@@ -8,6 +8,7 @@ what is so (issue 46). Waits are bounded polls: nothing asserts how fast.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from click.testing import CliRunner
 
 from replag.cli import main
 from replag.lab.server import RedisServer, free_port
-from tests.helpers.browser import CHROMIUM, chromium
+from tests.helpers.browser import CHROMIUM, evaluate_when_loaded
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
 from tests.helpers.waiting import wait_until
 from tests.service.test_json_logs import LogReader
@@ -177,7 +178,11 @@ def test_what_on_call_sees_is_what_is_so(
                          and clean_name in e["message"])  # fmt: skip
             (p,) = get(base, "/api/v1/replication")["primaries"]
             assert p["failover"]["safest"] != stray_name
-            shots(base, tmp_path)
+            wait_until(
+                lambda: clean_name in {u.get("replica") for u in problems().get("unreachable", [])},
+                "the probe finds the stopped replica unreachable",
+            )
+            shots(base, tmp_path, stopped=clean_name, running=stray_name)
         finally:
             os.kill(clean.pid, signal.SIGCONT)
         wait_until(
@@ -195,13 +200,28 @@ def test_what_on_call_sees_is_what_is_so(
         server.proc.wait(timeout=30)
 
 
-def shots(base: str, tmp_path: Path) -> None:
-    """The dashboard at 1400 and 390 px, as PNGs beside the test's files (and its DOM)."""
+SCRIPT = """JSON.stringify({
+  rows: [...document.querySelectorAll('.replica-row')]
+    .map((r) => [r.dataset.replica, r.dataset.now]),
+  titles: [...document.querySelectorAll('.chart-title')].map((t) => t.textContent),
+  passed: [...document.querySelectorAll('.passed-over')].map((t) => t.textContent),
+})"""
+
+
+def shots(base: str, tmp_path: Path, *, stopped: str, running: str) -> None:
+    """The dashboard at 1400 and 390 px: its tile, charts and failover say what is so
+    while `stopped` is stopped; PNGs beside the test's files ($REPLAG_SHOTS keeps them)."""
     if CHROMIUM is None:
         return
-    dom = chromium(tmp_path, "--dump-dom", base + "/")
-    assert "passed over" in dom or "writable" in dom
     for width in (1400, 390):
+        seen = json.loads(
+            asyncio.run(evaluate_when_loaded(tmp_path, base + "/", SCRIPT, width=width))
+        )
+        rows = dict(seen["rows"])
+        assert rows[stopped] == "bad" and rows[running] == "ok", rows
+        # The running replica's chart never says the stopped one's outage.
+        assert not any(running in t and "unreachable" in t for t in seen["titles"]), seen
+        assert any("writable" in t for t in seen["passed"]), seen
         png = tmp_path / f"dashboard-{width}.png"
         subprocess.run(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
