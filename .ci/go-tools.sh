@@ -2,11 +2,12 @@
 # Builds the Go tools the Prometheus mixin, Alertmanager and OTLP tests run, once per
 # machine: promtool and prometheus (v0.316.0), alertmanager (v0.35.0), an OpenTelemetry
 # Collector (v0.161.0: OTLP receiver, file and debug exporters, .ci/otelcol-builder.yaml),
-# from the Go module proxy into a cache outside the clone (REPLAG_TOOLS, default
-# /var/cache/replag-tools/go). A binary already there is not built again. Prints the env
-# vars the tests read (REPLAG_PROMTOOL, REPLAG_PROMETHEUS, REPLAG_ALERTMANAGER,
-# REPLAG_OTELCOL) as `export` lines; a tool that cannot be built is left out, and its
-# tests skip saying so.
+# and helm (v3.22.0, for the chart's tests: into /var/cache/replag-tools/bin, where
+# .ci/container-tests looks too), from the Go module proxy into a cache outside the clone
+# (REPLAG_TOOLS, default /var/cache/replag-tools/go). A binary already there is not built
+# again. Prints the env vars the tests read (REPLAG_PROMTOOL, REPLAG_PROMETHEUS,
+# REPLAG_ALERTMANAGER, REPLAG_OTELCOL, REPLAG_HELM) as `export` lines; a tool that cannot
+# be built is left out, and its tests skip saying so.
 #
 #   eval "$(bash .ci/go-tools.sh)"
 set -uo pipefail
@@ -14,6 +15,8 @@ set -uo pipefail
 PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.35.0
 OTELCOL_VERSION=v0.161.0
+HELM_VERSION=v3.22.0
+helm_dir="${REPLAG_HELM_DIR:-/var/cache/replag-tools/bin}"
 manifest="$(cd "$(dirname "$0")" && pwd)/otelcol-builder.yaml"
 tools="${REPLAG_TOOLS:-/var/cache/replag-tools/go}"
 
@@ -89,7 +92,15 @@ build_otelcol() {
     && [ -x "$out" ] && echo "$out"
 }
 
-for tool in promtool prometheus alertmanager otelcol; do
+build_helm() {
+  local out="$helm_dir/helm"
+  [ -x "$out" ] && { echo "$out"; return 0; }
+  echo "go-tools: building helm $HELM_VERSION (once per machine)" >&2
+  mkdir -p "$helm_dir" && GOBIN="$helm_dir" nice go install \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >>"$log" 2>&1 && echo "$out"
+}
+
+for tool in promtool prometheus alertmanager otelcol helm; do
   var="REPLAG_$(echo "$tool" | tr '[:lower:]' '[:upper:]')"
   if path=$("build_$tool") && [ -x "$path" ]; then
     echo "export $var=$path"

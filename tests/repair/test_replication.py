@@ -61,7 +61,7 @@ def _hlen_everywhere(servers: list[RedisServer], key: str, size: int) -> bool:
 
 
 async def test_a_writable_replica_is_fixed_through_the_primary_and_never_written(
-    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+    value_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     primary = redis_factory("p")
     writable = replica_of(redis_factory, primary, "w")

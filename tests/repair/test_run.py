@@ -23,7 +23,7 @@ from replag.repair.writes.guarded_write import typed_writes
 from replag.store import Store
 from replag.wire.resp import RespConnection
 from tests.helpers.configs import group_config
-from tests.helpers.keyspace import write_every_type
+from tests.helpers.keyspace import FIELDS_EXPIRE_AT_MS, write_every_type
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 from tests.helpers.waiting import until
@@ -39,7 +39,7 @@ def snapshot(client: redis.Redis) -> dict[bytes, tuple[bytes | None, int]]:
 
 
 async def test_quorum_repairs_every_kind_and_carries_ttls(
-    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+    value_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     servers, (a, b, c) = three(redis_factory)
     for client in (a, b, c):
@@ -74,7 +74,7 @@ async def test_quorum_repairs_every_kind_and_carries_ttls(
 
 
 async def test_every_type_is_copied_exactly(
-    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+    value_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     servers, (a, b, c) = three(redis_factory)
     write_every_type(a)
@@ -90,7 +90,15 @@ async def test_every_type_is_copied_exactly(
     of_a, of_b, of_c = snapshot(a), snapshot(b), snapshot(c)
     assert set(of_c) == set(of_a) == set(of_b) and len(of_c) == 7
     for key, (dump, pttl) in of_c.items():
-        assert dump in (of_a[key][0], of_b[key][0]), key
+        if key == b"t:hash" and c.object("encoding", key) == b"hashtable":
+            # A hash with field TTLs is a hashtable on Valkey 9, whose DUMP lists fields
+            # in table order: the fields, values and each field's TTL, then.
+            assert c.hgetall(key) == a.hgetall(key)
+            fields = [*c.hkeys(key)]
+            ask = ("HPEXPIRETIME", key, "FIELDS", len(fields), *fields)
+            assert c.execute_command(*ask) == a.execute_command(*ask)
+        else:
+            assert dump in (of_a[key][0], of_b[key][0]), key
         if key == b"t:zset":
             # The same expiry, to the 2 s buckets checks compare expiries in.
             assert pttl > 0 and abs(pttl - of_a[key][1]) <= 2000, (pttl, of_a[key][1])
@@ -100,7 +108,7 @@ async def test_every_type_is_copied_exactly(
 
 
 async def test_type_specific_writes_rebuild_the_same_value(
-    server_kind: str, redis_factory: RedisFactory
+    value_kind: str, redis_factory: RedisFactory
 ) -> None:
     # The fallback for targets that refuse the winner's DUMP format.
     source, target = redis_factory("src"), redis_factory("dst")
@@ -121,13 +129,16 @@ async def test_type_specific_writes_rebuild_the_same_value(
     await dst.close()
 
 
-@pytest.mark.parametrize(("newer", "older"), [("valkey-9", "redis-6.2"), ("redis-7", "redis-6.2")])
+@pytest.mark.parametrize(("newer", "older"), [("valkey-9", "redis-6.2"), ("redis-8", "valkey-9")])
 async def test_a_target_refusing_the_winners_dump_format_gets_type_specific_writes(
     tmp_path: Path, redis_factory: RedisFactory, newer: str, older: str
 ) -> None:
-    # Two replicas of a newer server agree; the third, an older server, misses every key
-    # and holds a stale string: RESTORE there refuses the newer RDB version, so repair
-    # falls back to rebuilding each value with type-specific writes.
+    # Two replicas of a newer server agree; the third, an older server (or one whose DUMP
+    # format differs: Redis 8 and Valkey 9), misses every key and holds a stale string:
+    # RESTORE there refuses the newer RDB version, so repair falls back to rebuilding each
+    # value with type-specific writes, each hash field's TTL with it (HPEXPIREAT). A
+    # target without field TTLs (Redis 6.2) gets no copy of the hash that has them: that
+    # key is refused by name, never written with fields that would live for ever.
     binaries = {kind: kind_binary(kind) for kind in (newer, older)}
     for kind, (binary, missing) in binaries.items():
         if binary is None:
@@ -150,11 +161,22 @@ async def test_a_target_refusing_the_winners_dump_format_gets_type_specific_writ
         dst.restore(b"probe", 0, src.dump(b"t:zset"))
     config = group_config(tmp_path, [*new, old])
     report = (await repair(config)).to_dict()
-    assert report["repaired"] == 7 and report["conflicts"] == 0 and report["busy"] == 0
-    assert (await check(config)).divergent == 0  # the same digests across server kinds
+    field_ttls = older != "redis-6.2"
+    assert report["repaired"] == (7 if field_ttls else 6), report
+    assert report["conflicts"] == 0 and report["busy"] == 0
+    # The same digests across server kinds (but the hash refused on Redis 6.2).
+    assert (await check(config)).divergent == (0 if field_ttls else 1)
     with new[0].client() as src, old.client() as dst:
         assert dst.get(b"t:string") == src.get(b"t:string")
         assert dst.xrange(b"t:stream") == src.xrange(b"t:stream")
+        if not field_ttls:
+            errors = [k for k in report["divergent_keys"] if k.get("status") == "error"]
+            assert [k["key"] for k in errors] == ["t:hash"], errors
+            assert "keeps no field TTLs" in errors[0]["reason"]
+            assert dst.exists(b"t:hash") == 0
+            return
+        ask = ("HPEXPIRETIME", b"t:hash", "FIELDS", 2, b"f0", b"f9")
+        assert dst.execute_command(*ask) == src.execute_command(*ask) == [FIELDS_EXPIRE_AT_MS, -1]
         # The TTL carried too: the source's expiry, to the 2 s checks compare expiries in
         # (a busy host's slow test ages both alike; a copy without it would read -1).
         left = src.pttl(b"t:hash")

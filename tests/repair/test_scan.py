@@ -18,7 +18,7 @@ from tests.helpers.redis_servers import RedisFactory
 
 
 async def test_every_type_agrees_across_encodings_and_differences_are_found(
-    server_kind: str, tmp_path: Path, redis_factory: RedisFactory
+    value_kind: str, tmp_path: Path, redis_factory: RedisFactory
 ) -> None:
     plain = redis_factory("plain")
     # Force hashtable/skiplist/linkedlist encodings on the second server.
@@ -38,7 +38,10 @@ async def test_every_type_agrees_across_encodings_and_differences_are_found(
     with plain.client() as a, encoded.client() as b:
         write_every_type(a)
         write_every_type(b, reverse=True)
-        assert a.object("encoding", b"t:hash") != b.object("encoding", b"t:hash")
+        # (A hash with field TTLs is a hashtable on Valkey 9 whatever the settings.)
+        if value_kind != "valkey-9":
+            assert a.object("encoding", b"t:hash") != b.object("encoding", b"t:hash")
+        assert a.object("encoding", b"t:set") != b.object("encoding", b"t:set")
         config = group_config(tmp_path, [plain, encoded])
         report = await check(config)
         assert report.divergent == 0, report.to_dict()["divergent_keys"]

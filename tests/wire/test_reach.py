@@ -127,3 +127,36 @@ def test_discover_sentinel_writes_hosts_outside_allow_networks_as_comments(
     header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     for address in ("127.0.0.2:7002", "127.0.0.2:7004", "127.0.0.2:26380"):
         assert address in header, header
+
+
+async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    import httpx
+
+    from replag.api.app import create_app
+    from replag.config import load_config
+    from replag.store import Store
+
+    primary = redis_factory("primary", password="s3cret")
+    with capture_server() as capture, _sentinel_naming(capture.host, capture.port) as sentinel:
+        path = tmp_path / "t.toml"
+        path.write_text(
+            f'[settings]\nstore = "{tmp_path / "s.sqlite"}"\nconnect_timeout = "1s"\n'
+            f'[[regions]]\nname = "a"\nwrite = "redis://:s3cret@127.0.0.1:{primary.port}"\n'
+            f'replicas = ["redis://:s3cret@127.0.0.1:{primary.port}"]\n'
+            f'sentinel = {{master = "m", sentinels = ["127.0.0.1:{sentinel.port}"]}}\n'
+        )
+        app = create_app(
+            load_config(path), store=Store(tmp_path / "s.sqlite"), run_schedulers=False
+        )
+        async with app.router.lifespan_context(app):
+            svc = app.state.service
+            assert await svc.probe_rounds[0].probe() is None
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+                body = (await client.get("/api/v1/health")).json()
+        assert capture.commands == []
+    assert body["status"] != "ok", body
+    [problem] = [p for p in body["problems"] if p["kind"] == "probe_error"]
+    assert "not contacted" in problem["message"] and capture.address in problem["message"]

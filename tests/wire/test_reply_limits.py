@@ -69,6 +69,22 @@ def test_valid_replies_cut_anywhere_pass_the_guard_in_step_with_hiredis(
     assert guard.idle
 
 
+@pytest.mark.parametrize("cut", [0, 7, 20_000, 44_444])
+def test_a_long_array_of_integers_then_more_replies_is_followed_exactly(cut: int) -> None:
+    # HPEXPIRETIME of a page of fields: thousands of one-line elements, and the next
+    # replies right behind them in the same run of lines (walked once, not per line).
+    stream = b"*5000\r\n" + b":1796172442799\r\n" * 5000 + b":-1\r\n:-2\r\n*2\r\n:1\r\n:2\r\n"
+    guard = ReplyGuard(ReplyLimits())
+    reader = hiredis.Reader()
+    got = []
+    for chunk in _cut(stream, [cut]):
+        guard.feed(bytearray(chunk) + b":9\r\n", len(chunk))
+        reader.feed(chunk)
+        while (reply := reader.gets()) is not False:
+            got.append(reply)
+    assert guard.idle and len(got) == 4 and got[1:] == [-1, -2, [1, 2]]
+
+
 @pytest.mark.parametrize(
     ("hostile", "setting"),
     [

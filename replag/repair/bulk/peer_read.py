@@ -37,6 +37,7 @@ from replag.repair.keyspace.digest import (
     set_digest,
     zset_digest,
 )
+from replag.repair.keyspace.field_ttls import FieldExpiries, db_has_field_ttls, entry_digest
 from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import KeyState
 from replag.repair.keyspace.values import Data, StreamEntry, read_values
@@ -160,6 +161,11 @@ class PeerRead:
     # Values replag cannot read (a module type): index → (type, why). Copied from the one
     # peer there is; between peers, not known to agree.
     opaque: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Big hashes' fields that have TTLs (a copy in pages sets them, and is verified by them).
+    field_expiries: dict[int, FieldExpiries] = field(default_factory=dict)
+    # Their values' digests (`digests` holds value and field expiries together, so that
+    # peers agree only on both).
+    value_digests: dict[int, int] = field(default_factory=dict)
 
     def state(self, i: int) -> KeyState:
         """Key `i` as a `KeyState` (what a copy of it should leave on every replica): a
@@ -174,8 +180,9 @@ class PeerRead:
         return KeyState(
             True,
             TYPE_NAMES.get(int(self.types[i])),
-            int(self.digests[i]),
+            int(self.digests[i]) if i not in self.field_expiries else self.value_digests[i],
             expiry if expiry >= 0 else None,
+            field_expiries=self.field_expiries.get(i),
         )
 
 
@@ -278,14 +285,23 @@ class PeerReader:
         if read.big:
             # Digested in pages (HSCAN …), as a check reads them: never one long command.
             big = [(keys[i], TYPE_NAMES[int(read.types[i])]) for i in sorted(read.big)]
-            digests = await read_values(conn, big, chunk=min(self.page_elements, 1000))
+            fields = any(t == "hash" for _, t in big) and await db_has_field_ttls(conn)
+            digests = await read_values(
+                conn, big, chunk=min(self.page_elements, 1000), field_ttls=fields
+            )
             for i, (key, _) in zip(sorted(read.big), big, strict=True):
                 value = digests[key]
                 if value is None:
                     read.unreadable.add(i)
-                else:
-                    read.digests[i] = value.digest
-                    read.canonical.add(i)
+                    continue
+                read.digests[i] = value.digest
+                read.canonical.add(i)
+                if value.field_expiries is not None:
+                    # Peers agree on the exact expiries (replication carries them as
+                    # absolute times); within the tolerance only, the repair decides.
+                    read.field_expiries[i] = value.field_expiries
+                    read.value_digests[i] = value.digest
+                    read.digests[i] = entry_digest(value.digest, value.field_expiries, 1)
 
     async def _read_whole(
         self, conn: RespConnection, keys: list[bytes], typed: list[tuple[int, str]], read: PeerRead
@@ -342,12 +358,41 @@ class PeerReader:
         replies = await conn.request(
             b"".join(whole_read(keys[i], t) for i, t in wanted), len(wanted)
         )
+        hashes: list[tuple[int, dict[bytes, bytes]]] = []
         for (i, type_name), reply in zip(wanted, replies, strict=True):
             if error_text(reply) is not None:
                 read.unreadable.add(i)
                 continue
-            read.digests[i] = data_digest(type_name, whole_data(type_name, reply))
+            data = whole_data(type_name, reply)
+            read.digests[i] = data_digest(type_name, data)
             read.canonical.add(i)
+            if type_name == "hash":
+                hashes.append((i, data))  # type: ignore[arg-type]
+        if hashes and await db_has_field_ttls(conn):
+            await self._field_expiries(conn, keys, read, hashes)
+
+    async def _field_expiries(
+        self,
+        conn: RespConnection,
+        keys: list[bytes],
+        read: PeerRead,
+        hashes: list[tuple[int, dict[bytes, bytes]]],
+    ) -> None:
+        """The fields' TTLs of hashes read whole (HGETALL leaves them out): peers agree on
+        a hash when they agree on those too."""
+        asks = [pack(b"HPEXPIRETIME", keys[i], b"FIELDS", len(data), *data) for i, data in hashes]
+        replies = await conn.request(b"".join(asks), len(asks))
+        for (i, data), reply in zip(hashes, replies, strict=True):
+            if not isinstance(reply, list) or len(reply) != len(data) or -2 in reply:
+                read.unreadable.add(i)  # changed since, or a field expired meanwhile
+                read.canonical.discard(i)
+                continue
+            timed = [(f, int(t)) for f, t in zip(data, reply, strict=True) if t >= 0]
+            expiries = FieldExpiries.of([f for f, _ in timed], [t for _, t in timed])
+            if expiries is not None:
+                read.field_expiries[i] = expiries
+                read.value_digests[i] = int(read.digests[i])
+                read.digests[i] = entry_digest(int(read.digests[i]), expiries, 1)
 
 
 def agreeing(reads: Sequence[PeerRead], *, tolerance_ms: int, ttls: bool) -> npt.NDArray[np.bool_]:

@@ -17,6 +17,11 @@ from typing import Any
 import xxhash
 
 from replag.repair.keyspace.digest import string_digest
+from replag.repair.keyspace.field_ttls import (
+    FieldExpiries,
+    db_has_field_ttls,
+    same_field_expiries,
+)
 from replag.repair.keyspace.slots import is_moved
 from replag.repair.keyspace.values import Data, read_values, string_page
 from replag.wire.resp import RespConnection, error_text, pack
@@ -41,6 +46,8 @@ class KeyState:
     moved: bool = field(default=False, compare=False)
     # A string's length in bytes (a DUMP of it must fit one reply: `guarded_write`).
     size: int | None = field(default=None, compare=False)
+    # A hash's fields that have a TTL (`field_ttls`): compared as expiries are.
+    field_expiries: FieldExpiries | None = field(default=None, compare=False, repr=False)
     opaque: str | None = field(default=None, compare=False)
 
     @property
@@ -53,6 +60,9 @@ class KeyState:
         return (self.exists, self.type, self.digest) == (other.exists, other.type, other.digest)
 
     def same_expiry(self, other: KeyState, tolerance_ms: int) -> bool:
+        """The key's expiry, and each of a hash's fields' (within the tolerance)."""
+        if not same_field_expiries(self.field_expiries, other.field_expiries, tolerance_ms):
+            return False
         if self.expiry_ms is None or other.expiry_ms is None:
             return self.expiry_ms is None and other.expiry_ms is None
         return abs(self.expiry_ms - other.expiry_ms) <= tolerance_ms
@@ -76,6 +86,8 @@ class KeyState:
             "digest": f"{self.digest:016x}" if self.digest is not None else None,
             "ttl_ms": self.remaining_ms(),
         }
+        if self.field_expiries is not None:
+            out["fields_with_ttl"] = len(self.field_expiries)
         if self.opaque is not None:
             out["not_compared"] = self.opaque
         return out
@@ -119,6 +131,7 @@ async def observe_keys(
     chunk: int = 1000,
     keep: bool = True,
     fields: Sequence[bytes] = (),
+    field_ttls: bool | None = None,
 ) -> dict[bytes, KeyState]:
     """TYPE, PTTL and a string's first page (GETRANGE) per key in one round, then chunked
     reads of collections and of strings longer than a page.
@@ -126,7 +139,8 @@ async def observe_keys(
     Collections are digested as they stream and never kept (memory does not grow
     with them); `keep` keeps string values, `fields` reads those hash fields too.
     A page is half of max_reply_bytes, so a string longer than one reply may carry
-    is read, and digested as if whole, in pages (`string_page`).
+    is read, and digested as if whole, in pages (`string_page`). A hash's fields' TTLs
+    are read where its database holds any (`field_ttls` None: INFO keyspace says).
     """
     if not keys:
         return {}
@@ -170,7 +184,9 @@ async def observe_keys(
             out[key] = KeyState(True, type_name, None, expiries[key])
     if not collections:
         return out
-    values = await read_values(conn, collections, chunk=chunk)
+    if field_ttls is None and any(t == "hash" for _, t in collections):
+        field_ttls = await db_has_field_ttls(conn)
+    values = await read_values(conn, collections, chunk=chunk, field_ttls=bool(field_ttls))
     hashes = [k for k, t in collections if t == "hash"] if fields else []
     selected = await _hash_fields(conn, hashes, fields)
     for key, type_name in collections:
@@ -182,6 +198,7 @@ async def observe_keys(
             read.digest if read and opaque is None else None,
             expiries[key],
             fields=selected.get(key),
+            field_expiries=read.field_expiries if read else None,
             opaque=opaque,
         )
     return out

@@ -46,6 +46,13 @@ from typing import Any, Literal, Protocol
 import xxhash
 
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
+from replag.repair.keyspace.faithful import require_whole_copy
+from replag.repair.keyspace.field_ttls import (
+    FieldExpiries,
+    field_expiry_writes,
+    same_field_expiries,
+    server_has_field_ttls,
+)
 from replag.repair.keyspace.observe import ABSENT, KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, request_within
 from replag.repair.keyspace.values import string_page
@@ -137,8 +144,13 @@ def _writes(temp: bytes, type_name: str, items: list[Any]) -> list[bytes]:
 class _PageReader:
     """Pages of one collection on the winner, digested as they come."""
 
-    def __init__(self, key: bytes, type_name: str, page: int, limits: ReplyLimits) -> None:
+    def __init__(
+        self, key: bytes, type_name: str, page: int, limits: ReplyLimits, field_ttls: bool = False
+    ) -> None:
         self.key, self.type, self.page = key, type_name, page
+        # A hash with field TTLs: each page's fields' TTLs are read after it (`expiries`).
+        self.field_ttls = field_ttls and type_name == "hash"
+        self.expiring: dict[bytes, int] = {}
         if type_name == "string":  # pages of bytes, each half of what a reply may carry
             self.page = string_page(limits)
         self.bytes = xxhash.xxh3_64()
@@ -169,7 +181,8 @@ class _PageReader:
                 return list(flat)
             names, values = flat[0::2], flat[1::2]
             if self.type == "hash":
-                self.unordered.add_hash_page(names, values)
+                if not self.field_ttls:
+                    self.unordered.add_hash_page(names, values)
                 return list(flat)
             self.unordered.add_zset_page(names, list(map(float, values)))
             return [x for m, s in zip(names, values, strict=True) for x in (s, m)]
@@ -188,6 +201,26 @@ class _PageReader:
         if reply:
             self.cursor = b"(" + reply[-1][0]
         return [(entry_id, list(fields)) for entry_id, fields in reply]
+
+    def expiries_command(self, items: list[Any]) -> bytes:
+        names = items[0::2]
+        return pack(b"HPEXPIRETIME", self.key, b"FIELDS", len(names), *names)
+
+    def expiries(self, items: list[Any], reply: Any) -> tuple[list[Any], list[tuple[bytes, int]]]:
+        """A hash page's (items to write, (field, expiry) to set) from its HPEXPIRETIME
+        reply: a field expired meanwhile (-2) is neither written nor digested."""
+        names, values = items[0::2], items[1::2]
+        if not isinstance(reply, list) or len(reply) != len(names):
+            raise ValueError(f"HPEXPIRETIME answered {reply!r}")
+        kept = [i for i, t in enumerate(reply) if t != -2]
+        names, values = [names[i] for i in kept], [values[i] for i in kept]
+        self.unordered.add_hash_page(names, values)
+        timed = [(names[j], int(reply[i])) for j, i in enumerate(kept) if reply[i] >= 0]
+        self.expiring.update(timed)
+        return [x for pair in zip(names, values, strict=True) for x in pair], timed
+
+    def field_expiries(self) -> FieldExpiries | None:
+        return FieldExpiries.of(list(self.expiring), list(self.expiring.values()))
 
     def digest(self) -> int:
         if self.type == "string":
@@ -217,9 +250,13 @@ async def copy_in_pages(
     if expected.type == "stream" and await stream_groups(winner, key):
         await winner.request(pack(b"UNWATCH"), 1)
         return None  # copied whole (DUMP/RESTORE keeps its groups), by the key-by-key path
+    field_ttls = expected.field_expiries is not None
+    if field_ttls and not await server_has_field_ttls(target):
+        await winner.request(pack(b"UNWATCH"), 1)
+        await require_whole_copy(target, key, expected)
     (pttl,) = await winner.request(pack(b"PTTL", key), 1)
     read_at = time.monotonic()
-    reader = _PageReader(key, expected.type, options.page, winner.endpoint.limits)
+    reader = _PageReader(key, expected.type, options.page, winner.endpoint.limits, field_ttls)
     pending: asyncio.Future[tuple[list[Any], int]] | None = None
     first = True
     try:
@@ -230,7 +267,16 @@ async def copy_in_pages(
             if error_text(reply) is not None:
                 await _abandon(winner, target, temp, pending)
                 return None
-            commands = _writes(temp, expected.type, reader.feed(reply))
+            items = reader.feed(reply)
+            timed: list[tuple[bytes, int]] = []
+            if reader.field_ttls and items:
+                (ttls,) = await winner.request(reader.expiries_command(items), 1)
+                if error_text(ttls) is not None:
+                    await _abandon(winner, target, temp, pending)
+                    return None
+                items, timed = reader.expiries(items, ttls)
+            # Each field's TTL set inside the temporary key, before the swap.
+            commands = _writes(temp, expected.type, items) + field_expiry_writes(temp, timed)
             if first and commands:
                 commands.append(pack(b"PEXPIRE", temp, SAFETY_TTL_MS))
                 first = False
@@ -251,7 +297,10 @@ async def copy_in_pages(
         if (
             not unchanged
             or reader.digest() != expected.digest
-            or (reader.count is not None and reader.count != card)
+            or not _counted(reader, card)
+            or not same_field_expiries(
+                reader.field_expiries(), expected.field_expiries, options.tolerance_ms
+            )
         ):
             await _abandon(winner, target, temp, None)
             return None
@@ -261,6 +310,14 @@ async def copy_in_pages(
     except BaseException:
         target.abort()  # the temporary key expires on its own (SAFETY_TTL_MS)
         raise
+
+
+def _counted(reader: _PageReader, card: Any) -> bool:
+    """Every element read once: as many as the server counts, or (a hash with field
+    TTLs) no more: HLEN still counts fields expired but not yet reclaimed."""
+    if reader.count is None:
+        return True
+    return bool(reader.count <= card if reader.field_ttls else reader.count == card)
 
 
 async def _abandon(

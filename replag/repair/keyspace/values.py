@@ -9,6 +9,12 @@ so memory does not grow with a collection unless the data is asked for
 round also asks HLEN/SCARD/ZCARD: a count that does not match means the key
 moved (or was resized) while being read, and the read counts as changed.
 
+Where asked (`field_ttls`), a hash's fields' TTLs are read with it (`FieldExpiries`): a
+field the server says has expired is absent, as HSCAN already leaves it out. HLEN
+still counts such a field until the server reclaims it (a replica never does), so a
+hash that may hold field TTLs and reads fewer fields than HLEN says is read once more:
+the same fields, values and TTLs twice is the hash as it is, not a hash changing.
+
 Vector sets (`vector_sets`) and RedisJSON documents (`json_values`) are read by
 their content in the same rounds. Any other type (a module's) is `opaque`: its
 type and expiry are known, its value is not compared. No server digest stands in
@@ -18,12 +24,17 @@ where it runs, FalkorDB's `graphdata` answers one digest for every graph (Redis 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from replag.repair.keyspace import json_values, vector_sets
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
+from replag.repair.keyspace.field_ttls import PLAIN_ENCODINGS, FieldExpiries
 from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection, error_text, pack
@@ -54,6 +65,8 @@ class ReadValue:
     type: str
     digest: int
     data: Data | None = None
+    # A hash's fields that have a TTL (None: none has, or they were not asked for).
+    field_expiries: FieldExpiries | None = None
     opaque: str | None = None
 
 
@@ -67,9 +80,19 @@ class _Reader:
         chunk: int,
         keep: bool,
         limits: ReplyLimits = reply_limits.DEFAULT,
+        field_ttls: bool = False,
     ) -> None:
         self.key, self.type, self.chunk, self.keep = key, type_name, chunk, keep
         self.limits = limits
+        # A hash whose fields may have TTLs: its encoding is asked with its HLEN, and
+        # unless plain, each page's fields' TTLs with the next page (`held` till then).
+        self.field_ttls = field_ttls and type_name == "hash"
+        self.volatile = False
+        self.held: tuple[list[bytes], list[bytes]] | None = None
+        self.scanned = False
+        self.expiring_names: list[bytes] = []  # the fields with a TTL, and their TTLs
+        self.expiring_times: list[npt.NDArray[np.int64]] = []
+        self.confirm: tuple[int, int, int, int] | None = None
         self.cursor: bytes = b"0"
         self.start = 0
         self.done = False
@@ -87,7 +110,10 @@ class _Reader:
     @property
     def replies(self) -> int:
         """Replies the next `command()` produces."""
-        return 2 if self.type in _SCAN and self.card is None else 1
+        if self.type not in _SCAN:
+            return 1
+        first = (2 if self.field_ttls else 1) if self.card is None else 0
+        return first + (self.held is not None) + (not self.scanned)
 
     def _count(self) -> int:
         """Elements the next page asks for: `chunk`, fewer while their size is unknown
@@ -108,8 +134,17 @@ class _Reader:
         if self.type == "string":  # in pages of half of what one reply may carry
             return pack(b"GETRANGE", k, self.start, self.start + string_page(self.limits) - 1)
         if self.type in _SCAN:
-            page = pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
-            return pack(_CARD[self.type], k) + page if self.card is None else page
+            out = b""
+            if self.card is None:
+                out = pack(_CARD[self.type], k)
+                if self.field_ttls:
+                    out += pack(b"OBJECT", b"ENCODING", k)
+            if self.held is not None:
+                names = self.held[0]
+                out += pack(b"HPEXPIRETIME", k, b"FIELDS", len(names), *names)
+            if not self.scanned:
+                out += pack(_SCAN[self.type], k, self.cursor, b"COUNT", n)
+            return out
         if self.type == "list":
             return pack(b"LRANGE", k, self.start, self.start + n - 1)
         # Streams: "(" makes the start exclusive (Redis >= 6.2).
@@ -123,12 +158,23 @@ class _Reader:
             self.failed = self.done = True
             return
         if self.type in _SCAN:
+            at = 0
             if self.card is None:
                 self.card = int(replies[0])
                 if not self.card:  # gone since its TYPE was read (collections are never empty)
                     self.failed = self.done = True
                     return
-            self._page(*replies[-1])
+                at = 1
+                if self.field_ttls:
+                    self.volatile = replies[1] not in PLAIN_ENCODINGS
+                    at = 2
+            if self.held is not None:
+                self._expiries(replies[at])
+                at += 1
+            if not self.scanned:
+                self._page(*replies[at])
+            if self.scanned and self.held is None:
+                self._finished()
             return
         reply = replies[0]
         if self.type == "string":
@@ -155,6 +201,12 @@ class _Reader:
 
     def _page(self, cursor: bytes, flat: list[bytes]) -> None:
         self._sized(flat, len(flat) if self.type == "set" else len(flat) // 2)
+        self.cursor = cursor
+        self.scanned = cursor == b"0"
+        if self.volatile:
+            if flat:
+                self.held = (flat[0::2], flat[1::2])  # digested once their TTLs are known
+            return
         if self.type == "set":
             self.unordered.add_set_page(flat)
             if self.keep:
@@ -170,10 +222,59 @@ class _Reader:
                 self.unordered.add_zset_page(names, scores)
                 if self.keep:
                     self.pairs.update(zip(names, scores, strict=True))
-        self.cursor = cursor
-        self.done = cursor == b"0"
-        if self.done and self.unordered.count != self.card:
+
+    def _expiries(self, reply: Any) -> None:
+        """The held page's fields' TTLs (absolute ms on the server's clock, as replication
+        carries them): an expired field (-2) is absent; then the page is digested."""
+        assert self.held is not None
+        names, values = self.held
+        self.held = None
+        if not isinstance(reply, list) or len(reply) != len(names):
+            self.failed = self.done = True
+            return
+        times = np.array(reply, dtype=np.int64)
+        if (times == -2).any():
+            kept = np.flatnonzero(times != -2).tolist()
+            names, values = [names[i] for i in kept], [values[i] for i in kept]
+            times = times[kept]
+        timed = times >= 0
+        if timed.any():
+            self.expiring_names.extend(itertools.compress(names, timed.tolist()))
+            self.expiring_times.append(times[timed])
+        self.unordered.add_hash_page(names, values)
+        if self.keep:
+            self.pairs.update(zip(names, values, strict=True))
+
+    def _finished(self) -> None:
+        self.done = True
+        if self.failed or self.unordered.count == self.card:
+            return
+        assert self.card is not None
+        if not self.volatile or self.unordered.count > self.card:
             self.failed = True  # an element seen twice, or the key changed meanwhile
+            return
+        # Fewer fields than HLEN in a hash with field TTLs: expired ones the server has
+        # not reclaimed yet, or a change meanwhile. The same read twice says which.
+        expiries = self._field_expiries()
+        seen = (
+            self.unordered.digest(),
+            self.unordered.count,
+            self.card,
+            expiries.bucket_digest(1) if expiries is not None else 0,
+        )
+        if self.confirm is None:
+            self.confirm = seen
+            self.cursor, self.card, self.scanned, self.done = b"0", None, False, False
+            self.unordered = UnorderedDigest(self.type.encode())
+            self.pairs, self.expiring_names, self.expiring_times = {}, [], []
+        elif self.confirm != seen:
+            self.failed = True
+
+    def _field_expiries(self) -> FieldExpiries | None:
+        if not self.expiring_names:
+            return None
+        times = np.concatenate(self.expiring_times)
+        return FieldExpiries.of(self.expiring_names, times, every_name=self.keep)
 
     def result(self) -> ReadValue | None:
         if self.failed:
@@ -185,7 +286,7 @@ class _Reader:
             data: Data | None = None
             if self.keep:
                 data = self.members if self.type == "set" else self.pairs
-            return ReadValue(self.type, self.unordered.digest(), data)
+            return ReadValue(self.type, self.unordered.digest(), data, self._field_expiries())
         return ReadValue(self.type, self.ordered.digest(), self.items if self.keep else None)
 
 
@@ -218,14 +319,20 @@ async def read_values(
     *,
     chunk: int = 1000,
     keep: bool = False,
+    field_ttls: bool = False,
 ) -> dict[bytes, ReadValue | None]:
     """Read every (key, type); None for a key that vanished or changed type meanwhile.
+    `field_ttls`: hashes with their fields' TTLs (a server that has them).
 
     A type replag does not read (a module type) raises nothing: it gets an `opaque`
     ReadValue.
     """
     limits = conn.endpoint.limits
-    readers = [_Reader(k, t, chunk, keep, limits) for k, t in typed_keys if t in SUPPORTED_TYPES]
+    readers = [
+        _Reader(k, t, chunk, keep, limits, field_ttls)
+        for k, t in typed_keys
+        if t in SUPPORTED_TYPES
+    ]
     content = [_content_reader(k, t, chunk, limits) for k, t in typed_keys if t in CONTENT_TYPES]
     out: dict[bytes, ReadValue | None] = {
         k: None if t in SUPPORTED_TYPES or t in CONTENT_TYPES else opaque_value(t)

@@ -210,8 +210,9 @@ class BlockingScan:
 
     def _ttl_source(self, conn: BlockingConnection) -> TtlSource:
         source = self.options.ttls
+        (keyspace,) = conn.request(TTL_PROBE, 1)
+        self.scanner.note_keyspace(keyspace)  # hashes' field TTLs: read only where some are
         if source == "auto":
-            (keyspace,) = conn.request(TTL_PROBE, 1)
             source = ttl_source_from_info(keyspace, self.endpoint.db)
         if source != "script":
             return source

@@ -25,6 +25,11 @@ import numpy.typing as npt
 
 from replag.errors import RepairError, ReplagError, UnreachableError
 from replag.repair.keyspace.digest import TYPE_CODES
+from replag.repair.keyspace.field_ttls import (
+    entry_digest,
+    keys_with_volatile_fields,
+    server_has_field_ttls,
+)
 from replag.repair.keyspace.native import hash_each
 from replag.repair.keyspace.observe import observe_keys
 from replag.repair.keyspace.slots import is_moved
@@ -222,6 +227,9 @@ class ReplicaScanner:
         self.bytes_received = 0
         # How TTLs are read: chosen per replica when a scan starts (see the module).
         self.ttl_source: TtlSource = "pttl"
+        # Whether hashes are read with their fields' TTLs: only where INFO keyspace counts
+        # keys with volatile fields when the scan starts (`field_ttls`); None: not known.
+        self.field_ttls: bool | None = None
         self._script_sha = b""
         # A Redis Cluster node: batches are read with a GET per key (`fetch_request`).
         self.cluster = endpoint.cluster
@@ -334,8 +342,12 @@ class ReplicaScanner:
             [-1 if s.expiry_ms is None else max(0, s.expiry_ms - now_ms) for s in read],
             dtype=np.int64,
         )
+        bucket_ms = self.options.ttl_bucket_ms
         digests = {
-            i: self._changed_digest if s.digest is None else s.digest for i, s in enumerate(read)
+            i: self._changed_digest
+            if s.digest is None
+            else entry_digest(s.digest, s.field_expiries, bucket_ms)
+            for i, s in enumerate(read)
         }
         return index_batch(
             present,
@@ -387,15 +399,18 @@ class ReplicaScanner:
         if not keys:
             return ScanIndex.empty()
         # Not "none": that a replica held no expiring key when a scan began says
-        # nothing about the keys a notification names later.
+        # nothing about the keys a notification names later (nor of fields' TTLs).
         source: TtlSource = "pttl" if self.ttl_source == "none" else self.ttl_source
         replies, arrived_ns = await conn.wait(self._fetch(conn, keys, source))
-        return await self._index_batch(conn, keys, replies, arrived_ns, source)
+        field_ttls = await server_has_field_ttls(conn)
+        return await self._index_batch(conn, keys, replies, arrived_ns, source, field_ttls)
 
     async def _ttl_source(self, conn: RespConnection) -> TtlSource:
         source = self.options.ttls
+        (keyspace,) = await conn.request(TTL_PROBE, 1)
+        if self.note_keyspace(keyspace):
+            conn.field_ttls = True  # the server has them, whether this db holds any now
         if source == "auto":
-            (keyspace,) = await conn.request(TTL_PROBE, 1)
             source = ttl_source_from_info(keyspace, self.endpoint.db)
         if source != "script":
             return source
@@ -403,6 +418,13 @@ class ReplicaScanner:
             return "pttl"  # a script's keys must share one slot there
         loaded = await conn.request(LOAD_TTL_SCRIPT, 1)
         return self.script_loaded(loaded[0])
+
+    def note_keyspace(self, keyspace: object) -> bool:
+        """From the INFO keyspace a scan starts with: whether its hashes are read with
+        their fields' TTLs (`field_ttls`); True where the server counts such keys at all."""
+        volatile = keys_with_volatile_fields(keyspace, self.endpoint.db)
+        self.field_ttls = volatile is not None and volatile > 0
+        return volatile is not None
 
     def script_loaded(self, reply: Any) -> TtlSource:
         """The TTL source once SCRIPT LOAD answered `reply`."""
@@ -445,13 +467,15 @@ class ReplicaScanner:
         replies: list[object],
         arrived_ns: int,
         source: TtlSource | None = None,
+        field_ttls: bool | None = None,
     ) -> ScanIndex:
         source = self.ttl_source if source is None else source
         keys, replies = self.batch_replies(keys, replies, source)
         conn.check(replies[:1])
         ttls = batch_ttls(replies, len(keys), source, self.endpoint)
         values: list[bytes | None] = replies[0]  # type: ignore[assignment]
-        return await self.index_values(conn, keys, values, ttls, arrived_ns // 1_000_000)
+        now_ms = arrived_ns // 1_000_000
+        return await self.index_values(conn, keys, values, ttls, now_ms, field_ttls)
 
     async def index_values(
         self,
@@ -460,9 +484,11 @@ class ReplicaScanner:
         values: list[bytes | None],
         ttls: npt.NDArray[np.int64],
         now_ms: int | npt.NDArray[np.int64],
+        field_ttls: bool | None = None,
     ) -> ScanIndex:
         """A batch's index from its MGET reply and TTLs (read at `now_ms`: one moment, or
-        one per key); keys MGET could not read (other types) are read on `conn`."""
+        one per key); keys MGET could not read (other types) are read on `conn`, hashes
+        with their fields' TTLs where `field_ttls` (None: as the scan found when it began)."""
         bucket_ms = self.options.ttl_bucket_ms
         if None not in values:  # the common case: strings only, no per-key loop here
             return index_batch(keys, values, ttls, now_ms, bucket_ms)  # type: ignore[arg-type]
@@ -472,7 +498,8 @@ class ReplicaScanner:
         digests: dict[int, int] = {}
         unread = [i for i, v in enumerate(values) if v is None and ttls[i] != -2]
         if unread:
-            digests = await self._read_other_types(conn, keys, unread, types, keep)
+            fields = self.field_ttls if field_ttls is None else field_ttls
+            digests = await self._read_other_types(conn, keys, unread, types, keep, bool(fields))
         read = [b"" if v is None else v for v in values]
         return index_batch(keys, read, ttls, now_ms, bucket_ms, types, keep, digests)
 
@@ -483,6 +510,7 @@ class ReplicaScanner:
         unread: list[int],
         types: npt.NDArray[np.uint8],
         keep: npt.NDArray[np.bool_],
+        field_ttls: bool,
     ) -> dict[int, int]:
         names = await conn.request(pack_per_key(b"TYPE", [keys[i] for i in unread]), len(unread))
         typed: list[tuple[bytes, str]] = []
@@ -493,7 +521,8 @@ class ReplicaScanner:
                 continue
             types[i] = TYPE_CODES.get(type_name, 0)
             typed.append((keys[i], type_name))
-        read = await read_values(conn, typed, chunk=self.options.count)
+        read = await read_values(conn, typed, chunk=self.options.count, field_ttls=field_ttls)
+        bucket_ms = self.options.ttl_bucket_ms
         digests: dict[int, int] = {}
         for i in unread:
             if not keep[i]:
@@ -504,7 +533,11 @@ class ReplicaScanner:
             readable = value is not None and value.opaque is None
             if self.options.live and value is not None and value.type not in NOTIFIED:
                 readable = False
-            digests[i] = value.digest if value is not None and readable else self._changed_digest
+            digests[i] = (
+                entry_digest(value.digest, value.field_expiries, bucket_ms)
+                if value is not None and readable
+                else self._changed_digest
+            )
         return digests
 
 

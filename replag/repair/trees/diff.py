@@ -9,12 +9,13 @@ report: a key deleted, expired or rewritten everywhere during the scan agrees.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from replag.repair.keyspace.field_ttls import differing_fields
 from replag.repair.keyspace.observe import KeyState, key_to_json
 from replag.repair.trees.index import ScanIndex
 from replag.repair.trees.tictac import TictacTree, differing_leaves, leaf_of
@@ -106,10 +107,18 @@ class Divergence:
     key: bytes
     kind: Kind
     states: dict[str, KeyState]
+    # The expiry tolerance it was judged with: which hash fields' TTLs differ (`to_dict`).
+    tolerance_ms: int = field(default=0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             **key_to_json(self.key),
             "kind": self.kind,
             "replicas": {name: state.to_dict() for name, state in self.states.items()},
         }
+        expiries = [s.field_expiries for s in self.states.values()]
+        if self.kind == "ttl" and any(e is not None for e in expiries):
+            names, count = differing_fields(expiries, self.tolerance_ms)
+            if count:
+                out["fields"] = {"differing": count, "named": names}
+        return out

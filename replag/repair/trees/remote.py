@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from replag.config import Config
 from replag.errors import AgentError, KeyRefused
+from replag.repair.keyspace.field_ttls import FieldExpiries
 from replag.repair.keyspace.observe import ABSENT, KeyState
 from replag.repair.keyspace.write import Write
 from replag.repair.trees.agent_http import PREFIX as PREFIX
@@ -65,8 +66,9 @@ def keys_from_wire(items: Sequence[str]) -> list[bytes]:
 
 def state_to_wire(state: KeyState) -> list[Any] | None:
     """`[type, digest, expiry]`, plus `{data, fields}` when the state carries a string's
-    value or hash fields (base64), which only a newest:FIELD policy asks for, and
-    `{opaque}`, why a value was not read (a module type: not compared)."""
+    value or hash fields (base64), which only a newest:FIELD policy asks for,
+    `{opaque}`, why a value was not read (a module type: not compared), and
+    `{field_expiries}`, a hash's fields' TTLs (`FieldExpiries.to_wire`)."""
     if not state.exists:
         return None
     digest = f"{state.digest:016x}" if state.digest is not None else None
@@ -81,6 +83,8 @@ def state_to_wire(state: KeyState) -> list[Any] | None:
             base64.b64encode(k).decode("ascii"): base64.b64encode(v).decode("ascii")
             for k, v in state.fields.items()
         }
+    if state.field_expiries is not None:
+        extra["field_expiries"] = state.field_expiries.to_wire()
     if extra:
         out.append(extra)
     return out
@@ -110,9 +114,12 @@ def state_from_wire(item: Any, *, where: str) -> KeyState:
             {base64.b64decode(k): base64.b64decode(v) for k, v in fields.items()}
             if fields
             else None,
+            field_expiries=FieldExpiries.from_wire(extra["field_expiries"])
+            if "field_expiries" in extra
+            else None,
             opaque=str(extra["opaque"])[:500] if extra.get("opaque") is not None else None,
         )
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
         raise AgentError(f"bad key state {item!r}: {exc}", where=where) from None
 
 

@@ -77,6 +77,8 @@ from typing import Any, Literal
 
 from replag.errors import EndpointError, KeyRefused
 from replag.repair.decisions.policy import Decision
+from replag.repair.keyspace.faithful import require_whole_copy
+from replag.repair.keyspace.field_ttls import same_field_expiries
 from replag.repair.keyspace.observe import ABSENT, KeyState
 from replag.repair.keyspace.pages import PageOptions, copied_in_pages, repair_big_key
 from replag.repair.keyspace.together import all_of
@@ -377,8 +379,13 @@ class Applier:
         pttl: int,
         read_at: float,
     ) -> _Written | None:
-        if expected.exists and expected.same_value(winner):
-            # Only the expiry differs: leave the value alone.
+        if (
+            expected.exists
+            and expected.same_value(winner)
+            and same_field_expiries(expected.field_expiries, winner.field_expiries, 0)
+        ):
+            # Only the key's expiry differs: leave the value alone (a hash whose fields'
+            # TTLs differ is copied whole: they are part of its value).
             return await self._write(target, key, expected, Write("expire", None, pttl), read_at)
         try:
             return await self._write(
@@ -401,6 +408,8 @@ class Applier:
         whole = await self.lanes[winner_index].read_whole(key, winner, chunk=self.chunk)
         if whole is None:
             return None
+        async with self.lanes[target].connection() as conn:
+            await require_whole_copy(conn, key, whole)  # field TTLs a target cannot keep
 
         def typed() -> list[bytes] | None:
             expiry = Write("expire", None, pttl).commands(key, elapsed_ms(read_at))

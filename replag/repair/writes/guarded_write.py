@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replag.errors import EndpointError, KeyRefused
+from replag.repair.keyspace.field_ttls import field_expiry_writes
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.timeouts import DUMP_OVERHEAD, NOT_COPIED, request_within
 from replag.repair.keyspace.values import Data, StreamEntry
@@ -185,6 +186,8 @@ def typed_writes(key: bytes, state: KeyState) -> list[bytes]:
         items = list(data.items())
         for i in range(0, len(items), CHUNK):
             out.append(pack(b"HSET", key, *[x for pair in items[i : i + CHUNK] for x in pair]))
+        if state.field_expiries is not None:
+            out += field_expiry_writes(key, state.field_expiries.items())
     elif state.type == "set":
         members = list(data)
         for i in range(0, len(members), CHUNK):

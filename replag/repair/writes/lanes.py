@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from replag.errors import EndpointError
+from replag.repair.keyspace.field_ttls import same_field_expiries, server_has_field_ttls
 from replag.repair.keyspace.observe import KeyState, observe_keys
 from replag.repair.keyspace.values import Data, read_values
 from replag.repair.keyspace.write import Write
@@ -219,11 +220,25 @@ class ReplicaLane:
         memory grows with the value); None if it no longer has `expected`'s digest."""
         assert expected.type is not None
         async with self.connection() as conn:
-            reads = await read_values(conn, [(key, expected.type)], chunk=chunk, keep=True)
+            fields = await server_has_field_ttls(conn)
+            reads = await read_values(
+                conn, [(key, expected.type)], chunk=chunk, keep=True, field_ttls=fields
+            )
         read = reads[key]
-        if read is None or read.digest != expected.digest:
+        if (
+            read is None
+            or read.digest != expected.digest
+            or not same_field_expiries(read.field_expiries, expected.field_expiries, 0)
+        ):
             return None
-        return KeyState(True, read.type, read.digest, expected.expiry_ms, read.data)
+        return KeyState(
+            True,
+            read.type,
+            read.digest,
+            expected.expiry_ms,
+            read.data,
+            field_expiries=read.field_expiries,
+        )
 
     async def put_back(
         self,

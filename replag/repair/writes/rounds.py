@@ -56,7 +56,10 @@ class RepairRounds:
                 kind = self.verifier.classify(states, now_ms)
                 if kind is not None or not all(s.readable for s in states):
                     found = Divergence(
-                        key, kind or "value", dict(zip(self.decisions.names, states, strict=True))
+                        key,
+                        kind or "value",
+                        dict(zip(self.decisions.names, states, strict=True)),
+                        self.verifier.tolerance_ms,
                     )
                     differ[key] = KeyRecord(found.kind, rp.PENDING, self.decisions.detail(found))
         self._set(differ)

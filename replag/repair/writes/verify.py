@@ -177,7 +177,7 @@ class Verifier:
             )
             kind = self.classify(states, now_ms) if all(s.readable for s in states) else "value"
             found = (
-                Divergence(key, kind, dict(zip(self.names, states, strict=True)))
+                Divergence(key, kind, dict(zip(self.names, states, strict=True)), self.tolerance_ms)
                 if kind is not None
                 else None
             )

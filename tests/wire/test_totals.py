@@ -1,0 +1,100 @@
+"""Totals, not only single replies: bytes no request asked for (max_unrequested_bytes),
+INFO's size and lines (max_info_bytes, max_info_lines). Each refusal is one error
+naming the server and the setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+
+import pytest
+
+from replag.errors import EndpointError, ReplyShapeError
+from replag.topology import Endpoint
+from replag.wire.reply_limits import ReplyLimits
+from replag.wire.resp import RespConnection
+from tests.helpers.scripted import ScriptedServer, array, bulk
+
+
+def _flooding_server() -> tuple[socket.socket, int, threading.Event]:
+    """Answers the first command with +PONG, then floods +PONG for 3 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        sock, _ = listener.accept()
+        with sock:
+            sock.recv(1024)
+            sock.sendall(b"+PONG\r\n")
+            until = time.monotonic() + 3
+            try:
+                while time.monotonic() < until and not done.is_set():
+                    sock.sendall(b"+PONG\r\n" * 8192)
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1], done
+
+
+async def test_a_server_flooding_replies_nobody_asked_for_is_closed_and_named() -> None:
+    listener, port, done = _flooding_server()
+    limits = ReplyLimits(max_unrequested_bytes=1 << 16)
+    endpoint = Endpoint(name="flood", host="127.0.0.1", port=port, limits=limits)
+    try:
+        conn = await RespConnection.open(endpoint, timeout_s=5)
+        assert await conn.checked("PING") == b"PONG"
+        await conn.wait_closed()  # closed by us, once the flood passed the limit
+        with pytest.raises(EndpointError, match="max_unrequested_bytes = 65536 bytes") as err:
+            await conn.checked("PING")
+        assert "flood" in str(err.value)
+        await conn.close()
+    finally:
+        done.set()
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("info", "setting"),
+    [("a:b\r\n" * 5000, "max_info_lines = 1000"), ("x" * 200_000, "max_info_bytes = 100000")],
+)
+async def test_an_info_over_its_bounds_is_refused_naming_the_setting(
+    info: str, setting: str
+) -> None:
+    with ScriptedServer({"INFO": bulk(info)}) as server:
+        limits = ReplyLimits(max_info_bytes=100_000, max_info_lines=1000)
+        endpoint = dataclasses.replace(
+            Endpoint.from_url(f"redis://{server.address}", name="big-info"), limits=limits
+        )
+        conn = await RespConnection.open(endpoint, timeout_s=5)
+        try:
+            with pytest.raises(ReplyShapeError, match=setting) as err:
+                await conn.checked("INFO", "replication")
+        finally:
+            await conn.close()
+    assert "big-info" in str(err.value) and "INFO" in str(err.value)
+
+
+def _cluster_shards(nodes: int) -> bytes:
+    node = array(
+        bulk("id"), bulk("0" * 40), bulk("ip"), bulk("10.0.0.1"), bulk("port"), b":7000\r\n"
+    )
+    shard = array(
+        bulk("slots"), array(b":0\r\n", b":16383\r\n"), bulk("nodes"), array(*[node] * nodes)
+    )
+    return array(shard)
+
+
+async def test_a_cluster_answer_naming_too_many_nodes_is_refused() -> None:
+    from replag.discovery.cluster import read_shards
+
+    answers = {
+        "CLUSTER INFO": bulk("cluster_state:ok\r\n"),
+        "CLUSTER SHARDS": _cluster_shards(20_000),
+    }
+    with ScriptedServer(answers) as server:
+        seed = Endpoint.from_url(f"redis://{server.address}", name="fake")
+        with pytest.raises(ReplyShapeError, match="20000 nodes, over max_topology_nodes = 10000"):
+            await read_shards(seed, timeout_s=5)
