@@ -322,6 +322,12 @@ class Settings:
         "serve and agent: most HTTP connections (and requests in progress) at once; past "
         "it a new one is answered 503.",
     )
+    max_string_bytes: int = setting(
+        "4GB",
+        _size,
+        "Most bytes of one string value replag reads in pages (GETRANGE); a server that "
+        "keeps answering full pages past it ends the read there, as that key's error.",
+    )
     max_info_bytes: int = setting(
         "4MB",
         _size,

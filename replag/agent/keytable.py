@@ -56,6 +56,7 @@ U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 _REST = np.uint64((1 << (64 - BUCKET_BITS)) - 1)
 _SIXTEEN = np.uint64(16)
+TREE_BUCKETS = 1024  # buckets whose full hashes `tree` makes at once (1/64 of the keys)
 _HEAD = struct.Struct("<4sQ")
 _MAGIC = b"RKT2"
 # A delta entry is a dict slot, a key int and an int: what it costs, roughly.
@@ -208,19 +209,35 @@ class KeyTable:
         directory: Path | None = None,
     ) -> KeyTable:
         """The table of distinct keys sorted by hash, their names given in bucket order
-        (`NameFile.build`); `tablebuild` makes one while a scan runs."""
+        (`NameFile.build`)."""
         table = cls(merge_every=merge_every, directory=directory)
-        table._set_base(hashes, entries)
-        table.names.close()
-        table.names = NameFile.build(directory, len(hashes), names)
-        table._count = len(hashes)
+        table.reserve(len(hashes))
+        table.fill(0, hashes, entries)
+        table.filled(len(hashes), names)
         return table
 
-    def _set_base(self, hashes: U64, entries: U64) -> None:
-        self.hi, self.lo = _split(hashes)
-        self.entries = np.ascontiguousarray(entries, np.uint64)
-        self.starts = np.zeros(BUCKETS + 1, np.int64)
-        self.starts[1:] = np.cumsum(np.bincount(bucket_of(hashes), minlength=BUCKETS))
+    def reserve(self, capacity: int) -> None:
+        """Arrays for up to `capacity` keys, filled in hash order by `fill`, then `filled`
+        (`tablebuild`: one partition at a time; a page is touched only once filled)."""
+        self.hi = np.empty(capacity, np.uint32)
+        self.lo = np.empty(capacity, np.uint16)
+        self.entries = np.empty(capacity, np.uint64)
+        self.starts = np.zeros(BUCKETS + 1, np.int64)  # each bucket's count, until `filled`
+
+    def fill(self, at: int, hashes: U64, entries: U64) -> None:
+        """Distinct keys `at`.. of the table, sorted by hash, above every hash before."""
+        end = at + len(hashes)
+        self.hi[at:end], self.lo[at:end] = _split(hashes)
+        self.entries[at:end] = entries
+        self.starts[1:] += np.bincount(bucket_of(hashes), minlength=BUCKETS)
+
+    def filled(self, count: int, names: Iterable[Piece]) -> None:
+        """The `count` keys filled are the table; their names given in bucket order."""
+        self.hi, self.lo, self.entries = self.hi[:count], self.lo[:count], self.entries[:count]
+        np.cumsum(self.starts, out=self.starts)
+        self.names.close()
+        self.names = NameFile.build(self.directory, count, names)
+        self._count = count
 
     def close(self) -> None:
         """Drop the names file (its space goes back to the file system)."""
@@ -231,11 +248,14 @@ class KeyTable:
     def __len__(self) -> int:
         return self._count
 
-    def _base_hashes(self) -> U64:
-        buckets = np.repeat(np.arange(BUCKETS, dtype=np.uint64), np.diff(self.starts))
-        hashes: U64 = buckets << np.uint64(64 - BUCKET_BITS)
-        hashes |= self.hi.astype(np.uint64) << _SIXTEEN
-        hashes |= self.lo.astype(np.uint64)
+    def _base_hashes(self, first: int, stop: int) -> U64:
+        """The full hashes of the base keys of buckets [first, stop)."""
+        counts = np.diff(self.starts[first : stop + 1])
+        hashes: U64 = np.repeat(np.arange(first, stop, dtype=np.uint64), counts)
+        hashes <<= np.uint64(64 - BUCKET_BITS)
+        a, b = int(self.starts[first]), int(self.starts[stop])
+        hashes |= self.hi[a:b].astype(np.uint64) << _SIXTEEN
+        hashes |= self.lo[a:b].astype(np.uint64)
         return hashes
 
     def lookup(self, hashes: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
@@ -287,7 +307,12 @@ class KeyTable:
     def tree(self, depth: int) -> TictacTree:
         """The Tictac tree of every key in the table."""
         tree = TictacTree(depth)
-        tree.add(self._base_hashes(), self.entries)
+        # A slice of the buckets at a time: the full hashes cost 8 bytes a key while made,
+        # three times over (more than the table's 14), never for every key at once.
+        for first in range(0, BUCKETS, TREE_BUCKETS):
+            stop = min(BUCKETS, first + TREE_BUCKETS)
+            a, b = int(self.starts[first]), int(self.starts[stop])
+            tree.add(self._base_hashes(first, stop), self.entries[a:b])
         if self.delta:
             # Base entries replaced or deleted by the delta come out, delta entries go in.
             hashes = np.fromiter(self.delta.keys(), np.uint64, count=len(self.delta))

@@ -1,13 +1,15 @@
 """A key table made while the full scan runs, without holding the scan's index.
 
-The scanner hands each batch to `TableBuilder.add` (its sink). The builder keeps
-only each key's hash and entry hash (in chunks of 2**20, 16 bytes a key) and
-spills the names to one unlinked file in blocks, each block the names of one of
-256 partitions (the top 8 bits of the key hash) from the last ~2 MiB read. At
-the end it sorts the hashes, keeps the last sighting of a key the scan returned
-twice (SCAN may, while the server resizes its table; a duplicate would cancel
-itself in an XOR tree), and files the names by bucket one partition at a time:
-the peak is ~40 bytes a key (the sort), not the ~110 of a whole scan index.
+The scanner hands each batch to `TableBuilder.add` (its sink). Every ~2 MiB of
+names read, the builder files the batch by partition (the top 8 bits of the key
+hash, 256 of them): each key's hash and entry hash go to its partition's columns
+(in chunks of 2**15, 16 bytes a key), its name to one unlinked file, one block per
+partition. At the end each partition in turn is sorted by hash, keeps the last
+sighting of a key the scan returned twice (SCAN may, while the server resizes its
+table; a duplicate would cancel itself in an XOR tree), is written into the
+table's arrays (14 bytes a key, their pages touched only as they are filled) and
+dropped, and has its names filed by bucket: the peak is the 16 bytes a key of the
+columns and a partition's sort, not a sort of every key at once (~37 bytes a key).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ U64 = npt.NDArray[np.uint64]
 PARTITION_BITS = 8
 PARTITIONS = 1 << PARTITION_BITS
 FLUSH_BYTES = 2 << 20
-CHUNK = 1 << 20
+CHUNK = 1 << 15  # 256 KiB: above malloc's mmap threshold, so a dropped chunk is returned
 
 
 class _Column:
@@ -77,8 +79,9 @@ class TableBuilder:
         self.directory = directory
         if directory is not None:
             private_dir(directory)
-        self._hashes = _Column()
-        self._entries = _Column()
+        # Per partition, the hashes and entry hashes of its keys in scan order.
+        self._hashes = [_Column() for _ in range(PARTITIONS)]
+        self._entries = [_Column() for _ in range(PARTITIONS)]
         self._pending: list[ScanIndex] = []
         self._pending_bytes = 0
         # Blocks of each partition in the spill file: offset, names, bytes of names, one
@@ -93,8 +96,6 @@ class TableBuilder:
         """One scan batch (the scanner's sink)."""
         if not len(part):
             return
-        self._hashes.extend(part.key_hashes)
-        self._entries.extend(part.entries)
         self.keys_seen += len(part)
         self._pending.append(part)
         self._pending_bytes += len(part.blob) + 4 * len(part)
@@ -110,11 +111,14 @@ class TableBuilder:
         order = np.argsort(partition, kind="stable")
         lengths, blob = gather(batch.lengths, batch.blob, order)
         bounds = np.searchsorted(partition[order], np.arange(PARTITIONS + 1)).tolist()
+        hashes, entries = batch.key_hashes[order], batch.entries[order]
         name_at = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).tolist()
         for p in range(PARTITIONS):
             a, b = bounds[p], bounds[p + 1]
             if a == b:
                 continue
+            self._hashes[p].extend(hashes[a:b])
+            self._entries[p].extend(entries[a:b])
             head = lengths[a:b].astype("<u4").tobytes()
             names = blob[name_at[a] : name_at[b]]
             self._spill.write(head)
@@ -150,27 +154,32 @@ class TableBuilder:
         try:
             self._flush()
             self._spill.flush()
-            hashes = self._hashes.take()
-            entries = self._entries.take()
-            order = np.argsort(hashes, kind="stable")
-            hashes = hashes[order]
-            entries = entries[order]
-            del order
-            if len(hashes):
-                # Stable: equal hashes stay in scan order, the last of each run is kept.
-                last = np.ones(len(hashes), bool)
-                last[:-1] = hashes[1:] != hashes[:-1]
-                if not last.all():
-                    hashes, entries = hashes[last], entries[last]
-            return KeyTable.from_sorted(
-                hashes,
-                entries,
-                (self._partition(p) for p in range(PARTITIONS)),
-                merge_every=self.merge_every,
-                directory=self.directory,
-            )
+            table = KeyTable(merge_every=self.merge_every, directory=self.directory)
+            table.reserve(self.keys_seen)
+            count = 0
+            for p in range(PARTITIONS):
+                hashes, entries = self._sorted_partition(p)
+                table.fill(count, hashes, entries)
+                count += len(hashes)
+            table.filled(count, (self._partition(p) for p in range(PARTITIONS)))
+            return table
         finally:
             self.close()
+
+    def _sorted_partition(self, p: int) -> tuple[U64, U64]:
+        """Partition `p`'s hashes and entries, sorted by hash, each key once (its last
+        sighting); its columns are dropped."""
+        hashes = self._hashes[p].take()
+        entries = self._entries[p].take()
+        order = np.argsort(hashes, kind="stable")
+        hashes, entries = hashes[order], entries[order]
+        if len(hashes):
+            # Stable: equal hashes stay in scan order, the last of each run is kept.
+            last = np.ones(len(hashes), bool)
+            last[:-1] = hashes[1:] != hashes[:-1]
+            if not last.all():
+                hashes, entries = hashes[last], entries[last]
+        return hashes, entries
 
     def close(self) -> None:
         self._spill.close()

@@ -231,6 +231,8 @@ async def rebuild(
         if run is not None:
             run.set_status(FAILED, error=f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        job.source_keys.close()
     report.status = DONE
     if run is not None:
         run.set_status(DONE, report=report.to_dict())

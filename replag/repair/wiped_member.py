@@ -92,13 +92,16 @@ async def refill_wiped(
     job = Rebuild(settings, group, target, None, rate=rate, progress=progress)
     plan = await job.plan(sample_s=None)
     seconds = await job.run(log, plan)
-    left = await job.closing_keys()
-    if left is not None and wiped.keys:
-        # Keys only the target held before the copy: a check would find them too.
-        own = await keys_elsewhere(
-            [target], job.source_keys, prefix=job.prefix, timeout_s=job.timeout_s
-        )
-        left = sorted({*left, *own})
+    try:
+        left = await job.closing_keys()
+        if left is not None and wiped.keys:
+            # Keys only the target held before the copy: a check would find them too.
+            own = await keys_elsewhere(
+                [target], job.source_keys, prefix=job.prefix, timeout_s=job.timeout_s
+            )
+            left = sorted({*left, *own})
+    finally:
+        job.source_keys.close()
     if left is not None and len(left) > plan.source_keys // WHOLE_PASS_SHARE:
         left = None
     copied = job.counts.copied + job.big_copied

@@ -41,6 +41,9 @@ class ReplyLimits:
     max_info_lines: int = 100_000
     max_unrequested_bytes: int = _MIB
     max_topology_nodes: int = 10_000
+    # The most of one string value read in pages (GETRANGE): a server claiming more ends
+    # the read there (Redis's own strings stop at proto-max-bulk-len, 512 MB by default).
+    max_string_bytes: int = 4 << 30
 
 
 DEFAULT = ReplyLimits()
@@ -56,6 +59,7 @@ def from_settings(settings: object) -> ReplyLimits:
         max_info_lines=getattr(settings, "max_info_lines"),  # noqa: B009
         max_unrequested_bytes=getattr(settings, "max_unrequested_bytes"),  # noqa: B009
         max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
+        max_string_bytes=getattr(settings, "max_string_bytes"),  # noqa: B009
     )
 
 

@@ -126,3 +126,9 @@ def primary_and_replicas(workdir: Path, replicas: int = 2) -> Iterator[list[Redi
     finally:
         for server in servers:
             server.stop()
+
+
+def command_calls(client: redis.Redis, command: str) -> int:
+    """How many times `command` ran on the server since its stats were reset."""
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))

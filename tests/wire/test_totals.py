@@ -98,3 +98,37 @@ async def test_a_cluster_answer_naming_too_many_nodes_is_refused() -> None:
         seed = Endpoint.from_url(f"redis://{server.address}", name="fake")
         with pytest.raises(ReplyShapeError, match="20000 nodes, over max_topology_nodes = 10000"):
             await read_shards(seed, timeout_s=5)
+
+
+def test_a_string_read_in_pages_ends_at_max_string_bytes() -> None:
+    from replag.repair.keyspace.values import _Reader
+
+    limits = ReplyLimits(max_bytes=16, max_string_bytes=64)
+    reader = _Reader(b"s", "string", 10, False, limits)
+    pages = 0
+    while not reader.done:
+        reader.command()
+        reader.feed([b"x" * 8])  # always a full page: a server claiming an endless string
+        pages += 1
+        assert pages < 100
+    assert reader.failed and reader.start == 64
+
+
+async def test_discovery_asks_the_replicas_it_finds_at_once_under_one_deadline() -> None:
+    """A primary naming 50 replicas where nothing answers: all asked at once, each
+    written with why it is unread."""
+    from replag.discovery.replication import discover_replication
+
+    silent = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = silent.getsockname()[1]
+    lines = "".join(f"slave{i}:ip=127.0.0.{i + 3},port={port},state=online,offset=0,lag=0\r\n"
+                    for i in range(50))  # fmt: skip
+    info = bulk("# Replication\r\nrole:master\r\nconnected_slaves:50\r\n" + lines)
+    try:
+        with ScriptedServer({"INFO": info}) as server:
+            found = await discover_replication(f"redis://{server.address}", timeout_s=0.5)
+    finally:
+        silent.close()
+    assert found.facts["replicas"] == 50
+    text = "\n".join(found.endpoint_comments.values())
+    assert text.count("could not be read") == 50

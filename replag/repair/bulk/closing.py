@@ -21,56 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-import numpy.typing as npt
-
 from replag.repair.bulk.peer_read import WRITES_PROBE, Writes, writes_of
-from replag.repair.keyspace.native import hash_each
+from replag.repair.bulk.source_keys import SourceKeys
 from replag.repair.keyspace.together import all_of
 from replag.repair.scan.scanner import without_prefix
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection, pack
 
 SCAN_COUNT = 1000
-
-
-class SourceKeys:
-    """The hashes of every key the source's scan returned (8 bytes a key)."""
-
-    def __init__(self) -> None:
-        self._parts: list[npt.NDArray[np.uint64]] = []
-        self._sorted: npt.NDArray[np.uint64] | None = None
-
-    def __len__(self) -> int:
-        return sum(len(p) for p in self._parts)
-
-    def add(self, keys: list[bytes]) -> None:
-        if keys:
-            self._parts.append(hash_each(keys).copy())
-            self._sorted = None
-
-    def _ordered(self) -> npt.NDArray[np.uint64]:
-        if self._sorted is None:
-            joined = np.concatenate(self._parts) if self._parts else np.zeros(0, np.uint64)
-            self._sorted = np.sort(joined)  # (np.unique hashes: 4x slower; repeats are fine)
-            self._parts = [self._sorted]
-        return self._sorted
-
-    def repeats(self) -> bool:
-        """Whether the scan returned some key twice (SCAN may, while the table grows)."""
-        ordered = self._ordered()
-        return bool(len(ordered) > 1 and not np.all(np.diff(ordered)))
-
-    def lacks(self, keys: list[bytes]) -> list[bytes]:
-        """Those of `keys` the source's scan did not return."""
-        if not keys:
-            return []
-        self._sorted = self._ordered()
-        hashes = hash_each(keys)
-        at = np.searchsorted(self._sorted, hashes)
-        at[at >= len(self._sorted)] = 0
-        found = self._sorted[at] == hashes if len(self._sorted) else np.zeros(len(keys), np.bool_)
-        return [k for k, seen in zip(keys, found, strict=True) if not seen]
 
 
 async def writes_seen(endpoint: Endpoint, timeout_s: float) -> tuple[Writes, int]:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from replag.errors import UsageError
-from replag.repair.bulk.closing import SourceKeys, keys_elsewhere, quiet, writes_seen
+from replag.repair.bulk.closing import keys_elsewhere, quiet, writes_seen
 from replag.repair.bulk.copy import RefillOptions, copy_batches, settle_pending
 from replag.repair.bulk.peer_read import Writes
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BATCH, BatchResult, Refill
+from replag.repair.bulk.source_keys import SourceKeys
 from replag.repair.decisions.replica_role import replica_of, resync_advice
 from replag.repair.keyspace.pages import copy_big_keys
 from replag.repair.keyspace.progress import ProgressCallback, RepairProgress
@@ -77,6 +78,7 @@ class RebuildPlan:
         )
 
 
+SOURCE_SHARE = 4  # of check_memory_mb, for the source's key hashes (`SourceKeys`)
 SCAN_AHEAD = 8  # SCAN batches read ahead of the copy
 # The closing pass is a whole `repair run` when the copy left more than this share
 # (1/N) of the source's keys to it.
@@ -154,7 +156,8 @@ class Rebuild:
         self.progress = progress
         self.counts = BatchResult()
         self.big_copied = 0
-        self.source_keys = SourceKeys()  # what the source's scan returned
+        # What the source's scan returned: a quarter of check_memory_mb, the rest spilled.
+        self.source_keys = SourceKeys(memory_bytes=(s.check_memory_mb << 20) // SOURCE_SHARE)
         self.resumed = False  # then what the copy handed back before is not known
         # Per peer: how many of the source's keys it held when read; its write counters
         # and size before the copy (`bulk.closing.quiet`).

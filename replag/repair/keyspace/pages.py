@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol
 
 import xxhash
 
+from replag.errors import KeyRefused
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest
 from replag.repair.keyspace.faithful import require_whole_copy
 from replag.repair.keyspace.field_ttls import (
@@ -151,6 +152,7 @@ class _PageReader:
         # A hash with field TTLs: each page's fields' TTLs are read after it (`expiries`).
         self.field_ttls = field_ttls and type_name == "hash"
         self.expiring: dict[bytes, int] = {}
+        self.max_string_bytes = limits.max_string_bytes
         if type_name == "string":  # pages of bytes, each half of what a reply may carry
             self.page = string_page(limits)
         self.bytes = xxhash.xxh3_64()
@@ -190,6 +192,11 @@ class _PageReader:
         if self.type == "string":
             self.bytes.update(reply)
             self.start += len(reply)
+            if not self.done and self.start >= self.max_string_bytes:
+                raise KeyRefused(
+                    f"{self.key!r}: a string read past max_string_bytes = "
+                    f"{self.max_string_bytes} bytes; not copied"
+                )
             return [reply] if reply else []
         if self.type == "list":
             for item in reply:

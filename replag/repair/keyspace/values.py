@@ -181,6 +181,10 @@ class _Reader:
             self.items.append(reply)
             self.start += len(reply)
             self.done = len(reply) < string_page(self.limits)
+            if not self.done and self.start >= self.limits.max_string_bytes:
+                # A server claiming a string longer than any: read no further (counted
+                # as changed, so the key is named, never taken as equal).
+                self.failed = self.done = True
         elif self.type == "list":
             for item in reply:
                 self.ordered.add(item)
