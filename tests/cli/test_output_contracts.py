@@ -155,7 +155,7 @@ def test_an_unreachable_replica_exits_3_and_is_a_breach_too(
 def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> None:
     config = _topology(tmp_path, servers[0].url, servers[1].url)
     line = replag(["probe", "-c", str(config), "--count", "10", "--format", "nagios"], tmp_path)
-    assert line.startswith("REPLAG OK - 1 replicas within limits") and "p99'=" in line
+    assert line.startswith("REPLAG OK - 1 replica within limits") and "p99'=" in line
     missing = replag(
         ["probe", "-c", str(tmp_path / "nope.toml"), "--format", "nagios"], tmp_path, 3
     )
@@ -165,7 +165,7 @@ def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> No
 def test_failover_check_nagios(servers: list[RedisServer], config: Path, tmp_path: Path) -> None:
     check = ["failover-check", "--format", "nagios", "--max-bytes", "64kb"]
     (line,) = replag([*check, "-c", str(config)], config.parent).splitlines()
-    assert line.startswith("REPLAG OK - 1 primaries safe to fail over: "), line
+    assert line.startswith("REPLAG OK - 1 primary safe to fail over: "), line
     perfdata = line.split(" | ")[1]
     assert re.fullmatch(r"'[^'=]+ rpo'=\d+B;;65536;0;( '[^'=]+ rpo_s'=[\d.]+s;;;0;)?", perfdata)
     # Its only replica down: nothing can be promoted (CRITICAL); no config: UNKNOWN.
