@@ -3,8 +3,6 @@ unless both say `store_shared = true`."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from replag.errors import ConfigError
 from replag.lab.server import free_port
 from replag.store import Store
 from replag.store.configs import claim_for_config
+from tests.helpers.cli import run_replag
 
 
 def test_a_store_serves_one_config_unless_shared(tmp_path: Path) -> None:
@@ -34,10 +33,7 @@ def test_serve_on_another_configs_store_is_one_line_and_exit_2(tmp_path: Path) -
         "settings": {"store": str(store)},
         "regions": [{"name": "us-east", "write": f"redis://127.0.0.1:{free_port()}"}],
     }))  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = run_replag("serve", "--config", str(config), "--port", "0", timeout=60)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert f"holds the data of another config ({tmp_path / 'other.toml'})" in line
