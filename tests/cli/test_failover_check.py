@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from replag.cli import main
 from replag.lab.cluster import lab_fault
 from tests.helpers.lab import LabFactory
-from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.redis_servers import RedisFactory, primary_with_a_writable_replica
 
 
 def check(state: dict[str, Any], *args: str) -> Result:
@@ -115,15 +115,7 @@ def test_dynomite_only_topology_has_nothing_to_check(tmp_path: Path) -> None:
 def test_a_writable_replica_and_one_found_divergent_are_never_advised(
     redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
-    primary = redis_factory("primary", password="pw")
-    clean = replica_of(redis_factory, primary, "clean")
-    stray = redis_factory(
-        "stray",
-        password="pw",
-        extra_args=("--replicaof", "127.0.0.1", str(primary.port), "--masterauth", "pw",
-                    "--replica-read-only", "no"),
-    )  # fmt: skip
-    wait_listed(primary, [clean, stray])
+    primary, clean, stray = primary_with_a_writable_replica(redis_factory)
     out = tmp_path / "replag.toml"
     found = CliRunner().invoke(
         main, ["topology", "discover", "--redis", primary.url, "--out", str(out)]

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from replag.cli import main
 from replag.lab.server import RedisServer, free_port
 from tests.helpers.browser import CHROMIUM, evaluate_when_loaded
-from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
+from tests.helpers.redis_servers import RedisFactory, primary_with_a_writable_replica
 from tests.helpers.waiting import wait_until
 from tests.service.test_json_logs import LogReader
 
@@ -62,15 +62,7 @@ def cli(*args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def fleet(redis_factory: RedisFactory) -> Iterator[tuple[RedisServer, RedisServer, RedisServer]]:
-    primary = redis_factory("primary", password="pw")
-    clean = replica_of(redis_factory, primary, "clean")
-    stray = redis_factory(
-        "stray",
-        password="pw",
-        extra_args=("--replicaof", "127.0.0.1", str(primary.port), "--masterauth", "pw",
-                    "--replica-read-only", "no"),
-    )  # fmt: skip
-    wait_listed(primary, [clean, stray])
+    primary, clean, stray = primary_with_a_writable_replica(redis_factory)
     with stray.client() as client:
         client.mset({f"stray:{n}": "x" for n in range(STRAY_KEYS)})
     yield primary, clean, stray
