@@ -59,6 +59,14 @@ class MixinParams:
     kinds' defaults (`replag.alerts.tables.DEFAULT_THRESHOLD`) where one exists."""
 
     selector: str = 'job="replag"'
+    # Labels every aggregation keeps, so a rule and its alert still say which job and
+    # which cluster they are about: like the kubernetes mixin's clusterLabel, the name of
+    # the label your Prometheus puts the cluster in. `instance` is not kept by default:
+    # several `serve` instances on one store export the same gauges (and hand the probe
+    # over to each other), so keeping it alerts once per instance; add it
+    # (kept_labels="job, instance") where one serve runs per fleet.
+    cluster_label: str = "cluster"
+    kept_labels: str = "job"  # comma-separated
     runbook_base: str = "https://replag.example.com/docs"
     rate_window: str = "5m"
     lag_p99_limit_s: float = 0.5
@@ -137,8 +145,13 @@ class _Builder:
         if for_ and for_ != "0s":
             rule["for"] = for_
         rule["labels"] = {"severity": severity}
+        cluster = self.p.cluster_label
+        kept = " ".join(
+            f"{{{{ $labels.{x.strip()} }}}}" for x in self.p.kept_labels.split(",") if x.strip()
+        )
+        where = f" [{{{{ with $labels.{cluster} }}}}{cluster} {{{{ . }}}}, {{{{ end }}}}{kept}]"
         rule["annotations"] = {
-            "summary": summary,
+            "summary": summary + where,
             "description": description,
             "runbook_url": f"{self.p.runbook_base.rstrip('/')}/{RUNBOOK_PAGE}#{name.lower()}",
         }
@@ -475,20 +488,40 @@ def _seconds(window: str) -> float:
     return float(window[:-1]) * units[window[-1]]
 
 
+_BY = re.compile(r"\bby \(([^)]*)\)")
+
+
+def keeping(groups: list[dict[str, Any]], params: MixinParams) -> list[dict[str, Any]]:
+    """`groups` with every `by (…)` also keeping `kept_labels` and `cluster_label` (an
+    aggregation that drops them merges two Redis fleets' series into one)."""
+    kept = [*params.kept_labels.split(","), params.cluster_label]
+    kept = [x.strip() for x in kept if x.strip()]
+
+    def by(match: re.Match[str]) -> str:
+        own = [x.strip() for x in match.group(1).split(",") if x.strip()]
+        return f"by ({', '.join(dict.fromkeys([*kept, *own]))})"
+
+    return [
+        {**g, "rules": [{**r, "expr": _BY.sub(by, r["expr"])} for r in g["rules"]]} for g in groups
+    ]
+
+
 def generate(params: MixinParams | None = None) -> dict[str, str]:
     """File name → its YAML text."""
-    b = _Builder(params or MixinParams())
+    p = params or MixinParams()
+    b = _Builder(p)
     return {
-        RECORDING_FILE: HEADER + to_yaml({"groups": b.recording()}),
-        ALERTING_FILE: HEADER + to_yaml({"groups": b.alerting()}),
+        RECORDING_FILE: HEADER + to_yaml({"groups": keeping(b.recording(), p)}),
+        ALERTING_FILE: HEADER + to_yaml({"groups": keeping(b.alerting(), p)}),
     }
 
 
 def chart_rules(params: MixinParams | None = None) -> str:
     """The chart's PrometheusRule spec: every group, each series selector CHART_SELECTOR
     (the template replaces it with the chart's selector)."""
-    b = _Builder(dataclasses.replace(params or MixinParams(), selector=CHART_SELECTOR))
-    return HEADER + to_yaml({"groups": b.recording() + b.alerting()})
+    p = dataclasses.replace(params or MixinParams(), selector=CHART_SELECTOR)
+    b = _Builder(p)
+    return HEADER + to_yaml({"groups": keeping(b.recording() + b.alerting(), p)})
 
 
 # --- a small YAML writer (maps, lists, strings, numbers) -----------------------

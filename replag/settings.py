@@ -376,6 +376,13 @@ class Settings:
         "postgresql://user@host:port/db (password: REPLAG_STORE_PASSWORD or "
         "REPLAG_STORE_PASSWORD_FILE; TLS: ?sslmode=verify-full&sslrootcert=…).",
     )
+    store_shared: bool = setting(
+        False,
+        _bool,
+        "Let this config share its store with other configs on purpose (each `serve` "
+        "records its config file in the store; without this, one refuses a store another "
+        "config's serve used: two fleets' data would show as one).",
+    )
     store_hold_memory_mb: int = setting(
         256,
         _positive_int,

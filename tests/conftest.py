@@ -21,6 +21,7 @@ import pytest
 from replag.lab.cluster import LabSpec, lab_down, lab_up
 from replag.lab.server import RedisServer
 from replag.store import Store
+from tests.helpers import process_logs
 from tests.helpers.dynomite_cluster import (
     THREE_RACKS,
     DynomiteCluster,
@@ -106,6 +107,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(_module(item)))
         if needs_servers(item):
             item.add_marker(pytest.mark.servers)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    process_logs.began(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the tails of the process logs written while it ran."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        factory = getattr(item.config, "_tmp_path_factory", None)
+        basetemp = factory.getbasetemp() if factory is not None else None
+        for title, tail in process_logs.failure_sections(item, basetemp):
+            report.sections.append((title, tail))
 
 
 @pytest.fixture
@@ -194,6 +212,7 @@ def postgres_server() -> Iterator[LocalPostgres]:
     if not postgres_available():
         pytest.skip(NO_POSTGRES)
     server = LocalPostgres().start()
+    process_logs.keep(server.log)
     yield server
     server.destroy()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from replag.docs_pictures import diagrams, lag_plot_svg
 from replag.lab.server import free_port
 from tests.helpers.browser import CHROMIUM, chromium
+from tests.helpers.cli import spawn_replag
 from tests.helpers.lab import LabFactory
 from tests.helpers.serve_process import pair_state
 from tests.helpers.waiting import wait_until
@@ -70,10 +70,7 @@ def test_the_dashboard_and_lag_plot_drawn_from_a_partitioned_lab(
         "store": str(tmp_path / "s.sqlite"), "probe_interval": "1s", "count": 10, "rate": 0,
         "timeout": "1s", "replication_interval": "1s", "window": "1s"}))  # fmt: skip
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = spawn_replag("serve", "-c", str(config), "--port", str(port), log=tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
 
     def shoot(state_name: str) -> None:

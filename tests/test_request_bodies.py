@@ -13,11 +13,9 @@ Last, hypothesis sends the service's repair request malformed every way: never a
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from replag.agent.region import RegionAgent
 from replag.api.app import create_app
 from replag.config import config_from_dict
 from replag.lab.server import free_port
+from tests.helpers.cli import spawn_replag
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import wait_until
 
@@ -196,11 +195,7 @@ def upload(port: int, path: str, total: int, *, chunked: bool, token: str | None
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "replag", *args], stdout=out, stderr=out,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )  # fmt: skip
+    return spawn_replag(*args, log=log)
 
 
 def _wait_up(proc: subprocess.Popen[bytes], health: str, log: Path) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from replag.api.app import create_app
 from replag.config import load_config
 from replag.lab.server import RedisServer, free_port
 from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, wait_listed
 
 URL_PW = "url-pl4nted-Secret"
@@ -40,13 +39,7 @@ ENV = {"PLANTED_ENV_PW": ENV_PW, "REPLAG_API_TOKEN": TOKEN, "DISCOVER_PW": URL_P
 
 def replag(*args: str) -> str:
     """stdout and stderr of `replag -vv ARGS` (debug logging on)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "replag", "-vv", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **ENV},
-    )
+    done = run_replag("-vv", *args, timeout=600, env=ENV)
     return f"$ replag {' '.join(args)} → {done.returncode}\n{done.stdout}\n{done.stderr}"
 
 

@@ -24,6 +24,7 @@ from replag.alerts.condition import Condition, RuleContext
 from replag.alerts.config import AlertRule
 from replag.replication import history
 from replag.replication.check import recent_lag_p99_ms
+from replag.replication.check_verdicts import latest_verdicts
 from replag.replication.rpo import assess_failover
 from replag.replication.sampler import replication_targets
 from replag.replication.state import PrimaryState, ReplicaState, human_bytes
@@ -211,7 +212,9 @@ def _rpo_conditions(rule: AlertRule, ctx: RuleContext, *, in_time: bool) -> list
         lag = recent_lag_p99_ms(
             ctx.store, primary.source, now_ns=ctx.now_ns, freshness_s=max(rule.over_s, 300.0)
         )
-        assessment = assess_failover(primary, lag_p99_ms=lag)
+        assessment = assess_failover(
+            primary, lag_p99_ms=lag, verdicts=latest_verdicts(ctx.store), now_ns=ctx.now_ns
+        )
         best = assessment.safest
         where = f"failover of {primary.primary} ({primary.source})"
         if best is None:
@@ -221,7 +224,7 @@ def _rpo_conditions(rule: AlertRule, ctx: RuleContext, *, in_time: bool) -> list
                     labels=labels,
                     value=None,
                     active=True,
-                    summary=f"{where}: no replica can be promoted (none with its link up)",
+                    summary=f"{where}: {assessment.verdict}",
                 )
             )
             continue

@@ -8,8 +8,11 @@ verdict; `pairs` lets the matrix mark each pair and, in its `replicas`, each
 replica (a pair's state is its worst replica's).
 
 Critical (failing): a source whose probe failed or is stale, an unreachable
-replica, a replica that saw none of its probes. Warning (degraded): a replica
-that lost more than `max_loss` of them, alerts firing.
+replica, a replica that saw none of its probes, a replica the latest replication
+sample found not replicating (link down, syncing, replicating from elsewhere) or
+a primary it could not read. Warning (degraded): a replica that lost more than
+`max_loss` of them, a replica the latest check or repair run (whoever ran it)
+found divergent, a writable replica, alerts firing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any, Literal
 from replag.alerts.health import ProbeHealth, probe_health
 from replag.config import Config
 from replag.lagindex import LagIndex
+from replag.replication.check_verdicts import CheckVerdict
+from replag.replication.state import PrimaryState
 from replag.store import Store
 
 Severity = Literal["critical", "warning"]
@@ -35,15 +40,23 @@ STALE_INTERVALS = 3
 
 @dataclass(frozen=True, kw_only=True)
 class HealthProblem:
-    kind: str  # probe_error | stale | unreachable | not_replicating | loss | alerts | store
+    # probe_error | stale | unreachable | not_replicating | loss | alerts | store |
+    # replication | writable | divergence
+    kind: str
     severity: Severity
     message: str
     source: str | None = None
     target: str | None = None
     replica: str | None = None
+    group: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None, str | None, str | None, str | None]:
+        """What the problem is about (its message changes as it goes on: ages, counts)."""
+        return (self.kind, self.source, self.target, self.replica, self.group)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "severity": self.severity,
             "message": self.message,
@@ -51,6 +64,9 @@ class HealthProblem:
             "target": self.target,
             "replica": self.replica,
         }
+        if self.group is not None:
+            out["group"] = self.group
+        return out
 
 
 _STATE_ORDER: tuple[PairState, ...] = ("ok", "lossy", "not_replicating")
@@ -320,4 +336,67 @@ def with_store_problems(verdict: HealthVerdict, store: Store, index: LagIndex) -
                 f"{index.load_error}",
             )
         )
+    return HealthVerdict(problems=problems, pairs=verdict.pairs)
+
+
+def with_replication_problems(
+    verdict: HealthVerdict,
+    primaries: list[PrimaryState],
+    verdicts: dict[str, CheckVerdict],
+    *,
+    groups: set[str],
+    now_ns: int,
+) -> HealthVerdict:
+    """`verdict` plus what the latest replication sample of each primary and the latest
+    check of each replica say: a replica not replicating or a primary unread (critical),
+    a writable replica and one found divergent (warnings)."""
+    problems = list(verdict.problems)
+    for p in primaries:
+        if p.error:
+            problems.append(
+                HealthProblem(
+                    kind="replication",
+                    severity="critical",
+                    source=p.source,
+                    replica=p.primary,
+                    message=f"primary {p.primary} ({p.source}) not sampled: {p.error}",
+                )
+            )
+        for r in p.replicas:
+            if r.status != "ok":
+                how = r.status + (f" for {r.link_down_s} s" if r.link_down_s is not None else "")
+                problems.append(
+                    HealthProblem(
+                        kind="replication",
+                        severity="critical",
+                        source=p.source,
+                        target=r.region,
+                        replica=r.replica,
+                        message=f"replica {r.replica} of {p.primary} ({p.source}) not "
+                        f"replicating: {how}" + (f": {r.error}" if r.error else ""),
+                    )
+                )
+            if r.read_only is False:
+                problems.append(
+                    HealthProblem(
+                        kind="writable",
+                        severity="warning",
+                        source=p.source,
+                        target=r.region,
+                        replica=r.replica,
+                        message=f"replica {r.replica} of {p.primary} ({p.source}) is writable "
+                        "(replica-read-only no): what clients write there the primary lacks",
+                    )
+                )
+    for name, v in sorted(verdicts.items()):
+        if v.divergent and v.group in groups:
+            problems.append(
+                HealthProblem(
+                    kind="divergence",
+                    severity="warning",
+                    replica=name,
+                    group=v.group,
+                    message=f"group {v.group}: replica {name}: {v.describe(now_ns=now_ns)}",
+                )
+            )
     return HealthVerdict(problems=problems, pairs=verdict.pairs)

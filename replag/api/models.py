@@ -31,12 +31,17 @@ class Scoped(Open):
 
 
 class HealthProblem(Open):
-    kind: str = Field(description="probe_error, stale, unreachable, not_replicating, loss, alerts")
+    kind: str = Field(
+        description="probe_error, stale, unreachable, not_replicating, loss, alerts, store, "
+        "replication (the latest sample: a replica not replicating, a primary unread), "
+        "writable (replica-read-only no), divergence (the latest check or repair run)"
+    )
     severity: str
     message: str
     source: str | None = None
     target: str | None = None
     replica: str | None = None
+    group: str | None = Field(default=None, description="divergence: the replica group")
 
 
 class ReplicaHealth(Open):

@@ -39,10 +39,11 @@ from replag.store import Store, parse_location
 @click.option(
     "--format",
     "output_format",
-    type=click.Choice(["json", "nagios"]),
+    type=click.Choice(["json", "text", "nagios"]),
     default="json",
     show_default=True,
-    help="json, or nagios: one plugin line with perfdata (each primary's RPO), "
+    help="json; text: per primary its verdict and a line per replica (why each was "
+    "passed over); nagios: one plugin line with perfdata (each primary's RPO), "
     "exit 0 OK / 2 CRITICAL (unsafe) / 3 UNKNOWN (error).",
 )
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json (the default).")
@@ -62,8 +63,8 @@ def command(
     """
     defer_logs()  # stdout is JSON (or the plugin line)
     try:
-        if as_json and output_format == "nagios":
-            raise UsageError("--json and --format nagios: choose one")
+        if as_json and output_format != "json":
+            raise UsageError(f"--json and --format {output_format}: choose one")
         result = _check(config_path, source, max_bytes, max_lag)
     except ReplagError as exc:
         if output_format == "nagios":
@@ -76,6 +77,9 @@ def command(
     if output_format == "nagios":
         click.echo(failover_nagios_line(result))
         sys.exit(failover_nagios_code(result))
+    if output_format == "text":
+        click.echo("\n".join(result.render()))
+        sys.exit(result.exit_code)
     click.echo(json.dumps(versioned(result.to_dict()), indent=2))
     for assessment in result.assessments:
         state = "SAFE" if assessment.safe else "UNSAFE"

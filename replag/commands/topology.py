@@ -18,6 +18,7 @@ from replag.commands.options import config_option, fail_as_json, json_option, lo
 from replag.config import write_config_atomic
 from replag.config_security import EndpointDefaults, as_references, seed_url
 from replag.discovery import Discovery
+from replag.discovery.alert_rules import default_alert_rules
 from replag.discovery.cluster import EarlierShard, discover_cluster
 from replag.discovery.contacts import Contacts, parse_networks
 from replag.discovery.dynomite import (
@@ -35,6 +36,7 @@ from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
 from replag.store import Store, parse_location
+from replag.store.location import store_for_config
 from replag.wire import reply_limits
 
 
@@ -52,15 +54,26 @@ def command() -> None:
 )
 @click.option(
     "--redis",
-    "redis_url",
+    "redis_urls",
+    multiple=True,
     metavar="URL",
-    help="A Redis primary (or any replica of it), e.g. redis://10.0.0.1:6379.",
+    help="A Redis primary (or any replica of it), e.g. redis://10.0.0.1:6379; repeatable: "
+    "each replica set becomes a region and group named after its primary (host:port).",
 )
 @click.option(
     "--cluster",
-    "cluster_url",
+    "cluster_urls",
+    multiple=True,
     metavar="URL",
-    help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000.",
+    help="Any node of a Redis Cluster, e.g. redis://10.0.0.1:7000; repeatable (with "
+    "several, each cluster is named after the node given: its shards NAME-shard-…).",
+)
+@click.option(
+    "--name",
+    "fleet_name",
+    metavar="NAME",
+    help="With one --redis or --cluster: its name (the region and group of a replica "
+    "set; the cluster and its shards' prefix), instead of the primary's host:port.",
 )
 @click.option(
     "--sentinel",
@@ -129,13 +142,15 @@ def command() -> None:
     "--store",
     "store_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Results store written into the file as `store` (default: settings.store, "
-    "i.e. $REPLAG_STORE or ~/.local/state/replag/replag.sqlite).",
+    help="Results store written into the file as `store` (default: $REPLAG_STORE, else "
+    "one of the file's own, ~/.local/state/replag/NAME-HASH.sqlite, named for --out: "
+    "two configs never share a store unless told to).",
 )
 def discover(
     dynomite_url: str | None,
-    redis_url: str | None,
-    cluster_url: str | None,
+    redis_urls: tuple[str, ...],
+    cluster_urls: tuple[str, ...],
+    fleet_name: str | None,
     sentinel_addresses: tuple[str, ...],
     sentinel_masters: tuple[str, ...],
     out: Path | None,
@@ -161,19 +176,24 @@ def discover(
     password to every host it names: the hosts that got them are listed on stderr and in
     the file; --allow-networks keeps discovery inside the networks you trust.
     """
-    sources = [s for s in (dynomite_url, redis_url, cluster_url) if s]
-    if sentinel_addresses:
-        sources.append("sentinel")
-    if len(sources) != 1:
+    redis_sources = [("--redis", u) for u in redis_urls] + [("--cluster", u) for u in cluster_urls]
+    kinds = sum(bool(k) for k in (dynomite_url, redis_sources, sentinel_addresses))
+    if kinds != 1:
         raise UsageError(
-            "give exactly one of --dynomite URL, --redis URL, --cluster URL, --sentinel HOST:PORT"
+            "give --dynomite URL, or --redis/--cluster URLs (each repeatable), or "
+            "--sentinel HOST:PORT: one kind of source"
+        )
+    if fleet_name is not None and len(redis_sources) != 1:
+        raise UsageError(
+            "--name names one --redis or --cluster: with several, each is named after "
+            "its primary (host:port) or the node given"
         )
     if sentinel_masters and not sentinel_addresses:
         raise UsageError("--master applies to --sentinel only")
     dynomite_only = (peer_port, client_port, stats_port, redis_port, port_map_file)
     if dynomite_url is None and (port_maps or any(v is not None for v in dynomite_only)):
         raise UsageError("port conventions and --port-map apply to --dynomite only")
-    if previous is not None and not cluster_url:
+    if previous is not None and not cluster_urls:
         raise UsageError("--previous applies to --cluster only")
     contacts = Contacts(networks=parse_networks(allow_networks) if allow_networks else None)
     settings = resolve_settings({}, where="defaults")
@@ -181,12 +201,12 @@ def discover(
     timeout_s = _timeout_s(timeout, settings)
     password = _password_from(password_env, dynomite=dynomite_url is not None)
     defaults = EndpointDefaults.of(settings, os.environ, where="environment")
-    if redis_url or cluster_url:
-        seed = redis_url or cluster_url or ""
+    seeded_sources = []
+    for option, seed in redis_sources:
         if password is not None and urlsplit(seed).password:
-            raise UsageError("give the password once: in the URL or with --password-env")
-        seeded = seed_url(seed, password=password, tls=defaults.tls)
-        redis_url, cluster_url = (seeded, None) if redis_url else (None, seeded)
+            raise UsageError(f"{option} {_shown(seed)}: give the password once: in the URL or "
+                             "with --password-env")  # fmt: skip
+        seeded_sources.append((option, seed_url(seed, password=password, tls=defaults.tls)))
     sentinel_addresses = tuple(
         seed_url(a, password=None, tls=defaults.tls) if a.startswith("rediss://") else a
         for a in sentinel_addresses
@@ -204,10 +224,6 @@ def discover(
         found = asyncio.run(
             discover_dynomite(dynomite_url, ports=ports, timeout_s=timeout_s, contacts=contacts)
         )
-    elif redis_url:
-        found = asyncio.run(
-            discover_replication(redis_url, timeout_s=timeout_s, contacts=contacts, limits=limits)
-        )
     elif sentinel_addresses:
         found = asyncio.run(
             discover_sentinel(
@@ -219,16 +235,34 @@ def discover(
             )
         )
     else:
-        assert cluster_url is not None
-        found = asyncio.run(
-            discover_cluster(
-                cluster_url,
-                timeout_s=timeout_s,
-                contacts=contacts,
-                limits=limits,
-                previous=_shards_in(previous, "--previous") if previous else _shards_in(out),
-            )
-        )
+        earlier = _shards_in(previous, "--previous") if previous else _shards_in(out)
+        several = len(seeded_sources) > 1
+        parts = []
+        for option, url in seeded_sources:
+            if option == "--redis":
+                part = asyncio.run(
+                    discover_replication(
+                        url, timeout_s=timeout_s, contacts=contacts, name=fleet_name, limits=limits
+                    )
+                )
+                if several:  # two replica sets in one file: each its own cluster
+                    part = _in_cluster(part, part.topology.regions[0].name)
+            else:
+                name = fleet_name or (_seed_address(url) if len(cluster_urls) > 1 else None)
+                part = asyncio.run(
+                    discover_cluster(
+                        url,
+                        timeout_s=timeout_s,
+                        contacts=contacts,
+                        previous=earlier,
+                        name=name,
+                        limits=limits,
+                    )
+                )
+                if several and name is None:
+                    part = _in_cluster(part, _seed_address(url))
+            parts.append((f"{option} {_shown(url)}", part))
+        found = merge_discoveries(parts)
     topology, references = as_references(
         found.topology, password=password, password_env=password_env
     )
@@ -236,9 +270,69 @@ def discover(
     lines = contacts.header_lines()
     if lines:
         found = replace(found, header="\n".join([found.header, *lines]))
-    _emit(with_store(found, store_path or settings.store), out)
+    _emit(with_store(found, store_path or _own_store(found, out, settings)), out)
     for line in lines:
         click.echo(f"note: {line}", err=True)
+
+
+def _own_store(found: Discovery, out: Path | None, settings: Settings) -> str:
+    """The store the file gets: $REPLAG_STORE (shared on purpose), else one of its own,
+    named for the --out file (or, printed, for what was discovered)."""
+    if "REPLAG_STORE" in os.environ:
+        return settings.store
+    if out is not None:
+        return str(store_for_config(out.stem, where=out))
+    regions = found.topology.regions
+    return str(store_for_config(regions[0].name if regions else "replag"))
+
+
+def _shown(url: str) -> str:
+    """`url` without its password, for a message."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def _seed_address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def _in_cluster(found: Discovery, cluster: str) -> Discovery:
+    """`found` with every region in `cluster` (probes then expect its writes only there)."""
+    regions = tuple(replace(r, cluster=r.cluster or cluster) for r in found.topology.regions)
+    return replace(found, topology=replace(found.topology, regions=regions))
+
+
+def merge_discoveries(parts: list[tuple[str, Discovery]]) -> Discovery:
+    """One file of several discoveries (`parts`: (the option and URL given, what it found));
+    a region or group found twice (two URLs of one replica set) is refused, naming both."""
+    if len(parts) == 1:
+        return parts[0][1]
+    seen: dict[str, str] = {}
+    for given, part in parts:
+        names = {r.name for r in part.topology.regions} | {g.name for g in part.topology.groups}
+        for name in sorted(names):
+            if name in seen:
+                raise UsageError(
+                    f"{given} and {seen[name]} both found {name!r}: the same replica set or "
+                    "cluster given twice (or give each a --name in a file of its own)"
+                )
+            seen[name] = given
+    first = parts[0][1]
+    return Discovery(
+        topology=replace(
+            first.topology,
+            regions=tuple(r for _, p in parts for r in p.topology.regions),
+            groups=tuple(g for _, p in parts for g in p.topology.groups),
+        ),
+        header="\n".join(p.header for _, p in parts),
+        comments={k: v for _, p in parts for k, v in p.comments.items()},
+        endpoint_comments={k: v for _, p in parts for k, v in p.endpoint_comments.items()},
+        settings={k: v for _, p in parts for k, v in p.settings.items()},
+        facts={k: v for _, p in parts for k, v in p.facts.items()},
+    )
 
 
 def _shards_in(path: Path | None, option: str = "--out") -> list[EarlierShard]:
@@ -323,16 +417,17 @@ def _emit(found: Discovery, out: Path | None) -> None:
     """Print the file (no password: a placeholder to fill in) or write it to `out` (0600,
     atomically)."""
     store = parse_location(found.settings["store"]).shown
+    rules = "\n" + default_alert_rules(found.topology)
     if out is None:
         # The terminal (and whatever log captures it) never sees a password: the file does.
         shown = printable(found)
-        click.echo(shown.render(redact=True), nl=False)
+        click.echo(shown.render(redact=True) + rules, nl=False)
         if shown is not found:
             note = shown.header[len(found.header) :].strip().replace("\n", " ")
             click.echo(f"note: {note}", err=True)
         click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
         return
-    write_config_atomic(out, found.render())
+    write_config_atomic(out, found.render() + rules)
     click.echo(f"wrote {out}: {summary(found)}", err=True)
     click.echo(f"results store (state of probe, repair, serve): {store}", err=True)
 
@@ -385,9 +480,13 @@ def port_map(
     return replace(ports, overrides=nodes)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def summary(found: Discovery) -> str:
     regions, groups = found.topology.regions, found.topology.groups
-    line = f"{len(regions)} regions, {len(groups)} replica groups"
+    line = f"{_count(len(regions), 'region')}, {_count(len(groups), 'replica group')}"
     consistency = found.facts.get("consistency")
     if isinstance(consistency, dict):
         line += f"; Dynomite consistency read {consistency['read']}, write {consistency['write']}"

@@ -240,11 +240,13 @@ async def discover_cluster(
     timeout_s: float,
     contacts: Contacts | None = None,
     previous: Sequence[EarlierShard] = (),
+    name: str | None = None,
     limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """Every shard of the Redis Cluster that the node at `url` belongs to. `previous`: the
     shards of an earlier discovery (the file being rewritten, or the config in use): a
-    shard keeps the name of the one it is (see `kept_names`)."""
+    shard keeps the name of the one it is (see `kept_names`). `name`: the cluster's, which
+    prefixes each shard's (`NAME-shard-…`) and is each region's `cluster`."""
     try:
         seed = replace(Endpoint.from_url(url), limits=limits)
     except ValueError as exc:
@@ -259,6 +261,7 @@ async def discover_cluster(
         command=command,
         state=state,
         names=kept_names(shards, previous),
+        cluster=name,
         databases=databases,
     )
 
@@ -312,11 +315,13 @@ def cluster_topology(
     command: str,
     state: str,
     names: Mapping[str, str] | None = None,
+    cluster: str | None = None,
     databases: Mapping[str, Mapping[int, int]] | None = None,
 ) -> Discovery:
     """One region and one replica group per shard, in slot order (`names`: identity → a
-    name kept from an earlier discovery), and a group per other database holding keys on
-    its primary (`databases`: identity → db → keys; Valkey 9 cluster-databases)."""
+    name kept from an earlier discovery; `cluster`: the cluster's name, prefixing the
+    shards' names), and a group per other database holding keys on its primary
+    (`databases`: identity → db → keys; Valkey 9 cluster-databases)."""
     names = names or {}
     regions, groups = [], []
     comments: dict[str, str] = {}
@@ -335,7 +340,8 @@ def cluster_topology(
         return ep
 
     for shard in sorted(shards, key=lambda s: s.slots[0]):
-        name = names.get(shard.identity, shard.name)
+        own = f"{cluster}-{shard.name}" if cluster else shard.name
+        name = names.get(shard.identity, own)
         primary = endpoint(shard.primary, name)
         replicas = tuple(endpoint(node, name) for node in shard.replicas)
         endpoint_comments[primary.name] = f"primary, cluster node {shard.primary.node_id}"
@@ -349,14 +355,16 @@ def cluster_topology(
                 replicas=replicas,
                 slots=shard.slots,
                 shard=shard.identity,
+                cluster=cluster,
             )
         )
         ranges = ", ".join(f"{a}-{b}" for a, b in shard.slots)
         named = "shard id" if shard.shard_id else "lowest slot"
-        if name != shard.name:
+        if name != own:
             named = "earlier name (--previous, or the file --out rewrote)"
         comments[name] = (
-            f"shard holding slots {ranges} ({len(replicas)} replicas); named by its {named}: "
+            f"shard holding slots {ranges} ({len(replicas)} replica"
+            f"{'' if len(replicas) == 1 else 's'}); named by its {named}: "
             "the probe re-reads where it is and which slots it holds"
         )
         if replicas:

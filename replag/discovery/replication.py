@@ -145,16 +145,20 @@ async def discover_replication(
     *,
     timeout_s: float,
     contacts: Contacts | None = None,
+    name: str | None = None,
     limits: ReplyLimits = DEFAULT_LIMITS,
 ) -> Discovery:
     """The primary of `url`'s replication tree and every replica under it (those outside
-    `contacts.networks` left out, never contacted); each reply within `limits`."""
+    `contacts.networks` left out, never contacted), each reply within `limits`; its region
+    and group are named `name`, else after the primary (host:port), so two replica sets
+    never share a name."""
     try:
         seed = replace(Endpoint.from_url(url), limits=limits)
     except ValueError as exc:
         raise UsageError(f"--redis: {exc}") from None
     primary = await find_primary(seed, timeout_s=timeout_s, contacts=contacts)
-    primary = replace(primary, name=primary.address, region="primary")
+    region = name or primary.address
+    primary = replace(primary, name=primary.address, region=region)
     links: list[ReplicaLink] = []
     unread: dict[str, str] = {}
     frontier, seen = [primary], {primary.address}
@@ -188,6 +192,10 @@ async def discover_replication(
     return replication_topology(
         primary, links, unread=unread, source=seed.url(), databases=databases
     )
+
+
+def _region_of(primary: Endpoint) -> str:
+    return primary.region or primary.address
 
 
 _DEADLINE_TIMEOUTS = 4  # the whole walk: this many connect timeouts
@@ -236,8 +244,11 @@ def replication_topology(
     source: str,
     databases: Mapping[int, int] | None = None,
 ) -> Discovery:
-    """One region "primary" (write = primary, replicas = all) and one replica group."""
-    replicas = tuple(replace(link.endpoint, region="primary") for link in links)
+    """One region (write = primary, replicas = all) and one replica group, both named as
+    the primary's region (its host:port unless named)."""
+    name = _region_of(primary)
+    primary = replace(primary, region=name)
+    replicas = tuple(replace(link.endpoint, region=name) for link in links)
     endpoint_comments = {primary.name: "primary (role:master in INFO replication)"}
     for link in links:
         chained = link.upstream.address != primary.address
@@ -254,12 +265,12 @@ def replication_topology(
         endpoint_comments[link.endpoint.name] = text
     groups: tuple[ReplicaGroup, ...] = ()
     comments = {
-        "primary": f"primary {primary.address} and the {len(links)} replicas INFO replication "
-        "leads to (lag per replica)",
+        name: f"primary {primary.address} and the {len(links)} replica"
+        f"{'' if len(links) == 1 else 's'} INFO replication leads to (lag per replica)",
     }
     if replicas:
-        group = ReplicaGroup(name="replication", members=(primary, *replicas), kind="replication")
-        comments["replication"] = "the primary and every replica: they should hold the same data"
+        group = ReplicaGroup(name=name, members=(primary, *replicas), kind="replication")
+        comments[name] += "; as a group, the primary and every replica: the same data"
         others, more = database_groups(group, databases or {})
         groups = (group, *others)
         comments.update(more)
@@ -268,7 +279,7 @@ def replication_topology(
         header.append("The primary lists no replicas: nothing to probe or repair against.")
     return Discovery(
         topology=Topology(
-            regions=(Region(name="primary", write=primary, replicas=replicas),), groups=groups
+            regions=(Region(name=name, write=primary, replicas=replicas),), groups=groups
         ),
         header="\n".join(header),
         comments=comments,

@@ -37,7 +37,8 @@ def nagios_line(report: ProbeReport, *, max_p99_ms: float | None, max_loss: floa
         summary = "; ".join(b["message"] for b in report.breaches)
     else:
         worst = max((p.summary.lag_ms["p99"] or 0.0 for p in report.pairs), default=0.0)
-        summary = f"{pairs} replicas within limits, worst p99 {_number(worst)} ms"
+        noun = "replica" if pairs == 1 else "replicas"
+        summary = f"{pairs} {noun} within limits, worst p99 {_number(worst)} ms"
     perf = []
     unreachable = {u["replica"] for u in report.unreachable}
     warn_p99 = _number(max_p99_ms) if max_p99_ms is not None else ""
@@ -68,7 +69,8 @@ def failover_nagios_line(result: FailoverCheck) -> str:
     unsafe = [a for a in result.assessments if not a.safe]
     verdicts = "; ".join(f"{a.source}: {a.verdict}" for a in unsafe or result.assessments)
     count = len(result.assessments)
-    summary = verdicts if unsafe else f"{count} primaries safe to fail over: {verdicts}"
+    noun = "primary" if count == 1 else "primaries"
+    summary = verdicts if unsafe else f"{count} {noun} safe to fail over: {verdicts}"
     perf = []
     for a in result.assessments:
         safest = a.safest

@@ -16,6 +16,7 @@ from typing import Any
 from replag.config import Config
 from replag.errors import UnreachableError, UsageError
 from replag.histogram import LagHistogram
+from replag.replication.check_verdicts import latest_verdicts
 from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from replag.replication.state import ReplicationSnapshot
@@ -38,6 +39,16 @@ class FailoverCheck:
     @property
     def exit_code(self) -> int:
         return 0 if self.safe else 1
+
+    def render(self) -> list[str]:
+        """`failover-check --format text`: per primary its verdict, then each replica."""
+        lines = []
+        for a in self.assessments:
+            state = "SAFE" if a.safe else "UNSAFE"
+            lines.append(f"{state}: {a.source} (primary {a.primary}): {a.verdict}")
+            lines += [f"  {c.line()}" for c in a.candidates]
+        lines += [f"note: {n}" for n in self.snapshot.notes]
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +116,7 @@ async def assess_primaries(
             )
     freshness = max(_LAG_FRESHNESS_S, 3 * float(config.settings.probe_interval))
     now = time.time_ns()
+    verdicts = latest_verdicts(store) if store is not None else {}
     assessments = tuple(
         assess_failover(
             primary,
@@ -113,6 +125,8 @@ async def assess_primaries(
             else {},
             max_bytes=max_bytes,
             max_lag_s=max_lag_s,
+            verdicts=verdicts,
+            now_ns=now,
         )
         for primary in snapshot.primaries
     )

@@ -99,6 +99,9 @@ class ReplicationInfo:
     applied_offset: int | None = None  # slave_repl_offset: applied to the dataset
     read_offset: int | None = None  # slave_read_repl_offset (Redis 7+): read off the socket
     priority: int | None = None
+    # slave_read_only: False on a replica clients may write to (replica-read-only no);
+    # None where INFO does not say.
+    read_only: bool | None = None
     # INFO stats (the syncs this server served as a primary); None if not read.
     sync_full: int | None = None
     sync_partial_ok: int | None = None
@@ -147,10 +150,18 @@ class ReplicationInfo:
             priority=_int(fields, "slave_priority")
             if "slave_priority" in fields
             else _int(fields, "replica_priority"),
+            read_only=_flag(fields, "slave_read_only", "replica_read_only"),
             sync_full=_int(stat_fields, "sync_full"),
             sync_partial_ok=_int(stat_fields, "sync_partial_ok"),
             sync_partial_err=_int(stat_fields, "sync_partial_err"),
         )
+
+
+def _flag(fields: dict[str, str], *names: str) -> bool | None:
+    for name in names:
+        if name in fields:
+            return fields[name] == "1"
+    return None
 
 
 def _listed(fields: dict[str, str]) -> tuple[ListedReplica, ...]:

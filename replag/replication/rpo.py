@@ -6,9 +6,12 @@ gone once the replica is promoted. In time: the probe's latest p99 lag to
 that replica (writes younger than that may be missing), at least the
 seconds its link has been down; without probe figures, bytes ÷ the
 primary's write rate. A replica is a candidate only with its link up, no
-sync in progress and a priority other than 0 (Sentinel never promotes
-those). The safest candidate loses the fewest bytes; Sentinel itself ranks by
-priority first, so its pick can differ: the answer lists every replica.
+sync in progress, read-only (`replica-read-only no` lets clients write to it:
+what they wrote is not the primary's data), not found divergent by the latest
+check or repair run that compared it, and a priority other than 0 (Sentinel
+never promotes those); each passed-over replica says why. The safest
+candidate loses the fewest bytes; Sentinel itself ranks by priority first, so
+its pick can differ: the answer lists every replica.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replag.replication.check_verdicts import CheckVerdict
 from replag.replication.state import PrimaryState, ReplicaState
 
 
@@ -31,6 +35,8 @@ class FailoverCandidate:
     rpo_s_from: str | None
     eligible: bool
     reason: str | None
+    read_only: bool | None = None
+    last_check: dict[str, Any] | None = None  # CheckVerdict.to_dict(): run, age, keys
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -40,9 +46,24 @@ class FailoverCandidate:
             "rpo_bytes": self.rpo_bytes,
             "rpo_s": None if self.rpo_s is None else round(self.rpo_s, 4),
             "rpo_s_from": self.rpo_s_from,
+            "read_only": self.read_only,
+            "last_check": self.last_check,
             "eligible": self.eligible,
             "reason": self.reason,
         }
+
+    def line(self) -> str:
+        """One text line: `127.0.0.1:6380 passed over: writable (…)` or its RPO."""
+        rpo = "-" if self.rpo_bytes is None else f"{self.rpo_bytes} bytes"
+        ro = {True: "read-only", False: "WRITABLE", None: "read-only unknown"}[self.read_only]
+        check = "no check recorded"
+        if self.last_check is not None:
+            c = self.last_check
+            check = f"{c['kind']} {c['run_id']} {c['age_s']:g} s ago: "
+            check += f"{c['divergent_keys']} divergent"
+        head = f"{self.replica}: {'candidate' if self.eligible else 'passed over'}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{head}{why}; link {self.status}, behind {rpo}, {ro}, {check}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +100,15 @@ class FailoverAssessment:
 
 
 def candidate(
-    state: ReplicaState, *, lag_p99_ms: float | None, write_rate_bps: float | None
+    state: ReplicaState,
+    *,
+    lag_p99_ms: float | None,
+    write_rate_bps: float | None,
+    verdict: CheckVerdict | None = None,
+    now_ns: int = 0,
 ) -> FailoverCandidate:
-    """What promoting `state`'s replica would lose, and whether it can be promoted at all."""
+    """What promoting `state`'s replica would lose, and whether it can be promoted at all
+    (`verdict`: the latest check or repair run that compared it)."""
     rpo_bytes = state.bytes_behind_max
     times: list[tuple[float, str]] = []
     if lag_p99_ms is not None:
@@ -94,15 +121,20 @@ def candidate(
         elif write_rate_bps:
             times.append((rpo_bytes / write_rate_bps, "bytes behind ÷ write rate"))
     rpo_s, rpo_from = max(times) if times else (None, None)
-    reason = None
+    reasons = []
     if state.status != "ok":
-        reason = state.error or f"link {state.status}"
+        reasons.append(state.error or f"link {state.status}")
     elif state.sync_in_progress:
-        reason = "sync in progress"
-    elif state.priority == 0:
-        reason = "replica-priority 0: never promoted"
-    elif rpo_bytes is None:
-        reason = "offset unknown"
+        reasons.append("sync in progress")
+    if state.read_only is False:
+        reasons.append("writable (replica-read-only no): clients may have written to it")
+    if verdict is not None and verdict.divergent:
+        reasons.append(verdict.describe(now_ns=now_ns))
+    if state.priority == 0:
+        reasons.append("replica-priority 0: never promoted")
+    if not reasons and rpo_bytes is None:
+        reasons.append("offset unknown")
+    reason = "; ".join(reasons) or None
     return FailoverCandidate(
         replica=state.replica,
         region=state.region,
@@ -112,6 +144,8 @@ def candidate(
         rpo_s_from=rpo_from,
         eligible=reason is None,
         reason=reason,
+        read_only=state.read_only,
+        last_check=None if verdict is None else verdict.to_dict(now_ns=now_ns),
     )
 
 
@@ -121,11 +155,21 @@ def assess_failover(
     lag_p99_ms: Mapping[str, float],
     max_bytes: int = 0,
     max_lag_s: float | None = None,
+    verdicts: Mapping[str, CheckVerdict] | None = None,
+    now_ns: int = 0,
 ) -> FailoverAssessment:
     """Rank `primary`'s replicas by what a failover to each would lose; safe if the best
-    loses at most `max_bytes` (and, if given, `max_lag_s` seconds of writes)."""
+    loses at most `max_bytes` (and, if given, `max_lag_s` seconds of writes). `verdicts`:
+    each replica's latest check (`replag.replication.check_verdicts.latest_verdicts`)."""
+    verdicts = verdicts or {}
     candidates = [
-        candidate(r, lag_p99_ms=lag_p99_ms.get(r.replica), write_rate_bps=primary.write_rate_bps)
+        candidate(
+            r,
+            lag_p99_ms=lag_p99_ms.get(r.replica),
+            write_rate_bps=primary.write_rate_bps,
+            verdict=verdicts.get(r.replica),
+            now_ns=now_ns,
+        )
         for r in primary.replicas
     ]
 
@@ -142,7 +186,11 @@ def assess_failover(
     if primary.error:
         safe, verdict = False, f"primary not sampled: {primary.error}"
     elif best is None:
-        safe, verdict = False, "no replica can be promoted (none with its link up)"
+        if all(c.status != "ok" for c in candidates):
+            why = "none with its link up"
+        else:
+            why = "; ".join(f"{c.replica}: {c.reason}" for c in candidates)
+        safe, verdict = False, f"no replica can be promoted ({why})"
     elif best.rpo_bytes is not None and best.rpo_bytes > max_bytes:
         safe = False
         verdict = f"{best.replica} would lose up to {best.rpo_bytes} bytes (> {max_bytes})"
@@ -153,6 +201,9 @@ def assess_failover(
     else:
         safe = True
         verdict = f"fail over to {best.replica}: loses at most {best.rpo_bytes} bytes"
+    passed = [c for c in candidates if not c.eligible]
+    if passed and best is not None:
+        verdict += "; passed over " + ", ".join(f"{c.replica} ({c.reason})" for c in passed)
     return FailoverAssessment(
         source=primary.source,
         primary=primary.primary,

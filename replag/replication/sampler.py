@@ -359,6 +359,7 @@ def _without_primary(region: str, endpoint: Endpoint, read: _Read) -> ReplicaSta
         offset=info.applied_offset,
         read_offset=info.read_offset,
         priority=info.priority,
+        read_only=info.read_only,
     )
 
 
@@ -392,6 +393,7 @@ def _replica_state(
         "ack_offset": listed.ack_offset if listed else None,
         "ack_lag_s": listed.ack_lag_s if listed else None,
         "priority": info.priority,
+        "read_only": info.read_only,
     }
     # After a failover a replica keeps the old ID until it resyncs; offsets carry on.
     if info.replid not in (after.replid, after.replid2):

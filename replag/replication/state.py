@@ -36,6 +36,8 @@ class ReplicaState:
     backlog_headroom: int | None = None
     headroom_fraction: float | None = None
     priority: int | None = None
+    # False: replica-read-only no, so clients may have written to it (None: not known).
+    read_only: bool | None = None
     error: str | None = None
     # Loading its dataset into memory (INFO persistence loading:1): a full resync's
     # snapshot after the transfer, or its own file after a restart. Status "syncing":
@@ -73,6 +75,7 @@ class ReplicaState:
             "backlog_headroom": self.backlog_headroom,
             "headroom_fraction": _round(self.headroom_fraction, 4),
             "priority": self.priority,
+            "read_only": self.read_only,
             "loading": self.loading,
             "error": self.error,
         }

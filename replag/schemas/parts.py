@@ -76,6 +76,7 @@ REPLICA_STATE = obj(
         "ack_offset": nullable(INT),
         "ack_lag_s": nullable(NUM),
         "priority": nullable(INT),
+        "read_only": nullable(BOOL),
         "loading": BOOL,
     },
 )

@@ -151,7 +151,17 @@ CANDIDATE = obj(
         "eligible": BOOL,
         "reason": nullable(STR),
     },
-    {"rpo_s_from": nullable(STR)},
+    {
+        "rpo_s_from": nullable(STR),
+        "read_only": nullable(BOOL),
+        # The latest check or repair run that compared the replica (from the store).
+        "last_check": nullable(
+            obj(
+                {"run_id": STR, "kind": STR, "age_s": NUM, "divergent_keys": INT},
+                {"group": STR},
+            )
+        ),
+    },
 )
 
 FAILOVER_CHECK = obj(

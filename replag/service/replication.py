@@ -24,6 +24,7 @@ from replag.errors import OutsideReach, StoreUnwritable
 from replag.metrics import ServiceMetrics
 from replag.replication import history as replication_history
 from replag.replication.check import recent_lag_p99_ms
+from replag.replication.check_verdicts import CheckVerdict, VerdictCache
 from replag.replication.follow import endpoint_at
 from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, SampleTarget, replication_targets
@@ -56,6 +57,7 @@ class ReplicationState:
         self._lock = threading.Lock()
         self.rebuild_on: BackgroundLoop | None = None
         self.keeper: LeaseKeeper | None = None  # set while several instances may run
+        self.verdicts = VerdictCache()  # the latest runs, shared with RoundFindings
         self.metrics.replication.expect(
             (t.source, t.primary.name, [(region, ep.name) for region, ep in t.replicas])
             for t in self.targets()
@@ -121,7 +123,16 @@ class ReplicationState:
             )
         except StoreUnwritable:
             lag = {}  # the store is away: the RPO in seconds is unknown meanwhile
-        return assess_failover(primary, lag_p99_ms=lag)
+        return assess_failover(
+            primary, lag_p99_ms=lag, verdicts=self.check_verdicts(), now_ns=now_ns
+        )
+
+    def check_verdicts(self) -> dict[str, CheckVerdict]:
+        """Each replica's latest check or repair run (whoever ran it), from the store."""
+        try:
+            return self.verdicts.get(self.store)
+        except StoreUnwritable:
+            return {}
 
     def latest_primaries(self) -> list[PrimaryState]:
         """The latest sample of every primary: this service's while it samples them, else

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from replag.alerts.evaluate import AlertBook, AlertSender
 from replag.alerts.health import probe_health
-from replag.alerts.verdict import replication_health, with_store_problems
+from replag.alerts.verdict import (
+    HealthVerdict,
+    replication_health,
+    with_replication_problems,
+    with_store_problems,
+)
 from replag.background import BackgroundLoop
 from replag.config import Config
 from replag.errors import ReplagError, StoreError
@@ -36,6 +41,7 @@ from replag.replication.state import PrimaryState
 from replag.service.alerting import AlertEvaluation
 from replag.service.checks import ScheduledCheck
 from replag.service.dynomite import DynomiteStatsRound
+from replag.service.findings import RoundFindings
 from replag.service.job_table import JobTable
 from replag.service.jobs import JobAction, JobRunner, OrphanAdoption, RepairJob
 from replag.service.leasing import INSTANCE_PREFIX, OFFER_PREFIX, LeaseKeeper
@@ -116,7 +122,14 @@ class ReplagService:
             config, store=self.store, metrics=self.metrics, counters=self.counters
         )
         self.replication = ReplicationState(config, store=self.store, metrics=self.metrics)
-        evaluate = self.alerts.after_round
+        self.findings = RoundFindings(
+            config,
+            store=self.store,
+            metrics=self.metrics,
+            verdicts=self.replication.verdicts,
+            problems=lambda: self.health_verdict().problems,
+        )
+        evaluate = self.after_round
         self._probe = probe or run_probe
         self.probe_rounds = [
             self._probe_round(config, region)
@@ -154,7 +167,7 @@ class ReplagService:
             write_name=region.write.name,
             probe=self._probe,
             replication=self.replication,
-            evaluate_alerts=self.alerts.after_round,
+            evaluate_alerts=self.after_round,
             store=self.store,
             metrics=self.metrics,
             counters=self.counters,
@@ -165,7 +178,7 @@ class ReplagService:
             group,
             jobs=self.job_runner,
             turns=self._check_turns,
-            evaluate_alerts=self.alerts.after_round,
+            evaluate_alerts=self.after_round,
         )
 
     async def apply_config(self, new: Config) -> None:
@@ -180,6 +193,7 @@ class ReplagService:
         self.config_version += 1
         self.job_runner.configure(new)
         self.replication.config, self.replication.settings = new, new.settings
+        self.findings.config = new
         self.replication_sampling.interval_s = new.settings.replication_interval
         self.dynomite.config, self.dynomite.settings = new, new.settings
         self.dynomite.interval_s = new.settings.probe_interval
@@ -374,6 +388,12 @@ class ReplagService:
     async def evaluate_alerts(self) -> None:
         await self.alerts.evaluate()
 
+    async def after_round(self) -> None:
+        """After each unit's round: adopt the latest runs (a CLI repair's too), log what
+        changed, evaluate the alerts."""
+        await self.findings.after_round()
+        await self.alerts.after_round()
+
     # --- what the API reads ------------------------------------------------------
 
     @property
@@ -412,9 +432,9 @@ class ReplagService:
     def dynomite_status(self) -> dict[str, Any]:
         return self.dynomite.status()
 
-    def health(self) -> dict[str, Any]:
-        """The replication verdict now (`replag.alerts.verdict`) and the service's state."""
-        probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+    def health_verdict(self) -> HealthVerdict:
+        """The replication verdict now (`replag.alerts.verdict`), with the store's, the
+        replication samples' and the latest checks' problems."""
         unseen: frozenset[str] = frozenset()
         if self.keeper is not None and not self.store.reachable:
             mine = set(self.keeper.held_names())
@@ -427,6 +447,18 @@ class ReplagService:
             unseen=unseen,
         )
         verdict = with_store_problems(verdict, self.store, self.index)
+        return with_replication_problems(
+            verdict,
+            self.replication.latest_primaries(),
+            self.replication.check_verdicts(),
+            groups={g.name for g in self.config.topology.groups},
+            now_ns=time.time_ns(),
+        )
+
+    def health(self) -> dict[str, Any]:
+        """The replication verdict now (`replag.alerts.verdict`) and the service's state."""
+        probes = {name: h.to_dict() for name, h in probe_health(self.store).items()}
+        verdict = self.health_verdict()
         return {
             **verdict.to_dict(),
             "store": {"location": self.store.shown, **self.store.health.to_dict()},

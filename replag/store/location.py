@@ -9,6 +9,7 @@ the file named by `REPLAG_STORE_PASSWORD_FILE`, or libpq's own `PGPASSWORD` /
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -98,3 +99,18 @@ def store_password(environ: Mapping[str, str] | None = None) -> str | None:
         raise ConfigError(
             f"cannot read the store password file: {exc.strerror}", where=PASSWORD_FILE_ENV
         ) from None
+
+
+STATE_DIR = Path("~/.local/state/replag")
+
+
+def store_for_config(name: str, *, where: Path | None = None) -> Path:
+    """A SQLite store of a config's own (`topology discover` writes it into the file): one
+    file per config, named for it, so two configs never share lag windows, runs and
+    alert state unless the user points them at one store on purpose. `where` (the
+    config file's path) tells apart two files of the same name in different folders."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "replag"
+    if where is not None:
+        digest = hashlib.sha256(str(where.expanduser().resolve()).encode()).hexdigest()[:8]
+        stem = f"{stem}-{digest}"
+    return STATE_DIR / f"{stem}.sqlite"

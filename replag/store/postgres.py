@@ -43,6 +43,17 @@ _FIRST_WAIT_S = 0.5
 _UNWRITABLE_STATES = ("53", "25006")
 _UNREACHABLE_STATES = ("08", "57P")
 _DAMAGED_STATES = ("XX001", "XX002")  # data_corrupted, index_corrupted
+# A transaction whose client says nothing for this long is ended by the server, its locks
+# freed: a process paused (SIGSTOP, a VM frozen) or starved inside one would otherwise hold
+# its row locks for as long as it is stopped. A lease's row is share-locked by every write
+# made under the lease (`leases.guard`) and locked by its renewal, so such a process would
+# keep the others from taking its leases over, however long ago they expired. Store
+# transactions are a few statements back to back; a client idle in one for seconds is
+# stopped. Below two thirds of the shortest sensible lease_time (the lease has at least
+# that left when its holder stops, renewed every third), so a takeover stays bounded by
+# lease_time plus a third of it (docs/ha.md).
+IDLE_IN_TRANSACTION_S = 3.0
+_IDLE_IN_TRANSACTION = "25P03"  # idle_in_transaction_session_timeout
 
 
 class PostgresStore(Store):
@@ -85,6 +96,7 @@ class PostgresStore(Store):
             "max_size": pool_size,
             "timeout": connect_timeout_s,
             "check": ConnectionPool.check_connection,
+            "configure": _configure,
             "name": "replag-store",
         }
         self._pool: ConnectionPool[psycopg.Connection[Any]] = self._new_pool()
@@ -237,11 +249,23 @@ class PostgresStore(Store):
             return error
         if state == "23505":
             return StoreDuplicate(message, where=self.shown)
+        if state == _IDLE_IN_TRANSACTION:
+            return StoreError(
+                f"transaction ended by the server: its client was silent in it for over "
+                f"{IDLE_IN_TRANSACTION_S:g} s (paused or starved): {message}",
+                where=self.shown,
+            )
         if state.startswith(_UNWRITABLE_STATES):
             return StoreUnwritable(f"cannot write: {message}", where=self.shown)
         if state.startswith(_DAMAGED_STATES):
             return StoreDamaged(f"damaged data: {message}", where=self.shown)
         return StoreError(message, where=self.shown)
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """Each pooled connection as it is made: see IDLE_IN_TRANSACTION_S."""
+    ms = int(IDLE_IN_TRANSACTION_S * 1000)
+    conn.execute(f"SET idle_in_transaction_session_timeout = {ms}")
 
 
 class _PostgresTransaction:

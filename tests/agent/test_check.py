@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +29,7 @@ from replag.errors import ReplagError
 from replag.lab.server import RedisServer, free_port
 from replag.repair import RepairProgress, check
 from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.cli import run_replag
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory
 
@@ -116,13 +115,7 @@ def _inject(lab: AgentsLab) -> dict[str, str]:
 
 
 def _replag(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replag", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    return run_replag(*args, timeout=900)
 
 
 def _found(report: dict[str, object]) -> dict[str, str]:

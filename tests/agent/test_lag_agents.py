@@ -16,8 +16,6 @@ import base64
 import json
 import os
 import signal
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from replag.config import load_config
 from replag.lab.relay import read_truth
 from replag.lab.server import free_port
 from replag.probes import run_probe
+from tests.helpers.cli import spawn_replag
 from tests.helpers.lab import LabFactory
 from tests.helpers.waiting import wait_until
 
@@ -167,7 +166,7 @@ def test_serve_probes_through_the_agents(lab_factory: LabFactory, tmp_path: Path
     agent_port = next(p["port"] for p in state["processes"] if p["name"] == "agent-far")
     port = free_port()
     serve = ["serve", "--config", str(config_path), "--port", str(port)]
-    proc = subprocess.Popen([sys.executable, "-m", "replag", *serve], stderr=subprocess.DEVNULL)
+    proc = spawn_replag(*serve, log=tmp_path / "serve.log")
     try:
 
         def far_measured() -> bool:

@@ -14,10 +14,8 @@ and the coordinator's run, and kept in the agent's audit file.
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import tomli_w
 from replag.lab.server import RedisServer, free_port
 from replag.repair.trees.remote import keys_to_wire
 from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import FAST_SYNC, wait_listed
 from tests.helpers.tls import Pki, make_pki
 
@@ -96,13 +95,7 @@ class AgentLab:
 
 
 def replag(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replag", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **ENV},
-    )
+    return run_replag(*args, timeout=600, env=ENV)
 
 
 @pytest.fixture(scope="module")

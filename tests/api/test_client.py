@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 import tomli_w
 
 from replag.lab.server import free_port
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.redis_servers import primary_and_replicas
 from tests.helpers.waiting import wait_until
 
@@ -88,8 +88,8 @@ def test_a_generated_client_works_against_a_live_serve(
         }))  # fmt: skip
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            replag_argv("serve", "-c", str(config), "--port", str(port)),
+            stderr=subprocess.PIPE, text=True, env=replag_env(),
         )  # fmt: skip
         try:
             _use_the_generated_client(f"http://127.0.0.1:{port}", tmp_path, proc)

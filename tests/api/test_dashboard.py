@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from replag.replication import history
 from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import Store
 from tests.helpers.browser import CHROMIUM, chromium
+from tests.helpers.cli import spawn_replag
 from tests.helpers.dynomite_admin import fixture_bytes
 from tests.helpers.lag_windows import add_windows
 from tests.helpers.waiting import wait_until
@@ -73,11 +73,9 @@ def serve_dashboard(
     )  # fmt: skip
     port = free_port()
     log = tmp_path / "serve.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port),
-             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
+    proc = spawn_replag(
+        "serve", "-c", str(config), "--port", str(port), "--log-level", "warning", log=log
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         # A starved 2-core machine can take long to start the app: the deadline only bounds a hang.

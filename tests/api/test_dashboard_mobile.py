@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from replag.lab.server import free_port
 from tests.api.test_dashboard import serve_dashboard
 from tests.helpers.browser import CHROMIUM, chromium, evaluate_when_loaded
+from tests.helpers.cli import spawn_replag
 from tests.helpers.redis_servers import primary_and_replicas
 from tests.helpers.serve_process import pair_state
 from tests.helpers.waiting import wait_until
@@ -81,10 +81,9 @@ def test_a_replica_refusing_the_password_is_unreachable_auth_failed(tmp_path: Pa
             f'[[regions]]\nname = "far"\nreplicas = ["{replica.url}"]\n'
         )
         port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = spawn_replag(
+            "serve", "-c", str(config), "--port", str(port), log=tmp_path / "serve.log"
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             wait_until(
@@ -156,10 +155,7 @@ def test_a_partitioned_pair_is_red_now_and_says_when_it_recovered(
         "store": str(tmp_path / "s.sqlite"), "probe_interval": "1s", "count": 10, "rate": 0,
         "timeout": "1s", "replication_interval": "1s"}))  # fmt: skip
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = spawn_replag("serve", "-c", str(config), "--port", str(port), log=tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     shots = tmp_path / "shots"
     shots.mkdir()

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from replag.lab.server import pid_alive
+from tests.helpers.cli import run_replag
 
 
 def test_demo_probes_three_regions_and_leaves_nothing_running(tmp_path: Path) -> None:
     # The demo's lab lives under TMPDIR: our own one, so that demos other people run on
     # this machine at the same time are not counted as our leftovers.
-    result = subprocess.run(
-        [sys.executable, "-m", "replag", "demo", "--count", "60"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
+    result = run_replag("demo", "--count", "60", timeout=120, env={"TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {
         line.split()[0]: line.split()

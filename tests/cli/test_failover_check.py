@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 from replag.cli import main
 from replag.lab.cluster import lab_fault
 from tests.helpers.lab import LabFactory
+from tests.helpers.redis_servers import RedisFactory, primary_with_a_writable_replica
 
 
 def check(state: dict[str, Any], *args: str) -> Result:
@@ -109,3 +110,46 @@ def test_dynomite_only_topology_has_nothing_to_check(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["failover-check", "--config", str(path)])
     assert result.exit_code == 2
     assert "no Redis primary to check" in result.stderr and "Dynomite" in result.stderr
+
+
+def test_a_writable_replica_and_one_found_divergent_are_never_advised(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    primary, clean, stray = primary_with_a_writable_replica(redis_factory)
+    out = tmp_path / "replag.toml"
+    found = CliRunner().invoke(
+        main, ["topology", "discover", "--redis", primary.url, "--out", str(out)]
+    )
+    assert found.exit_code == 0, found.output
+    state = {"dir": str(tmp_path)}
+    out.rename(tmp_path / "topology.toml")
+    advised = answer(check(state))
+    (assessed,) = advised["primaries"]
+    by_name = {c["replica"]: c for c in assessed["candidates"]}
+    writable = by_name[f"127.0.0.1:{stray.port}"]
+    assert writable["read_only"] is False and not writable["eligible"]
+    assert "writable (replica-read-only no)" in writable["reason"]
+    assert assessed["safest"] == f"127.0.0.1:{clean.port}"
+    assert by_name[f"127.0.0.1:{clean.port}"]["read_only"] is True
+
+    with stray.client() as client:
+        client.mset({f"stray:{n}": "x" for n in range(30)})
+    config = str(tmp_path / "topology.toml")
+    checked = CliRunner().invoke(main, ["repair", "check", "--config", config, "--json"])
+    assert checked.exit_code == 1, checked.output
+    run_id = json.loads(checked.stdout)["run_id"]
+    advised = answer(check(state))
+    by_name = {c["replica"]: c for c in advised["primaries"][0]["candidates"]}
+    verdict = by_name[f"127.0.0.1:{stray.port}"]["last_check"]
+    assert verdict["run_id"] == run_id and verdict["divergent_keys"] == 30
+    assert f"check {run_id}" in by_name[f"127.0.0.1:{stray.port}"]["reason"]
+    assert by_name[f"127.0.0.1:{clean.port}"]["last_check"]["divergent_keys"] == 0
+
+    text = check(state, "--format", "text")
+    assert text.exit_code == 0, text.output
+    assert f"fail over to 127.0.0.1:{clean.port}" in text.stdout
+    assert f"127.0.0.1:{stray.port}: passed over (writable" in text.stdout
+    nagios = check(state, "--format", "nagios")
+    assert nagios.stdout.startswith("REPLAG OK - ")
+    assert f"passed over 127.0.0.1:{stray.port} (writable" in nagios.stdout
+    assert "30 divergent keys" in nagios.stdout

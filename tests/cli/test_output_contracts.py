@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ import pytest
 
 from replag.lab.server import RedisServer, free_port
 from replag.schemas import SCHEMA_VERSION, SCHEMAS, schema
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import FAST_SYNC, primary_and_replicas
 from tests.helpers.waiting import wait_until
 
@@ -37,15 +35,7 @@ def config(servers: list[RedisServer], tmp_path_factory: pytest.TempPathFactory)
 
 
 def replag(args: list[str], where: Path, expect: int = 0) -> str:
-    env = {**os.environ, "REPLAG_STORE": str(where / "store.sqlite")}
-    done = subprocess.run(
-        [sys.executable, "-m", "replag", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    done = run_replag(*args, timeout=120, env={"REPLAG_STORE": str(where / "store.sqlite")})
     assert done.returncode == expect, done.stdout + done.stderr
     return done.stdout
 
@@ -165,7 +155,7 @@ def test_an_unreachable_replica_exits_3_and_is_a_breach_too(
 def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> None:
     config = _topology(tmp_path, servers[0].url, servers[1].url)
     line = replag(["probe", "-c", str(config), "--count", "10", "--format", "nagios"], tmp_path)
-    assert line.startswith("REPLAG OK - 1 replicas within limits") and "p99'=" in line
+    assert line.startswith("REPLAG OK - 1 replica within limits") and "p99'=" in line
     missing = replag(
         ["probe", "-c", str(tmp_path / "nope.toml"), "--format", "nagios"], tmp_path, 3
     )
@@ -175,7 +165,7 @@ def test_nagios_ok_and_unknown(servers: list[RedisServer], tmp_path: Path) -> No
 def test_failover_check_nagios(servers: list[RedisServer], config: Path, tmp_path: Path) -> None:
     check = ["failover-check", "--format", "nagios", "--max-bytes", "64kb"]
     (line,) = replag([*check, "-c", str(config)], config.parent).splitlines()
-    assert line.startswith("REPLAG OK - 1 primaries safe to fail over: "), line
+    assert line.startswith("REPLAG OK - 1 primary safe to fail over: "), line
     perfdata = line.split(" | ")[1]
     assert re.fullmatch(r"'[^'=]+ rpo'=\d+B;;65536;0;( '[^'=]+ rpo_s'=[\d.]+s;;;0;)?", perfdata)
     # Its only replica down: nothing can be promoted (CRITICAL); no config: UNKNOWN.
@@ -223,13 +213,7 @@ def test_refused_writes_are_one_warning_with_a_count(tmp_path: Path) -> None:
             client.config_set("maxmemory-policy", "noeviction")
             client.config_set("maxmemory", "1")
         config = _topology(tmp_path, primary.url, replica.url)
-        done = subprocess.run(
-            [sys.executable, "-m", "replag", "probe", "-c", str(config), "--count", "50", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_replag("probe", "-c", str(config), "--count", "50", "--json", timeout=120)
     assert done.returncode == 1, done.stderr
     out = valid("probe", done.stdout)
     assert out["write_ms"]["errors"] == 50 and out["breaches"][0]["kind"] == "write_errors"

@@ -81,7 +81,7 @@ def test_dynomite_discovery_with_a_port_map_file_and_conventions(tmp_path: Path)
             ],
         )
     assert result.exit_code == 0, result.output
-    assert "2 regions, 1 replica groups; Dynomite consistency read DC_ONE" in result.stderr
+    assert "2 regions, 1 replica group; Dynomite consistency read DC_ONE" in result.stderr
     assert [r.name for r in load_config(out, environ={}).topology.regions] == ["dc1", "dc2"]
 
 

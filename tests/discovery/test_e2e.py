@@ -62,12 +62,13 @@ async def test_lab_discovered_from_its_primary_is_probed_and_checked(
     assert report.unreachable == []
     assert sorted((p.sent, p.seen, p.lost) for p in report.pairs) == [(20, 20, 0)] * 2
 
-    assert await divergent_after_check(config, "replication") == 0
+    group = f"127.0.0.1:{primary['port']}"  # the set is named after its primary
+    assert await divergent_after_check(config, group) == 0
     # A write straight to one replica (made writable) is divergence the check must find.
     with redis.Redis(port=sorted(replicas)[0]) as client:
         client.config_set("replica-read-only", "no")
         client.set("user:9", "only here")
-    assert await divergent_after_check(config, "replication") == 1
+    assert await divergent_after_check(config, group) == 1
 
 
 async def test_cluster_shards_are_probed_including_one_whose_replica_is_down(

@@ -31,12 +31,14 @@ async def test_follows_every_replica_including_chained_ones(
 ) -> None:
     found = await discover_replication(tree["primary"].url, timeout_s=5)
     (region,) = found.topology.regions
-    assert region.name == "primary"
+    # Named after what it is: the primary's host:port (two replica sets never share a name).
+    assert region.name == f"127.0.0.1:{tree['primary'].port}"
     assert region.write is not None and region.write.port == tree["primary"].port
     ports = [r.port for r in region.replicas]
     assert sorted(ports[:2]) == sorted([tree["a"].port, tree["b"].port])
     assert ports[2] == tree["chained"].port
     (group,) = found.topology.groups
+    assert group.name == region.name
     assert [m.port for m in group.members] == [tree["primary"].port, *ports]
     assert found.facts == {"replicas": 3, "chained": 1}
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import ssl
 import subprocess
-import sys
 import threading
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
@@ -20,6 +18,7 @@ from replag.agent.livetree import LiveTree
 from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
 from replag.repair.trees.tictac import TictacTree
 from replag.topology import Endpoint
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.waiting import wait_until
 
 _T = TypeVar("_T")
@@ -153,21 +152,12 @@ def start_agent(
     HTTPS with `tls`, the context to verify it with and present a client certificate)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "replag",
-                "agent",
-                "-c",
-                str(config_path),
-                "--region",
-                region,
-                "--log-level",
-                log_level,
-            ],
+            replag_argv(
+                "agent", "-c", str(config_path), "--region", region, "--log-level", log_level
+            ),
             stdout=out,
             stderr=out,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
+            env=replag_env(env),
         )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/agent/v1/health"
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +17,7 @@ import httpx
 
 from replag.lab.server import free_port
 from replag.store import Store
+from tests.helpers.cli import spawn_replag
 from tests.helpers.configs import TOKEN
 from tests.helpers.waiting import wait_until
 
@@ -30,13 +29,9 @@ class Instance:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "--config", str(config),
-             "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        self.proc = spawn_replag(
+            "serve", "--config", str(config), "--port", str(self.port), log=self.log_path
+        )
 
     @property
     def pid(self) -> int:
@@ -63,7 +58,6 @@ class Instance:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
 
 
 def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -75,6 +75,23 @@ def replica_of(factory: RedisFactory, upstream: RedisServer, name: str) -> Redis
     )
 
 
+def primary_with_a_writable_replica(
+    factory: RedisFactory, *, password: str = "pw"
+) -> tuple[RedisServer, RedisServer, RedisServer]:
+    """(primary, a read-only replica, a `replica-read-only no` replica), with a password,
+    replicating and listed online: the newcomer's fleet of issue 46."""
+    primary = factory("primary", password=password)
+    clean = replica_of(factory, primary, "clean")
+    stray = factory(
+        "stray",
+        password=password,
+        extra_args=("--replicaof", "127.0.0.1", str(primary.port), "--masterauth", password,
+                    "--replica-read-only", "no"),
+    )  # fmt: skip
+    wait_listed(primary, [clean, stray])
+    return primary, clean, stray
+
+
 def wait_listed(upstream: RedisServer, replicas: list[RedisServer]) -> None:
     """Until `upstream` lists every one of `replicas` as online, and each replica says its
     link is up and it has loaded the snapshot (a primary lists a replica online once the
@@ -126,3 +143,9 @@ def primary_and_replicas(workdir: Path, replicas: int = 2) -> Iterator[list[Redi
     finally:
         for server in servers:
             server.stop()
+
+
+def command_calls(client: redis.Redis, command: str) -> int:
+    """How many times `command` ran on the server since its stats were reset."""
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))

@@ -4,14 +4,14 @@ the process started, and what its health says of a region pair."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import tomli_w
+
+from tests.helpers.cli import replag_argv, replag_env
 
 
 def lab_config(lab_dir: Path, path: Path, *, groups: bool = True, **settings: Any) -> Path:
@@ -28,8 +28,8 @@ async def start_serve(config: Path, port: int, log: Path) -> asyncio.subprocess.
     """`replag serve --config CONFIG --port PORT`, its stderr into `log`."""
     with log.open("w") as out:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "replag", "serve", "--config", str(config),
-            "--port", str(port), stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            *replag_argv("serve", "--config", str(config), "--port", str(port)),
+            stderr=out, env=replag_env(),
         )  # fmt: skip
 
 

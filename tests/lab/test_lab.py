@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from replag.lab.cluster import lab_down, lab_fault, lab_status
 from replag.lab.relay import jitter_draw, read_truth
 from replag.lab.server import free_port, pid_alive
 from replag.schemas import schema
+from tests.helpers.cli import replag_argv
 from tests.helpers.lab import LabFactory
 from tests.helpers.terminal import run_on_terminal
 from tests.helpers.waiting import wait_until
@@ -129,7 +129,7 @@ def test_load_on_a_replicated_lab_goes_through_the_primary(lab_factory: LabFacto
 
 def test_load_shows_progress_on_a_terminal_only(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), engine="independent")
-    load = [sys.executable, "-m", "replag", "lab", "load", "--dir", str(state["dir"])]
+    load = replag_argv("lab", "load", "--dir", str(state["dir"]))
     code, stdout, terminal = run_on_terminal([*load, "--keys", "20000", "--value-size", "16"])
     assert code == 0, stdout + terminal
     assert "\rlab load: " in terminal and "keys written" in terminal

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from replag.probes.report import PairResult, ProbeReport
 from replag.probes.samples import within_chunks
 from replag.store import Store
 from replag.wire.stamped_socket import ReadStamp, StampedSocket
+from tests.helpers.cli import replag_argv
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import FAST_SYNC, RedisFactory, replica_of, wait_listed
 from tests.helpers.terminal import run_on_terminal
@@ -421,14 +421,7 @@ def test_lag_samples_below_zero_are_counted_and_reported() -> None:
 
 def test_probe_shows_progress_on_a_terminal_and_never_in_json(lab_factory: LabFactory) -> None:
     state = lab_factory(regions=("a", "b"), delays_ms={"b": 2})
-    probe = [
-        sys.executable,
-        "-m",
-        "replag",
-        "probe",
-        "--config",
-        str(state["dir"] / "topology.toml"),
-    ]
+    probe = replag_argv("probe", "--config", str(state["dir"] / "topology.toml"))
     probe += ["--count", "40", "--rate", "200", "--no-store"]
     code, stdout, terminal = run_on_terminal(probe)
     assert code == 0, stdout + terminal

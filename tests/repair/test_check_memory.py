@@ -16,7 +16,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from replag.lab.load import LoadSpec, lab_load
 from replag.repair.keyspace.observe import key_from_json
 from replag.repair.runs import RunLog
 from replag.store import Store
+from tests.helpers.cli import replag_argv
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
 
@@ -157,7 +157,7 @@ def test_a_check_stays_inside_its_memory_budget_and_finds_every_difference(
     path, truth = _populated(redis_factory, tmp_path)
     assert len(truth) == 1000
 
-    argv = [sys.executable, "-m", "replag", "repair", "check", "-c", str(path), "--json"]
+    argv = replag_argv("repair", "check", "-c", str(path), "--json")
     done, peak = _run_sampled(argv)
 
     print(f"check of {KEYS:,} keys: peak {peak / 2**20:.1f} MiB (budget {BUDGET_MB} MB)")
@@ -172,6 +172,6 @@ def test_keys_past_the_spill_limit_are_read_again_and_still_found_exactly(
     # walk reads the differing leaves from each replica again.
     spec = DivergeSpec(missing=25, changed=25, extra=25, type=10, ttl=15, seed=4)
     path, truth = _lab(lab_factory, 100_000, spec, check_memory_mb=40, check_spill_mb=1)
-    argv = [sys.executable, "-m", "replag", "repair", "check", "-c", str(path), "--json"]
+    argv = replag_argv("repair", "check", "-c", str(path), "--json")
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert _found(path, done) == truth

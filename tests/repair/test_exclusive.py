@@ -5,7 +5,6 @@ naming the holder, and the group is free again once the first ends."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from replag.errors import JobConflict
 from replag.repair.exclusive import LEASE_S, lease_name
 from replag.service import ReplagService
 from replag.store import Store, leases
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import RedisFactory
 
 
@@ -31,10 +31,7 @@ def _config(path: Path, store: str, urls: list[str]) -> Path:
 
 
 def _repair_run(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replag", "repair", "run", "--config", str(config), "-g", "g"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return run_replag("repair", "run", "--config", str(config), "-g", "g", timeout=120)
 
 
 async def test_a_second_run_of_a_group_is_refused_naming_the_holder(
@@ -46,7 +43,8 @@ async def test_a_second_run_of_a_group_is_refused_naming_the_holder(
     with Store(store_location) as store:
         # Another instance (its holder name) runs a repair of g.
         other = "other-host:4242:abcdef"
-        held = leases.acquire(store, lease_name("g"), holder=other, ttl_s=LEASE_S)
+        # Held for long: a loaded host may take more than LEASE_S to start the CLI below.
+        held = leases.acquire(store, lease_name("g"), holder=other, ttl_s=30 * LEASE_S)
         assert held is not None
         try:
             cli = _repair_run(config)

@@ -251,3 +251,18 @@ def test_field_expiries_cross_to_and_from_an_agent_and_compare_with_the_toleranc
     valkey = b"# Keyspace\r\ndb3:keys=9,expires=1,avg_ttl=0,keys_with_volatile_items=0\r\n"
     assert keys_with_volatile_fields(valkey, 3) == 0
     assert keys_with_volatile_fields(b"db0:keys=2,expires=0,avg_ttl=0\r\n", 0) is None
+
+
+def test_a_few_fields_digest_as_many_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from replag.repair.keyspace import field_ttls
+
+    names = [f"f{i}".encode() for i in range(5)]
+    times = [1_796_000_000_000 + 997 * i for i in range(5)]
+    few = field_ttls.FieldExpiries.of(names, times)
+    monkeypatch.setattr(field_ttls, "_FEW", 0)  # the arrays' way, as for many fields
+    many = field_ttls.FieldExpiries.of(names, times)
+    assert few is not None and many is not None
+    assert few.hashes.tolist() == many.hashes.tolist() and few.names == many.names
+    assert many.bucket_digest(2000) == field_ttls.FieldExpiries.bucket_digest(few, 2000)
+    monkeypatch.setattr(field_ttls, "_FEW", 32)
+    assert few.bucket_digest(2000) == many.bucket_digest(2000)

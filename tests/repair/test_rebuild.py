@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -26,6 +24,7 @@ from replag.schemas import schema
 from replag.store import Store
 from replag.topology import Endpoint
 from replag.wire.resp import RespConnection
+from tests.helpers.cli import spawn_replag
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
@@ -206,11 +205,7 @@ def test_kill_9_mid_rebuild_then_resume_ends_equal(
         fill(client, 12_000, size=100)
     path = config_file(tmp_path, group_config(tmp_path, servers))
     args = ["repair", "rebuild", "-c", str(path), "-g", "g", "-r", "n2", "--rate", "2000"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "replag", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = spawn_replag(*args, log=tmp_path / "rebuild.log")
     try:
         wait_until(lambda: int(c.dbsize()) >= 3000, "the rebuild copies", timeout_s=120)
     finally:

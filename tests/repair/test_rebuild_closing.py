@@ -17,14 +17,10 @@ from replag.topology import Endpoint
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import command_calls as calls
 from tests.helpers.waiting import until
 
 KEYS = 1500
-
-
-def calls(client: redis.Redis, command: str) -> int:
-    stats = client.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def peers_and_target(

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from replag.errors import RepairError
 from replag.lab.server import RedisServer, free_port
 from replag.repair import RepairProgress, check, list_runs, repair
 from replag.store import Store
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.configs import group_config
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.waiting import until, wait_until
@@ -167,12 +166,11 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(
 ) -> None:
     servers = _three(redis_factory, missing_on_last=300)
     config = _config_file(tmp_path, servers)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "replag", "repair", "run", "-c", str(config), "--rate", "20"],
+        replag_argv("repair", "run", "-c", str(config), "--rate", "20"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=replag_env(),
         # A suite started in the background of a script (`cmd &`) ignores SIGINT, and
         # children inherit that: this one must take Ctrl-C as a terminal's user would.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -10,7 +10,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from replag.repair.trees.diff import differing_keys
 from replag.repair.trees.walk import differing_leaves, keys_in_batches
 from replag.store import Store
 from replag.topology import Endpoint
+from tests.helpers.cli import replag_argv, replag_env, run_replag
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill
 from tests.helpers.redis_servers import RedisFactory
@@ -89,9 +89,7 @@ def write_config(path: Path, servers: list[RedisServer], **settings: str | int) 
 
 
 def replag(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replag", *args], capture_output=True, text=True, timeout=300
-    )
+    return run_replag(*args, timeout=300)
 
 
 def children(pid: int) -> list[int]:
@@ -145,9 +143,10 @@ async def test_a_killed_check_or_repair_resumes_from_its_checkpoints(
     # n1 holds the truth: its rewritten values and the keys n0 lost get copied to n0.
     policy = ["--policy", "source:n1"] if command == "run" else []
     proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "replag", "repair", command, "--config", str(config), *policy],
+        *replag_argv("repair", command, "--config", str(config), *policy),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=replag_env(),
     )
 
     try:
@@ -296,9 +295,10 @@ async def test_a_killed_serve_leaves_no_scan_of_its_check_running(
     store = tmp_path / "replag.sqlite"
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
+        *replag_argv("serve", "--config", str(config), "--port", str(port)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=replag_env(),
     )
 
     try:

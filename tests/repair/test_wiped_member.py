@@ -22,6 +22,7 @@ from replag.topology import Endpoint, ReplicaGroup
 from tests.helpers.configs import group_config
 from tests.helpers.keyspace import fill, write_every_type
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.redis_servers import command_calls as calls
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 
 KEYS = 1500
@@ -44,11 +45,6 @@ def current_server(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip(f"no {kind} server binary")
     with using_server_kind(binary):
         yield kind
-
-
-def calls(client: redis.Redis, command: str) -> int:
-    stats = client.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def peers_and_wiped(

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import tomli_w
 
 from replag.lab.server import free_port
 from replag.logfields import JsonLogFormatter, bind_log_fields, unit_fields
+from tests.helpers.cli import replag_argv, replag_env, run_replag
 from tests.helpers.configs import TOKEN
 
 KEYS = {"time", "level", "logger", "message"}
@@ -78,11 +77,11 @@ class LogReader:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", *args],
+            replag_argv(*args),
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            env=replag_env(env),
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
@@ -157,12 +156,7 @@ def test_agent_logs_json_lines_when_the_environment_says_so(tmp_path: Path) -> N
 
 def test_human_lines_stay_the_default(tmp_path: Path) -> None:
     config = closed_ports_config(tmp_path)
-    out = subprocess.run(
-        [sys.executable, "-m", "replag", "-v", "probe", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_replag("-v", "probe", "--config", str(config), timeout=60)
     assert out.returncode == 2 and not out.stderr.startswith("{"), out.stderr
 
 
@@ -171,12 +165,7 @@ def test_a_failing_command_s_last_word_is_a_json_line_too(tmp_path: Path) -> Non
     error included (level error, naming the endpoint)."""
     config = str(closed_ports_config(tmp_path))
     for command in (["probe", "--config", config], ["repair", "check", "--config", config]):
-        out = subprocess.run(
-            [sys.executable, "-m", "replag", "--log-format", "json", "-v", *command],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = run_replag("--log-format", "json", "-v", *command, timeout=120)
         assert out.returncode == 2, out.stderr
         entries = [json.loads(line) for line in out.stderr.splitlines()]
         assert all(set(e) >= KEYS for e in entries)

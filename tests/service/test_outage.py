@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import shutil
-import sys
 import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from aiohttp import web
 from replag.lab.cluster import lab_fault
 from replag.lab.server import free_port
 from tests.helpers.browser import CHROMIUM, chromium
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.lab import LabFactory
 from tests.helpers.waiting import until
 
@@ -100,9 +100,9 @@ async def test_a_partition_under_serve(lab_factory: LabFactory, tmp_path: Path, 
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "replag", "serve", "--config",
-            str(outage_config(lab, tmp_path, hook.url)), "--port", str(port),
-            stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            *replag_argv("serve", "--config", str(outage_config(lab, tmp_path, hook.url)),
+                         "--port", str(port)),
+            stderr=out, env=replag_env(),
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:

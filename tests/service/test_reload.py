@@ -10,10 +10,8 @@ previous configuration runs on.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from replag.lab.cluster import lab_down
 from replag.lab.fleet import fleet_up
 from replag.lab.server import free_port
 from replag.store import Store
+from tests.helpers.cli import spawn_replag
 from tests.helpers.waiting import wait_until
 
 SETTINGS = {
@@ -81,13 +80,7 @@ def test_reload_by_sighup_and_by_file_change_keeps_history_and_refuses_a_bad_fil
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "--config", str(config),
-             "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    proc = spawn_replag("serve", "--config", str(config), "--port", str(port), log=log_path)
     try:
         wait_until(
             lambda: runs(store, "g000") >= 2 and runs(store, "g001") >= 2,

@@ -6,11 +6,9 @@ import asyncio
 import dataclasses
 import gc
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -31,6 +29,7 @@ from replag.monitoring.dynomite_stats import recent_stats, record_stats
 from replag.repair import check, get_run
 from replag.service import ReplagService
 from replag.store import Store
+from tests.helpers.cli import replag_argv, replag_env, run_replag
 from tests.helpers.dynomite_admin import fixture_bytes
 from tests.helpers.lab import LabFactory
 from tests.helpers.redis_servers import RedisFactory
@@ -59,8 +58,8 @@ def test_serve_subprocess_shows_probe_data_and_stops_on_sigterm(
     config = service_config(lab, tmp_path)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        replag_argv("serve", "--config", str(config), "--port", str(port)),
+        stderr=subprocess.PIPE, text=True, env=replag_env(),
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
@@ -156,10 +155,7 @@ def test_serve_refuses_a_taken_port_before_probing(tmp_path: Path) -> None:
     }))  # fmt: skip
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "replag", "serve", "--config", str(config), "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        proc = run_replag("serve", "--config", str(config), "--port", str(port), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"replag: error: cannot listen on 127.0.0.1:{port}: Address already in use"

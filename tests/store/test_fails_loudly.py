@@ -9,7 +9,6 @@ import contextlib
 import os
 import sqlite3
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from prometheus_client import generate_latest
 from replag.config import load_config
 from replag.service import ReplagService
 from replag.store import Store
+from tests.helpers.cli import run_replag
 from tests.helpers.lab import LabFactory
 from tests.helpers.waiting import until
 
@@ -123,16 +123,8 @@ def test_a_damaged_store_is_refused_at_start_in_one_line(
     config = _config(lab, tmp_path)
     Store(tmp_path / "svc.sqlite").close()
     _damage_lag_windows(tmp_path / "svc.sqlite")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for args in (["serve", "-c", str(config), "--port", "0"], ["probe", "-c", str(config)]):
-        done = subprocess.run(
-            [sys.executable, "-m", "replag", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            check=False,
-        )
+        done = run_replag(*args, timeout=120)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, (args, done.stderr)
         assert len(lines) == 1 and "Traceback" not in done.stderr, (args, done.stderr)
@@ -183,9 +175,7 @@ def test_the_probe_cli_on_a_full_disk_says_its_results_were_not_stored(
             while True:  # the disk is full
                 f.write(b"\0" * 65536)
                 f.flush()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        probe = [sys.executable, "-m", "replag", "probe", "-c", str(config)]
-        full = subprocess.run(probe, capture_output=True, text=True, timeout=120, env=env)
+        full = run_replag("probe", "-c", str(config), timeout=120)
         assert full.returncode == 2, full.stderr
         assert "us-east" in full.stdout  # measured and shown all the same
         # The store's own log line when it turned unwritable, then the command's error.
@@ -196,7 +186,7 @@ def test_the_probe_cli_on_a_full_disk_says_its_results_were_not_stored(
         assert "database or disk is full" in line, line
         filler.unlink()
         held.close()
-        again = subprocess.run(probe, capture_output=True, text=True, timeout=120, env=env)
+        again = run_replag("probe", "-c", str(config), timeout=120)
         assert again.returncode == 0, again.stderr
         with Store(disk / "s.sqlite") as store:
             assert store.execute("SELECT COUNT(*) AS n FROM lag_windows")[0].n > 0

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from replag.errors import LeaseLost
+from replag.errors import LeaseLost, StoreError
 from replag.store import Store
 from replag.store.leases import (
+    Lease,
     acquire,
     current,
     guard,
@@ -21,6 +22,8 @@ from replag.store.leases import (
     renew,
     withdraw,
 )
+from tests.helpers.postgres import empty_database
+from tests.helpers.waiting import wait_until
 
 
 def test_one_holder_at_a_time_and_the_epoch_grows_on_takeover(store: Store) -> None:
@@ -108,3 +111,49 @@ def test_a_live_holder_is_never_robbed_and_an_offered_lease_is_handed_over(store
     withdraw(store, taken)
     assert acquire(store, "probe:eu", holder="c", ttl_s=30, offered=True) is None
     assert [x.holder for x in current(store, prefix="probe:")] == ["b"]
+
+
+def test_a_holder_stopped_inside_a_fenced_write_does_not_keep_its_lease(
+    postgres_url: str,
+) -> None:
+    """A holder stopped (SIGSTOP, a frozen VM) between its guard and its commit holds the
+    lease row share-locked: PostgreSQL ends its silent transaction, so another instance
+    takes the expired lease over, and the stopped holder's write is rolled back."""
+    Store(postgres_url).close()
+    empty_database(postgres_url)
+    with Store(postgres_url) as paused_store, Store(postgres_url) as other:
+        lease = acquire(paused_store, "probe:us-east", holder="paused", ttl_s=1)
+        assert lease is not None
+        outcome: list[BaseException | None] = []
+        inside, resume = threading.Event(), threading.Event()
+
+        def stopped_mid_write() -> None:
+            try:
+                with paused_store.begin() as tx:
+                    guard(tx, paused_store, lease)  # the row share-locked from here to commit
+                    tx.execute("INSERT INTO store_meta (key, value) VALUES ('stopped', 1)")
+                    inside.set()
+                    resume.wait(30)  # silent inside the transaction, as a stopped process
+                outcome.append(None)
+            except StoreError as exc:
+                outcome.append(exc)
+
+        holder = threading.Thread(target=stopped_mid_write)
+        holder.start()
+        taken: list[Lease] = []
+
+        def take() -> bool:
+            # Blocks on the row lock until the stopped transaction ends (without the
+            # server's limit: until the holder resumes and commits under an expired lease).
+            taken.extend(filter(None, [acquire(other, "probe:us-east", holder="other", ttl_s=30)]))
+            return bool(taken)
+
+        try:
+            assert inside.wait(60)
+            wait_until(take, "the expired lease taken over beside the stopped holder", timeout_s=60)
+        finally:
+            resume.set()
+            holder.join()
+        assert taken[0].epoch == lease.epoch + 1
+        assert isinstance(outcome[0], StoreError), outcome
+        assert not other.execute("SELECT key FROM store_meta WHERE key = 'stopped'")

@@ -8,10 +8,8 @@ The subprocess timeout is only a guard against a hang, not a timing target
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,21 +19,21 @@ import pytest
 
 from replag.lab.server import free_port
 from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.cli import replag_argv, replag_env
 from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch
 from tests.helpers.redis_servers import RedisFactory
 
 TIMEOUT_S = 1.0  # connect_timeout of every run here
 GROWTH_MB = 100
-REPO = Path(__file__).resolve().parents[2]
 
 
 def run_replag(args: list[str], server: HostileServer, tmp_path: Path) -> tuple[int, str, float]:
     """Run `python -m replag ARGS` watched; (exit code, output, seconds). Fails the test if
     a replag process grew by more than GROWTH_MB after the hostile bytes began."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"}
+    env = replag_env({"REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"})
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replag", *args],
+        replag_argv(*args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -175,9 +173,9 @@ def test_serve_releases_the_group_a_scheduled_check_failed_on(
         behaviour, upstream=("127.0.0.1", real.port), on_command=b"SCAN", stream_s=4 * TIMEOUT_S
     ) as proxy:
         config = _serve_config(tmp_path, good.url, proxy.url, port)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"}
+        env = replag_env({"REPLAG_CONNECT_TIMEOUT": f"{TIMEOUT_S}s"})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "replag", "serve", "-c", str(config), "--port", str(port)],
+            replag_argv("serve", "-c", str(config), "--port", str(port)),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True, cwd=tmp_path,
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}/api/v1"

@@ -5,9 +5,7 @@ A capture server on 127.0.0.2 (loopback) records every command it receives: none
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,22 +13,13 @@ import pytest
 from replag.errors import OutsideReach
 from replag.topology import Endpoint, Region, Topology
 from replag.wire.reach import Reach
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import RedisFactory
 from tests.helpers.scripted import ScriptedServer, array, bulk, capture_server
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": "1s", **env}
-    return subprocess.run(
-        [sys.executable, "-m", "replag", *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=cwd,
-        timeout=60,
-    )
+    return run_replag(*args, cwd=cwd, timeout=60, env={"REPLAG_CONNECT_TIMEOUT": "1s", **env})
 
 
 def test_reach_admits_named_hosts_and_allowed_networks_only() -> None:

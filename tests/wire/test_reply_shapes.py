@@ -5,18 +5,15 @@ command, what was expected and what came: exit 2 or 3, never a traceback."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import run_replag
 from tests.helpers.scripted import ScriptedServer, array, bulk
 
-REPO = Path(__file__).resolve().parents[2]
 INFO = bulk(
     "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_replid:"
     + "0" * 40
@@ -92,15 +89,7 @@ def test_a_reply_of_the_wrong_shape_is_one_line_naming_server_command_and_shapes
             "check": ["repair", "check", "-c", str(config)],
             "discover": ["topology", "discover", "--redis", f"redis://{a.address}"],
         }[command]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "REPLAG_CONNECT_TIMEOUT": "1s"}
-        done = subprocess.run(
-            [sys.executable, "-m", "replag", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=60,
-        )
+        done = run_replag(*args, cwd=tmp_path, timeout=60, env={"REPLAG_CONNECT_TIMEOUT": "1s"})
     out = done.stdout + done.stderr
     assert done.returncode in (2, 3), out
     assert "Traceback" not in out, out

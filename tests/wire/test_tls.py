@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from replag.repair import check, repair
 from replag.repair.scan.process import fork_scans_from_server
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from tests.helpers.agent import start_agent, stop_agent
+from tests.helpers.cli import run_replag
 from tests.helpers.redis_servers import FAST_SYNC, wait_listed
 from tests.helpers.server_kinds import kind_binary, using_server_kind
 from tests.helpers.tls import Pki, TlsRedisServer, make_pki, tls_args
@@ -121,13 +120,7 @@ def tls_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsLab]:
 
 
 def _replag(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replag", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
-    )
+    return run_replag(*args, timeout=600, env=env)
 
 
 async def test_probe_push_and_poll_over_tls(tls_lab: TlsLab) -> None:

@@ -165,7 +165,7 @@ function drawMatrix(data) {
       onclick: () => focusPair(s, t),
     },
       el("div", { class: "p99" }, figure, el("span", { class: "unit" }, unit)),
-      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicaRows(c, pairNow), ...replicationLine(s, t), ...(flag ? [flag] : []), ...healed);
+      el("div", { class: "sub" }, `p50 ${fmtMs(c.p50_ms)} · ${loss}`), ...replicaRows(c, pairNow, down), ...replicationLine(s, t), ...(flag ? [flag] : []), ...healed);
   })));
   host.replaceChildren(el("table", { class: "matrix", id: "matrix-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
@@ -206,16 +206,24 @@ function pairFlag(pairNow, replicaCount) {
 
 // A region of several replicas (Dynomite racks, a primary's replicas): one row each, in its
 // own colour, so one silent replica is not averaged away by its healthy siblings.
-function replicaRows(c, pairNow) {
+function replicaRows(c, pairNow, down) {
   if (!c.replicas || c.replicas.length < 2) return [];
   const states = new Map(((pairNow || {}).replicas || []).map((r) => [r.replica, r.state]));
-  return [el("div", { class: "replicas" }, ...c.replicas.map((r) => el("div", {
-    class: `replica-row sev-${r.colour}${states.get(r.replica) === "not_replicating" ? " now-bad" : ""}`,
-    "data-replica": r.replica, "data-p99": r.p99_ms ?? "", "data-loss": r.loss_ratio,
-    title: `${c.source} → ${c.target}, replica ${r.replica} over ${state.range}\np50 ${fmtMs(r.p50_ms)} · p99 ${fmtMs(r.p99_ms)}\n${r.seen}/${r.sent} probes seen (${r.lost} lost)`,
-    onclick: (ev) => { ev.stopPropagation(); focusPair(c.source, c.target, r.replica); },
-  }, el("span", { class: "name" }, r.replica), el("span", {}, r.p99_ms === null ? "no lag" : fmtMs(r.p99_ms)),
-  el("span", {}, r.sent ? `${fmtPct(r.seen === 0 ? 1 : r.loss_ratio)} lost` : "no probes"))))];
+  // A replica unreachable or not replicating now is red, whatever its window's figures
+  // (the tile around it is red for it): the row never says green for a stopped server.
+  const gone = new Set((down || []).map((u) => u.replica));
+  return [el("div", { class: "replicas" }, ...c.replicas.map((r) => {
+    const bad = gone.has(r.replica) || states.get(r.replica) === "not_replicating";
+    const lost = gone.has(r.replica) ? "unreachable" : states.get(r.replica) === "not_replicating" ? "not replicating"
+      : r.sent ? `${fmtPct(r.seen === 0 ? 1 : r.loss_ratio)} lost` : "no probes";
+    return el("div", {
+      class: `replica-row sev-${bad ? "critical" : r.colour}${bad ? " now-bad" : ""}`,
+      "data-replica": r.replica, "data-p99": r.p99_ms ?? "", "data-loss": r.loss_ratio, "data-now": bad ? "bad" : "ok",
+      title: `${c.source} → ${c.target}, replica ${r.replica} over ${state.range}\np50 ${fmtMs(r.p50_ms)} · p99 ${fmtMs(r.p99_ms)}\n${r.seen}/${r.sent} probes seen (${r.lost} lost)`,
+      onclick: (ev) => { ev.stopPropagation(); focusPair(c.source, c.target, r.replica); },
+    }, el("span", { class: "name" }, r.replica), el("span", {}, r.p99_ms === null ? "no lag" : fmtMs(r.p99_ms)),
+    el("span", {}, lost));
+  }))];
 }
 
 // Beside the lag: the target's worst replica in bytes behind and backlog headroom (latest).
@@ -404,7 +412,8 @@ function chartTitle(series) {
   const pair = ((state.health || {}).pairs || []).find((p) => p.source === series.source && p.target === series.target);
   const pairNow = series.replica ? ((pair || {}).replicas || []).find((r) => r.replica === series.replica) : pair;
   let now;
-  const down = unreachableIn(series.source, series.target);
+  // A replica's chart says what its own replica is: a sibling's outage is not its own.
+  const down = unreachableIn(series.source, series.target).filter((u) => !series.replica || u.replica === series.replica);
   if (down.length) {
     now = el("span", { class: "now bad", title: down.map((u) => `${u.replica}: ${u.error}`).join("\n") },
       `unreachable: ${whyUnreachable(down[0].error)}`);
@@ -640,7 +649,10 @@ async function drawReplication(data) {
       const c = rpo.get(r.replica) || {};
       const link = r.status === "ok" ? "up" : r.status;
       return el("tr", { "data-replica": r.replica, "data-status": r.status, "data-bytes-behind": r.bytes_behind ?? "" },
-        el("td", {}, el("strong", {}, r.replica), el("div", { class: "node" }, r.region)),
+        el("td", {}, el("strong", {}, r.replica), el("div", { class: "node" }, r.region),
+          ...(r.read_only === false ? [el("span", { class: "badge badge-critical", title: "replica-read-only no: clients may write to it" }, "writable")] : []),
+          ...(c.last_check ? [el("div", { class: `node${c.last_check.divergent_keys ? " bad" : ""}`, "data-last-check": c.last_check.run_id },
+            `${c.last_check.kind} ${ago(Date.now() * 1e6 - c.last_check.age_s * 1e9)}: ${c.last_check.divergent_keys} divergent`)] : [])),
         el("td", {}, el("span", { class: `badge badge-${r.status === "ok" ? "ok" : "critical"}` }, link),
           ...(r.link_down_s !== null ? [el("div", { class: "node" }, `down ${r.link_down_s} s`)] : []),
           ...(r.error ? [el("div", { class: "message" }, r.error)] : [])),
@@ -649,7 +661,8 @@ async function drawReplication(data) {
         el("td", { class: "num" }, r.backlog_headroom !== null && r.backlog_headroom < 0 ? "full resync due" :
           r.headroom_fraction === null ? "–" : fmtPct(r.headroom_fraction), headroomBar(r.headroom_fraction, r.headroom_colour, r.headroom_bands)),
         el("td", { class: "num" }, c.rpo_bytes === null || c.rpo_bytes === undefined ? "–" : fmtBytes(c.rpo_bytes),
-          el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000))),
+          el("div", { class: "node" }, c.rpo_s === null || c.rpo_s === undefined ? "" : fmtMs(c.rpo_s * 1000)),
+          ...(c.eligible === false ? [el("div", { class: "message passed-over" }, `passed over: ${c.reason}`)] : [])),
         el("td", {}, ...behindOverRange(series.get(`${p.source}/${r.replica}`) || [], (p.backlog || {}).size)));
     });
     return el("div", { class: "repl-primary" }, head, el("table", { class: "list replication", id: `replication-${p.source}` },

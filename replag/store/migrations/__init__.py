@@ -12,6 +12,7 @@ from replag.store.migrations import (
     m0003_rebuilds,
     m0004_service_ha,
     m0005_outbox_claims,
+    m0006_store_configs,
 )
 from replag.store.schema import Migration, numbered
 
@@ -23,6 +24,7 @@ MIGRATIONS: tuple[Migration, ...] = tuple(
             m0003_rebuilds,
             m0004_service_ha,
             m0005_outbox_claims,
+            m0006_store_configs,
         ]
     )
 )

@@ -1,0 +1,40 @@
+"""One store per config: `replag serve` refuses a store another config's serve used,
+unless both say `store_shared = true`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from replag.errors import ConfigError
+from replag.lab.server import free_port
+from replag.store import Store
+from replag.store.configs import claim_for_config
+from tests.helpers.cli import run_replag
+
+
+def test_a_store_serves_one_config_unless_shared(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.sqlite") as store:
+        claim_for_config(store, "/etc/replag/a.toml", shared=False, where="s.sqlite")
+        claim_for_config(store, "/etc/replag/a.toml", shared=False, where="s.sqlite")  # again
+        with pytest.raises(ConfigError, match=r"another config \(/etc/replag/a.toml\)"):
+            claim_for_config(store, "/etc/replag/b.toml", shared=False, where="s.sqlite")
+        claim_for_config(store, "/etc/replag/b.toml", shared=True, where="s.sqlite")
+
+
+def test_serve_on_another_configs_store_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    store = tmp_path / "s.sqlite"
+    with Store(store) as s:
+        claim_for_config(s, str(tmp_path / "other.toml"), shared=False, where=str(store))
+    config = tmp_path / "mine.toml"
+    config.write_text(tomli_w.dumps({
+        "settings": {"store": str(store)},
+        "regions": [{"name": "us-east", "write": f"redis://127.0.0.1:{free_port()}"}],
+    }))  # fmt: skip
+    proc = run_replag("serve", "--config", str(config), "--port", "0", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"holds the data of another config ({tmp_path / 'other.toml'})" in line
+    assert "store_shared = true" in line
