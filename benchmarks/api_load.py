@@ -101,7 +101,13 @@ def fill_store(store: Store, *, hours: int = 24, samples: int = 200, seed: int =
 
 def write_config(directory: Path) -> Path:
     # Regions without write endpoints: the service probes nothing and only serves the store.
-    lines = ["[settings]", f'store = "{directory / "bench.sqlite"}"', 'window = "60s"', ""]
+    lines = [
+        "[settings]",
+        f'store = "{directory / "bench.sqlite"}"',
+        "store_shared = true",
+        'window = "60s"',
+        "",
+    ]
     for i, region in enumerate(REGIONS):
         lines += [
             "[[regions]]",
@@ -120,6 +126,7 @@ def write_lab_config(directory: Path, lab_dir: Path, args: argparse.Namespace) -
     data = tomllib.loads((lab_dir / "topology.toml").read_text())
     data["settings"].update(
         store=str(directory / "bench.sqlite"),
+        store_shared=True,  # the load phases' two configs read one store on purpose
         window="60s",
         probe_interval=f"{args.probe_interval}s",
         check_interval=f"{args.check_interval}s",

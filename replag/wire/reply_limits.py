@@ -21,8 +21,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 _MIB = 1 << 20
 
 
@@ -135,6 +133,8 @@ def _after_lines(buf: bytes | bytearray, pos: int, end: int, lines: int) -> int:
         for _ in range(lines):
             pos = buf.find(b"\r\n", pos, end) + 2
         return pos
+    import numpy as np  # here, not at the top: `replag --help` and the probe load no numpy
+
     newlines = np.flatnonzero(np.frombuffer(buf, np.uint8, end - pos, pos) == 10)
     return pos + int(newlines[lines - 1]) + 1
 

@@ -64,6 +64,8 @@ LOST_RULE = {
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "replag.toml") -> Path:
     data["settings"] = {**data.get("settings", {}), **SETTINGS}
     data["settings"]["store_spill_dir"] = str(tmp_path / "held")
+    # Two files (direct and relayed to PostgreSQL) of one fleet share the store on purpose.
+    data["settings"]["store_shared"] = True
     path = tmp_path / name
     path.write_text(tomli_w.dumps(data))
     return path
