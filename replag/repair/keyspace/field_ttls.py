@@ -126,15 +126,14 @@ class FieldExpiries:
         if len(names) <= _FEW:
             times = expiry_ms.tolist() if isinstance(expiry_ms, np.ndarray) else expiry_ms
             rows = sorted(zip(map(_h64, names), names, times, strict=True))
-            hashes = [r[0] for r in rows]
-            expiries = [int(r[2]) for r in rows]
+            few = ([r[0] for r in rows], [int(r[2]) for r in rows])
             made = cls(
-                np.array(hashes, dtype=np.uint64),
-                np.array(expiries, dtype=np.int64),
+                np.array(few[0], dtype=np.uint64),
+                np.array(few[1], dtype=np.int64),
                 tuple(r[1] for r in rows),
             )
             # The same as plain integers, for `bucket_digest` (no array calls per hash).
-            object.__setattr__(made, "_few", (hashes, expiries))
+            object.__setattr__(made, "_few", few)
             return made
         hashes = field_hashes(names)
         order = np.argsort(hashes, kind="stable")
