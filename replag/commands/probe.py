@@ -31,6 +31,7 @@ from replag.probes.report import combine_reports
 from replag.schemas import versioned
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
+from replag.store.configs import open_config_store
 
 
 async def probe_once(
@@ -181,7 +182,7 @@ def _probe_and_report(
     config = load(config_path)
     settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
     config = dataclasses.replace(config, settings=settings)
-    store = None if no_store else Store(settings.store)
+    store = None if no_store else open_config_store(config)
     status = status_line(as_json=as_json)
     try:
         report = asyncio.run(

@@ -15,7 +15,7 @@ from replag.commands.status_line import repair_progress_line
 from replag.repair.rebuild import RebuildPlan, rebuild
 from replag.repair.runs import resume_command
 from replag.schemas import versioned
-from replag.store import Store
+from replag.store.configs import open_config_store
 
 
 @click.command("rebuild")
@@ -69,7 +69,7 @@ def command(
     if resume is None and (group is None or replica is None):
         raise click.UsageError("--group and --replica are required (or --resume RUN)")
     config = load(config_path)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     progress = repair_progress_line(as_json=as_json)
     run_ids: list[str] = []
 

@@ -24,6 +24,7 @@ from replag.repair.keyspace.observe import key_text
 from replag.repair.runs import RunLog, resumable, resume_command
 from replag.schemas import versioned
 from replag.store import Store, parse_location
+from replag.store.configs import open_config_store
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
 _MATCH = click.option("--match", help="Only keys matching this SCAN MATCH pattern.")
@@ -86,7 +87,7 @@ def _run_job(
     **options: Any,
 ) -> RepairReport:
     config = load(config_path)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     progress = repair_progress_line(as_json=as_json)
     # This process forks its scans, which share its pages until one side writes them; the
     # collector's full passes wrote them all (~1 MB of copies each, ~4 MB over a 10 s
