@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import (
     config_option,
     json_option,
@@ -219,7 +220,7 @@ def _probe_and_report(
             out["alerts"] = outcome
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(report.render())
+        click.echo(paint(report.render(), ok=report.exit_code == 0))
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     if unstored is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import config_option, json_option, load
 from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
@@ -109,8 +110,8 @@ def command(
         store.close()
     if as_json:
         click.echo(json.dumps(versioned(report.to_dict()), indent=2))
-    elif not dry_run:
-        click.echo(report.render())
     closing = report.closing or {}
     left = closing.get("conflicts", 0) + closing.get("busy", 0) + closing.get("kept", 0)
+    if not as_json and not dry_run:
+        click.echo(paint(report.render(), ok=not (left or report.counts.undo_failed)))
     sys.exit(1 if left or report.counts.undo_failed else 0)
