@@ -242,7 +242,7 @@ async def test_keys_a_reshard_leaves_on_a_replica_are_named_with_who_serves_thei
             assert (row["served_by"], row["served_at"]) == (serving, f"127.0.0.1:{dest_port}")
             assert row["examples"] == [{"key": key}] and report.not_clean
             text = report.render()
-            assert f"{replica} holds 1 key(s) in slots this shard does not serve: {slot}" in text
+            assert f"{replica} holds 1 key in slots this shard does not serve: {slot}" in text
             assert f"a full resync of {replica} removes them" in text and "NOT CLEAN" in text
             # Valkey replicates SETSLOT MIGRATING to the replica, and the move ended with
             # SETSLOT NODE on the primaries: the replica's mark stays, with no move under
