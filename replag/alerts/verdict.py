@@ -41,7 +41,7 @@ STALE_INTERVALS = 3
 @dataclass(frozen=True, kw_only=True)
 class HealthProblem:
     # probe_error | stale | unreachable | not_replicating | loss | alerts | store |
-    # replication | writable | divergence
+    # replication | writable | divergence | not_compared
     kind: str
     severity: Severity
     message: str
@@ -346,10 +346,12 @@ def with_replication_problems(
     *,
     groups: set[str],
     now_ns: int,
+    group_verdicts: dict[str, CheckVerdict] | None = None,
 ) -> HealthVerdict:
     """`verdict` plus what the latest replication sample of each primary and the latest
     check of each replica say: a replica not replicating or a primary unread (critical),
-    a writable replica and one found divergent (warnings)."""
+    a writable replica and one found divergent (warnings); and, from each group's latest
+    run (`group_verdicts`), keys it could not compare (a warning: not known to be clean)."""
     problems = list(verdict.problems)
     for p in primaries:
         if p.error:
@@ -388,6 +390,17 @@ def with_replication_problems(
                         "(replica-read-only no): what clients write there the primary lacks",
                     )
                 )
+    for name, v in sorted((group_verdicts or {}).items()):
+        if v.not_compared and name in groups:
+            problems.append(
+                HealthProblem(
+                    kind="not_compared",
+                    severity="warning",
+                    group=name,
+                    message=f"group {name}: {v.kind} {v.run_id} {v.age_text(now_ns)} ago "
+                    f"left {v.not_compared_text()}: not known to be clean",
+                )
+            )
     for name, v in sorted(verdicts.items()):
         if v.divergent and v.group in groups:
             problems.append(
