@@ -38,12 +38,8 @@ class SlotCounts:
 
 def parse_counts(reply: list[Any]) -> dict[int, int]:
     """Slot → key count, from a reply whose shape was checked (`shapes`)."""
-    out: dict[int, int] = {}
-    for slot, fields in reply:
-        got = shapes.slot_fields(fields)
-        assert got is not None
-        out[int(slot)] = int(got[KEY_COUNT])
-    return out
+    count = shapes.slot_key_count
+    return {slot: count(fields) for slot, fields in reply}
 
 
 def _offset(info: Any, replica: bool) -> int | None:
