@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from replag.plural import count
+from replag.plural import count, plural
 from replag.repair.decisions.not_compared import EXAMPLES
 from replag.repair.trees.diff import KINDS
 
@@ -41,6 +41,33 @@ def key_finding(kind: str, detail: dict[str, Any]) -> str:
         return "different"
     found = set(detail.get("findings", {}).values())
     return "extra" if found == {"extra"} else "missing"
+
+
+def _slot_count_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per replica whose key count differs from its primary's in some slots: where, by how
+    much, and what that does and does not say."""
+    lines: list[str] = []
+    for row in rows:
+        if not row["slots_differing"]:
+            continue
+        named = ", ".join(
+            f"{e['slot']} ({e['primary']} vs {e['replica']})" for e in row["examples"]
+        )
+        more = ", …" if row["slots_differing"] > len(row["examples"]) else ""
+        how = "at one replication offset" if row["exact"] else "the same at two reads"
+        lines.append(
+            f"  slot counts: {row['member']} differs from {row['primary']} in "
+            f"{count(row['slots_differing'], 'slot')}, {count(row['key_difference'], 'key')} "
+            f"({row['replica_minus_primary']:+d} on the replica; {how}): "
+            f"slot (primary vs replica) {named}{more}"
+        )
+        if row["unconfirmed"]:
+            lines.append(
+                f"    {row['unconfirmed']} more {plural('slot', row['unconfirmed'])} differed at "
+                "one read only "
+                "(writes in flight): not named"
+            )
+    return lines
 
 
 def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -184,6 +211,11 @@ class GroupReport:
     slots_not_compared: list[tuple[int, int]] = field(default_factory=list)
     # Redis Cluster: keys members hold in slots the shard does not serve (`stray_slots`).
     stray_keys: list[dict[str, Any]] = field(default_factory=list)
+    # Redis Cluster on Valkey 8+ / Redis 8.2+: per replica, the slots whose key count
+    # differs from its primary's (`slot_counts`); a signal beside the findings.
+    slot_counts: list[dict[str, Any]] = field(default_factory=list)
+    # ... or why they were not compared (the server has no CLUSTER SLOT-STATS).
+    slot_counts_missing: str | None = None
     # Redis Cluster: migrating/importing marks with no move under way (their slots were
     # compared): {node, slots}.
     stale_marks: list[dict[str, Any]] = field(default_factory=list)
@@ -247,6 +279,8 @@ class GroupReport:
             "per_replica": self.per_replica,
             "slots_not_compared": [list(r) for r in self.slots_not_compared],
             "stray_keys": self.stray_keys,
+            "slot_counts": self.slot_counts,
+            "slot_counts_missing": self.slot_counts_missing,
             "stale_marks": self.stale_marks,
             "stuck_moves": self.stuck_moves,
             "slot_migrations": self.slot_migrations,
@@ -430,6 +464,7 @@ class RepairReport:
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += self._unchecked()
         lines += self._not_compared_lines()
+        lines += self._slot_counts_missing()
         done = f"{count(self.divergent, 'divergent key')} in {self.seconds:.1f} s"
         if self.unchecked_databases:
             n = len(self.unchecked_databases)
@@ -448,6 +483,15 @@ class RepairReport:
             )
         lines += ["", done]
         return "\n".join(lines)
+
+    def _slot_counts_missing(self) -> list[str]:
+        """Said once a run, with the first group's reason: groups whose slot counts were
+        not compared (a server without CLUSTER SLOT-STATS, or a user refused it)."""
+        missing = [g.slot_counts_missing for g in self.groups if g.slot_counts_missing]
+        if not missing:
+            return []
+        groups = count(len(missing), "group")
+        return ["", f"slot counts not compared in {groups}: {missing[0]}"]
 
     def _not_compared_lines(self) -> list[str]:
         rows = self.not_compared()
@@ -538,6 +582,7 @@ class RepairReport:
             lines += [_stuck_line(m) for m in g.stuck_moves]
             lines += _migration_lines(g.slot_migrations)
             lines += _stray_lines(g.stray_keys)
+            lines += _slot_count_lines(g.slot_counts)
             if g.topology_changed:
                 lines.append(
                     f"  topology changed: {g.topology_changed}; nothing of this group is "
