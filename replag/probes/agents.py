@@ -13,10 +13,11 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 
+from replag.config import Config
 from replag.errors import AgentError, AgentTlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.remote import RegionWatch
-from replag.probes.setup import ProbeSetup
+from replag.repair.trees.remote import agent_client
 from replag.settings import Settings
 from replag.topology import Endpoint
 
@@ -24,7 +25,7 @@ MAX_WATCH_S = 3600.0
 
 
 async def open_region_watches(
-    setup: ProbeSetup,
+    config: Config,
     targets: Sequence[tuple[str, Endpoint]],
     keys: ProbeKeys,
     settings: Settings,
@@ -45,7 +46,7 @@ async def open_region_watches(
     }
     watches: list[RegionWatch] = []
     for region_name, replicas in by_region.items():
-        region = setup.topology.region(region_name)
+        region = config.topology.region(region_name)
         if region.agent is None:
             continue
         if region.slots:
@@ -53,7 +54,7 @@ async def open_region_watches(
                 f"{region_name}: a Redis Cluster shard is observed directly, not by its agent"
             )
             continue
-        client = setup.agent_client(region_name, run_id=keys.run_id)
+        client = agent_client(config, region_name, run_id=keys.run_id)
         assert client is not None
         watch = RegionWatch(
             client,

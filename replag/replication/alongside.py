@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from replag.config import Config
 from replag.replication import history
 from replag.replication.check import recent_lag_p99_ms
 from replag.replication.follow import FailoverEvent, resolve_write
@@ -19,7 +20,7 @@ from replag.replication.sampler import ReplicationSampler, SampleTarget, replica
 from replag.replication.state import ReplicationSnapshot
 from replag.settings import Settings
 from replag.store import Store
-from replag.topology import Endpoint, Region, Topology
+from replag.topology import Endpoint, Region
 
 _LAG_FRESHNESS_S = 300.0
 
@@ -52,7 +53,7 @@ class ProbeReplication:
     @classmethod
     async def open(
         cls,
-        topology: Topology,
+        config: Config,
         region: Region,
         *,
         settings: Settings,
@@ -71,7 +72,7 @@ class ProbeReplication:
                 else {}
             )
             resolution = await resolve_write(
-                topology,
+                config.topology,
                 region,
                 timeout_s=settings.connect_timeout,
                 store=store,
@@ -79,7 +80,7 @@ class ProbeReplication:
             )
             write, notes, event = resolution.endpoint, resolution.notes, resolution.event
         targets, target_notes = replication_targets(
-            topology, sources=[dataclasses.replace(region, write=write)]
+            config.topology, sources=[dataclasses.replace(region, write=write)]
         )
         return cls(
             write_endpoint=write,
