@@ -55,13 +55,6 @@ from replag.wire.permissions import (
     "(CLUSTER GETSLOTMIGRATIONS; Redis and older Valkey refuse that rule).",
 )
 @click.option(
-    "--slot-stats",
-    "slot_stats",
-    is_flag=True,
-    help="The servers have CLUSTER SLOT-STATS (Valkey 8+, Redis 8.2+): also grant it, for "
-    "the check's per-slot key counts (older servers refuse that rule; implied by --valkey-9).",
-)
-@click.option(
     "--check",
     "check_servers",
     is_flag=True,
@@ -76,7 +69,6 @@ def command(
     allow_config_changes: bool | None,
     allow_scripts: bool | None,
     valkey_9: bool,
-    slot_stats: bool,
     check_servers: bool,
 ) -> None:
     """Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair,
@@ -109,7 +101,6 @@ def command(
         ),
         allow_scripts=scripts,
         valkey_9=valkey_9,
-        slot_stats=slot_stats,
     )
     click.echo(line)
     if scripts and chosen in SCRIPT_MODES:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from replag.commands.colour import paint
 from replag.commands.options import config_option, load
 from replag.commands.repeated_logs import defer_logs, stderr_line
 from replag.discovery.primaries import failover_check
@@ -79,7 +78,7 @@ def command(
         click.echo(failover_nagios_line(result))
         sys.exit(failover_nagios_code(result))
     if output_format == "text":
-        click.echo(paint("\n".join(result.render()), ok=result.exit_code == 0))
+        click.echo("\n".join(result.render()))
         sys.exit(result.exit_code)
     click.echo(json.dumps(versioned(result.to_dict()), indent=2))
     for assessment in result.assessments:

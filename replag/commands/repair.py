@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from replag.commands.colour import paint
 from replag.commands.options import config_option, json_option, load, setting_option
 from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
@@ -25,7 +24,6 @@ from replag.repair.keyspace.observe import key_text
 from replag.repair.runs import RunLog, resumable, resume_command
 from replag.schemas import versioned
 from replag.store import Store, parse_location
-from replag.store.configs import open_config_store
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
 _MATCH = click.option("--match", help="Only keys matching this SCAN MATCH pattern.")
@@ -40,14 +38,11 @@ _TYPE = click.option(
 _TTLS = setting_option("repair_ttls", "--ttls")
 
 
-def _emit(report: RepairReport, as_json: bool, *, repairing: bool) -> None:
+def _emit(report: RepairReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(versioned(report.to_dict()), indent=2))
-        return
-    # A check is clean with no divergence; a repair when it left nothing divergent.
-    found = _left(report.to_dict()) if repairing else report.divergent
-    ok = not (found or report.not_clean or report.not_verified)
-    click.echo(paint(report.render(), ok=ok))
+    else:
+        click.echo(report.render())
 
 
 @contextlib.contextmanager
@@ -91,7 +86,7 @@ def _run_job(
     **options: Any,
 ) -> RepairReport:
     config = load(config_path)
-    store = open_config_store(config)
+    store = Store(config.settings.store)
     progress = repair_progress_line(as_json=as_json)
     # This process forks its scans, which share its pages until one side writes them; the
     # collector's full passes wrote them all (~1 MB of copies each, ~4 MB over a 10 s
@@ -118,7 +113,7 @@ def _run_job(
         if progress is not None:
             progress.close()
         store.close()
-    _emit(report, as_json, repairing=job is not check)
+    _emit(report, as_json)
     return report
 
 

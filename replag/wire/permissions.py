@@ -14,10 +14,7 @@ key patterns and channel patterns:
   Redis Cluster the read-only CLUSTER subcommands that tell which slots moved
   and which keys lie in slots a shard does not serve (NODES, SLOTS,
   COUNTKEYSINSLOT, GETKEYSINSLOT; GETSLOTMIGRATIONS on Valkey 9, a rule older
-  servers refuse, so granted only with `valkey_9`: `replag acl --valkey-9`), and
-  SLOT-STATS (each slot's key count, primary against replica: `repair.slot_counts`)
-  on Valkey 8+ and Redis 8.2+, granted with `slot_stats` (`replag acl --slot-stats`,
-  implied by `--valkey-9`; a server without it just skips it, once a run).
+  servers refuse, so granted only with `valkey_9`: `replag acl --valkey-9`).
   The probe follows a shard with CLUSTER INFO, SHARDS and SLOTS. Cluster
   subcommands are tried on cluster nodes only.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
@@ -65,21 +62,10 @@ class Need:
     optional: bool = False  # refused: the mode carries on without it (a note says so)
     cluster: bool = False  # needed (and tried) on Redis Cluster nodes only
     valkey_9: bool = False  # Valkey 9+ only: older servers refuse the rule itself
-    slot_stats: bool = False  # Valkey 8+ and Redis 8.2+ only (CLUSTER SLOT-STATS)
 
 
 def _cluster(*args: str, valkey_9: bool = False) -> Need:
     return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, valkey_9=valkey_9)
-
-
-# Read-only, one call a node; refused, the check goes without it (a note says so).
-_SLOT_STATS = Need(
-    "cluster|slot-stats",
-    ("CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "0"),
-    optional=True,
-    cluster=True,
-    slot_stats=True,
-)
 
 
 _PING = Need("ping", ("PING",))
@@ -137,7 +123,6 @@ _CHECK = (
     _cluster("COUNTKEYSINSLOT", "0"),
     _cluster("GETKEYSINSLOT", "0", "1"),
     _cluster("GETSLOTMIGRATIONS", valkey_9=True),
-    _SLOT_STATS,
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
@@ -202,9 +187,7 @@ def commands(
 ) -> list[str]:
     """The ACL command names `mode` needs, each once, in the order they are listed (not
     the Valkey 9 ones: `valkey_9_commands`)."""
-    names = list(
-        dict.fromkeys(n.command for n in NEEDS[mode] if not n.valkey_9 and not n.slot_stats)
-    )
+    names = list(dict.fromkeys(n.command for n in NEEDS[mode] if not n.valkey_9))
     if allow_config_changes and mode in ("probe", "serve", "agent"):
         names += CONFIG_CHANGES
     if allow_scripts and mode in SCRIPT_MODES:
@@ -213,19 +196,12 @@ def commands(
 
 
 VALKEY_9 = frozenset(n.command for needs in NEEDS.values() for n in needs if n.valkey_9)
-SLOT_STATS = frozenset(n.command for needs in NEEDS.values() for n in needs if n.slot_stats)
 
 
 def valkey_9_commands(mode: Mode) -> list[str]:
     """What `mode` needs on Valkey 9 and later beside `commands` (a rule Redis and older
     Valkey refuse: `ACL SETUSER` fails on a subcommand it does not know)."""
     return list(dict.fromkeys(n.command for n in NEEDS[mode] if n.valkey_9))
-
-
-def slot_stats_commands(mode: Mode) -> list[str]:
-    """What `mode` uses on servers with CLUSTER SLOT-STATS (Valkey 8+, Redis 8.2+): a rule
-    older servers refuse."""
-    return list(dict.fromkeys(n.command for n in NEEDS[mode] if n.slot_stats))
 
 
 def key_patterns(mode: Mode, prefix: str) -> list[str]:
@@ -255,15 +231,12 @@ def acl_rules(
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
     valkey_9: bool = False,
-    slot_stats: bool = False,
 ) -> str:
     """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password;
-    `valkey_9`: with the rules only Valkey 9 and later accept; `slot_stats`: with CLUSTER
-    SLOT-STATS, which Valkey 8+ and Redis 8.2+ accept, implied by `valkey_9`)."""
+    `valkey_9`: with the rules only Valkey 9 and later accept)."""
     rules = ["resetkeys", "resetchannels", "-@all"]
     granted = commands(mode, allow_config_changes=allow_config_changes, allow_scripts=allow_scripts)
     granted += valkey_9_commands(mode) if valkey_9 else []
-    granted += slot_stats_commands(mode) if valkey_9 or slot_stats else []
     rules += [f"+{c}" for c in granted]
     rules += [f"~{p}" for p in key_patterns(mode, prefix)]
     rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
@@ -279,7 +252,6 @@ def acl_line(
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
     valkey_9: bool = False,
-    slot_stats: bool = False,
 ) -> str:
     rules = acl_rules(
         mode,
@@ -288,7 +260,6 @@ def acl_line(
         allow_config_changes=allow_config_changes,
         allow_scripts=allow_scripts,
         valkey_9=valkey_9,
-        slot_stats=slot_stats,
     )
     return f"ACL SETUSER {user} {rules}"
 

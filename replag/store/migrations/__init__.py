@@ -13,7 +13,7 @@ from replag.store.migrations import (
     m0004_service_ha,
     m0005_outbox_claims,
     m0006_store_configs,
-    m0007_replica_state_columns,
+    m0007_instance_stored,
 )
 from replag.store.schema import Migration, numbered
 
@@ -26,7 +26,7 @@ MIGRATIONS: tuple[Migration, ...] = tuple(
             m0004_service_ha,
             m0005_outbox_claims,
             m0006_store_configs,
-            m0007_replica_state_columns,
+            m0007_instance_stored,
         ]
     )
 )
