@@ -116,6 +116,13 @@ class Observer:
     def expect(self, key: bytes, written_lo_ns: int) -> None:
         """A write of `key` was sent at `written_lo_ns`."""
 
+    def sending(self, key: bytes, lo_ns: int) -> None:
+        """A write of `key` is about to be sent (not before `lo_ns`): `expect` follows once
+        it is acknowledged, `withdraw` if it fails."""
+
+    def withdraw(self, key: bytes) -> None:
+        """The write `sending` announced failed: `key` is not expected."""
+
     def seen(self) -> int:
         """How many probe keys it has seen so far (what a progress line counts)."""
         return len(self.arrivals)
@@ -311,8 +318,23 @@ class PollObserver(Observer):
         self._stopping = False
         self.rounds = 0
 
+    def sending(self, key: bytes, lo_ns: int) -> None:
+        """With the burst on, the poll starts with the write, not after its acknowledgement:
+        a round that misses the key while the write is in flight brings the bracket's low
+        end past the send."""
+        if self.burst_ns:
+            self.expect(key, lo_ns)
+
+    def withdraw(self, key: bytes) -> None:
+        self._outstanding.pop(key, None)
+        self.arrivals.pop(key, None)
+
     def expect(self, key: bytes, written_lo_ns: int) -> None:
-        self._outstanding[key] = (written_lo_ns, written_lo_ns)
+        if key in self.arrivals:
+            return  # found while its write was in flight (`sending`)
+        known = self._outstanding.get(key)
+        if known is None or known[0] < written_lo_ns:
+            self._outstanding[key] = (written_lo_ns, written_lo_ns)
         if self._newest_write_ns is None or written_lo_ns > self._newest_write_ns:
             self._newest_write_ns = written_lo_ns
         if self.burst_ns:
@@ -413,6 +435,12 @@ class LearningObserver(Observer):
     def expect(self, key: bytes, written_lo_ns: int) -> None:
         self.push.expect(key, written_lo_ns)
         self.poll.expect(key, written_lo_ns)
+
+    def sending(self, key: bytes, lo_ns: int) -> None:
+        self.poll.sending(key, lo_ns)
+
+    def withdraw(self, key: bytes) -> None:
+        self.poll.withdraw(key)
 
     def settle(self) -> None:
         if self.mode == "push":
