@@ -298,6 +298,8 @@ class ReplicationPoint(Open):
     headroom_fraction_min: float | None = None
     link_up_ratio: float
     samples: int
+    # False: writable (replica-read-only no) in some sample of the step; None: not known.
+    read_only: bool | None = None
 
 
 class ReplicationSeries(Open):

@@ -52,15 +52,24 @@ from replag.wire.permissions import (
     "--server",
     "server",
     type=click.Choice(list(SERVERS)),
-    help="The servers' kind: also grant what only it has (redis-7.4, valkey-9: hash-field "
-    "TTLs; redis-8: and vector sets; valkey-9: CLUSTER GETSLOTMIGRATIONS). A server "
-    "refuses a rule naming a command it lacks, so the default line has none of them.",
+    help="The servers' kind: also grant what only it has (redis-7.4, redis-8, valkey-9: "
+    "hash-field TTLs; redis-8: vector sets; valkey-9: CLUSTER GETSLOTMIGRATIONS; "
+    "valkey-8, valkey-9, redis-8.2: CLUSTER SLOT-STATS). A server refuses a rule naming "
+    "a command it lacks, so the default line has none of them.",
 )
 @click.option(
     "--valkey-9",
     "valkey_9",
     is_flag=True,
     help="The same as --server valkey-9.",
+)
+@click.option(
+    "--slot-stats",
+    "slot_stats",
+    is_flag=True,
+    help="The servers have CLUSTER SLOT-STATS (Valkey 8+, Redis 8.2+): also grant it, for "
+    "the check's per-slot key counts (older servers refuse that rule; implied by "
+    "--server valkey-8, valkey-9, redis-8.2).",
 )
 @click.option(
     "--rejson",
@@ -83,6 +92,7 @@ def command(
     allow_scripts: bool | None,
     server: str | None,
     valkey_9: bool,
+    slot_stats: bool,
     rejson: bool,
     check_servers: bool,
 ) -> None:
@@ -99,6 +109,7 @@ def command(
         raise click.UsageError(f"--valkey-9 and --server {server} name different servers")
     kind = "valkey-9" if valkey_9 else server
     features = SERVERS[kind] if kind else ()
+    features += ("slot_stats",) if slot_stats and "slot_stats" not in features else ()
     features += ("rejson",) if rejson else ()
     endpoints: list[Endpoint] = []
     if config_path is not None:

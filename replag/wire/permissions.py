@@ -23,7 +23,10 @@ What only some servers have is granted by `features` (`replag acl --server KIND`
 rule naming it (`ACL SETUSER` fails): hash-field TTLs (`field_ttls`, Redis 7.4+
 and Valkey 9+: HPEXPIRETIME read, HPEXPIREAT written), vector sets (`vector_sets`,
 Redis 8: VINFO, VRANDMEMBER, VEMB, VGETATTR, VCARD; copied by DUMP/RESTORE only),
-CLUSTER GETSLOTMIGRATIONS (`valkey_9`), and RedisJSON's readers (`rejson`, where
+CLUSTER GETSLOTMIGRATIONS (`valkey_9`), CLUSTER SLOT-STATS (`slot_stats`, Valkey
+8+ and Redis 8.2+: each slot's key count, primary against replica,
+`repair.slot_counts`; refused, a check goes without it, once a run; also
+`replag acl --slot-stats`), and RedisJSON's readers (`rejson`, where
 the module is loaded: JSON.GET, JSON.DEBUG MEMORY). The default line has none of
 them: every supported server (Redis 6.2 on) accepts it.
 - serve: probe and repair (the service does both, and samples INFO).
@@ -56,8 +59,8 @@ from replag.wire.resp import RespConnection, error_text, pack
 
 Mode = Literal["probe", "check", "repair", "serve", "agent"]
 MODES: tuple[Mode, ...] = ("probe", "check", "repair", "serve", "agent")
-Feature = Literal["field_ttls", "vector_sets", "valkey_9", "rejson"]
-FEATURES: tuple[Feature, ...] = ("field_ttls", "vector_sets", "valkey_9", "rejson")
+Feature = Literal["field_ttls", "vector_sets", "valkey_9", "slot_stats", "rejson"]
+FEATURES: tuple[Feature, ...] = ("field_ttls", "vector_sets", "valkey_9", "slot_stats", "rejson")
 # What each server kind has beyond the rules every supported server accepts (RedisJSON
 # is a module, loaded or not on any kind: asked for on its own, `rejson`).
 SERVERS: dict[str, tuple[Feature, ...]] = {
@@ -65,8 +68,9 @@ SERVERS: dict[str, tuple[Feature, ...]] = {
     "redis-7": (),
     "redis-7.4": ("field_ttls",),
     "redis-8": ("field_ttls", "vector_sets"),
-    "valkey-8": (),
-    "valkey-9": ("field_ttls", "valkey_9"),
+    "redis-8.2": ("field_ttls", "vector_sets", "slot_stats"),
+    "valkey-8": ("slot_stats",),
+    "valkey-9": ("field_ttls", "valkey_9", "slot_stats"),
 }
 
 
@@ -86,6 +90,16 @@ class Need:
 
 def _cluster(*args: str, feature: Feature | None = None) -> Need:
     return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, feature=feature)
+
+
+# Read-only, one call a node; refused, the check goes without it (a note says so).
+_SLOT_STATS = Need(
+    "cluster|slot-stats",
+    ("CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "0"),
+    optional=True,
+    cluster=True,
+    feature="slot_stats",
+)
 
 
 _PING = Need("ping", ("PING",))
@@ -158,6 +172,7 @@ _CHECK = (
     _cluster("COUNTKEYSINSLOT", "0"),
     _cluster("GETKEYSINSLOT", "0", "1"),
     _cluster("GETSLOTMIGRATIONS", feature="valkey_9"),
+    _SLOT_STATS,
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
