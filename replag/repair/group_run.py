@@ -67,6 +67,7 @@ from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
 from replag.tracing import server, span
+from replag.wire.reach import Reach
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class GroupRun:
     ) -> None:
         s, params = run.setup.settings, run.params
         self.topology = run.setup.topology
+        # Where a server's answer may lead the run: the topology's hosts, allow_networks.
+        self.reach = Reach.of(self.topology)
         self.rebuild = RebuildOptions.of(s)
         self.refill = self.rebuild.refill
         self.shape = shape
@@ -477,7 +480,7 @@ class GroupRun:
         return done.left
 
     async def _slot_map(self) -> SlotMap:
-        return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
+        return await SlotMap.read(self.group.members, timeout_s=self.timeout_s, reach=self.reach)
 
     async def _settle_slots(self, before: SlotMap) -> None:
         """What the run's slot maps say, at its end: the slots not compared (moved or
