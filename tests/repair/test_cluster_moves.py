@@ -30,7 +30,7 @@ from replag.repair.keyspace.slots import key_slot, ranges
 from replag.schemas import schema, versioned
 from replag.service import ReplagService
 from replag.store import Store
-from replag.wire.permissions import acl_line
+from replag.wire.permissions import SERVERS, acl_line
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster, wait_cluster_whole
 from tests.helpers.reshard import (
     UNREPLICATED,
@@ -179,7 +179,8 @@ def _recipe_config(cluster: RedisClusterNodes, tmp_path: Path, found: str) -> Pa
 async def test_the_check_recipe_finds_a_stray_and_a_refused_read_is_not_verified(
     cluster: RedisClusterNodes, tmp_path: Path
 ) -> None:
-    line = acl_line("check", USER, prefix="replag:probe:", valkey_9=_is_valkey(cluster))
+    kind = "valkey-9" if _is_valkey(cluster) else "redis-8"
+    line = acl_line("check", USER, prefix="replag:probe:", features=SERVERS[kind])
     _users(cluster, USER, "reset", "on", f">{PASSWORD}", *line.split()[3:])
     found = (await discover_cluster(cluster.url, timeout_s=5)).render()
     path = _recipe_config(cluster, tmp_path, found)
