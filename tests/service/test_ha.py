@@ -196,9 +196,12 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
     other = next(i for i in fleet if i is not paused)
     wait_until(lambda: probe_runs_counted(paused, "us-east") >= 1, "a first run", timeout_s=60)
     time.sleep(0.5)  # inside the next run's writes
-    before = probe_runs_counted(paused, "us-east")
     with Store(ha_store) as store:
         [held] = current(store, prefix="probe:us-east")
+    # Read last, right before the pause (opening a store takes seconds on a busy host): the
+    # runs stored until then. Not its run counter: once resumed it may take the probe back
+    # under a new epoch (the work shared out again) and count runs of its own, rightly.
+    stored_before = probe_starts(ha_store, "us-east")
     paused.proc.send_signal(signal.SIGSTOP)
     stopped_ns = time.time_ns()
     try:
@@ -213,11 +216,15 @@ def test_an_instance_paused_past_its_lease_writes_and_notifies_nothing(
         paused.proc.send_signal(signal.SIGCONT)
     resumed_ns = time.time_ns()
     wait_until(lambda: paused.health() is not None, "the paused instance answers again")
-    time.sleep(LEASE_S / 2)  # its loops wake and find their fences gone
-    # The run it was in when paused neither wrote on nor stored its results.
-    assert probe_runs_counted(paused, "us-east") == before
-    log = paused.log()
-    assert "no longer held" in log or "lease lost" in log, log[-3000:]
+    # Its loops wake and find their fences gone.
+    wait_until(
+        lambda: "no longer held" in (log := paused.log()) or "lease lost" in log,
+        "the paused instance stops its run",
+        timeout_s=4 * LEASE_S + 30,
+    )
+    time.sleep(LEASE_S / 2)  # a result it still stored would be in by now
+    # The run it was in when paused (started before the pause) never stored its results.
+    assert [s for s in probe_starts(ha_store, "us-east") if s <= stopped_ns] == stored_before
     # Every run stored since the resume is the new owner's (one run at a time).
     starts = [s for s in probe_starts(ha_store, "us-east") if s > resumed_ns]
     assert all(b > a for a, b in itertools.pairwise(starts))
