@@ -305,6 +305,15 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    max_reply_refusals: int = setting(
+        1000,
+        _positive_int,
+        "Most replies of one server one scan refuses at max_reply_bytes and reads again in "
+        "smaller pieces (a batch of big values in halves, a big string in pages); past it "
+        "the scan ends, naming the server, the command and this setting (a server that "
+        "announces more than its values hold would cost thousands of round trips per "
+        "thousand keys).",
+    )
     http_header_timeout: float = setting(
         "10s",
         _positive_duration,

@@ -236,13 +236,13 @@ class _Protocol(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        what = "a message the server pushed"
+        what = command = "a message the server pushed"
         if self.waiting:
             count, _, head = self.waiting[0]
-            what = command_name(head)
+            what = command = command_name(head)
             if count > 1:
                 what += f" (reply {len(self.current) + 1} of the {count} of a pipelined request)"
-        self.failure = ReplyLimitError(f"reply to {what} refused: {exc}")
+        self.failure = ReplyLimitError(f"reply to {what} refused: {exc}", command=command)
         if self.transport is not None:
             self.transport.abort()
 

@@ -21,6 +21,7 @@ import hiredis
 
 from replag.errors import EndpointError
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.connections import not_resp, server_name, tls_context, translate
 from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
 from replag.wire.resp import check_replies, setup_commands
@@ -46,8 +47,8 @@ class BlockingConnection:
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0
         # A reply broke a reply limit (the connection is then unusable): the scan re-reads
-        # what that reply held in smaller pieces on a new connection.
-        self.refused = False
+        # what that reply held in smaller pieces on a new connection. The command refused.
+        self.refused: str | None = None
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, timeout_s: float) -> BlockingConnection:
@@ -108,8 +109,12 @@ class BlockingConnection:
             raise translate(not_resp(self._first_bytes), self.endpoint) from None
 
     def request(self, payload: bytes, count: int) -> list[Any]:
+        """`payload`'s `count` replies, each checked against its command's shape (a small
+        request's; a scan batch's are checked as a batch, `shapes.check_batch`)."""
         self.send(payload)
-        return self.replies(count)
+        replies = self.replies(count)
+        shapes.check_request(self.endpoint, payload, replies)
+        return replies
 
     def check(self, replies: list[Any]) -> None:
         check_replies(replies, self.endpoint)
@@ -135,8 +140,8 @@ class BlockingConnection:
         try:
             self._guard.feed(self._buffer, size)
         except ReplyLimitError as exc:
-            self.refused = True
-            refused = ReplyLimitError(f"reply to {command_name(self._sent)} refused: {exc}")
+            self.refused = command_name(self._sent)
+            refused = ReplyLimitError(f"reply to {self.refused} refused: {exc}")
             raise translate(refused, self.endpoint) from None
         except NotRespHeader as exc:
             # Named by the bytes where a reply should begin (not the connection's first).

@@ -132,3 +132,70 @@ async def test_discovery_asks_the_replicas_it_finds_at_once_under_one_deadline()
     assert found.facts["replicas"] == 50
     text = "\n".join(found.endpoint_comments.values())
     assert text.count("could not be read") == 50
+
+
+def _liar(keys: int, *, strlen: int = 1) -> dict[str, object]:
+    """A server of `keys` keys (SCAN pages of 100) that announces $10^12 for every MGET,
+    while STRLEN says each value is `strlen` bytes (GETRANGE answers full pages, of at
+    most a megabyte)."""
+
+    def scan(command: list[bytes]) -> bytes:
+        cursor, pages = int(command[1]), max(1, keys // 100)
+        after = b"0" if cursor + 1 >= pages else b"%d" % (cursor + 1)
+        return array(bulk(after), array(*[bulk(f"k{cursor}-{i}") for i in range(min(keys, 100))]))
+
+    def getrange(command: list[bytes]) -> bytes:
+        end = min(int(command[3]), strlen - 1, 1 << 20)  # full pages, as STRLEN claimed
+        return bulk(b"x" * max(0, end - int(command[2]) + 1))
+
+    return {
+        "SCAN": scan,
+        "DBSIZE": b":%d\r\n" % keys,
+        "INFO": bulk("# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"),
+        "MGET": b"$1000000000000\r\n",
+        "STRLEN": b":%d\r\n" % strlen,
+        "PTTL": b":-1\r\n",
+        "TYPE": b"+string\r\n",
+        "GETRANGE": getrange,
+    }
+
+
+@pytest.mark.parametrize("scan", ["blocking", "async"])
+def test_a_server_refused_on_every_batch_ends_the_scan_at_max_reply_refusals(scan: str) -> None:
+    """Every batch refused and read again in pieces (the blocking scan in halves, the async
+    one key by key): past max_reply_refusals the scan ends, naming the server, MGET and
+    the setting, after as many MGETs as the bound allows (not 2 per key of the keyspace)."""
+    import asyncio
+
+    from replag.repair.scan.blocking import BlockingScan
+    from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
+
+    limits = ReplyLimits(max_reply_refusals=20)
+    with ScriptedServer(_liar(20_000)) as server:  # type: ignore[arg-type]
+        endpoint = dataclasses.replace(
+            Endpoint.from_url(f"redis://{server.address}", name="liar"), limits=limits
+        )
+        options = ScanOptions(timeout_s=5)
+        with pytest.raises(EndpointError, match="max_reply_refusals = 20") as err:
+            if scan == "blocking":
+                BlockingScan(endpoint, options).run(ScanProgress("liar"))
+            else:
+                asyncio.run(ReplicaScanner(endpoint, options).run(ScanProgress("liar")))
+        mgets = server.names().count("MGET")
+    assert "liar" in str(err.value) and "21 replies to MGET refused" in str(err.value)
+    # The bound; the async scan's walk ahead sends the next batch's MGET meanwhile.
+    assert mgets <= (21 if scan == "blocking" else 2 * 21) + 2, mgets
+
+
+def test_a_string_claimed_longer_than_max_string_bytes_ends_the_blocking_scan() -> None:
+    """A single key whose MGET is refused is read in GETRANGE pages as long as STRLEN
+    says: a STRLEN of 10^15 bytes ends the scan at once, naming the setting."""
+    from replag.repair.scan.blocking import BlockingScan
+    from replag.repair.scan.scanner import ScanOptions, ScanProgress
+
+    with ScriptedServer(_liar(1, strlen=10**15)) as server:  # type: ignore[arg-type]
+        endpoint = Endpoint.from_url(f"redis://{server.address}", name="claims")
+        with pytest.raises(ReplyShapeError, match="max_string_bytes = 4096 MB") as err:
+            BlockingScan(endpoint, ScanOptions(timeout_s=5)).run(ScanProgress("claims"))
+        assert "GETRANGE" not in server.names()
+    assert "STRLEN" in str(err.value) and "claims" in str(err.value)
