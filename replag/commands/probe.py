@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import (
     config_option,
     json_option,
@@ -31,6 +32,7 @@ from replag.probes.report import combine_reports
 from replag.schemas import versioned
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
+from replag.store.configs import open_config_store
 
 
 async def probe_once(
@@ -181,7 +183,7 @@ def _probe_and_report(
     config = load(config_path)
     settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
     config = dataclasses.replace(config, settings=settings)
-    store = None if no_store else Store(settings.store)
+    store = None if no_store else open_config_store(config)
     status = status_line(as_json=as_json)
     try:
         report = asyncio.run(
@@ -218,7 +220,7 @@ def _probe_and_report(
             out["alerts"] = outcome
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(report.render())
+        click.echo(paint(report.render(), ok=report.exit_code == 0))
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     if unstored is not None:

@@ -35,7 +35,8 @@ from replag.monitoring.dropped_writes import find_dropped_writes
 from replag.monitoring.dynomite_stats import collect_dynomite_stats
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
-from replag.store import Store, parse_location
+from replag.store import parse_location
+from replag.store.configs import open_config_store
 from replag.store.location import store_for_config
 from replag.wire import reply_limits
 
@@ -523,7 +524,7 @@ def _dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> No
     if not urls:
         raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
     timeout_s = _timeout_s(timeout, config.settings)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     try:
         collected = asyncio.run(collect_dynomite_stats(urls, store=store, timeout_s=timeout_s))
         findings = find_dropped_writes(store)

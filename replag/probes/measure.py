@@ -226,7 +226,7 @@ async def wait_for_arrivals(
 
     while time.monotonic_ns() < deadline:
         if progress is not None:
-            seen = sum(min(want, sum(len(o.arrivals) for o in unit)) for unit in units)
+            seen = sum(min(want, sum(o.seen() for o in unit)) for unit in units)
             progress(seen, want * len(units))
         if not any(waiting(u) for u in units):
             return

@@ -110,6 +110,10 @@ class Observer:
     def expect(self, key: bytes, written_lo_ns: int) -> None:
         """A write of `key` was sent at `written_lo_ns`."""
 
+    def seen(self) -> int:
+        """How many probe keys it has seen so far (what a progress line counts)."""
+        return len(self.arrivals)
+
     def settle(self) -> None:
         """Bring the arrivals so far to their final bars (push widens them; see there)."""
 
@@ -371,6 +375,12 @@ class LearningObserver(Observer):
     def settle(self) -> None:
         if self.mode == "push":
             self.push.settle()  # the arrivals are the push observer's own
+
+    def seen(self) -> int:
+        # Before it decides (events or polls), its arrivals are empty: what either has seen.
+        if self.decided:
+            return len(self.arrivals)
+        return max(len(self.push.arrivals), len(self.poll.arrivals))
 
     async def start(self) -> None:
         if self._task is None:

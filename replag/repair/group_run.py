@@ -24,13 +24,13 @@ import numpy.typing as npt
 from replag.errors import AgentError
 from replag.repair.bulk.copy import (
     BULK_MIN,
-    RefillOptions,
     bulk_allowed,
     pending_log,
     refill_members,
     refill_plan,
     settle_members,
 )
+from replag.repair.bulk.rebuild_copy import RebuildOptions
 from replag.repair.decisions import report as rp
 from replag.repair.decisions.decide import GroupDecisions, KeyRecord
 from replag.repair.decisions.findings import FINDINGS, per_replica
@@ -78,7 +78,8 @@ class GroupRun:
     ) -> None:
         s, params = run.setup.settings, run.params
         self.topology = run.setup.topology
-        self.settings, self.refill = s, RefillOptions.of(s)
+        self.rebuild = RebuildOptions.of(s)
+        self.refill = self.rebuild.refill
         self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, run.log
@@ -464,7 +465,7 @@ class GroupRun:
             else None
         )
         done = await refill_wiped(
-            self.settings, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
+            self.rebuild, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
         )
         self.report.bulk_refilled += done.copied
         self.report.scan_s += done.seconds

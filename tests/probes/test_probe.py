@@ -206,6 +206,10 @@ async def test_replica_down_is_reported_not_raised(lab_factory: LabFactory) -> N
     assert [(b["kind"], b["replica"]) for b in report.breaches] == [("unreachable", "c-1")]
     assert "unreachable" in report.unreachable[0]["error"]
     assert next(p for p in report.pairs if p.target == "b").seen == 10
+    # None of its probes seen: all lost, in the windows stored (what the API and the
+    # dashboard read) as in the report, never "0 lost" for a stopped replica.
+    down = next(p for p in report.pairs if p.target == "c")
+    assert (down.sent, down.seen, down.lost) == (10, 0, 10)
 
 
 async def test_runs_are_appended_to_the_store(lab_factory: LabFactory, tmp_path: Path) -> None:
