@@ -45,6 +45,9 @@ class ReplyLimits:
     # The most replies of one server a run (one scan) refuses at max_bytes and reads again
     # in smaller pieces (`refusals`): past it the run ends, naming the server and command.
     max_reply_refusals: int = 1000
+    # The most bytes of replies not yet read whole that one server's connections hold
+    # at once, in one process (`held`): each reply may pass max_bytes, not all together.
+    max_held_bytes: int = 512 * _MIB
 
 
 DEFAULT = ReplyLimits()
@@ -62,6 +65,7 @@ def from_settings(settings: object) -> ReplyLimits:
         max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
         max_string_bytes=getattr(settings, "max_string_bytes"),  # noqa: B009
         max_reply_refusals=getattr(settings, "max_reply_refusals"),  # noqa: B009
+        max_held_bytes=getattr(settings, "max_held_bytes"),  # noqa: B009
     )
 
 

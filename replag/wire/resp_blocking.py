@@ -23,6 +23,7 @@ from replag.errors import EndpointError
 from replag.topology import Endpoint
 from replag.wire import shapes
 from replag.wire.connections import not_resp, server_name, tls_context, translate
+from replag.wire.held import HeldBytes
 from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
 from replag.wire.resp import check_replies, setup_commands
 
@@ -43,6 +44,7 @@ class BlockingConnection:
         self._sent = b""  # the start of the last request, to name its command
         self._reader = hiredis.Reader(notEnoughData=_INCOMPLETE)
         self._guard = ReplyGuard(endpoint.limits)
+        self._held = HeldBytes(endpoint)  # this connection's share of its server's bytes
         self._first_bytes = b""
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0
@@ -91,6 +93,7 @@ class BlockingConnection:
                 self._feed()
         except hiredis.ProtocolError:
             raise translate(not_resp(self._first_bytes), self.endpoint) from None
+        self._held.release()
         return item
 
     def replies(self, count: int) -> list[Any]:
@@ -103,6 +106,7 @@ class BlockingConnection:
             while True:
                 out += islice(iter(gets, _INCOMPLETE), count - len(out))
                 if len(out) == count:
+                    self._held.release()
                     return out
                 self._feed()
         except hiredis.ProtocolError:
@@ -139,6 +143,7 @@ class BlockingConnection:
         self.bytes_received += size
         try:
             self._guard.feed(self._buffer, size)
+            self._held.add(size)
         except ReplyLimitError as exc:
             self.refused = command_name(self._sent)
             refused = ReplyLimitError(f"reply to {self.refused} refused: {exc}")
@@ -155,6 +160,7 @@ class BlockingConnection:
         )
 
     def close(self) -> None:
+        self._held.release()
         self._sock.close()
 
 
