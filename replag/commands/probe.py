@@ -24,6 +24,7 @@ from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import ReplagError, UsageError
+from replag.plural import count
 from replag.private_files import open_private
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.nagios import UNKNOWN, nagios_code, nagios_error, nagios_line
@@ -295,9 +296,9 @@ def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> di
 
 
 def _alert_lines(outcome: dict[str, Any]) -> list[str]:
-    lines = [f"alerts: {outcome['active_conditions']} condition(s) active"]
+    lines = [f"alerts: {count(outcome['active_conditions'], 'condition')} active"]
     lines += [f"  {e['status'].upper()}: {e['rule']}: {e['summary']}" for e in outcome["events"]]
     for d in outcome["deliveries"]:
         state = "sent" if d["ok"] else f"FAILED ({d['error']})"
-        lines.append(f"  → {d['sink']}: {state} after {d['attempts']} attempt(s)")
+        lines.append(f"  → {d['sink']}: {state} after {count(d['attempts'], 'attempt')}")
     return lines

@@ -17,6 +17,7 @@ from replag.discovery.contacts import Contacts, OutsideNetworks
 from replag.discovery.deadline import Deadline
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
+from replag.plural import count
 from replag.replication import sentinel as ask
 from replag.topology import (
     Endpoint,
@@ -140,7 +141,7 @@ async def _discover(
         if replicas:
             groups.append(ReplicaGroup(name=name, members=(primary, *replicas), kind="replication"))
     header = (
-        f"Discovered from Sentinel {sentinel.address}: {len(regions)} master(s).\n"
+        f"Discovered from Sentinel {sentinel.address}: {count(len(regions), 'master')}.\n"
         "Data nodes are written without a password: add password_env where they need one."
     )
     if unread:

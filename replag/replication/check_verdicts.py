@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from replag.plural import count
 from replag.store import Store
 
 # Runs read, newest first, to find each replica's latest verdict.
@@ -58,12 +59,12 @@ class CheckVerdict:
         return _age(self.age_s(now_ns))
 
     def not_compared_text(self) -> str:
-        """`3 key(s) not compared (graphdata: 2, ReJSON-RL: 1)`, "" for none."""
+        """`3 keys not compared (graphdata: 2, ReJSON-RL: 1)`, "" for none."""
         total = sum(n for _, n in self.not_compared)
         if not total:
             return ""
         types = ", ".join(f"{t}: {n}" for t, n in self.not_compared)
-        return f"{total} key(s) not compared ({types})"
+        return f"{count(total, 'key')} not compared ({types})"
 
 
 def _not_compared(group: dict[str, Any]) -> tuple[tuple[str, int], ...]:

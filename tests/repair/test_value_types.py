@@ -170,7 +170,7 @@ async def test_vector_sets_by_content_and_module_types_named(
     # (in a thread: the command runs its own event loop)
     text = await asyncio.to_thread(runner.invoke, main, ["repair", "check", "--config", str(path)])
     assert text.exit_code == 1, text.output
-    assert "not compared" in text.output and "graphdata: 1 key(s)" in text.output
+    assert "not compared" in text.output and "graphdata: 1 key" in text.output
     assert "'g:same'" in text.output and "NOT CLEAN" in text.output
     assert "changing while read" not in text.output
     out = await asyncio.to_thread(
@@ -443,7 +443,7 @@ async def test_serve_does_not_record_a_run_with_values_not_compared_as_clean(
         assert health["status"] != "ok"
         (problem,) = [p for p in health["problems"] if p["kind"] == "not_compared"]
         assert problem["group"] == "g" and problem["severity"] == "warning"
-        assert "1 key(s) not compared (graphdata: 1)" in problem["message"]
+        assert "1 key not compared (graphdata: 1)" in problem["message"]
         assert job.run_id in problem["message"]
         with caplog.at_level(logging.INFO, logger="replag.service"):
             await service.findings.after_round()

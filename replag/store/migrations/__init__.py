@@ -14,6 +14,7 @@ from replag.store.migrations import (
     m0005_outbox_claims,
     m0006_store_configs,
     m0007_replica_state_columns,
+    m0008_instance_stored,
 )
 from replag.store.schema import Migration, numbered
 
@@ -27,6 +28,7 @@ MIGRATIONS: tuple[Migration, ...] = tuple(
             m0005_outbox_claims,
             m0006_store_configs,
             m0007_replica_state_columns,
+            m0008_instance_stored,
         ]
     )
 )
