@@ -16,6 +16,7 @@ from replag.errors import EndpointError, ReplyShapeError
 from replag.topology import Endpoint
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection
+from tests.helpers.hostile import liar_answers
 from tests.helpers.scripted import ScriptedServer, array, bulk
 
 
@@ -135,32 +136,6 @@ async def test_discovery_asks_the_replicas_it_finds_at_once_under_one_deadline()
     assert text.count("could not be read") == 50
 
 
-def _liar(keys: int, *, strlen: int = 1) -> dict[str, object]:
-    """A server of `keys` keys (SCAN pages of 100) that announces $10^12 for every MGET,
-    while STRLEN says each value is `strlen` bytes (GETRANGE answers full pages, of at
-    most a megabyte)."""
-
-    def scan(command: list[bytes]) -> bytes:
-        cursor, pages = int(command[1]), max(1, keys // 100)
-        after = b"0" if cursor + 1 >= pages else b"%d" % (cursor + 1)
-        return array(bulk(after), array(*[bulk(f"k{cursor}-{i}") for i in range(min(keys, 100))]))
-
-    def getrange(command: list[bytes]) -> bytes:
-        end = min(int(command[3]), strlen - 1, 1 << 20)  # full pages, as STRLEN claimed
-        return bulk(b"x" * max(0, end - int(command[2]) + 1))
-
-    return {
-        "SCAN": scan,
-        "DBSIZE": b":%d\r\n" % keys,
-        "INFO": bulk("# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"),
-        "MGET": b"$1000000000000\r\n",
-        "STRLEN": b":%d\r\n" % strlen,
-        "PTTL": b":-1\r\n",
-        "TYPE": b"+string\r\n",
-        "GETRANGE": getrange,
-    }
-
-
 @pytest.mark.parametrize("scan", ["blocking", "async"])
 def test_a_server_refused_on_every_batch_ends_the_scan_at_max_reply_refusals(scan: str) -> None:
     """Every batch refused and read again in pieces (the blocking scan in halves, the async
@@ -172,7 +147,7 @@ def test_a_server_refused_on_every_batch_ends_the_scan_at_max_reply_refusals(sca
     from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
 
     limits = ReplyLimits(max_reply_refusals=20)
-    with ScriptedServer(_liar(20_000)) as server:  # type: ignore[arg-type]
+    with ScriptedServer(liar_answers(20_000)) as server:  # type: ignore[arg-type]
         endpoint = dataclasses.replace(
             Endpoint.from_url(f"redis://{server.address}", name="liar"), limits=limits
         )
@@ -194,7 +169,7 @@ def test_a_string_claimed_longer_than_max_string_bytes_ends_the_blocking_scan() 
     from replag.repair.scan.blocking import BlockingScan
     from replag.repair.scan.scanner import ScanOptions, ScanProgress
 
-    with ScriptedServer(_liar(1, strlen=10**15)) as server:  # type: ignore[arg-type]
+    with ScriptedServer(liar_answers(1, strlen=10**15)) as server:  # type: ignore[arg-type]
         endpoint = Endpoint.from_url(f"redis://{server.address}", name="claims")
         with pytest.raises(ReplyShapeError, match="max_string_bytes = 4096 MB") as err:
             BlockingScan(endpoint, ScanOptions(timeout_s=5)).run(ScanProgress("claims"))
