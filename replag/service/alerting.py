@@ -98,6 +98,7 @@ class AlertEvaluation:
         # The database's clock at this instance's first look after the store's last return
         # (by when it returned, monotonic): the others' marks must be newer.
         self._back_db_ns: tuple[float, int] | None = None
+        self._settled_for: float | None = None  # the return after which it was settled
         self.book = AlertBook(store)
         self.sender = AlertSender(
             config.alerts.sinks,
@@ -189,7 +190,7 @@ class AlertEvaluation:
         the module docstring); None when it can. Blocking (store reads)."""
         health = self.store.health
         back = health.reachable_again_mono
-        if back is None or not health.reachable:
+        if back is None or not health.reachable or back == self._settled_for:
             return None
         waited = time.monotonic() - back
         if waited >= max(SETTLE_CAP_MIN_S, SETTLE_CAP_LEASES * keeper.ttl_s):
@@ -216,6 +217,7 @@ class AlertEvaluation:
                 f"{len(waiting)} other instances may still be storing what they held "
                 f"({', '.join(waiting)})"
             )
+        self._settled_for = back
         return None
 
     async def evaluate(self, fence: Fence | None = None) -> None:
