@@ -228,3 +228,28 @@ async def test_discover_cluster_asks_no_shard_outside_allow_networks(tmp_path: P
 
                 await discover_cluster(url, timeout_s=1, contacts=Contacts())
                 assert "AUTH" in capture.names()
+
+
+async def test_discover_redis_sends_nothing_to_a_replica_outside_allow_networks() -> None:
+    """INFO replication naming a replica on 127.0.0.2: with --allow-networks 127.0.0.1/32
+    it gets no AUTH and no INFO, is not written, and the header names it."""
+    from replag.discovery.contacts import Contacts, parse_networks
+    from replag.discovery.replication import discover_replication
+
+    with capture_server() as capture:
+        info = (
+            "# Replication\r\nrole:master\r\nconnected_slaves:1\r\n"
+            f"slave0:ip={capture.host},port={capture.port},state=online,offset=0,lag=0\r\n"
+        )
+        answers = {"INFO REPLICATION": bulk(info), "INFO KEYSPACE": bulk("# Keyspace\r\n")}
+        with ScriptedServer(answers) as primary:
+            url = f"redis://:s3cret@{primary.address}"
+            contacts = Contacts(networks=parse_networks("127.0.0.1/32"))
+            found = await discover_replication(url, timeout_s=1, contacts=contacts)
+            assert capture.commands == [], capture.commands
+            assert "AUTH" in primary.names()
+            assert [r.replicas for r in found.topology.regions] == [()]
+            assert any(capture.address in line for line in contacts.header_lines())
+
+            await discover_replication(url, timeout_s=1, contacts=Contacts())
+            assert "AUTH" in capture.names()
