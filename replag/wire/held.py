@@ -11,6 +11,8 @@ command and the setting). Only bytes in flight count, so nothing piles up across
 
 from __future__ import annotations
 
+import os
+
 from replag.topology import Endpoint
 from replag.wire.reply_limits import ReplyLimitError, size_text
 
@@ -25,6 +27,9 @@ class Held:
 
 
 _HELD: dict[tuple[str, int], Held] = {}
+# A forked scan process counts its own connections from nothing (what the parent's hold
+# is the parent's; their inherited objects keep the parent's accounts).
+os.register_at_fork(after_in_child=_HELD.clear)
 
 
 def held_from(endpoint: Endpoint) -> Held:
