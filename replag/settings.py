@@ -396,9 +396,9 @@ class Settings:
     store_shared: bool = setting(
         False,
         _bool,
-        "Let this config share its store with other configs on purpose (each `serve` "
-        "records its config file in the store; without this, one refuses a store another "
-        "config's serve used: two fleets' data would show as one).",
+        "Let this config share its store with other configs on purpose (`serve` and every "
+        "CLI run that writes to the store record their config file in it; without this, "
+        "one refuses a store another config used: two fleets' data would show as one).",
     )
     store_hold_memory_mb: int = setting(
         256,

@@ -6,6 +6,7 @@ A capture server on 127.0.0.2 (loopback) records every command it receives: none
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,9 @@ async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
 ) -> None:
     import httpx
 
+    from replag.alerts.condition import RuleContext
+    from replag.alerts.config import AlertRule
+    from replag.alerts.rules import no_probe_conditions
     from replag.api.app import create_app
     from replag.config import load_config
     from replag.store import Store
@@ -145,6 +149,12 @@ async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
                 body = (await client.get("/api/v1/health")).json()
+            # And alerted: the no-probe rule's condition names the host not contacted.
+            rule = AlertRule(name="no-probe", kind="no_probe", threshold=0)
+            ctx = RuleContext(config=svc.config, index=svc.index, now_ns=time.time_ns() + 10**9)
+            [condition] = no_probe_conditions(rule, ctx)
+        assert condition.active and capture.address in condition.summary, condition.summary
+        assert "not contacted" in condition.summary, condition.summary
         assert capture.commands == []
     assert body["status"] != "ok", body
     [problem] = [p for p in body["problems"] if p["kind"] == "probe_error"]
