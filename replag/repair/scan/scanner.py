@@ -47,6 +47,7 @@ from replag.repair.scan.ttls import (
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
 from replag.topology import Endpoint
+from replag.wire.refusals import Refusals
 from replag.wire.reply_limits import ReplyLimitError, ReplyLimits
 from replag.wire.resp import (
     RespConnection,
@@ -198,6 +199,20 @@ class ScanHooks:
             self.checkpoint(state)
 
 
+def _drop(queue: asyncio.Queue[Any]) -> None:
+    """Empty a queue of batches given up (their fetches failed with the refused reply's
+    connection): each future's exception is retrieved, so none is reported unretrieved."""
+    while not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, tuple):
+            _retrieve(item[2])
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Retrieve `future`'s outcome when it comes (an exception no one awaits any more)."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 class ReplicaScanner:
     """Scans one endpoint from `cursor` to the end of its keyspace.
 
@@ -233,6 +248,7 @@ class ReplicaScanner:
         self._script_sha = b""
         # A Redis Cluster node: batches are read with a GET per key (`fetch_request`).
         self.cluster = endpoint.cluster
+        self._refusals = Refusals(endpoint)  # replies refused and read again key by key
 
     async def run(self, state: ScanProgress) -> ScanIndex:
         return ScanIndex.concat(await self.run_parts(state))
@@ -286,6 +302,9 @@ class ReplicaScanner:
                     # The batch's reply broke max_reply_bytes (values of megabytes): both
                     # connections anew, this batch read key by key, the walk on after it.
                     await cancel_all([producer])
+                    _drop(queue)
+                    self._refusals.note(exc.__cause__.command or "a batch's fetch")
+                    end.restart()
                     scan_conn, fetch_conn = await self._reopen(scan_conn, fetch_conn)
                     part = await self._index_by_key(fetch_conn, keys)
                     hooks.keep(part, parts)
@@ -315,6 +334,7 @@ class ReplicaScanner:
         finally:
             if not producer.done():
                 await cancel_all([producer])
+            _drop(queue)
 
     async def _reopen(
         self, scan_conn: RespConnection, fetch_conn: RespConnection
@@ -379,7 +399,11 @@ class ReplicaScanner:
                 keys = batch_keys(keys, self.options)
                 if keys:
                     future = self._fetch(fetch_conn, keys, self.ttl_source)
-                    await queue.put((cursor, keys, future))
+                    try:
+                        await queue.put((cursor, keys, future))
+                    except asyncio.CancelledError:
+                        _retrieve(future)  # given up with the walk: no "never retrieved"
+                        raise
                 if cursor == b"0":
                     break
         except ReplagError as exc:
