@@ -393,7 +393,10 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
             tools["RedisShake sync"] = [
                 shake, str(_shake_sync_config(workdir, ports[0], ports[2]))
             ]  # fmt: skip
-        tools["naive script"] = [sys.executable, __file__, "--naive", str(ports[0]), str(ports[2])]
+        if not args.skip_naive:
+            tools["naive script"] = [
+                sys.executable, __file__, "--naive", str(ports[0]), str(ports[2])
+            ]  # fmt: skip
         tools["replag rebuild"] = [
             sys.executable, "-m", "replag", "repair", "rebuild",
             "-c", str(_replag_config(workdir, ports, args.settle)),
@@ -691,6 +694,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="against RedisShake")
     parser.add_argument(
         "--only-shake", action="store_true", help="only the comparison with RedisShake"
+    )
+    parser.add_argument(
+        "--skip-naive", action="store_true", help="against RedisShake: no naive script"
     )
     parser.add_argument("--baseline", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--naive", nargs=2, type=int, help=argparse.SUPPRESS)
