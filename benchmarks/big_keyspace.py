@@ -147,8 +147,9 @@ def config_file(
     budget = "" if budget_mb is None else f"check_memory_mb = {budget_mb}\n"
     members = ", ".join(f'"{s.name}"' for s in servers)
     path = directory / f"{name}.toml"
+    store = "replag.sqlite" if name == "big" else f"{name}.sqlite"  # a store per config
     path.write_text(
-        f'[settings]\nstore = "{directory / "replag.sqlite"}"\nscan_nice = 0\n'
+        f'[settings]\nstore = "{directory / store}"\nscan_nice = 0\n'
         f'repair_settle = "50ms"\nconnect_timeout = "30s"\nrepair_command_timeout = "60s"\n'
         f'{budget}\n{regions}[[groups]]\nname = "lab"\nmembers = [{members}]\n'
     )

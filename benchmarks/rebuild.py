@@ -20,8 +20,10 @@ Prints, from one run:
 
 First, against RedisShake (the issue's case): N × 200 B strings, 10 % with TTLs, on 2 of
 3 replicas, the third emptied and refilled by each tool in turn, three interleaved
-rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) when
-`REDIS_SHAKE` names its binary, the naive script (redis-py with hiredis: SCAN 1000 +
+rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) and its
+sync copy (sync reader: PSYNC and the source's RDB, no AOF tail; the source must write
+a Redis RDB, e.g. REPLAG_REDIS_SERVER=/usr/bin/redis-server) when `REDIS_SHAKE` names
+its binary, the naive script (unless `--skip-naive`) (redis-py with hiredis: SCAN 1000 +
 MGET/PTTL + SET PX), the whole `replag repair rebuild` command (a process of its
 own: planning, copy, closing pass) and `replag repair run` of the group (a check of
 all three, then the same bulk refill). Each run: keys/s, CPU per 1M keys (the tool's
