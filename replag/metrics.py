@@ -354,6 +354,23 @@ class ServiceMetrics:
             ["group"],
             registry=r,
         )
+        # Per group and replica, never per slot: 16,384 series a replica would be a
+        # cardinality bomb; the check's report names the slots.
+        self.slot_count_slots = Gauge(
+            "replag_slot_count_differing_slots",
+            "Redis Cluster (Valkey 8+, Redis 8.2+): slots whose key count on this replica "
+            "differed from its primary's at the last check (CLUSTER SLOT-STATS; equal "
+            "counts do not prove equal content).",
+            ["group", "replica"],
+            registry=r,
+        )
+        self.slot_count_keys = Gauge(
+            "replag_slot_count_key_difference",
+            "Redis Cluster (Valkey 8+, Redis 8.2+): the sum over slots of the key-count "
+            "difference's size between this replica and its primary at the last check.",
+            ["group", "replica"],
+            registry=r,
+        )
         self.repair_runs = Counter(
             "replag_repair_runs",
             "Repair checks and runs by outcome.",

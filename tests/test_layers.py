@@ -1,7 +1,7 @@
 """The package's layers point one way: a module imports only from its own layer or below.
 
     values         errors, durations, histogram, clock, clockbound, schemas, tokens, logfields,
-                   private_files, tracing, docs_pictures, _scanindex (the C extension)
+                   private_files, tracing, docs_pictures, plural, _scanindex (the C extension)
     configuration  settings, wire.reply_limits, topology, validation, config_security,
                    config_tables, config
                    (+ alerts.config and alerts.tables: the [alerts] values and tables;
@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "replag.private_files",
             "replag.tracing",
             "replag.docs_pictures",
+            "replag.plural",
             "replag._scanindex",
         ),
     ),

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from replag.prometheus_mixin import ALERTING_FILE, RECORDING_FILE, MixinParams, generate
+from replag.prometheus_mixin import (
+    ALERTING_FILE,
+    DOCS_SITE,
+    RECORDING_FILE,
+    MixinParams,
+    generate,
+)
 from tests.helpers.metric_names import exported_metrics, panels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,3 +148,27 @@ def test_promtool_unit_tests_pass() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_runbook_links_resolve_to_a_page_and_heading_of_the_docs() -> None:
+    """Every runbook_url is the docs site (mkdocs.yml's site_url, the mixin's default
+    runbook_base) plus a page of docs/ and the id mkdocs gives one of its headings."""
+    site = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert site and site.group(1) == DOCS_SITE == MixinParams().runbook_base
+    checked = 0
+    for alert in alerts():
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith(DOCS_SITE), url
+        page, _, anchor = url.removeprefix(DOCS_SITE).partition("#")
+        source = ROOT / "docs" / (page.rstrip("/") + ".md")
+        assert source.is_file(), f"{alert['alert']}: {url} names no page of docs/"
+        ids = {_heading_id(h) for h in re.findall(r"^#+ (.+?)\s*$", source.read_text(), re.M)}
+        assert anchor in ids, f"{alert['alert']}: {url}: no heading #{anchor} in {source}"
+        checked += 1
+    assert checked == len(alerts()) > 20
+
+
+def _heading_id(heading: str) -> str:
+    """The id mkdocs (Python-Markdown's toc) gives a heading: lower case, words joined by -."""
+    text = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)

@@ -55,7 +55,7 @@ def test_the_readme_lines_work_against_a_primary_and_two_replicas(
     assert done.returncode == 0, done.stdout + done.stderr
     config = (tmp_path / "replag.toml").read_text()
     assert all(f"127.0.0.1:{s.port}" in config for s in servers)
-    assert "SAFE" in done.stderr and "0 divergent key(s)" in done.stdout
+    assert "SAFE" in done.stderr and "0 divergent keys" in done.stdout
     serve = subprocess.Popen(
         ["bash", "-c", f"exec {ours[-1]}"], cwd=tmp_path, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -22,6 +22,7 @@ from itertools import pairwise
 
 from replag.alerts.condition import Condition, RuleContext
 from replag.alerts.config import AlertRule
+from replag.plural import count
 from replag.replication import history
 from replag.replication.check import recent_lag_p99_ms
 from replag.replication.check_verdicts import latest_verdicts
@@ -190,8 +191,9 @@ def full_resync_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]
                 labels=labels,
                 value=float(grew),
                 active=grew > rule.threshold,
-                summary=f"primary {primary.primary} ({primary.source}) served {grew} full "
-                f"resync(s) in the last {rule.over_s:g} s (limit {rule.threshold:g}): "
+                summary=f"primary {primary.primary} ({primary.source}) served "
+                f"{count(grew, 'full resync')} in the last {rule.over_s:g} s "
+                f"(limit {rule.threshold:g}): "
                 + (
                     "a replica fell out of the backlog or reconnected without history"
                     if grew

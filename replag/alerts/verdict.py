@@ -41,7 +41,7 @@ STALE_INTERVALS = 3
 @dataclass(frozen=True, kw_only=True)
 class HealthProblem:
     # probe_error | stale | unreachable | not_replicating | loss | alerts | store |
-    # replication | writable | divergence
+    # replication | writable | divergence | not_compared
     kind: str
     severity: Severity
     message: str
@@ -206,13 +206,13 @@ def _source_problems(
         if health.error and item.get("region") == source:
             continue  # the write endpoint itself: said by probe_error
         out.append(
-            HealthProblem(
-                kind="unreachable",
-                severity="critical",
-                source=source,
-                target=item.get("region"),
-                replica=item.get("replica"),
-                message=f"replica {item.get('replica')} in {item.get('region')} unreachable "
+            _replica_problem(
+                "unreachable",
+                "critical",
+                source,
+                item.get("region"),
+                item.get("replica"),
+                f"replica {item.get('replica')} in {item.get('region')} unreachable "
                 f"from {source}: {item.get('error', 'no answer')}",
             )
         )
@@ -271,36 +271,45 @@ def _replica_health(
 
 def _pair_problems(pair: PairHealth, *, max_loss: float, now_ns: int) -> list[HealthProblem]:
     where = f"{pair.source}→{pair.target}" + (f" replica {pair.replica}" if pair.replica else "")
+    severity: Severity
     if pair.state == "not_replicating":
         seen = (
             f"last probe seen {_ago(now_ns, pair.last_seen_ns)}"
             if pair.last_seen_ns
             else "no probe ever seen"
         )
-        return [
-            HealthProblem(
-                kind="not_replicating",
-                severity="critical",
-                source=pair.source,
-                target=pair.target,
-                replica=pair.replica,
-                message=f"{where}: none of {pair.sent} probes seen in the latest run "
-                f"(reachable, not replicating); {seen}",
-            )
-        ]
-    if pair.sent and pair.lost / pair.sent > max_loss:
-        return [
-            HealthProblem(
-                kind="loss",
-                severity="warning",
-                source=pair.source,
-                target=pair.target,
-                replica=pair.replica,
-                message=f"{where}: lost {pair.lost}/{pair.sent} probes in the latest run "
-                f"(limit {max_loss:.1%})",
-            )
-        ]
-    return []
+        kind, severity = "not_replicating", "critical"
+        message = (
+            f"{where}: none of {pair.sent} probes seen in the latest run "
+            f"(reachable, not replicating); {seen}"
+        )
+    elif pair.sent and pair.lost / pair.sent > max_loss:
+        kind, severity = "loss", "warning"
+        message = (
+            f"{where}: lost {pair.lost}/{pair.sent} probes in the latest run (limit {max_loss:.1%})"
+        )
+    else:
+        return []
+    return [_replica_problem(kind, severity, pair.source, pair.target, pair.replica, message)]
+
+
+def _replica_problem(
+    kind: str,
+    severity: Severity,
+    source: str,
+    target: str | None,
+    replica: str | None,
+    message: str,
+) -> HealthProblem:
+    """A problem of one replica (or pair) of a source: the one shape every such problem has."""
+    return HealthProblem(
+        kind=kind,
+        severity=severity,
+        source=source,
+        target=target,
+        replica=replica,
+        message=message,
+    )
 
 
 def _ago(now_ns: int, then_ns: int) -> str:
@@ -346,10 +355,12 @@ def with_replication_problems(
     *,
     groups: set[str],
     now_ns: int,
+    group_verdicts: dict[str, CheckVerdict] | None = None,
 ) -> HealthVerdict:
     """`verdict` plus what the latest replication sample of each primary and the latest
     check of each replica say: a replica not replicating or a primary unread (critical),
-    a writable replica and one found divergent (warnings)."""
+    a writable replica and one found divergent (warnings); and, from each group's latest
+    run (`group_verdicts`), keys it could not compare (a warning: not known to be clean)."""
     problems = list(verdict.problems)
     for p in primaries:
         if p.error:
@@ -366,28 +377,39 @@ def with_replication_problems(
             if r.status != "ok":
                 how = r.status + (f" for {r.link_down_s} s" if r.link_down_s is not None else "")
                 problems.append(
-                    HealthProblem(
-                        kind="replication",
-                        severity="critical",
-                        source=p.source,
-                        target=r.region,
-                        replica=r.replica,
-                        message=f"replica {r.replica} of {p.primary} ({p.source}) not "
+                    _replica_problem(
+                        "replication",
+                        "critical",
+                        p.source,
+                        r.region,
+                        r.replica,
+                        f"replica {r.replica} of {p.primary} ({p.source}) not "
                         f"replicating: {how}" + (f": {r.error}" if r.error else ""),
                     )
                 )
             if r.read_only is False:
                 problems.append(
-                    HealthProblem(
-                        kind="writable",
-                        severity="warning",
-                        source=p.source,
-                        target=r.region,
-                        replica=r.replica,
-                        message=f"replica {r.replica} of {p.primary} ({p.source}) is writable "
+                    _replica_problem(
+                        "writable",
+                        "warning",
+                        p.source,
+                        r.region,
+                        r.replica,
+                        f"replica {r.replica} of {p.primary} ({p.source}) is writable "
                         "(replica-read-only no): what clients write there the primary lacks",
                     )
                 )
+    for name, v in sorted((group_verdicts or {}).items()):
+        if v.not_compared and name in groups:
+            problems.append(
+                HealthProblem(
+                    kind="not_compared",
+                    severity="warning",
+                    group=name,
+                    message=f"group {name}: {v.kind} {v.run_id} {v.age_text(now_ns)} ago "
+                    f"left {v.not_compared_text()}: not known to be clean",
+                )
+            )
     for name, v in sorted(verdicts.items()):
         if v.divergent and v.group in groups:
             problems.append(

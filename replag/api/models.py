@@ -34,14 +34,18 @@ class HealthProblem(Open):
     kind: str = Field(
         description="probe_error, stale, unreachable, not_replicating, loss, alerts, store, "
         "replication (the latest sample: a replica not replicating, a primary unread), "
-        "writable (replica-read-only no), divergence (the latest check or repair run)"
+        "writable (replica-read-only no), divergence (the latest check or repair run), "
+        "not_compared (the group's latest run left keys it could not compare: module types "
+        "without a digest)"
     )
     severity: str
     message: str
     source: str | None = None
     target: str | None = None
     replica: str | None = None
-    group: str | None = Field(default=None, description="divergence: the replica group")
+    group: str | None = Field(
+        default=None, description="divergence, not_compared: the replica group"
+    )
 
 
 class ReplicaHealth(Open):
@@ -294,6 +298,8 @@ class ReplicationPoint(Open):
     headroom_fraction_min: float | None = None
     link_up_ratio: float
     samples: int
+    # False: writable (replica-read-only no) in some sample of the step; None: not known.
+    read_only: bool | None = None
 
 
 class ReplicationSeries(Open):

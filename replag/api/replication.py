@@ -46,7 +46,8 @@ def replication_series(
     step: Step = None,
 ) -> dict[str, Any]:
     """One replica per epoch-aligned step (default range 1h): the most bytes behind, the
-    least backlog headroom, the share of samples with the link up."""
+    least backlog headroom, the share of samples with the link up, and whether it was
+    read-only all along (false: writable in some sample; null: never said)."""
     known = {(p.source, r.replica) for p in svc.latest_replication() for r in p.replicas}
     if known and (source, replica) not in known:
         names = ", ".join(f"{s}/{r}" for s, r in sorted(known))
@@ -67,9 +68,12 @@ def replication_series(
                 "headroom_fraction_min": None,
                 "link_up_ratio": 0.0,
                 "samples": 0,
+                "read_only": None,
             },
         )
         point["samples"] += 1
+        if state.read_only is not None:
+            point["read_only"] = state.read_only and point["read_only"] is not False
         point["link_up_ratio"] += 1.0 if state.link_up else 0.0
         if state.bytes_behind is not None:
             point["bytes_behind_max"] = max(point["bytes_behind_max"] or 0, state.bytes_behind)

@@ -18,6 +18,7 @@ from replag.wire.permissions import (
     MODES,
     SCRIPT_MODES,
     SCRIPT_WARNING,
+    SERVERS,
     Mode,
     acl_line,
     require,
@@ -48,11 +49,32 @@ from replag.wire.permissions import (
     "the user can then run any Lua.",
 )
 @click.option(
+    "--server",
+    "server",
+    type=click.Choice(list(SERVERS)),
+    help="The servers' kind: also grant what only it has (redis-7.4, redis-8, valkey-9: "
+    "hash-field TTLs; redis-8: vector sets; valkey-9: CLUSTER GETSLOTMIGRATIONS; "
+    "valkey-8, valkey-9, redis-8.2: CLUSTER SLOT-STATS). A server refuses a rule naming "
+    "a command it lacks, so the default line has none of them.",
+)
+@click.option(
     "--valkey-9",
     "valkey_9",
     is_flag=True,
-    help="The servers are Valkey 9 or later: also grant what only they have "
-    "(CLUSTER GETSLOTMIGRATIONS; Redis and older Valkey refuse that rule).",
+    help="The same as --server valkey-9.",
+)
+@click.option(
+    "--slot-stats",
+    "slot_stats",
+    is_flag=True,
+    help="The servers have CLUSTER SLOT-STATS (Valkey 8+, Redis 8.2+): also grant it, for "
+    "the check's per-slot key counts (older servers refuse that rule; implied by "
+    "--server valkey-8, valkey-9, redis-8.2).",
+)
+@click.option(
+    "--rejson",
+    is_flag=True,
+    help="The servers load RedisJSON: also grant its readers (JSON.GET, JSON.DEBUG).",
 )
 @click.option(
     "--check",
@@ -68,7 +90,10 @@ def command(
     dbs: tuple[int, ...],
     allow_config_changes: bool | None,
     allow_scripts: bool | None,
+    server: str | None,
     valkey_9: bool,
+    slot_stats: bool,
+    rejson: bool,
     check_servers: bool,
 ) -> None:
     """Print `ACL SETUSER NAME <rules>`: only what MODE needs (probe, check, repair,
@@ -80,6 +105,12 @@ def command(
     allow_config_changes or allow_scripts asks for them (a warning says so).
     """
     chosen = cast(Mode, mode)
+    if valkey_9 and server not in (None, "valkey-9"):
+        raise click.UsageError(f"--valkey-9 and --server {server} name different servers")
+    kind = "valkey-9" if valkey_9 else server
+    features = SERVERS[kind] if kind else ()
+    features += ("slot_stats",) if slot_stats and "slot_stats" not in features else ()
+    features += ("rejson",) if rejson else ()
     endpoints: list[Endpoint] = []
     if config_path is not None:
         config = load(config_path)
@@ -100,7 +131,7 @@ def command(
             settings.allow_config_changes if allow_config_changes is None else allow_config_changes
         ),
         allow_scripts=scripts,
-        valkey_9=valkey_9,
+        features=features,
     )
     click.echo(line)
     if scripts and chosen in SCRIPT_MODES:

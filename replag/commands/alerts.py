@@ -13,6 +13,7 @@ from replag.alerts.evaluate import AlertSender, DeliveryResult, sample_events
 from replag.commands.options import config_option, json_option, load
 from replag.config import Config
 from replag.errors import UsageError
+from replag.plural import count
 from replag.store import Store
 
 
@@ -39,7 +40,7 @@ def test(config_path: Path, as_json: bool) -> None:
             outcome = "ok" if result.ok else f"FAILED: {result.error}"
             click.echo(
                 f"{sink.name:<20} {sink.kind:<10} {sink.target_description():<40} "
-                f"{outcome} ({result.attempts} attempt(s))"
+                f"{outcome} ({count(result.attempts, 'attempt')})"
             )
     if not all(r.ok for r in results):
         sys.exit(1)

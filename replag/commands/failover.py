@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import config_option, load
 from replag.commands.repeated_logs import defer_logs, stderr_line
 from replag.discovery.primaries import failover_check
@@ -78,7 +79,7 @@ def command(
         click.echo(failover_nagios_line(result))
         sys.exit(failover_nagios_code(result))
     if output_format == "text":
-        click.echo("\n".join(result.render()))
+        click.echo(paint("\n".join(result.render()), ok=result.exit_code == 0))
         sys.exit(result.exit_code)
     click.echo(json.dumps(versioned(result.to_dict()), indent=2))
     for assessment in result.assessments:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import (
     config_option,
     json_option,
@@ -23,6 +24,7 @@ from replag.commands.status_line import StatusLine, status_line
 from replag.config import Config
 from replag.durations import parse_duration_s
 from replag.errors import ReplagError, UsageError
+from replag.plural import count
 from replag.private_files import open_private
 from replag.probes import ProbeReport, run_probe, run_probe_all, run_seed_method
 from replag.probes.nagios import UNKNOWN, nagios_code, nagios_error, nagios_line
@@ -31,6 +33,7 @@ from replag.probes.report import combine_reports
 from replag.schemas import versioned
 from replag.settings import DYNOMITE_CONSISTENCIES
 from replag.store import Store
+from replag.store.configs import open_config_store
 
 
 async def probe_once(
@@ -181,7 +184,7 @@ def _probe_and_report(
     config = load(config_path)
     settings = config.settings.replace(max_p99=max_p99, max_loss=max_loss)
     config = dataclasses.replace(config, settings=settings)
-    store = None if no_store else Store(settings.store)
+    store = None if no_store else open_config_store(config)
     status = status_line(as_json=as_json)
     try:
         report = asyncio.run(
@@ -218,7 +221,7 @@ def _probe_and_report(
             out["alerts"] = outcome
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(report.render())
+        click.echo(paint(report.render(), ok=report.exit_code == 0))
         for line in _alert_lines(outcome) if outcome is not None else []:
             click.echo(line)
     if unstored is not None:
@@ -293,9 +296,9 @@ def _fire_alerts(config: Config, store: Store | None, report: ProbeReport) -> di
 
 
 def _alert_lines(outcome: dict[str, Any]) -> list[str]:
-    lines = [f"alerts: {outcome['active_conditions']} condition(s) active"]
+    lines = [f"alerts: {count(outcome['active_conditions'], 'condition')} active"]
     lines += [f"  {e['status'].upper()}: {e['rule']}: {e['summary']}" for e in outcome["events"]]
     for d in outcome["deliveries"]:
         state = "sent" if d["ok"] else f"FAILED ({d['error']})"
-        lines.append(f"  → {d['sink']}: {state} after {d['attempts']} attempt(s)")
+        lines.append(f"  → {d['sink']}: {state} after {count(d['attempts'], 'attempt')}")
     return lines

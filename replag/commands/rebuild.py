@@ -9,13 +9,14 @@ from pathlib import Path
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import config_option, json_option, load
 from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
 from replag.repair.rebuild import RebuildPlan, rebuild
 from replag.repair.runs import resume_command
 from replag.schemas import versioned
-from replag.store import Store
+from replag.store.configs import open_config_store
 
 
 @click.command("rebuild")
@@ -69,7 +70,7 @@ def command(
     if resume is None and (group is None or replica is None):
         raise click.UsageError("--group and --replica are required (or --resume RUN)")
     config = load(config_path)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     progress = repair_progress_line(as_json=as_json)
     run_ids: list[str] = []
 
@@ -109,8 +110,8 @@ def command(
         store.close()
     if as_json:
         click.echo(json.dumps(versioned(report.to_dict()), indent=2))
-    elif not dry_run:
-        click.echo(report.render())
     closing = report.closing or {}
     left = closing.get("conflicts", 0) + closing.get("busy", 0) + closing.get("kept", 0)
+    if not as_json and not dry_run:
+        click.echo(paint(report.render(), ok=not (left or report.counts.undo_failed)))
     sys.exit(1 if left or report.counts.undo_failed else 0)

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from replag.commands.colour import paint
 from replag.commands.options import config_option, json_option, load, setting_option
 from replag.commands.repeated_logs import stderr_line
 from replag.commands.status_line import repair_progress_line
@@ -24,6 +25,7 @@ from replag.repair.keyspace.observe import key_text
 from replag.repair.runs import RunLog, resumable, resume_command
 from replag.schemas import versioned
 from replag.store import Store, parse_location
+from replag.store.configs import open_config_store
 
 _GROUP = click.option("--group", "-g", help="Replica group to compare (default: every group).")
 _MATCH = click.option("--match", help="Only keys matching this SCAN MATCH pattern.")
@@ -38,11 +40,14 @@ _TYPE = click.option(
 _TTLS = setting_option("repair_ttls", "--ttls")
 
 
-def _emit(report: RepairReport, as_json: bool) -> None:
+def _emit(report: RepairReport, as_json: bool, *, repairing: bool) -> None:
     if as_json:
         click.echo(json.dumps(versioned(report.to_dict()), indent=2))
-    else:
-        click.echo(report.render())
+        return
+    # A check is clean with no divergence; a repair when it left nothing divergent.
+    found = _left(report.to_dict()) if repairing else report.divergent
+    ok = not (found or report.not_clean or report.not_verified)
+    click.echo(paint(report.render(), ok=ok))
 
 
 @contextlib.contextmanager
@@ -86,7 +91,7 @@ def _run_job(
     **options: Any,
 ) -> RepairReport:
     config = load(config_path)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     progress = repair_progress_line(as_json=as_json)
     # This process forks its scans, which share its pages until one side writes them; the
     # collector's full passes wrote them all (~1 MB of copies each, ~4 MB over a 10 s
@@ -113,7 +118,7 @@ def _run_job(
         if progress is not None:
             progress.close()
         store.close()
-    _emit(report, as_json)
+    _emit(report, as_json, repairing=job is not check)
     return report
 
 

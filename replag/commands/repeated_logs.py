@@ -84,7 +84,8 @@ def json_logs() -> bool:
     )
 
 
-# uvicorn's own loggers without their handlers: their records reach the root's JSON handler.
+# uvicorn's own loggers without their handlers: their records reach the root's handler,
+# in the command's one format (human lines as replag's own, or JSON objects).
 UVICORN_TO_ROOT: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -96,10 +97,9 @@ UVICORN_TO_ROOT: dict[str, Any] = {
 
 
 def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn.Config's `log_config`: uvicorn's own (human lines) unless logs are JSON."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    return UVICORN_TO_ROOT if json_logs() else LOGGING_CONFIG
+    """uvicorn.Config's `log_config`: its records through the root's handler, so a server's
+    log has one format, replag's (`FORMAT`, or JSON): not uvicorn's `INFO:     …` besides."""
+    return UVICORN_TO_ROOT
 
 
 def stderr_line(message: str, *, prefix: str = "error: ") -> None:

@@ -16,12 +16,10 @@ import uvicorn
 
 from replag.commands.options import config_option, load
 from replag.commands.repeated_logs import uvicorn_log_config
-from replag.config import Config
 from replag.errors import UsageError
 from replag.heap import freeze_long_lived, tune_for_service
 from replag.http_guard import server_options
-from replag.store import Store, parse_location
-from replag.store.configs import claim_for_config
+from replag.store.configs import open_config_store
 
 log = logging.getLogger("replag.serve")
 uvicorn_log = logging.getLogger("uvicorn.error")
@@ -98,7 +96,8 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
     # to the store) and only then find the port taken.
     sock = listen(host, port)
     with sock:
-        _claim_store(config, config_path)
+        # Refuse a store another config's serve or CLI run used (unless store_shared).
+        open_config_store(config).close()
         # Checks fork a scan process per replica: from a small server, not from this
         # process (its heap and the API's thread; see replag.repair.scan.process).
         fork_scans_from_server()
@@ -125,17 +124,6 @@ def command(config_path: Path, host: str, port: int, log_level: str) -> None:
             )
         )
         server.run(sockets=[sock])
-
-
-def _claim_store(config: Config, config_path: Path) -> None:
-    """Refuse a store another config's serve used (unless settings.store_shared)."""
-    with Store(config.settings.store) as store:
-        claim_for_config(
-            store,
-            str(config_path.expanduser().resolve()),
-            shared=config.settings.store_shared,
-            where=parse_location(config.settings.store).shown,
-        )
 
 
 def listen(host: str, port: int) -> socket.socket:

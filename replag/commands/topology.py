@@ -33,9 +33,11 @@ from replag.durations import parse_duration_s
 from replag.errors import ReplagError, UsageError
 from replag.monitoring.dropped_writes import find_dropped_writes
 from replag.monitoring.dynomite_stats import collect_dynomite_stats
+from replag.plural import count
 from replag.schemas import versioned
 from replag.settings import Settings, resolve_settings
-from replag.store import Store, parse_location
+from replag.store import parse_location
+from replag.store.configs import open_config_store
 from replag.store.location import store_for_config
 from replag.wire import reply_limits
 
@@ -480,13 +482,9 @@ def port_map(
     return replace(ports, overrides=nodes)
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def summary(found: Discovery) -> str:
     regions, groups = found.topology.regions, found.topology.groups
-    line = f"{_count(len(regions), 'region')}, {_count(len(groups), 'replica group')}"
+    line = f"{count(len(regions), 'region')}, {count(len(groups), 'replica group')}"
     consistency = found.facts.get("consistency")
     if isinstance(consistency, dict):
         line += f"; Dynomite consistency read {consistency['read']}, write {consistency['write']}"
@@ -523,7 +521,7 @@ def _dynomite_stats(config_path: Path, as_json: bool, timeout: str | None) -> No
     if not urls:
         raise UsageError("settings.dynomite_stats_urls is empty: nothing to collect")
     timeout_s = _timeout_s(timeout, config.settings)
-    store = Store(config.settings.store)
+    store = open_config_store(config)
     try:
         collected = asyncio.run(collect_dynomite_stats(urls, store=store, timeout_s=timeout_s))
         findings = find_dropped_writes(store)

@@ -25,12 +25,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from replag.discovery.contacts import Contacts
+from replag.discovery.deadline import Deadline
 from replag.discovery.replication import database_groups, read_keyspace
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire import shapes
-from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.connections import endpoint_errors
+from replag.wire.connector import Connector
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
 
@@ -174,7 +176,7 @@ async def read_shards(
     """(shards, the command that answered, cluster_state) as seen from `seed`."""
     if contacts is not None:
         await contacts.reach(seed)
-    client = async_client(seed, timeout_s=timeout_s)
+    client = Connector(seed, timeout_s=timeout_s).client()
     where = seed.url()
     try:
         with endpoint_errors(seed, "CLUSTER INFO/SHARDS"):
@@ -252,10 +254,26 @@ async def discover_cluster(
     except ValueError as exc:
         raise UsageError(f"--cluster: {exc}") from None
     shards, command, state = await read_shards(seed, timeout_s=timeout_s, contacts=contacts)
+    if contacts is not None and contacts.networks is not None:
+        shards = [s for s in [await _inside(s, contacts) for s in shards] if s is not None]
     if not shards:
         raise DiscoveryError(f"{command} lists no shard holding slots", where=seed.url())
-    databases = {s.identity: await _databases(seed, s.primary, timeout_s=timeout_s) for s in shards}
-    return cluster_topology(
+    # Every shard's primary asked at once, under discovery's one deadline.
+    primaries = [_primary_endpoint(seed, s.primary) for s in shards]
+    read = await Deadline(timeout_s).each(
+        primaries,
+        lambda primary: _databases(primary, timeout_s=timeout_s, contacts=contacts),
+        where=Endpoint.url,
+        errors=(EndpointError,),
+    )
+    databases: dict[str, dict[int, int]] = {}
+    unread: list[str] = []
+    for shard, primary, found in zip(shards, primaries, read, strict=True):
+        if isinstance(found, dict):
+            databases[shard.identity] = found
+            continue
+        unread.append(f"{primary.name} ({found})")
+    found_topology = cluster_topology(
         shards,
         seed=seed,
         command=command,
@@ -264,18 +282,38 @@ async def discover_cluster(
         cluster=name,
         databases=databases,
     )
+    if not unread:
+        return found_topology
+    note = "INFO keyspace not read (databases but 0 not discovered) on: " + "; ".join(unread)
+    logger.warning("INFO keyspace not read on %d of %d shard primaries (databases but 0 "
+                   "not discovered; the file's header names them): %s",
+                   len(unread), len(shards), unread[0])  # fmt: skip
+    return replace(found_topology, header="\n".join([found_topology.header, note]))
 
 
-async def _databases(seed: Endpoint, node: ClusterNode, *, timeout_s: float) -> dict[int, int]:
+async def _inside(shard: Shard, contacts: Contacts) -> Shard | None:
+    """`shard` without its nodes outside --allow-networks (recorded as refused, for the
+    file's header); None if its primary is outside."""
+    if not await contacts.admits(shard.primary.host, shard.primary.port):
+        for node in shard.replicas:
+            await contacts.admits(node.host, node.port)
+        return None
+    kept = [n for n in shard.replicas if await contacts.admits(n.host, n.port)]
+    return replace(shard, replicas=tuple(kept))
+
+
+def _primary_endpoint(seed: Endpoint, node: ClusterNode) -> Endpoint:
+    return replace(seed, host=node.host, port=node.port, name=f"{node.host}:{node.port}")
+
+
+async def _databases(
+    primary: Endpoint, *, timeout_s: float, contacts: Contacts | None
+) -> dict[int, int]:
     """Database → keys (INFO keyspace) on a shard's primary: Valkey 9's cluster-databases
-    lets a cluster hold keys beyond db 0. Unreadable: db 0 only (logged)."""
-    primary = replace(seed, host=node.host, port=node.port, name=f"{node.host}:{node.port}")
-    try:
-        return await read_keyspace(primary, timeout_s=timeout_s)
-    except EndpointError as exc:
-        logger.warning("%s: INFO keyspace not read (databases but 0 not discovered): %s",
-                       primary.name, exc)  # fmt: skip
-        return {}
+    lets a cluster hold keys beyond db 0."""
+    if contacts is not None:
+        await contacts.reach(primary)
+    return await read_keyspace(primary, timeout_s=timeout_s)
 
 
 def _slot_set(slots: Slots) -> set[int]:

@@ -12,12 +12,12 @@ holding the same token across racks and DCs form a replica group.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from replag.discovery.contacts import Contacts
+from replag.discovery.deadline import Deadline
 from replag.discovery.dynomite_backends import read_backend
 from replag.discovery.dynomite_ports import (
     Address,
@@ -28,7 +28,7 @@ from replag.discovery.dynomite_ports import (
 )
 from replag.discovery.http import fetch_json_object, fetch_text
 from replag.discovery.result import Discovery
-from replag.errors import DiscoveryError, ReplagError, UsageError
+from replag.errors import DiscoveryError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 
 __all__ = [
@@ -118,13 +118,15 @@ def _check_distinct(nodes: list[DynomiteNode], *, where: str) -> None:
 async def fill_backends(
     nodes: list[DynomiteNode], *, ports: PortMap, timeout_s: float, where: str
 ) -> tuple[list[DynomiteNode], list[str]]:
-    """Each node's backend from its /info (all read at once) where no override gives it;
+    """Each node's backend from its /info (all read at once, under discovery's one
+    deadline) where no override gives it;
     a node whose /info names none falls back on the convention if it keeps to it, else
     DiscoveryError saying what to add. Also notes on each fallback."""
     need = [n for n in nodes if n.redis is None]
-    found = await asyncio.gather(
-        *(read_backend(str(n.stats), node_host=n.host, timeout_s=timeout_s) for n in need),
-        return_exceptions=True,
+    found = await Deadline(timeout_s).each(
+        need,
+        lambda n: read_backend(str(n.stats), node_host=n.host, timeout_s=timeout_s),
+        where=lambda n: f"http://{n.stats}/info",
     )
     filled: dict[int, DynomiteNode] = {}
     notes = []
@@ -132,8 +134,6 @@ async def fill_backends(
         if isinstance(result, tuple):
             filled[id(node)] = replace(node, redis=Address(*result), redis_from="/info")
             continue
-        if isinstance(result, BaseException) and not isinstance(result, ReplagError):
-            raise result
         why = f"could not be read ({result})" if result is not None else "names no backend"
         if node.peer_port != ports.peer:
             raise DiscoveryError(
@@ -222,6 +222,12 @@ async def discover_dynomite(
         if not nodes:
             raise DiscoveryError("every node it describes is outside --allow-networks", where=where)
     nodes, notes = await fill_backends(nodes, ports=ports, timeout_s=timeout_s, where=where)
+    if contacts is not None and contacts.networks is not None:
+        # A backend a node's /info names outside the networks: the node is not written
+        # (its backend would be observed, and checked, there), and the header names it.
+        nodes = [n for n in nodes if await contacts.admits(n.backend.host, n.backend.port)]
+        if not nodes:
+            raise DiscoveryError("every node's backend is outside --allow-networks", where=where)
     _check_distinct(nodes, where=where)
     consistency = await fetch_consistency(base, timeout_s=timeout_s)
     return dynomite_topology(nodes, seed_url=base, consistency=consistency, notes=notes)

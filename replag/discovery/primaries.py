@@ -15,14 +15,14 @@ from replag.discovery.cluster_follow import current_shard, is_cluster_shard
 from replag.replication.check import FailoverCheck, assess_primaries
 from replag.replication.follow import home, sentinel_primary
 from replag.store import Store
-from replag.topology import Region
+from replag.topology import Region, Topology
 
 
-async def primaries_now(config: Config, source: str | None) -> tuple[list[Region], list[str]]:
+async def primaries_now(
+    topology: Topology, source: str | None, *, timeout_s: float
+) -> tuple[list[Region], list[str]]:
     """The regions of `source` (default: every one), each at the primary it has now, and
     notes on what moved (read only: nothing is remembered)."""
-    topology = config.topology
-    timeout_s = config.settings.connect_timeout
     regions = [topology.region(source)] if source else list(topology.regions)
     resolved: list[Region] = []
     notes: list[str] = []
@@ -60,7 +60,15 @@ async def failover_check(
     writing to a Redis primary) found where they are now, sampled and assessed; after a
     failover the promoted replica is checked, the demoted or dead old primary among its
     candidates."""
-    regions, notes = await primaries_now(config, source)
+    topology, timeout_s = config.topology, config.settings.connect_timeout
+    regions, notes = await primaries_now(topology, source, timeout_s=timeout_s)
     return await assess_primaries(
-        config, regions, notes=notes, max_bytes=max_bytes, max_lag_s=max_lag_s, store=store
+        topology,
+        regions,
+        timeout_s=timeout_s,
+        probe_interval_s=float(config.settings.probe_interval),
+        notes=notes,
+        max_bytes=max_bytes,
+        max_lag_s=max_lag_s,
+        store=store,
     )

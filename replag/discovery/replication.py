@@ -9,16 +9,17 @@ address they went to, and refuses hosts outside --allow-networks.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from replag.discovery.contacts import Contacts, OutsideNetworks
+from replag.discovery.deadline import Deadline
 from replag.discovery.result import Discovery
-from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
+from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
-from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.connections import endpoint_errors
+from replag.wire.connector import Connector
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
 
@@ -41,7 +42,7 @@ async def read_replication_info(
 ) -> dict[str, Any]:
     if contacts is not None:
         await contacts.reach(endpoint)
-    client = async_client(endpoint, timeout_s=timeout_s)
+    client = Connector(endpoint, timeout_s=timeout_s).client()
     try:
         with endpoint_errors(endpoint, "INFO replication"):
             info: dict[str, Any] = await client.info("replication")
@@ -54,7 +55,7 @@ async def read_replication_info(
 
 async def read_keyspace(endpoint: Endpoint, *, timeout_s: float) -> dict[int, int]:
     """Database number → keys (INFO keyspace) of `endpoint`."""
-    client = async_client(endpoint, timeout_s=timeout_s)
+    client = Connector(endpoint, timeout_s=timeout_s).client()
     try:
         with endpoint_errors(endpoint, "INFO keyspace"):
             info: dict[str, Any] = await client.info("keyspace")
@@ -164,12 +165,17 @@ async def discover_replication(
     frontier, seen = [primary], {primary.address}
     # Each level of the tree is asked at once, and the whole walk has one deadline: 100
     # replicas whose SYNs are dropped cost one timeout, not 100 in a row.
-    deadline = asyncio.get_running_loop().time() + _DEADLINE_TIMEOUTS * timeout_s
+    deadline = Deadline(timeout_s)
     for _ in range(_MAX_HOPS):
         if not frontier:
             break
         below = []
-        read = await _read_all(frontier, timeout_s=timeout_s, contacts=contacts, until=deadline)
+        read = await deadline.each(
+            frontier,
+            lambda node: read_replication_info(node, timeout_s=timeout_s, contacts=contacts),
+            where=Endpoint.url,
+            errors=(OutsideNetworks, EndpointError),
+        )
         for node, info in zip(frontier, read, strict=True):
             if isinstance(info, OutsideNetworks):
                 continue  # left out of the file: later runs would send it the credentials too
@@ -180,6 +186,7 @@ async def discover_replication(
                 # keep it, and say its own replicas could not be followed.
                 unread[node.name] = info.message
                 continue
+            assert isinstance(info, dict)
             for link in replicas_listed(info, node):
                 if link.endpoint.address not in seen:
                     seen.add(link.endpoint.address)
@@ -196,44 +203,6 @@ async def discover_replication(
 
 def _region_of(primary: Endpoint) -> str:
     return primary.region or primary.address
-
-
-_DEADLINE_TIMEOUTS = 4  # the whole walk: this many connect timeouts
-_AT_ONCE = 64  # INFO reads in flight at once
-
-
-async def _read_all(
-    nodes: list[Endpoint], *, timeout_s: float, contacts: Contacts | None, until: float
-) -> list[dict[str, Any] | EndpointError | OutsideNetworks]:
-    """INFO replication of every node at once (at most `_AT_ONCE` in flight), each an
-    answer or its error; a node not answered by `until` gets an error saying so."""
-    slots = asyncio.Semaphore(_AT_ONCE)
-
-    async def one(node: Endpoint) -> dict[str, Any] | EndpointError | OutsideNetworks:
-        async with slots:
-            try:
-                return await read_replication_info(node, timeout_s=timeout_s, contacts=contacts)
-            except (OutsideNetworks, EndpointError) as exc:
-                return exc
-
-    tasks = [asyncio.ensure_future(one(node)) for node in nodes]
-    left = max(0.0, until - asyncio.get_running_loop().time())
-    await asyncio.wait(tasks, timeout=left)
-    out: list[dict[str, Any] | EndpointError | OutsideNetworks] = []
-    for node, task in zip(nodes, tasks, strict=True):
-        if task.done():
-            out.append(task.result())
-        else:
-            task.cancel()
-            out.append(
-                UnreachableError(
-                    f"no answer within discovery's deadline ({_DEADLINE_TIMEOUTS} x the "
-                    f"timeout, {_DEADLINE_TIMEOUTS * timeout_s:g}s)",
-                    where=node.url(),
-                )
-            )
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return out
 
 
 def replication_topology(

@@ -10,11 +10,14 @@ written without one (add `password_env` to them if they need one).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 from replag.discovery.contacts import Contacts, OutsideNetworks
+from replag.discovery.deadline import Deadline
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UnreachableError, UsageError
+from replag.plural import count
 from replag.replication import sentinel as ask
 from replag.topology import (
     Endpoint,
@@ -44,14 +47,20 @@ async def discover_sentinel(
         sentinels = [replace(sentinel_endpoint(a), limits=limits) for a in addresses]
     except ValueError as exc:
         raise UsageError(f"--sentinel: {exc}") from None
+    # Every Sentinel given is asked at once, under discovery's one deadline; the first
+    # in the order given that answered is the one read.
+    deadline = Deadline(timeout_s)
+    answers = await deadline.each(
+        sentinels,
+        lambda sentinel: ask.masters(sentinel, timeout_s=timeout_s),
+        where=lambda sentinel: sentinel.address,
+        errors=(EndpointError,),
+    )
     failures: list[str] = []
-    for sentinel in sentinels:
-        try:
-            monitored = await ask.masters(sentinel, timeout_s=timeout_s)
-        except EndpointError as exc:
-            failures.append(str(exc))
-            continue
-        return await _discover(sentinel, sentinels, monitored, masters, timeout_s, contacts)
+    for sentinel, monitored in zip(sentinels, answers, strict=True):
+        if isinstance(monitored, list):
+            return await _discover(sentinel, sentinels, monitored, masters, deadline, contacts)
+        failures.append(str(monitored))
     raise UnreachableError("no Sentinel answered: " + "; ".join(failures))
 
 
@@ -60,7 +69,7 @@ async def _discover(
     given: list[Endpoint],
     monitored: list[dict[str, str]],
     names: list[str],
-    timeout_s: float,
+    deadline: Deadline,
     contacts: Contacts,
 ) -> Discovery:
     by_name = {m.get("name", ""): m for m in monitored}
@@ -74,10 +83,19 @@ async def _discover(
     chosen = [by_name[n] for n in names] if names else [by_name[n] for n in sorted(by_name)]
     if not chosen:
         raise DiscoveryError("this Sentinel monitors no master", where=sentinel.url())
+    timeout_s = deadline.timeout_s
+    # Each master's replicas and Sentinels: asked of the Sentinel for every master at once.
+    listings = await deadline.each(
+        chosen,
+        lambda master: _listing(sentinel, master.get("name", ""), timeout_s=timeout_s),
+        where=lambda master: f"{sentinel.address} (master {master.get('name', '?')})",
+        errors=(EndpointError,),
+    )
     regions, groups = [], []
     comments: dict[str, str] = {}
     endpoint_comments: dict[str, str] = {}
-    for master in chosen:
+    unread: list[str] = []
+    for master, listing in zip(chosen, listings, strict=True):
         name = master["name"]
         try:
             primary = _node(master["ip"], int(master["port"]), f"{name}-primary", name, sentinel)
@@ -87,8 +105,10 @@ async def _discover(
             ) from None
         if not await _inside(contacts, primary):
             continue
-        listed = await ask.replicas(sentinel, name, timeout_s=timeout_s)
-        others = await ask.other_sentinels(sentinel, name, timeout_s=timeout_s)
+        if not isinstance(listing, tuple):
+            unread.append(f"{name} ({listing})")
+            continue
+        listed, others = listing
         watching = tuple(
             [ep for ep in _sentinels(sentinel, given, others) if await _inside(contacts, ep)]
         )
@@ -121,9 +141,11 @@ async def _discover(
         if replicas:
             groups.append(ReplicaGroup(name=name, members=(primary, *replicas), kind="replication"))
     header = (
-        f"Discovered from Sentinel {sentinel.address}: {len(regions)} master(s).\n"
+        f"Discovered from Sentinel {sentinel.address}: {count(len(regions), 'master')}.\n"
         "Data nodes are written without a password: add password_env where they need one."
     )
+    if unread:
+        header += "\nMasters left out, their replicas or Sentinels not read: " + "; ".join(unread)
     return Discovery(
         topology=Topology(regions=tuple(regions), groups=tuple(groups)),
         header=header,
@@ -131,6 +153,17 @@ async def _discover(
         endpoint_comments=endpoint_comments,
         facts={"masters": [r.name for r in regions], "sentinel": sentinel.address},
     )
+
+
+async def _listing(
+    sentinel: Endpoint, master: str, *, timeout_s: float
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(SENTINEL REPLICAS, SENTINEL SENTINELS) of `master`, asked at once."""
+    listed, others = await asyncio.gather(
+        ask.replicas(sentinel, master, timeout_s=timeout_s),
+        ask.other_sentinels(sentinel, master, timeout_s=timeout_s),
+    )
+    return listed, others
 
 
 async def _inside(contacts: Contacts, endpoint: Endpoint) -> bool:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 
-from replag.config import Config
 from replag.errors import AgentError, AgentTlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.remote import RegionWatch
-from replag.repair.trees.remote import agent_client
+from replag.probes.setup import ProbeSetup
 from replag.settings import Settings
 from replag.topology import Endpoint
 
@@ -25,7 +24,7 @@ MAX_WATCH_S = 3600.0
 
 
 async def open_region_watches(
-    config: Config,
+    setup: ProbeSetup,
     targets: Sequence[tuple[str, Endpoint]],
     keys: ProbeKeys,
     settings: Settings,
@@ -46,7 +45,7 @@ async def open_region_watches(
     }
     watches: list[RegionWatch] = []
     for region_name, replicas in by_region.items():
-        region = config.topology.region(region_name)
+        region = setup.topology.region(region_name)
         if region.agent is None:
             continue
         if region.slots:
@@ -54,7 +53,7 @@ async def open_region_watches(
                 f"{region_name}: a Redis Cluster shard is observed directly, not by its agent"
             )
             continue
-        client = agent_client(config, region_name, run_id=keys.run_id)
+        client = setup.agent_client(region_name, run_id=keys.run_id)
         assert client is not None
         watch = RegionWatch(
             client,

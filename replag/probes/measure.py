@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replag.clock import estimate_offset
-from replag.config import Config
 from replag.errors import PermissionRefused, ReplagError, ReplyShapeError, TlsError
 from replag.probes.keys import ProbeKeys
 from replag.probes.observers import Observer, open_observer
 from replag.probes.progress import ProgressCallback, waiting_reporter
 from replag.probes.report import ProbeReport
 from replag.probes.samples import collect_samples
+from replag.probes.setup import ProbeSetup
 from replag.probes.targets import ReplicaTarget, observation_units, unit_label
 from replag.probes.writes import delete_keys, no_clock_note, server_time, write_keys
 from replag.replication.alongside import ProbeReplication
@@ -40,7 +40,7 @@ class ProbeRun:
     replication: ProbeReplication
     writer: RespConnection
     targets: list[ReplicaTarget]
-    config: Config
+    setup: ProbeSetup
     progress: ProgressCallback | None = None
     fence: Callable[[], None] | None = None  # raises once the service's lease is lost
     # Regions whose agent watches their replicas (lag through agents), and the clock
@@ -120,13 +120,13 @@ class ProbeRun:
 
     async def _open_watches(self) -> set[str]:
         """Have the agents of agent regions watch their replicas; the replicas' names."""
-        if not any(self.config.topology.region(t.region).agent for t in self.targets):
+        if not any(self.setup.topology.region(t.region).agent for t in self.targets):
             return set()
         # Only runs with agents load their HTTP client (and what it brings: aiohttp, numpy).
         from replag.probes.agents import open_region_watches
 
         self.watches = await open_region_watches(
-            self.config,
+            self.setup,
             [(t.region, t.replica) for t in self.targets],
             self.keys,
             self.settings,
@@ -226,7 +226,7 @@ async def wait_for_arrivals(
 
     while time.monotonic_ns() < deadline:
         if progress is not None:
-            seen = sum(min(want, sum(len(o.arrivals) for o in unit)) for unit in units)
+            seen = sum(min(want, sum(o.seen() for o in unit)) for unit in units)
             progress(seen, want * len(units))
         if not any(waiting(u) for u in units):
             return

@@ -32,6 +32,7 @@ from replag.probes.keys import ProbeKeys
 from replag.probes.measure import ProbeRun
 from replag.probes.progress import ProbeProgress, ProgressCallback
 from replag.probes.report import ProbeReport, combine_reports
+from replag.probes.setup import ProbeSetup
 from replag.probes.stored import save_report
 from replag.probes.targets import ReplicaTarget
 from replag.probes.writes import open_writer_or_fallback
@@ -39,12 +40,20 @@ from replag.replication.alongside import ProbeReplication
 from replag.replication.sampler import ReplicationSampler
 from replag.settings import Settings
 from replag.store import Store
-from replag.topology import Endpoint, Region
+from replag.topology import Endpoint, Region, Topology
 
 if TYPE_CHECKING:
     from replag.discovery.cluster_follow import ShardNow
 
-__all__ = ["ProbeProgress", "ProgressCallback", "run_probe", "run_probe_all", "save_report"]
+__all__ = [
+    "ProbeProgress",
+    "ProbeSetup",
+    "ProgressCallback",
+    "probe",
+    "run_probe",
+    "run_probe_all",
+    "save_report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +77,32 @@ async def run_probe(
     (the service's lease on this source) is called before every write to Redis and
     before the results are stored, and raises (LeaseLost) once the lease is gone.
     """
-    settings = config.settings.replace(count=count, rate=rate, mode=mode, timeout=timeout_s)
-    region = config.topology.region(source) if source else config.topology.default_source()
+    setup = ProbeSetup.of(config, count=count, rate=rate, mode=mode, timeout_s=timeout_s)
+    return await probe(
+        setup, source=source, store=store, sampler=sampler, progress=progress, fence=fence
+    )
+
+
+async def probe(
+    setup: ProbeSetup,
+    *,
+    source: str | None = None,
+    store: Store | None = None,
+    sampler: ReplicationSampler | None = None,
+    progress: ProgressCallback | None = None,
+    fence: Callable[[], None] | None = None,
+) -> ProbeReport:
+    """`run_probe` from what it read of the config."""
+    topology, settings = setup.topology, setup.settings
+    region = topology.region(source) if source else topology.default_source()
     if region.write is None:
         raise UsageError(f"region {region.name!r} has no write endpoint to probe from")
     # A Redis Cluster shard: where its primary is and which slots it holds now.
-    shard = await _follow_shard(config, region, settings, store)
+    shard = await _follow_shard(topology, region, settings, store)
     region = shard.region if shard is not None else region
     # Through Sentinel where the region has one: the primary may have moved.
     replication = await ProbeReplication.open(
-        config, region, settings=settings, store=store, sampler=sampler
+        topology, region, settings=settings, store=store, sampler=sampler
     )
     report = _new_report(region, replication.write_endpoint, settings)
     if shard is not None:
@@ -101,8 +126,8 @@ async def run_probe(
         report=report,
         replication=replication,
         writer=writer,
-        targets=_targets(config, region, writer.endpoint, report),
-        config=config,
+        targets=_targets(topology, region, writer.endpoint, report),
+        setup=setup,
         progress=progress,
         fence=fence,
     )
@@ -120,16 +145,14 @@ async def run_probe(
 
 
 async def _follow_shard(
-    config: Config, region: Region, settings: Settings, store: Store | None
+    topology: Topology, region: Region, settings: Settings, store: Store | None
 ) -> ShardNow | None:
     """The shard as the cluster has it now, for a Redis Cluster shard's region."""
     if not (region.slots or region.shard):
         return None
     from replag.discovery.cluster_follow import follow_shard
 
-    return await follow_shard(
-        config.topology, region, timeout_s=settings.connect_timeout, store=store
-    )
+    return await follow_shard(topology, region, timeout_s=settings.connect_timeout, store=store)
 
 
 def _new_report(region: Region, write_ep: Endpoint, settings: Settings) -> ProbeReport:
@@ -146,10 +169,10 @@ def _new_report(region: Region, write_ep: Endpoint, settings: Settings) -> Probe
 
 
 def _targets(
-    config: Config, region: Region, write_ep: Endpoint, report: ProbeReport
+    topology: Topology, region: Region, write_ep: Endpoint, report: ProbeReport
 ) -> list[ReplicaTarget]:
     """Every replica a write in `region` should reach, but the write endpoint itself."""
-    servers, skipped = config.topology.reached_from(region, write_ep)
+    servers, skipped = topology.reached_from(region, write_ep)
     for rep in skipped:
         # Probe keys are written there directly: it holds them at once, which
         # says nothing about replication. Say so rather than drop it silently.

@@ -41,6 +41,11 @@ def collect_samples(
         )
         report.pairs.append(pair)
         if not observers:
+            # None of the unit's replicas could be asked: none of its probes was seen, so
+            # all are lost, in the store and the API as on the dashboard's tile and chart
+            # (a stopped replica is never "0 % lost"). No samples: the metrics' counters
+            # leave the unreachable replica to replag_unreachable_replicas.
+            pair.lost = pair.sent
             continue
         _record_lags(report, pair, first.region, writes, _first_arrivals(observers), key_of)
         for t in unit:

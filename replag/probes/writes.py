@@ -107,11 +107,16 @@ async def write_keys(
         key = keys.key(seq)
         if fence is not None:
             fence()
+        lo_ns = time.monotonic_ns()  # the writer's clock: at or before the send
+        for obs in observers:
+            obs.sending(key, lo_ns)
         try:
             reply, t_a, t_b = await writer.call(
                 "SET", key, keys.value(seq, time.time_ns()), "PX", ttl_ms
             )
         except ReplagError as exc:
+            for obs in observers:
+                obs.withdraw(key)
             # The run goes on with what was written; the source itself is reported (exit 1).
             report.write_errors += 1
             report.unreachable.append(
@@ -127,6 +132,8 @@ async def write_keys(
             report.write_errors += 1
             report.write_error = report.write_error or str(reply)
             refused[str(reply)] = refused.get(str(reply), 0) + 1
+            for obs in observers:
+                obs.withdraw(key)
             continue
         writes[seq] = (t_a, t_b)
         read = writer.last_read

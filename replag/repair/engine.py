@@ -28,6 +28,7 @@ from replag.errors import (
     UsageError,
 )
 from replag.logfields import bind_log_fields
+from replag.plural import count
 from replag.repair.decisions import report as rp
 from replag.repair.decisions.outages import cut_off_replicas
 from replag.repair.decisions.policy import Policy, parse_policy
@@ -310,7 +311,9 @@ def _groups(topology: Topology, name: str | None, *, check: bool = True) -> list
         raise UsageError("the topology has no replica groups to compare ([[groups]])")
     for g in groups:
         if len(g.members) < 2:
-            raise UsageError(f"replica group {g.name!r} has {len(g.members)} member(s); need 2+")
+            raise UsageError(
+                f"replica group {g.name!r} has {count(len(g.members), 'member')}; need 2+"
+            )
     return groups
 
 

@@ -24,13 +24,13 @@ import numpy.typing as npt
 from replag.errors import AgentError
 from replag.repair.bulk.copy import (
     BULK_MIN,
-    RefillOptions,
     bulk_allowed,
     pending_log,
     refill_members,
     refill_plan,
     settle_members,
 )
+from replag.repair.bulk.rebuild_copy import RebuildOptions
 from replag.repair.decisions import report as rp
 from replag.repair.decisions.decide import GroupDecisions, KeyRecord
 from replag.repair.decisions.findings import FINDINGS, per_replica
@@ -54,6 +54,7 @@ from replag.repair.run_state import RunState
 from replag.repair.scan.keep import batch_bytes, keep_limits
 from replag.repair.scan.process import WorkerTree
 from replag.repair.scan.scanner import ScanOptions, ScanProgress
+from replag.repair.slot_counts import SlotCountCheck
 from replag.repair.stray_slots import StrayCheck
 from replag.repair.trees.diff import Divergence, differing_keys
 from replag.repair.trees.remote import AgentClient, AgentReplica
@@ -66,6 +67,7 @@ from replag.repair.writes.rounds import RepairRounds
 from replag.repair.writes.verify import Changing, Verifier
 from replag.topology import ReplicaGroup
 from replag.tracing import server, span
+from replag.wire.reach import Reach
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +80,10 @@ class GroupRun:
     ) -> None:
         s, params = run.setup.settings, run.params
         self.topology = run.setup.topology
-        self.settings, self.refill = s, RefillOptions.of(s)
+        # Where a server's answer may lead the run: the topology's hosts, allow_networks.
+        self.reach = Reach.of(self.topology)
+        self.rebuild = RebuildOptions.of(s)
+        self.refill = self.rebuild.refill
         self.shape = shape
         group = replace(group, members=cluster_members(group, self.shape))
         self.group, self.params, self.policy, self.log = group, params, policy, run.log
@@ -464,7 +469,7 @@ class GroupRun:
             else None
         )
         done = await refill_wiped(
-            self.settings, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
+            self.rebuild, self.group, wiped, rate=self.params.rate, log=log, progress=self.progress
         )
         self.report.bulk_refilled += done.copied
         self.report.scan_s += done.seconds
@@ -475,7 +480,7 @@ class GroupRun:
         return done.left
 
     async def _slot_map(self) -> SlotMap:
-        return await SlotMap.read(self.group.members, timeout_s=self.timeout_s)
+        return await SlotMap.read(self.group.members, timeout_s=self.timeout_s, reach=self.reach)
 
     async def _settle_slots(self, before: SlotMap) -> None:
         """What the run's slot maps say, at its end: the slots not compared (moved or
@@ -508,6 +513,7 @@ class GroupRun:
         # Keys a stuck move took across are not strays.
         report.stray_keys = await strays.find(before.owned | after.owned, skipped | stuck.keys())
         report.refused += strays.refused
+        await self._compare_slot_counts(skipped | stuck.keys())
         if after.stale and not strays.maps:
             await asyncio.sleep(self.settle_s)
             strays.maps.append(await self._slot_map())
@@ -523,6 +529,24 @@ class GroupRun:
             for node, slots in sorted(stale.items())
         ]
         self._forget_slots(skipped)
+
+    async def _compare_slot_counts(self, skipped: set[int]) -> None:
+        """Each replica's key count per slot against its primary's (`slot_counts`): named
+        differences beside the check's own findings, never findings themselves."""
+        if self.primary is None:
+            return
+        replicas = [
+            m
+            for i, (m, a) in enumerate(zip(self.group.members, self.agents, strict=True))
+            if a is None and i != self.primary
+        ]
+        if not replicas or self.agents[self.primary] is not None:
+            return
+        counts = SlotCountCheck(
+            self.group.members[self.primary], replicas, timeout_s=self.timeout_s
+        )
+        self.report.slot_counts = await counts.compare(skipped)
+        self.report.slot_counts_missing = counts.missing
 
     def _forget_slots(self, skipped: set[int]) -> None:
         """Keys of slots that moved during the check were not compared: drop what was

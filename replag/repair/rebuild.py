@@ -25,7 +25,13 @@ from typing import Any
 
 from replag.config import Config
 from replag.errors import NotFound, RepairError, UsageError
-from replag.repair.bulk.rebuild_copy import WHOLE_PASS_SHARE, Rebuild, RebuildPlan, size_text
+from replag.repair.bulk.rebuild_copy import (
+    WHOLE_PASS_SHARE,
+    Rebuild,
+    RebuildOptions,
+    RebuildPlan,
+    size_text,
+)
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.bulk.refill import BatchResult
 from replag.repair.decisions.report import KEYS_NAMED, LEFT
@@ -163,7 +169,9 @@ async def rebuild(
     if src is not None and src.name == target.name:
         raise UsageError(f"--source {source}: the replica being rebuilt cannot be its source")
     await members_reachable([replica_group], timeout_s=config.settings.connect_timeout)
-    job = Rebuild(config.settings, replica_group, target, src, rate=rate, progress=progress)
+    job = Rebuild(
+        RebuildOptions.of(config.settings), replica_group, target, src, rate=rate, progress=progress
+    )
     # The read-only sample only where its ETA is the answer: it costs a second of reads.
     plan = await job.plan(sample_s=1.0 if dry_run else None)
     if on_plan is not None:

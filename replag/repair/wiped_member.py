@@ -22,13 +22,12 @@ from dataclasses import dataclass
 
 from replag.repair.bulk.closing import keys_elsewhere, writes_seen
 from replag.repair.bulk.copy import BULK_MIN, bulk_allowed
-from replag.repair.bulk.rebuild_copy import WHOLE_PASS_SHARE, Rebuild
+from replag.repair.bulk.rebuild_copy import WHOLE_PASS_SHARE, Rebuild, RebuildOptions
 from replag.repair.bulk.rebuild_log import RebuildLog
 from replag.repair.decisions.policy import Policy
 from replag.repair.decisions.replica_role import replica_of
 from replag.repair.keyspace.progress import ProgressCallback
 from replag.repair.keyspace.together import all_of
-from replag.settings import Settings
 from replag.topology import ReplicaGroup
 
 logger = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ async def find_wiped(
 
 
 async def refill_wiped(
-    settings: Settings,
+    options: RebuildOptions,
     group: ReplicaGroup,
     wiped: WipedMember,
     *,
@@ -89,7 +88,7 @@ async def refill_wiped(
     """Copy the wiped member from its peers (`Rebuild.run`, checkpointed in `log`); what
     the copy leaves to verify (see the module docstring)."""
     target = group.members[wiped.index]
-    job = Rebuild(settings, group, target, None, rate=rate, progress=progress)
+    job = Rebuild(options, group, target, None, rate=rate, progress=progress)
     plan = await job.plan(sample_s=None)
     seconds = await job.run(log, plan)
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from replag.config import Config
 from replag.replication import history
 from replag.replication.check import recent_lag_p99_ms
 from replag.replication.follow import FailoverEvent, resolve_write
@@ -20,7 +19,7 @@ from replag.replication.sampler import ReplicationSampler, SampleTarget, replica
 from replag.replication.state import ReplicationSnapshot
 from replag.settings import Settings
 from replag.store import Store
-from replag.topology import Endpoint, Region
+from replag.topology import Endpoint, Region, Topology
 
 _LAG_FRESHNESS_S = 300.0
 
@@ -53,7 +52,7 @@ class ProbeReplication:
     @classmethod
     async def open(
         cls,
-        config: Config,
+        topology: Topology,
         region: Region,
         *,
         settings: Settings,
@@ -72,7 +71,7 @@ class ProbeReplication:
                 else {}
             )
             resolution = await resolve_write(
-                config.topology,
+                topology,
                 region,
                 timeout_s=settings.connect_timeout,
                 store=store,
@@ -80,7 +79,7 @@ class ProbeReplication:
             )
             write, notes, event = resolution.endpoint, resolution.notes, resolution.event
         targets, target_notes = replication_targets(
-            config.topology, sources=[dataclasses.replace(region, write=write)]
+            topology, sources=[dataclasses.replace(region, write=write)]
         )
         return cls(
             write_endpoint=write,

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replag.config import Config
 from replag.errors import UnreachableError, UsageError
 from replag.histogram import LagHistogram
 from replag.replication.check_verdicts import latest_verdicts
@@ -21,7 +20,7 @@ from replag.replication.rpo import FailoverAssessment, assess_failover
 from replag.replication.sampler import ReplicationSampler, replication_targets
 from replag.replication.state import ReplicationSnapshot
 from replag.store import Store
-from replag.topology import Region
+from replag.topology import Region, Topology
 
 # Probe figures older than this say nothing about the lag now.
 _LAG_FRESHNESS_S = 300.0
@@ -85,9 +84,11 @@ def recent_lag_p99_ms(
 
 
 async def assess_primaries(
-    config: Config,
+    topology: Topology,
     regions: Sequence[Region],
     *,
+    timeout_s: float,
+    probe_interval_s: float,
     notes: Sequence[str] = (),
     max_bytes: int = 0,
     max_lag_s: float | None = None,
@@ -97,8 +98,8 @@ async def assess_primaries(
 
     `replag.discovery.primaries.failover_check` first moves each region to the primary
     it has now (Sentinel's, a Redis Cluster shard's), and passes what it found in
-    `notes`."""
-    topology = config.topology
+    `notes`. `timeout_s`: each request's (settings.connect_timeout); a stored lag is
+    recent within 3 probe intervals (settings.probe_interval)."""
     notes = list(notes)
     resolved = list(regions)
     targets, target_notes = replication_targets(topology, sources=resolved)
@@ -106,7 +107,7 @@ async def assess_primaries(
     if not targets:
         why = "; ".join(notes) or "no region has a write endpoint"
         raise UsageError(f"no Redis primary to check: {why}")
-    async with ReplicationSampler(timeout_s=config.settings.connect_timeout) as sampler:
+    async with ReplicationSampler(timeout_s=timeout_s) as sampler:
         snapshot = await sampler.sample(targets)
     snapshot.notes += notes
     for primary in snapshot.primaries:
@@ -114,7 +115,7 @@ async def assess_primaries(
             raise UnreachableError(
                 primary.error, where=f"primary {primary.primary} ({primary.address})"
             )
-    freshness = max(_LAG_FRESHNESS_S, 3 * float(config.settings.probe_interval))
+    freshness = max(_LAG_FRESHNESS_S, 3 * probe_interval_s)
     now = time.time_ns()
     verdicts = latest_verdicts(store) if store is not None else {}
     assessments = tuple(

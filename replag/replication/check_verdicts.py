@@ -4,7 +4,9 @@ Every finished `repair check` and `repair run` (from the CLI, cron or `serve`) l
 its report in `repair_runs`; its per-replica counts say how many keys that replica
 held differently from its group's truth. A check's verdict is what it found; a
 repair's is what it left. A failover must never promote a replica the latest run
-found divergent, and health names it.
+found divergent, and health names it. A group whose latest run left keys it could not
+compare (`not_compared`: module types without a digest) is not known to be clean, and
+health names that too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from replag.plural import count
 from replag.store import Store
 
 # Runs read, newest first, to find each replica's latest verdict.
@@ -29,6 +32,8 @@ class CheckVerdict:
     kind: str  # check | repair
     finished_ns: int
     divergent: int  # a check: keys found divergent there; a repair: keys left divergent
+    # A group's run (`replica` ""): keys whose values it could not compare, by type.
+    not_compared: tuple[tuple[str, int], ...] = ()
 
     def age_s(self, now_ns: int) -> float:
         return max(0.0, (now_ns - self.finished_ns) / 1e9)
@@ -46,9 +51,30 @@ class CheckVerdict:
         """`check check-… 12 s ago: 30 divergent keys`."""
         what = "left" if self.kind == "repair" else "found"
         return (
-            f"{self.kind} {self.run_id} {_age(self.age_s(now_ns))} ago {what} "
+            f"{self.kind} {self.run_id} {self.age_text(now_ns)} ago {what} "
             f"{self.divergent} divergent key{'' if self.divergent == 1 else 's'}"
         )
+
+    def age_text(self, now_ns: int) -> str:
+        return _age(self.age_s(now_ns))
+
+    def not_compared_text(self) -> str:
+        """`3 keys not compared (graphdata: 2, ReJSON-RL: 1)`, "" for none."""
+        total = sum(n for _, n in self.not_compared)
+        if not total:
+            return ""
+        types = ", ".join(f"{t}: {n}" for t, n in self.not_compared)
+        return f"{count(total, 'key')} not compared ({types})"
+
+
+def _not_compared(group: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    rows = group.get("not_compared") or ()
+    counts: dict[str, int] = {}
+    for row in rows:
+        if isinstance(row, dict) and int(row.get("keys", 0) or 0) > 0:
+            name = str(row.get("type", "?"))
+            counts[name] = counts.get(name, 0) + int(row["keys"])
+    return tuple(sorted(counts.items()))
 
 
 def _age(seconds: float) -> str:
@@ -135,6 +161,7 @@ def _latest(store: Store) -> tuple[dict[str, CheckVerdict], dict[str, CheckVerdi
                     kind=kind,
                     finished_ns=int(row.finished_ns or 0),
                     divergent=found if kind == "check" else min(found, left),
+                    not_compared=_not_compared(group),
                 )
             for replica, counts in per_replica.items():
                 if replica in verdicts or not isinstance(counts, dict):

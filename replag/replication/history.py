@@ -24,7 +24,8 @@ _PRIMARY_COLUMNS = (
 )
 _REPLICA_COLUMNS = (
     "sampled_ns, source, primary_name, replica, region, status, bytes_behind, "
-    'bytes_uncertainty, backlog_headroom, headroom_fraction, "offset", last_io_s, link_down_s'
+    'bytes_uncertainty, backlog_headroom, headroom_fraction, "offset", last_io_s, link_down_s, '
+    "read_only, sync_in_progress, priority, error"
 )
 
 
@@ -66,7 +67,7 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
             statements.append(
                 (
                     f"INSERT INTO replication_replicas ({_REPLICA_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         p.sampled_ns,
                         p.source,
@@ -81,6 +82,10 @@ def record_snapshot(store: Store, snapshot: ReplicationSnapshot) -> None:
                         r.offset,
                         r.last_io_s,
                         r.link_down_s,
+                        _flag_in(r.read_only),
+                        _flag_in(r.sync_in_progress),
+                        r.priority,
+                        r.error,
                     ),
                 )
             )
@@ -164,7 +169,19 @@ def _replica(row: Row) -> ReplicaState:
         offset=row.offset,
         last_io_s=row.last_io_s,
         link_down_s=row.link_down_s,
+        read_only=_flag_out(row.read_only),
+        sync_in_progress=bool(row.sync_in_progress),
+        priority=row.priority,
+        error=row.error,
     )
+
+
+def _flag_in(value: bool | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _flag_out(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,6 +80,27 @@ REPAIR_GROUP = obj(
                 },
             )
         ),
+        # Redis Cluster on Valkey 8+ / Redis 8.2+ (CLUSTER SLOT-STATS): per replica, the
+        # slots whose key count differs from its primary's, a signal beside the findings
+        # (equal counts do not prove equal content); exact: read at one replication
+        # offset, else named only if the same at two reads (unconfirmed: the others).
+        "slot_counts": arr(
+            obj(
+                {
+                    "member": STR,
+                    "primary": STR,
+                    "slots_differing": INT,
+                    "key_difference": INT,
+                    "replica_minus_primary": INT,
+                    "slots": arr(arr(INT)),
+                    "examples": arr(obj({"slot": INT, "primary": INT, "replica": INT})),
+                    "exact": BOOL,
+                    "unconfirmed": INT,
+                }
+            )
+        ),
+        # ... or the answer of a server without the command (not compared).
+        "slot_counts_missing": nullable(STR),
         # Redis Cluster: migrating/importing marks with no move under way (a mark on a
         # replica its primary no longer has, or naming a node that is not a live primary):
         # their slots were compared.

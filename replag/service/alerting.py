@@ -19,11 +19,19 @@ the evaluator carries on from them. Rules that only the store can answer
 
 **When the store answers again** the evaluator waits until what was held
 meanwhile is stored before it reads the store again: its own held writes, and
-for `SETTLE_S` plus one probe interval after the store answered, the other
-instances' (each retries every `FLUSH_RETRY_S`). Until then the alerts keep
-their states: a window whose probes are still held elsewhere would otherwise
-read as no data or as the wrong ratio, resolving an alert the outage did not
-end (and firing it again once the writes land).
+every other instance's that was live when the store went away. Each instance
+marks in the store, on the database's clock, when it holds nothing
+(`replag.store.held_marks`, at every heartbeat); the evaluator waits for a mark
+newer than its own first look after the store's return from each of them (or
+for its `instance:` lease to have expired a lease time after the return: it
+died, and what it held is lost). Until then the alerts keep their states: an
+alert another instance decided and sent from memory during the outage is not
+yet in the store, and evaluating without it would notify it again (a second
+"firing"); a window whose probes are still held elsewhere would read as no
+data or as the wrong ratio, resolving an alert the outage did not end. An
+instance that stays cut off (or a store that refuses its writes for another
+reason) is waited for at most `SETTLE_CAP_LEASES` lease times; alerting then
+goes on as it does without the store's view of it.
 """
 
 from __future__ import annotations
@@ -50,14 +58,16 @@ from replag.lagindex import LagIndex
 from replag.metrics import ServiceMetrics
 from replag.service.leasing import Fence, LeaseKeeper
 from replag.service.scheduler import Claim
-from replag.store import Store
-from replag.store.base import FLUSH_RETRY_S
+from replag.store import Store, held_marks, leases
+from replag.store.leases import INSTANCE_PREFIX
 
 log = logging.getLogger("replag.service")
 
-# After the store answers again, how long the other instances may take to see it (their
-# retry runs every FLUSH_RETRY_S) and store what they held: held evaluation meanwhile.
-SETTLE_S = 2 * FLUSH_RETRY_S
+# After the store answers again, the longest wait (in lease times, at least a minute)
+# for the other instances to say they hold nothing: one still cut off, or whose writes
+# the store refuses, is not waited for longer.
+SETTLE_CAP_LEASES = 3
+SETTLE_CAP_MIN_S = 60.0
 
 
 class AlertEvaluation:
@@ -85,6 +95,10 @@ class AlertEvaluation:
         self.keeper: LeaseKeeper | None = None  # set while several instances may run
         self._state_read = 0.0  # monotonic: when a non-evaluator last read the alert states
         self._held_for: str | None = None  # why evaluation waits now (logged once)
+        # The database's clock at this instance's first look after the store's last return
+        # (by when it returned, monotonic): the others' marks must be newer.
+        self._back_db_ns: tuple[float, int] | None = None
+        self._settled_for: float | None = None  # the return after which it was settled
         self.book = AlertBook(store)
         self.sender = AlertSender(
             config.alerts.sinks,
@@ -171,26 +185,44 @@ class AlertEvaluation:
             else:
                 self.book.mark_delivered(events, now_ns=time.time_ns())
 
-    def unsettled(self) -> str | None:
-        """Why the store cannot yet hold everything measured during an outage that ended
-        (see the module docstring); None when it can."""
+    def unsettled(self, keeper: LeaseKeeper) -> str | None:
+        """Why the store cannot yet hold everything made during an outage that ended (see
+        the module docstring); None when it can. Blocking (store reads)."""
         health = self.store.health
         back = health.reachable_again_mono
-        if back is None or not health.reachable:
+        if back is None or not health.reachable or back == self._settled_for:
             return None
-        settle_s = SETTLE_S + self.interval_s
         waited = time.monotonic() - back
-        if waited < settle_s:
-            return "the other instances may still be storing what they held"
-        # Own writes still held well after that: the store refuses them for another reason
-        # (a full disk), and alerting goes on as it does then.
-        if health.deferred and waited < 4 * settle_s:
+        if waited >= max(SETTLE_CAP_MIN_S, SETTLE_CAP_LEASES * keeper.ttl_s):
+            return None  # alerting goes on as it does without the others' view
+        if not held_marks.nothing_held(self.store):
             return "this instance's held writes are not all stored yet"
+        if not keeper.peers_when_away:
+            return None
+        try:
+            if self._back_db_ns is None or self._back_db_ns[0] != back:
+                self._back_db_ns = (back, held_marks.database_now(self.store))
+            since_ns = self._back_db_ns[1]
+            marks = held_marks.marks(self.store)
+            live = {x.holder for x in leases.current(self.store, prefix=INSTANCE_PREFIX)}
+        except StoreError as exc:
+            return f"the store does not answer yet ({exc})"
+        waiting = sorted(
+            peer
+            for peer in keeper.peers_when_away
+            if marks.get(peer, 0) <= since_ns and (peer in live or waited < keeper.ttl_s)
+        )
+        if waiting:
+            return (
+                f"{len(waiting)} other instances may still be storing what they held "
+                f"({', '.join(waiting)})"
+            )
+        self._settled_for = back
         return None
 
     async def evaluate(self, fence: Fence | None = None) -> None:
         if self.keeper is not None:
-            why = self.unsettled()
+            why = await asyncio.to_thread(self.unsettled, self.keeper)
             if why != self._held_for:
                 self._held_for = why
                 if why is not None:

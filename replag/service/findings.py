@@ -7,9 +7,10 @@ scheduled check (`check_interval`) the service's `replag_divergent_keys` and the
 divergence rule would still say what the check said. After every round (each probe
 interval at least) the newest finished check or repair run of each group is read
 from the store, and where it is newer than what the service knows, it becomes
-the group's verdict (`group_health`, the gauge). The health problems (the same
-as `GET /api/v1/health`'s) are compared with the previous round's: one WARNING
-line when a problem appears, one INFO line when it clears, never one per round.
+the group's verdict (`group_health`, the gauges: divergent keys and keys not
+compared). The health problems (the same as `GET /api/v1/health`'s) are compared
+with the previous round's: one WARNING line when a problem appears, one INFO line
+when it clears, never one per round.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class RoundFindings:
             if name not in groups:
                 continue
             self.metrics.divergent.labels(name).set(run.divergent)
+            self.metrics.not_compared.labels(name).set(sum(n for _, n in run.not_compared))
             health = known.get(name)
             if health is None or (health.checked_ns < run.finished_ns):
                 record_check(

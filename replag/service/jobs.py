@@ -336,6 +336,10 @@ class JobRunner:
                 self.metrics.not_compared.labels(group.group).set(
                     sum(row["keys"] for row in group.not_compared)
                 )
+                for row in group.slot_counts:
+                    labels = (group.group, row["member"])
+                    self.metrics.slot_count_slots.labels(*labels).set(row["slots_differing"])
+                    self.metrics.slot_count_keys.labels(*labels).set(row["key_difference"])
                 record_check(
                     self.store,
                     group=group.group,

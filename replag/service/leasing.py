@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replag.errors import LeaseLost, StoreError
-from replag.store import Store, Transaction, leases
+from replag.store import Store, Transaction, held_marks, leases
 from replag.store.leases import INSTANCE_PREFIX, OFFER_PREFIX, Lease
 
 log = logging.getLogger("replag.service")
@@ -144,6 +144,12 @@ class LeaseKeeper:
         # and when it answered again after an outage.
         self._away_mono: float | None = None
         self._back_mono: float | None = None
+        # The other instances live when the store went away (the last heartbeat's), and
+        # when this one last marked that it holds no write (`held_marks`; monotonic).
+        self.peers_when_away: frozenset[str] = frozenset()
+        self._marked_mono: float | None = None
+        # The live instances as the last heartbeat read them, and when (monotonic) it asked.
+        self._live_seen: tuple[float, frozenset[str]] = (-math.inf, frozenset())
         self._offered: set[str] = set()
         self._taking = 0  # acquisitions of offered units under way (see `reserve_take`)
         self._reserved = 0  # offers decided, not yet written (see `offer_if_over_share`)
@@ -190,16 +196,47 @@ class LeaseKeeper:
         if self._away_mono is None and not self.store.reachable:
             # When the store first failed to answer (any statement), not when this asked.
             began = self.store.health.unreachable_mono
-            self._away_mono = self.clock() if began is None else min(began, self.clock())
+            self._went_away(self.clock() if began is None else min(began, self.clock()))
         return self._away_mono
 
+    def _went_away(self, since_mono: float) -> None:
+        self._away_mono = since_mono
+        self.peers_when_away = self._live_seen[1] - {self.holder}
+
+    @property
+    def back_mono(self) -> float | None:
+        """When (monotonic) the first renewal after the last store outage went through."""
+        return self._back_mono
+
+    def catching_up(self) -> bool:
+        """Back from an outage, and not yet marked as holding nothing (see `heartbeat`) or
+        not yet seeing every instance live again (see `settled`), for a lease time at most:
+        the keeper beats more often meanwhile, so the others (and this one) wait less."""
+        back = self._back_mono
+        if back is None or self.clock() - back >= self.ttl_s:
+            return False
+        seen_mono, live = self._live_seen
+        marked = self._marked_mono is not None and self._marked_mono >= back
+        return not marked or seen_mono < back or not self.peers_when_away <= live
+
     def settled(self) -> bool:
-        """Whether this instance may take units: not while the store is away, nor for half
-        a renewal period after it answered again (the others renew theirs first)."""
+        """Whether this instance may take units: not while the store is away, nor after it
+        answered again until every instance live when it went away holds its `instance:`
+        lease again (renewed: it keeps its units, which expired meanwhile), for half a
+        renewal period at least and a lease time at most (one not back by then died, or is
+        still cut off: its units are taken as usual)."""
         if self.away_since() is not None:
             return False
         back = self._back_mono
-        return back is None or self.clock() - back >= self.ttl_s / 6
+        if back is None:
+            return True
+        waited = self.clock() - back
+        if waited >= self.ttl_s:
+            return True
+        if waited < self.ttl_s / 6:
+            return False
+        seen_mono, live = self._live_seen
+        return seen_mono >= back and self.peers_when_away <= live
 
     # --- store round trips (blocking) --------------------------------------------------
 
@@ -296,7 +333,7 @@ class LeaseKeeper:
                 # Not lost: nobody can take it while the store is away (see `Fence.valid`).
                 if self._away_mono is None:
                     began = self.store.health.unreachable_mono
-                    self._away_mono = asked if began is None else min(began, asked)
+                    self._went_away(asked if began is None else min(began, asked))
                     log.warning(
                         "%s: lease not renewed (%s): kept while the store is away", name, exc
                     )
@@ -322,10 +359,14 @@ class LeaseKeeper:
         return lost
 
     def heartbeat(self) -> None:
-        """Hold this instance's own lease and count the live instances."""
+        """Hold this instance's own lease, count the live instances, and mark that this
+        one holds no write for the store when it holds none (`replag.store.held_marks`:
+        after an outage the evaluator of alerts waits for that mark from every instance
+        live when the store went away)."""
         own = self.held(self.me)
         if own is None or own.lost or not Fence(self, self.me).valid():
             self.try_acquire(self.me)
+        asked = self.clock()
         current = leases.current(self.store)
         live = {x.holder for x in current if x.name.startswith(INSTANCE_PREFIX)}
         owners: dict[str, list[str]] = {holder: [] for holder in live}
@@ -334,6 +375,15 @@ class LeaseKeeper:
                 owners.setdefault(lease.holder, []).append(lease.name)
         self.owners = owners
         self.live_instances = max(1, len(live))
+        self._live_seen = (asked, frozenset(live))
+        if held_marks.nothing_held(self.store):
+            asked = self.clock()
+            try:
+                held_marks.mark_nothing_held(self.store, self.holder)
+            except StoreError as exc:
+                log.debug("nothing held: not marked (%s)", exc)
+            else:
+                self._marked_mono = asked
 
     def mark_lost(self, name: str) -> None:
         with self._lock:
@@ -361,3 +411,7 @@ class LeaseKeeper:
             names = list(self._held)
         for name in names:
             self.release(name)
+        try:
+            held_marks.forget(self.store, self.holder)
+        except StoreError as exc:
+            log.debug("held writes mark not removed (%s)", exc)

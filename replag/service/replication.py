@@ -134,6 +134,13 @@ class ReplicationState:
         except StoreUnwritable:
             return {}
 
+    def group_verdicts(self) -> dict[str, CheckVerdict]:
+        """Each group's latest check or repair run (whoever ran it), from the store."""
+        try:
+            return self.verdicts.groups(self.store)
+        except StoreUnwritable:
+            return {}
+
     def latest_primaries(self) -> list[PrimaryState]:
         """The latest sample of every primary: this service's while it samples them, else
         the store's (another instance's, or cron's)."""

@@ -33,7 +33,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from replag.errors import LeaseLost, ReplagError, StoreError
@@ -85,6 +86,11 @@ class Scheduler:
         # Each unit's task while it runs, by the unit's name (see `replace`).
         self._running: dict[str, tuple[ScheduledUnit, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
+        # The keeper's round trips run on a thread of their own, never queued behind the
+        # event loop's shared threads: those may all be waiting on the store (writes wait
+        # while the held ones are replayed after an outage, seconds on a busy host), and
+        # a renewal that waits behind them lets this instance's leases expire.
+        self._lease_thread: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         self._stopping.clear()
@@ -142,6 +148,14 @@ class Scheduler:
         """Forget the tasks (the loop they ran on has ended)."""
         self.tasks.clear()
         self._running.clear()
+        if self._lease_thread is not None:
+            self._lease_thread.shutdown(wait=False)
+            self._lease_thread = None
+
+    async def _on_lease_thread(self, call: Callable[[], Any]) -> Any:
+        if self._lease_thread is None:
+            self._lease_thread = ThreadPoolExecutor(1, thread_name_prefix="replag-leases")
+        return await asyncio.get_running_loop().run_in_executor(self._lease_thread, call)
 
     async def _sleep(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -229,8 +243,15 @@ class Scheduler:
         """Renew every third of the lease time; hold this instance's own lease."""
         while not self._stopping.is_set():
             try:
-                await asyncio.to_thread(keeper.heartbeat)
-                for name in await asyncio.to_thread(keeper.renew_all):
+                # Back from a store outage: renew what it holds first (its leases expired
+                # meanwhile; the others wait for its own lease before taking any).
+                away = keeper.away_since() is not None
+                if not away:
+                    await self._on_lease_thread(keeper.heartbeat)
+                lost: list[str] = await self._on_lease_thread(keeper.renew_all)
+                if away:
+                    await self._on_lease_thread(keeper.heartbeat)
+                for name in lost:
                     # Lost (taken over): its gauges go now, not at the unit's next round.
                     running = self._running.get(name)
                     if running is not None:
@@ -240,9 +261,10 @@ class Scheduler:
             except Exception:
                 self.counters["crashed rounds"] += 1
                 log.exception("leases: renewal failed; retrying")
-            # While the store is away, look again soon: the units renew at once when it answers.
-            away = keeper.away_since() is not None
-            await self._sleep(min(keeper.ttl_s / 3, 0.5) if away else keeper.ttl_s / 3)
+            # While the store is away, look again soon: the units renew at once when it
+            # answers; and after it, while catching up (`LeaseKeeper.catching_up`).
+            soon = keeper.away_since() is not None or keeper.catching_up()
+            await self._sleep(min(keeper.ttl_s / 3, 0.5) if soon else keeper.ttl_s / 3)
 
     async def run_once(self, unit: ScheduledUnit, fence: Fence | None = None) -> None:
         try:

@@ -453,6 +453,7 @@ class ReplagService:
             self.replication.check_verdicts(),
             groups={g.name for g in self.config.topology.groups},
             now_ns=time.time_ns(),
+            group_verdicts=self.replication.group_verdicts(),
         )
 
     def health(self) -> dict[str, Any]:

@@ -3,15 +3,22 @@
 Two configs pointed at one store (a hand-written file keeping the old default
 path, two discovered files edited alike) would show each other's shards, runs
 and alerts as their own. `replag serve` records its config here and refuses a
-store another config's `serve` used, naming it, unless `settings.store_shared`.
+store another config's `serve` used, naming it, unless `settings.store_shared`; so
+does every CLI run that writes into it (`repair check|run`, `probe`, `rebuild`, `topology
+dynomite-stats`): `open_config_store`.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from replag.errors import ConfigError
 from replag.store.base import Store
+from replag.store.location import parse_location
+
+if TYPE_CHECKING:
+    from replag.config import Config
 
 
 def claim_for_config(store: Store, config: str, *, shared: bool, where: str) -> None:
@@ -31,3 +38,27 @@ def claim_for_config(store: Store, config: str, *, shared: bool, where: str) -> 
         "ON CONFLICT (config) DO UPDATE SET last_ns = excluded.last_ns",
         (config, now, now),
     )
+
+
+def claim_config_store(store: Store, config: Config) -> None:
+    """`claim_for_config` for a loaded config (one read from no file claims nothing)."""
+    if config.path is None:
+        return
+    claim_for_config(
+        store,
+        str(config.path.expanduser().resolve()),
+        shared=config.settings.store_shared,
+        where=parse_location(config.settings.store).shown,
+    )
+
+
+def open_config_store(config: Config) -> Store:
+    """`config`'s store, claimed for it: ConfigError (one line, exit 2) when it holds
+    another config's data and neither shares it on purpose."""
+    store = Store(config.settings.store)
+    try:
+        claim_config_store(store, config)
+    except BaseException:
+        store.close()
+        raise
+    return store

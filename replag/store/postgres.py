@@ -54,6 +54,8 @@ _DAMAGED_STATES = ("XX001", "XX002")  # data_corrupted, index_corrupted
 # lease_time plus a third of it (docs/ha.md).
 IDLE_IN_TRANSACTION_S = 3.0
 _IDLE_IN_TRANSACTION = "25P03"  # idle_in_transaction_session_timeout
+# Connections the pool opens at once when the server answers again after an outage.
+_RECONNECT_CONNECTIONS = 4
 
 
 class PostgresStore(Store):
@@ -92,7 +94,6 @@ class PostgresStore(Store):
             raise StoreError(f"cannot connect: {_first_line(exc)}", where=self.shown) from None
         self._pool_args: dict[str, Any] = {
             "kwargs": kwargs,
-            "min_size": 1,
             "max_size": pool_size,
             "timeout": connect_timeout_s,
             "check": ConnectionPool.check_connection,
@@ -218,16 +219,19 @@ class PostgresStore(Store):
         seconds after the server is back, and every statement meanwhile (a lease renewal
         among them) would wait for a connection, then open one of its own: about a second
         each. Connections still out return to the old pool, which closes them."""
-        old, self._pool = self._pool, self._new_pool()
+        # Several connections at once: the held writes take one for their replay while the
+        # lease renewals, probe rounds and reads need theirs now, not as the pool grows.
+        old, self._pool = self._pool, self._new_pool(min_size=_RECONNECT_CONNECTIONS)
         # Closed aside: its workers may be in a connection attempt (up to connect_timeout).
         threading.Thread(
             target=old.close, kwargs={"timeout": 15.0}, name="replag-store-old-pool", daemon=True
         ).start()
 
-    def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+    def _new_pool(self, *, min_size: int = 1) -> ConnectionPool[psycopg.Connection[Any]]:
         from psycopg_pool import ConnectionPool
 
-        return ConnectionPool(self._conninfo, open=True, **self._pool_args)
+        args = {**self._pool_args, "min_size": min(min_size, self._pool_args["max_size"])}
+        return ConnectionPool(self._conninfo, open=True, **args)
 
     def _run(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> Rows:
         try:

@@ -10,15 +10,25 @@ key patterns and channel patterns:
   state. Never CONFIG GET (it reads `requirepass` and `masterauth` too): whether a
   replica publishes is learned from its events (`probes.observers`) or declared
   (`settings.notify_keyspace_events`).
-- check: read every key (`~*`): SCAN, TYPE, PTTL and each type's readers; on a
-  Redis Cluster the read-only CLUSTER subcommands that tell which slots moved
-  and which keys lie in slots a shard does not serve (NODES, SLOTS,
-  COUNTKEYSINSLOT, GETKEYSINSLOT; GETSLOTMIGRATIONS on Valkey 9, a rule older
-  servers refuse, so granted only with `valkey_9`: `replag acl --valkey-9`).
-  The probe follows a shard with CLUSTER INFO, SHARDS and SLOTS. Cluster
-  subcommands are tried on cluster nodes only.
+- check: read every key (`~*`): SCAN, TYPE, PTTL, OBJECT ENCODING and each type's
+  readers; on a Redis Cluster the read-only CLUSTER subcommands that tell which
+  slots moved and which keys lie in slots a shard does not serve (NODES, SLOTS,
+  COUNTKEYSINSLOT, GETKEYSINSLOT). The probe follows a shard with CLUSTER INFO,
+  SHARDS and SLOTS. Cluster subcommands are tried on cluster nodes only.
 - repair: check, plus the writes a repair makes (DUMP/RESTORE, WATCH/MULTI/EXEC,
-  each type's writers, DEL/UNLINK, PEXPIRE/PERSIST, RENAME).
+  each type's writers, DEL/UNLINK, PEXPIRE/PEXPIREAT/PERSIST, RENAME).
+
+What only some servers have is granted by `features` (`replag acl --server KIND`,
+`SERVERS` says which kind has which), as a server that lacks a command refuses a
+rule naming it (`ACL SETUSER` fails): hash-field TTLs (`field_ttls`, Redis 7.4+
+and Valkey 9+: HPEXPIRETIME read, HPEXPIREAT written), vector sets (`vector_sets`,
+Redis 8: VINFO, VRANDMEMBER, VEMB, VGETATTR, VCARD; copied by DUMP/RESTORE only),
+CLUSTER GETSLOTMIGRATIONS (`valkey_9`), CLUSTER SLOT-STATS (`slot_stats`, Valkey
+8+ and Redis 8.2+: each slot's key count, primary against replica,
+`repair.slot_counts`; refused, a check goes without it, once a run; also
+`replag acl --slot-stats`), and RedisJSON's readers (`rejson`, where
+the module is loaded: JSON.GET, JSON.DEBUG MEMORY). The default line has none of
+them: every supported server (Redis 6.2 on) accepts it.
 - serve: probe and repair (the service does both, and samples INFO).
 - agent: repair, the probe's observation, and keyspace events of every key.
 
@@ -49,6 +59,19 @@ from replag.wire.resp import RespConnection, error_text, pack
 
 Mode = Literal["probe", "check", "repair", "serve", "agent"]
 MODES: tuple[Mode, ...] = ("probe", "check", "repair", "serve", "agent")
+Feature = Literal["field_ttls", "vector_sets", "valkey_9", "slot_stats", "rejson"]
+FEATURES: tuple[Feature, ...] = ("field_ttls", "vector_sets", "valkey_9", "slot_stats", "rejson")
+# What each server kind has beyond the rules every supported server accepts (RedisJSON
+# is a module, loaded or not on any kind: asked for on its own, `rejson`).
+SERVERS: dict[str, tuple[Feature, ...]] = {
+    "redis-6.2": (),
+    "redis-7": (),
+    "redis-7.4": ("field_ttls",),
+    "redis-8": ("field_ttls", "vector_sets"),
+    "redis-8.2": ("field_ttls", "vector_sets", "slot_stats"),
+    "valkey-8": ("slot_stats",),
+    "valkey-9": ("field_ttls", "valkey_9", "slot_stats"),
+}
 
 
 @dataclass(frozen=True)
@@ -61,11 +84,22 @@ class Need:
     write: bool = False  # tried inside MULTI … DISCARD, never run
     optional: bool = False  # refused: the mode carries on without it (a note says so)
     cluster: bool = False  # needed (and tried) on Redis Cluster nodes only
-    valkey_9: bool = False  # Valkey 9+ only: older servers refuse the rule itself
+    # Granted only where the servers have it (`SERVERS`): others refuse the rule itself.
+    feature: Feature | None = None
 
 
-def _cluster(*args: str, valkey_9: bool = False) -> Need:
-    return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, valkey_9=valkey_9)
+def _cluster(*args: str, feature: Feature | None = None) -> Need:
+    return Need(f"cluster|{args[0].lower()}", ("CLUSTER", *args), cluster=True, feature=feature)
+
+
+# Read-only, one call a node; refused, the check goes without it (a note says so).
+_SLOT_STATS = Need(
+    "cluster|slot-stats",
+    ("CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "0"),
+    optional=True,
+    cluster=True,
+    feature="slot_stats",
+)
 
 
 _PING = Need("ping", ("PING",))
@@ -116,13 +150,29 @@ _CHECK = (
     Need("xlen", ("XLEN", "KEY")),
     Need("xinfo|stream", ("XINFO", "STREAM", "KEY")),
     Need("dump", ("DUMP", "KEY")),
+    # A hash whose encoding cannot hold field TTLs is read without asking for them.
+    Need("object|encoding", ("OBJECT", "ENCODING", "KEY")),
+    Need("hpexpiretime", ("HPEXPIRETIME", "KEY", "FIELDS", "1", "f"), feature="field_ttls"),
+    *(
+        Need(args[0].lower(), args, feature="vector_sets")
+        for args in (
+            ("VINFO", "KEY"),
+            ("VRANDMEMBER", "KEY", "1"),
+            ("VEMB", "KEY", "e", "RAW"),
+            ("VGETATTR", "KEY", "e"),
+            ("VCARD", "KEY"),
+        )
+    ),
+    Need("json.get", ("JSON.GET", "KEY"), feature="rejson"),
+    Need("json.debug", ("JSON.DEBUG", "MEMORY", "KEY"), feature="rejson"),
     # Slots that move during a check, stray keys, stuck and stale moves (`keyspace.slots`,
     # `stray_slots`): without them a Cluster check cannot vouch for its verdict.
     _cluster("NODES"),
     _cluster("SLOTS"),
     _cluster("COUNTKEYSINSLOT", "0"),
     _cluster("GETKEYSINSLOT", "0", "1"),
-    _cluster("GETSLOTMIGRATIONS", valkey_9=True),
+    _cluster("GETSLOTMIGRATIONS", feature="valkey_9"),
+    _SLOT_STATS,
 )
 _WRITES = (
     Need("watch", ("WATCH", "KEY")),
@@ -138,6 +188,7 @@ _WRITES = (
             ("del", ("DEL", "KEY")),
             ("unlink", ("UNLINK", "KEY")),
             ("pexpire", ("PEXPIRE", "KEY", "1000")),
+            ("pexpireat", ("PEXPIREAT", "KEY", "4102444800000")),
             ("persist", ("PERSIST", "KEY")),
             ("rename", ("RENAME", "KEY", "KEY:2")),
             ("restore", ("RESTORE", "KEY", "0", "x", "REPLACE")),
@@ -151,6 +202,13 @@ _WRITES = (
             ("xadd", ("XADD", "KEY", "*", "f", "v")),
             ("xsetid", ("XSETID", "KEY", "0-1")),
         )
+    ),
+    # A hash's field TTLs, in every copy that is not a RESTORE (pages, typed writes).
+    Need(
+        "hpexpireat",
+        ("HPEXPIREAT", "KEY", "4102444800000", "FIELDS", "1", "f"),
+        write=True,
+        feature="field_ttls",
     ),
 )
 _AGENT_EXTRA = (
@@ -183,25 +241,50 @@ SCRIPT_WARNING = (
 
 
 def commands(
-    mode: Mode, *, allow_config_changes: bool = False, allow_scripts: bool = False
+    mode: Mode,
+    *,
+    allow_config_changes: bool = False,
+    allow_scripts: bool = False,
+    features: tuple[Feature, ...] = (),
 ) -> list[str]:
-    """The ACL command names `mode` needs, each once, in the order they are listed (not
-    the Valkey 9 ones: `valkey_9_commands`)."""
-    names = list(dict.fromkeys(n.command for n in NEEDS[mode] if not n.valkey_9))
+    """The ACL command names `mode` needs, each once, in the order they are listed: those
+    every server has, then those of `features` (`SERVERS`)."""
+    needs = NEEDS[mode]
+    names = list(dict.fromkeys(n.command for n in needs if n.feature is None))
     if allow_config_changes and mode in ("probe", "serve", "agent"):
         names += CONFIG_CHANGES
     if allow_scripts and mode in SCRIPT_MODES:
         names += SCRIPTS
-    return names
+    names += dict.fromkeys(n.command for n in needs if n.feature in features and n.feature)
+    return list(dict.fromkeys(names))
 
 
-VALKEY_9 = frozenset(n.command for needs in NEEDS.values() for n in needs if n.valkey_9)
+def feature_of(command: str) -> Feature | None:
+    """The feature whose servers alone have `command` (an ACL name), None for any server."""
+    return next((n.feature for ns in NEEDS.values() for n in ns if n.command == command), None)
 
 
-def valkey_9_commands(mode: Mode) -> list[str]:
-    """What `mode` needs on Valkey 9 and later beside `commands` (a rule Redis and older
-    Valkey refuse: `ACL SETUSER` fails on a subcommand it does not know)."""
-    return list(dict.fromkeys(n.command for n in NEEDS[mode] if n.valkey_9))
+def server_kind(info: object) -> str | None:
+    """The `SERVERS` kind an INFO server reply is of (the newest at or below its version),
+    None where it says no version."""
+    if not isinstance(info, bytes):
+        return None
+    fields = dict(line.partition(b":")[::2] for line in info.splitlines() if b":" in line)
+    # Valkey reports a redis_version (7.2.4) too: its own comes first.
+    for name, kind in ((b"valkey_version", "valkey"), (b"redis_version", "redis")):
+        if name in fields:
+            try:
+                version = tuple(int(p) for p in fields[name].strip().split(b".")[:2])
+            except ValueError:
+                return None
+            known = [k for k in SERVERS if k.startswith(kind + "-")]
+            at_most = [k for k in known if _version(k) <= version]
+            return max(at_most, key=_version) if at_most else None
+    return None
+
+
+def _version(kind: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in kind.split("-", 1)[1].split("."))
 
 
 def key_patterns(mode: Mode, prefix: str) -> list[str]:
@@ -230,13 +313,17 @@ def acl_rules(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
-    valkey_9: bool = False,
+    features: tuple[Feature, ...] = (),
 ) -> str:
     """The rules of `ACL SETUSER`: nothing but what `mode` needs (no `on`, no password;
-    `valkey_9`: with the rules only Valkey 9 and later accept)."""
+    `features`: with the rules only servers that have them accept, `SERVERS`)."""
     rules = ["resetkeys", "resetchannels", "-@all"]
-    granted = commands(mode, allow_config_changes=allow_config_changes, allow_scripts=allow_scripts)
-    granted += valkey_9_commands(mode) if valkey_9 else []
+    granted = commands(
+        mode,
+        allow_config_changes=allow_config_changes,
+        allow_scripts=allow_scripts,
+        features=features,
+    )
     rules += [f"+{c}" for c in granted]
     rules += [f"~{p}" for p in key_patterns(mode, prefix)]
     rules += [f"&{p}" for p in channel_patterns(mode, prefix, dbs)]
@@ -251,7 +338,7 @@ def acl_line(
     dbs: tuple[int, ...] = (0,),
     allow_config_changes: bool = False,
     allow_scripts: bool = False,
-    valkey_9: bool = False,
+    features: tuple[Feature, ...] = (),
 ) -> str:
     rules = acl_rules(
         mode,
@@ -259,7 +346,7 @@ def acl_line(
         dbs=dbs,
         allow_config_changes=allow_config_changes,
         allow_scripts=allow_scripts,
-        valkey_9=valkey_9,
+        features=features,
     )
     return f"ACL SETUSER {user} {rules}"
 
@@ -346,9 +433,13 @@ async def require(
     conn = await RespConnection.open(endpoint, timeout_s=timeout_s)
     try:
         needed, optional = await missing(conn, mode, prefix=prefix)
+        kind = None
+        if any(feature_of(c) for c in needed):  # the hint names the server's kind
+            (info,) = await conn.request(pack("INFO", "server"), 1)
+            kind = server_kind(info)
     finally:
         await conn.close()
-    _refuse(needed, endpoint, advise or mode, what)
+    _refuse(needed, endpoint, advise or mode, what, kind)
     return optional + await channels_refused(endpoint, mode, prefix=prefix, timeout_s=timeout_s)
 
 
@@ -394,15 +485,30 @@ def _checked(endpoint: Endpoint) -> bool:
     return endpoint.kind == "redis" and endpoint.username is not None
 
 
-def _refuse(needed: list[str], endpoint: Endpoint, mode: Mode, what: str) -> None:
-    """`mode`: the recipe that grants what is needed and everything else the user does."""
+def recipe_options(needed: list[str], kind: str | None = None) -> str:
+    """What `replag acl` needs beside --mode and --user to grant `needed` on a server of
+    `kind` (None: not known, the first kind that has them)."""
+    features = {f for c in needed if (f := feature_of(c)) is not None}
+    out = ""
+    if features - {"rejson"}:
+        if kind is None or not features - {"rejson"} <= set(SERVERS.get(kind, ())):
+            kind = next((k for k, fs in SERVERS.items() if features - {"rejson"} <= set(fs)), None)
+        out += f" --server {kind}" if kind else ""
+    return out + (" --rejson" if "rejson" in features else "")
+
+
+def _refuse(
+    needed: list[str], endpoint: Endpoint, mode: Mode, what: str, kind: str | None = None
+) -> None:
+    """`mode`: the recipe that grants what is needed and everything else the user does;
+    `kind`: the server's (`SERVERS`), for the options that grant what only it has."""
     if needed:
         user = endpoint.username or "default"
         names = ", ".join(c.upper() for c in needed)
         raise PermissionRefused(
             f"permission refused: {names} (user {user}): {what} needs "
             f"{'it' if len(needed) == 1 else 'them'}; `replag acl --mode {mode} --user {user}"
-            f"{' --valkey-9' if set(needed) & VALKEY_9 else ''}` "
+            f"{recipe_options(needed, kind)}` "
             "prints every rule it needs",
             where=f"{endpoint.name} ({endpoint.url()})",
         )

@@ -98,6 +98,44 @@ def _ttl(reply: Any) -> bool:
     return _int(reply) and reply >= -2
 
 
+KEY_COUNT = b"key-count"
+CLUSTER_SLOTS = 16384
+
+
+def slot_fields(entry: Any) -> dict[bytes, Any] | None:
+    """A CLUSTER SLOT-STATS row's fields: a map (RESP3) or a flat field/value array."""
+    if isinstance(entry, dict):
+        return {k if isinstance(k, bytes) else str(k).encode(): v for k, v in entry.items()}
+    if isinstance(entry, list) and len(entry) % 2 == 0:
+        return dict(zip(entry[::2], entry[1::2], strict=True))
+    return None
+
+
+def slot_key_count(fields: Any) -> Any:
+    """A CLUSTER SLOT-STATS row's key-count (None when absent): `[b"key-count", N]`, the
+    common RESP2 row, without building a map (16,384 rows a call)."""
+    if type(fields) is list and len(fields) == 2 and fields[0] == KEY_COUNT:
+        return fields[1]
+    got = slot_fields(fields)
+    return got.get(KEY_COUNT) if got is not None else None
+
+
+def _slot_stats(reply: Any) -> bool:
+    """At most 16384 [slot, fields] pairs, slots in 0..16383, each with a key-count."""
+    if type(reply) is not list or len(reply) > CLUSTER_SLOTS:
+        return False
+    for row in reply:
+        if type(row) is not list or len(row) != 2:
+            return False
+        slot, fields = row
+        if type(slot) is not int or not 0 <= slot < CLUSTER_SLOTS:
+            return False
+        count = slot_key_count(fields)
+        if type(count) is not int or count < 0:
+            return False
+    return True
+
+
 # command (upper case; with its subcommand where the subcommand decides) → (what it must
 # answer, the check).
 SHAPES: dict[str, tuple[str, Check]] = {
@@ -117,10 +155,15 @@ SHAPES: dict[str, tuple[str, Check]] = {
     "PTTL": ("an integer of at least -2", _ttl),
     "TTL": ("an integer of at least -2", _ttl),
     "TYPE": ("a type name", _text),
+    "GETRANGE": ("a bulk string", _text),
     "CLUSTER SHARDS": ("an array of shards, each an array of fields", _entries),
     "CLUSTER SLOTS": ("an array of slot ranges", _array),
     "CLUSTER NODES": ("a bulk string of node lines", _text),
     "CLUSTER INFO": ("a bulk string of key:value lines", _text),
+    "CLUSTER SLOT-STATS": (
+        "an array of at most 16384 [slot, fields] pairs, each with a non-negative key-count",
+        _slot_stats,
+    ),
     "CONFIG GET": ("an array of names and values", _bulks),
     "SENTINEL GET-MASTER-ADDR-BY-NAME": ("nil or an array of a host and a port", _address),
     "SENTINEL MASTERS": ("an array of masters, each an array of fields", _entries),
@@ -275,6 +318,42 @@ def check_request(endpoint: Endpoint, payload: bytes, replies: Sequence[Any]) ->
         if command is False:
             return
         check(endpoint, command, reply)
+
+
+def check_values(endpoint: Endpoint, reply: Any, keys: int) -> None:
+    """An MGET's reply in a pipelined batch: bulk strings and nils, one per key."""
+    if not _bulks_or_nils(reply):
+        raise wrong(endpoint, "MGET", SHAPES["MGET"][0], reply)
+    if len(reply) != keys:
+        raise wrong(endpoint, "MGET", f"{keys} values, one per key", reply)
+
+
+def check_each(endpoint: Endpoint, command: str, replies: Sequence[Any]) -> bool:
+    """The replies of a run of one command per key in a large pipeline (a batch's PTTLs),
+    each of its shape: integers checked together (the usual case), one by one only where
+    something else came (an error reply passes, as `check` lets it: False then)."""
+    expected, fits = SHAPES[command]
+    if all(type(r) is int for r in replies):
+        if fits in (_ttl, _count) and replies:
+            low = min(replies)
+            if not fits(low):
+                raise wrong(endpoint, command, expected, low)
+        return True
+    for reply in replies:
+        check(endpoint, (command,), reply)
+    return False
+
+
+def check_int_pairs(endpoint: Endpoint, command: str, reply: Any) -> None:
+    """A script's flat array of integer pairs (the TTL script's key index and PTTL)."""
+    if not (isinstance(reply, list) and len(reply) % 2 == 0 and all(_int(x) for x in reply)):
+        raise wrong(endpoint, command, "an array of integer pairs", reply)
+
+
+def check_indexes(endpoint: Endpoint, command: str, low: int, high: int, n: int) -> None:
+    """Indexes a script answered (1-based; their least and greatest) within its `n` keys."""
+    if low < 1 or high > n:
+        raise wrong(endpoint, command, f"key indexes from 1 to {n}", [low, high])
 
 
 def redis_py_callback(

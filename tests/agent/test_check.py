@@ -170,7 +170,7 @@ def test_check_and_repair_through_agents_find_and_fix_exactly_the_injected_keys(
     values_only = _replag("repair", "check", "-c", str(agents_lab.config), "--ttls", "ignore")
     assert values_only.returncode == 1, values_only.stderr
     assert "TTLs not compared" in values_only.stdout
-    assert f"{len(injected) - 1} divergent key(s)" in values_only.stdout
+    assert f"{len(injected) - 1} divergent keys" in values_only.stdout
 
     repaired = _replag("repair", "run", "-c", str(agents_lab.config), "--json")
     assert repaired.returncode == 0, repaired.stderr

@@ -24,7 +24,7 @@ from replag.repair import check, repair
 from replag.service.jobs import JobRunner
 from replag.store import Store
 from tests.helpers.redis_servers import RedisFactory, replica_of, wait_listed
-from tests.helpers.server_kinds import kind_binary, using_server_kind
+from tests.helpers.server_kinds import acl_server_args, kind_binary, using_server_kind
 
 USER, PASSWORD = "replag-acl", "acl-s3cret-pw"
 
@@ -38,8 +38,10 @@ def acl_kind(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
 
 
-def acl_line(mode: str) -> str:
-    result = CliRunner().invoke(main, ["acl", "--mode", mode, "--user", USER])
+def acl_line(mode: str, server: RedisServer | None = None) -> str:
+    """The line of `mode`, for `server`'s kind (`--server`) where given."""
+    kind = acl_server_args(server.port) if server is not None else []
+    result = CliRunner().invoke(main, ["acl", "--mode", mode, "--user", USER, *kind])
     assert result.exit_code == 0, result.output
     line = result.output.strip()
     assert line.startswith(f"ACL SETUSER {USER} ") and "\n" not in line
@@ -142,7 +144,7 @@ def _diverge(servers: list[RedisServer]) -> None:
 async def test_check_user(acl_kind: str, redis_factory: RedisFactory, tmp_path: Path) -> None:
     servers = [redis_factory("a"), redis_factory("b")]
     _diverge(servers)
-    create_user(servers, acl_line("check"))
+    create_user(servers, acl_line("check", servers[0]))
     config = config_of(tmp_path, _group(servers))
     report = await check(config, group="g")
     assert report.divergent == 7
@@ -158,7 +160,7 @@ async def test_repair_user(
 ) -> None:
     servers = [redis_factory("a"), redis_factory("b")]
     _diverge(servers)
-    create_user(servers, acl_line(mode))
+    create_user(servers, acl_line(mode, servers[0]))
     config = config_of(tmp_path, _group(servers))
     take_away(servers, "-restore")
     # Refused before any scan, naming what is missing, not after the scans.

@@ -27,7 +27,7 @@ from replag.topology import Endpoint
 from replag.wire.permissions import MODES
 from tests.helpers.agent import OPTIONS, scanned_tree
 from tests.helpers.redis_servers import RedisFactory, wait_listed
-from tests.helpers.server_kinds import kind_binary, using_server_kind
+from tests.helpers.server_kinds import acl_server_args, kind_binary, using_server_kind
 from tests.helpers.waiting import until
 
 USER, PASSWORD = "replag-recipe", "recipe-s3cret-pw"
@@ -50,7 +50,7 @@ def printed(*args: str) -> tuple[str, str]:
 
 
 def make_user(server: RedisServer, mode: str) -> redis.Redis:
-    line, _ = printed("--mode", mode, "--user", USER)
+    line, _ = printed("--mode", mode, "--user", USER, *acl_server_args(server.port))
     with server.client() as admin:
         admin.execute_command(*shlex.split(line), "on", f">{PASSWORD}")
         admin.config_set("masterauth", ADMIN_SECRET)

@@ -11,7 +11,8 @@ at each resume. Each object given gets its trail (the config, its settings, ...)
 `Trail.places` are the distinct functions (`module:qualname`); `Trail.returns` counts
 how often the config came back to a module it had already left (engine → group_run →
 engine is one return). Run as a script, it starts three redis-servers, runs a check,
-a repair and a rebuild, and prints their figures and trails:
+a repair and a rebuild, then a probe of a primary and its replica, and prints their
+figures and trails:
 
     python3 -m tests.helpers.config_trail
 """
@@ -31,12 +32,14 @@ from pathlib import Path
 from types import CellType, CodeType, FrameType, FunctionType, MethodType
 from typing import Any
 
+from replag.config import Config, config_from_dict
 from replag.lab.server import RedisServer
+from replag.probes import run_probe
 from replag.repair import check, repair
 from replag.repair.rebuild import rebuild
 from replag.store import Store
 from tests.helpers.configs import group_config
-from tests.helpers.redis_servers import start_redis
+from tests.helpers.redis_servers import primary_and_replicas, start_redis
 
 # How many steps from an argument down to the config still count as "carrying" it.
 DEPTH = 6
@@ -181,6 +184,32 @@ async def run_trails(
     return trail, settings
 
 
+def probe_config(workdir: Path, primary: RedisServer, replicas: Sequence[RedisServer]) -> Config:
+    """Region "a" writing to `primary`, its `replicas` observed."""
+    data = {
+        "settings": {"store": str(workdir / "replag.sqlite"), "connect_timeout": "2s"},
+        "regions": [
+            {"name": "a", "write": primary.url, "replicas": [r.url for r in replicas]},
+        ],
+    }
+    return config_from_dict(data, where="test")
+
+
+async def probe_trail(
+    workdir: Path, primary: RedisServer, replicas: Sequence[RedisServer], *, count: int = 5
+) -> Trail:
+    """One probe run (`run_probe`) from region "a", with a store: the trail of its config."""
+    config = probe_config(workdir, primary, replicas)
+    store = Store(workdir / "replag.sqlite")
+    try:
+        with follow(config) as (trail,):
+            report = await run_probe(config, count=count, rate=200.0, store=store)
+        assert report.pairs and not report.unreachable, report.unreachable
+    finally:
+        store.close()
+    return trail
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -200,6 +229,9 @@ def main() -> None:
         finally:
             for s in servers:
                 s.stop()
+        with primary_and_replicas(workdir / "probe", replicas=1) as (primary, replica):
+            probe = asyncio.run(probe_trail(workdir, primary, [replica]))
+            print("probe: the config:", probe.summary())
 
 
 if __name__ == "__main__":

@@ -122,3 +122,16 @@ def module_arguments() -> list[str]:
     empty where the wheel is missing."""
     module = falkordb_module()
     return ["--loadmodule", module] if module else []
+
+
+def acl_server_args(port: int) -> list[str]:
+    """`replag acl`'s `--server KIND` for the server at `port` (what its kind has beyond
+    the default line: hash-field TTLs, vector sets), [] where it has nothing more."""
+    import redis
+
+    from replag.wire.permissions import SERVERS, server_kind
+
+    with redis.Redis(port=port) as client:
+        info = client.info("server")  # parsed by redis-py: put back as the server says it
+    kind = server_kind("".join(f"{k}:{v}\r\n" for k, v in info.items()).encode())
+    return ["--server", kind] if kind and SERVERS[kind] else []

@@ -206,6 +206,10 @@ async def test_replica_down_is_reported_not_raised(lab_factory: LabFactory) -> N
     assert [(b["kind"], b["replica"]) for b in report.breaches] == [("unreachable", "c-1")]
     assert "unreachable" in report.unreachable[0]["error"]
     assert next(p for p in report.pairs if p.target == "b").seen == 10
+    # None of its probes seen: all lost, in the windows stored (what the API and the
+    # dashboard read) as in the report, never "0 lost" for a stopped replica.
+    down = next(p for p in report.pairs if p.target == "c")
+    assert (down.sent, down.seen, down.lost) == (10, 0, 10)
 
 
 async def test_runs_are_appended_to_the_store(lab_factory: LabFactory, tmp_path: Path) -> None:
@@ -530,3 +534,22 @@ async def test_a_late_reader_still_measures_a_burst_at_its_lag(
     assert all(s.lag_ns + s.uncertainty_ns >= 29_900_000 for s in samples)
     # Each sample carries its write's round trip, half of which its uncertainty includes.
     assert all(0 < s.write_ns <= 2 * s.uncertainty_ns + 1 for s in samples)
+
+
+@pytest.mark.parametrize("burst_s", [5.0, 0.0])
+async def test_the_poll_goes_back_to_back_after_each_write_then_by_the_interval(
+    lab_factory: LabFactory, monkeypatch: pytest.MonkeyPatch, burst_s: float
+) -> None:
+    """With a 10 s poll interval, keys are seen within the 3 s timeout only because each
+    write wakes the poll and its rounds go back to back for POLL_BURST_S after it (5 s
+    here, to hold on a loaded host); with the burst off, the first round after the
+    writes comes 10 s later: every key lost (the control)."""
+    from replag.probes import observers
+
+    monkeypatch.setattr(observers, "POLL_BURST_S", burst_s)
+    state = lab_factory(regions=("a", "b"))
+    config = load_config(Path(state["dir"]) / "topology.toml")
+    config = dataclasses.replace(config, settings=config.settings.replace(poll_interval=10.0))
+    report = await run_probe(config, count=10, rate=50, mode="poll", timeout_s=3)
+    seen = {p.replica: p.seen for p in report.pairs}
+    assert seen and all(n == (10 if burst_s else 0) for n in seen.values()), report.to_dict()

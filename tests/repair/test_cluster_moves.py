@@ -11,9 +11,11 @@ times under load.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 import redis
 import tomli_w
@@ -24,10 +26,11 @@ from replag.config import Config, load_config
 from replag.discovery.cluster import discover_cluster
 from replag.repair import check, repair
 from replag.repair.keyspace.progress import RepairProgress
-from replag.repair.keyspace.slots import key_slot
+from replag.repair.keyspace.slots import key_slot, ranges
+from replag.schemas import schema, versioned
 from replag.service import ReplagService
 from replag.store import Store
-from replag.wire.permissions import acl_line
+from replag.wire.permissions import SERVERS, acl_line
 from tests.helpers.redis_cluster import RedisClusterNodes, start_cluster, wait_cluster_whole
 from tests.helpers.reshard import (
     UNREPLICATED,
@@ -176,7 +179,8 @@ def _recipe_config(cluster: RedisClusterNodes, tmp_path: Path, found: str) -> Pa
 async def test_the_check_recipe_finds_a_stray_and_a_refused_read_is_not_verified(
     cluster: RedisClusterNodes, tmp_path: Path
 ) -> None:
-    line = acl_line("check", USER, prefix="replag:probe:", valkey_9=_is_valkey(cluster))
+    kind = "valkey-9" if _is_valkey(cluster) else "redis-8"
+    line = acl_line("check", USER, prefix="replag:probe:", features=SERVERS[kind])
     _users(cluster, USER, "reset", "on", f">{PASSWORD}", *line.split()[3:])
     found = (await discover_cluster(cluster.url, timeout_s=5)).render()
     path = _recipe_config(cluster, tmp_path, found)
@@ -220,6 +224,64 @@ async def test_the_check_recipe_finds_a_stray_and_a_refused_read_is_not_verified
             await asyncio.to_thread(move_slot, cluster, slot, dest, source)
             _users(cluster, USER, "off")
     await repair(await cluster_config(cluster, tmp_path))
+
+
+async def test_slot_counts_name_the_slots_a_replica_missed_and_serve_exports_them(
+    cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    """CLUSTER SLOT-STATS, primary against replica: keys the replica missed in three
+    slots and one it holds alone in a fourth are named by slot, exactly (a quiet
+    cluster: one replication offset); a slot where it misses one key and holds
+    another counts the same and is not named (the check finds both keys); the
+    service's gauges carry the totals per replica."""
+    config = await cluster_config(cluster, tmp_path)
+    slots = [_served_slot(cluster, 0, nth=40 + i) for i in range(5)]
+    keys = [f"sc:{{{tag_in(s, s)}}}" for s in slots]
+    missing = [keys[0] + ":a", keys[0] + ":b", keys[1] + ":a", keys[2] + ":a"]
+    extra, swapped = keys[3] + ":alone", [keys[4] + ":gone", keys[4] + ":kept"]
+    source = primary_of(cluster, keys[0])
+    with source:
+        for key in (extra, swapped[1]):
+            source.set(key, "the replica keeps it")
+        source.execute_command("WAIT", 1, 5000)
+        for key in (*missing, swapped[0]):
+            source.eval(UNREPLICATED, 1, key, "only on the primary")
+        for key in (extra, swapped[1]):
+            source.eval(UNREPLICATED, 1, key, "")
+        replica_name = f"127.0.0.1:{cluster.replicas[0].port}"
+    report = await check(config)
+    body = report.to_dict()
+    assert {k["key"] for k in body["divergent_keys"]} == {*missing, extra, *swapped}, body
+    jsonschema.validate(json.loads(json.dumps(versioned(body))), schema("check"))
+    rows = {r["member"]: r for g in report.groups for r in g.slot_counts}
+    assert len(rows) == len(cluster.replicas), rows  # every replica compared, none skipped
+    (differing,) = [r for r in rows.values() if r["slots_differing"]]
+    assert replica_name in differing["member"], differing
+    assert differing["slots"] == [list(r) for r in ranges(slots[:4])], differing
+    assert (differing["key_difference"], differing["replica_minus_primary"]) == (5, -3)
+    assert differing["exact"] and differing["unconfirmed"] == 0, differing
+    assert {(e["slot"], e["primary"], e["replica"]) for e in differing["examples"]} == {
+        (slots[0], 2, 0), (slots[1], 1, 0), (slots[2], 1, 0), (slots[3], 0, 1)
+    }  # fmt: skip
+    assert all(g.slot_counts_missing is None for g in report.groups)
+    text = report.render()
+    (line,) = [x for x in text.splitlines() if "slot counts:" in x]
+    assert "in 4 slots, 5 keys (-3 on the replica; at one replication offset)" in line, line
+    store = Store(tmp_path / "svc.sqlite")
+    service = ReplagService(config, store=store)
+    try:
+        job = await service.wait_job(service.start_job("check", None).id)
+        assert job.state == "done", job.to_dict()
+        metrics = service.metrics.render().decode()
+    finally:
+        await service.stop()
+        store.close()
+    gauges = [x for x in metrics.splitlines() if x.startswith("replag_slot_count_")]
+    assert len(gauges) == 2 * len(cluster.replicas), gauges  # per replica, never per slot
+    mine = sorted(x.split("} ")[1] for x in gauges if differing["member"] in x)
+    assert mine == ["4.0", "5.0"], gauges
+    fixed = (await repair(config)).to_dict()
+    assert fixed["repaired"] == 7 and fixed["errors"] == 0, fixed
 
 
 async def test_every_database_holding_keys_is_discovered_and_checked_on_valkey_9(

@@ -68,7 +68,7 @@ async def test_the_majority_repairs_dropped_sets_and_deletes(
                                                            "--dry-run"])  # fmt: skip
     assert human.exit_code == 1 and "dynomite, policy majority" in human.output
     assert "would copy, would delete, left" in human.output
-    assert "would repair 20 key(s): --keys-out FILE lists each" in human.output
+    assert "would repair 20 keys: --keys-out FILE lists each" in human.output
     with node3.backend.client() as rack3:
         assert rack3.exists(*[f"gone:{i}" for i in range(10)]) == 10  # untouched
 

@@ -219,7 +219,7 @@ async def test_a_database_with_keys_is_checked_or_said_to_be_unchecked(
     shown = await asyncio.to_thread(CliRunner().invoke, main, ["repair", "check", "-c", str(path)])
     assert shown.exit_code == 1, shown.output
     assert f"{primary.name} (127.0.0.1:{primary.port}) db3: 100 keys" in shown.output, shown.output
-    assert "NOT CLEAN: 2 database(s) holding keys were not checked" in shown.output
+    assert "NOT CLEAN: 2 databases holding keys were not checked" in shown.output
     as_json = await asyncio.to_thread(
         CliRunner().invoke, main, ["repair", "check", "-c", str(path), "--json"]
     )

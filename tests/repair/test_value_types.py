@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,7 +170,7 @@ async def test_vector_sets_by_content_and_module_types_named(
     # (in a thread: the command runs its own event loop)
     text = await asyncio.to_thread(runner.invoke, main, ["repair", "check", "--config", str(path)])
     assert text.exit_code == 1, text.output
-    assert "not compared" in text.output and "graphdata: 1 key(s)" in text.output
+    assert "not compared" in text.output and "graphdata: 1 key" in text.output
     assert "'g:same'" in text.output and "NOT CLEAN" in text.output
     assert "changing while read" not in text.output
     out = await asyncio.to_thread(
@@ -414,7 +415,10 @@ async def test_a_replication_group_is_fixed_through_its_primary(tmp_path: Path) 
 
 
 async def test_serve_does_not_record_a_run_with_values_not_compared_as_clean(
-    tmp_path: Path, peers: list[RedisServer], clients: list[redis.Redis]
+    tmp_path: Path,
+    peers: list[RedisServer],
+    clients: list[redis.Redis],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     a, b, _ = clients
     for client in (a, b):
@@ -434,6 +438,28 @@ async def test_serve_does_not_record_a_run_with_values_not_compared_as_clean(
         )
         run = get_run(store, job.run_id or "")
         assert run is not None and run["report"]["not_compared_total"] == 1
+        # Health names it as it names divergence, and the round logs it once (WARNING).
+        health = service.health()
+        assert health["status"] != "ok"
+        (problem,) = [p for p in health["problems"] if p["kind"] == "not_compared"]
+        assert problem["group"] == "g" and problem["severity"] == "warning"
+        assert "1 key not compared (graphdata: 1)" in problem["message"]
+        assert job.run_id in problem["message"]
+        with caplog.at_level(logging.INFO, logger="replag.service"):
+            await service.findings.after_round()
+            await service.findings.after_round()
+        warned = [r for r in caplog.records if "not compared" in r.getMessage()]
+        assert [r.levelno for r in warned] == [logging.WARNING]
+        # A later run that compares everything clears it.
+        for client in (a, b):
+            client.delete("g:same")
+        job = await service.wait_job(service.start_job("check", "g").id)
+        assert (job.state, job.divergent, job.not_compared) == ("done", 0, 0)
+        assert not [p for p in service.health()["problems"] if p["kind"] == "not_compared"]
+        with caplog.at_level(logging.INFO, logger="replag.service"):
+            await service.findings.after_round()
+        assert any("problem gone" in r.getMessage() and "not compared" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
     finally:
         await service.stop()
         store.close()

@@ -172,6 +172,8 @@ async def test_api_shows_state_rpo_and_series(svc: ReplagService) -> None:
         ).json()
         assert sum(p["samples"] for p in series["points"]) == 2
         assert all(p["link_up_ratio"] == 0 for p in series["points"])
+        # The lab's replicas are read-only, and each stored sample says so.
+        assert all(p["read_only"] is True for p in series["points"])
         assert max(p["bytes_behind_max"] for p in series["points"]) > 2000
         unknown = await client.get("/api/v1/replication/series?source=a&replica=nope")
         assert unknown.status_code == 404 and "a/b-1" in unknown.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -171,3 +172,33 @@ def test_a_failing_command_s_last_word_is_a_json_line_too(tmp_path: Path) -> Non
         assert all(set(e) >= KEYS for e in entries)
         last = entries[-1]
         assert last["level"] == "error" and "unreachable" in last["message"], out.stderr
+
+
+HUMAN = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S"
+)
+
+
+def test_a_servers_human_lines_have_one_format(tmp_path: Path) -> None:
+    """uvicorn's lines (its start, its stop) come in replag's format, not `INFO:     …`."""
+    config = closed_ports_config(tmp_path)
+    proc = subprocess.Popen(
+        replag_argv("serve", "--config", str(config), "--port", str(free_port())),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=replag_env({}),
+    )
+    assert proc.stderr is not None
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if "Uvicorn running" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    lines += rest.splitlines()
+    assert any("Uvicorn running" in x and " uvicorn.error: " in x for x in lines), lines
+    assert [x for x in lines if x and not HUMAN.match(x)] == [], lines

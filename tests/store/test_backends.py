@@ -24,6 +24,7 @@ from replag.repair.runs import RUNNING, RunLog, count_runs, get_run, list_runs
 from replag.repair.scan.scanner import ScanProgress
 from replag.repair.trees.tictac import TictacTree
 from replag.replication import history
+from replag.replication.rpo import assess_failover
 from replag.replication.state import PrimaryState, ReplicaState, ReplicationSnapshot
 from replag.store import Store, parse_location
 from replag.store.migrations import MIGRATIONS, latest_version
@@ -225,6 +226,37 @@ def test_replication_history(store: Store) -> None:
         "replication_replicas": 1,
         "failover_events": 1,
     }
+
+
+def test_a_stored_sample_keeps_what_the_failover_advice_reads(store: Store) -> None:
+    """A writable replica, a syncing one and a priority-0 one, read back from the store:
+    the advice of that past moment passes each over, as the live one did."""
+    replicas = (
+        ReplicaState(replica="w", region="b", address="", status="ok", bytes_behind=0,
+                     offset=1000, read_only=False, priority=100),
+        ReplicaState(replica="s", region="b", address="", status="syncing", bytes_behind=0,
+                     sync_in_progress=True, read_only=True, error="a full resync"),
+        ReplicaState(replica="z", region="b", address="", status="ok", bytes_behind=0,
+                     offset=1000, read_only=True, priority=0),
+        ReplicaState(replica="u", region="b", address="", status="ok", bytes_behind=0,
+                     offset=1000),
+    )  # fmt: skip
+    primary = PrimaryState(
+        source="a", primary="p", address="h:1", sampled_ns=5, offset=1000, replicas=replicas
+    )
+    history.record_snapshot(store, ReplicationSnapshot(primaries=[primary]))
+    [stored] = history.latest_primaries(store)
+    got = {r.replica: r for r in stored.replicas}
+    assert (got["w"].read_only, got["w"].priority) == (False, 100)
+    assert got["s"].sync_in_progress and got["s"].error == "a full resync"
+    assert (got["z"].read_only, got["z"].priority) == (True, 0)
+    assert got["u"].read_only is None and not got["u"].sync_in_progress
+    advice = assess_failover(stored, lag_p99_ms={})
+    passed = {c.replica: c.reason for c in advice.candidates if not c.eligible}
+    assert "writable" in (passed["w"] or "")
+    assert "a full resync" in (passed["s"] or "")
+    assert "replica-priority 0" in (passed["z"] or "")
+    assert advice.safest is not None and advice.safest.replica == "u"
 
 
 def test_dynomite_stats(store: Store) -> None:

@@ -38,3 +38,36 @@ def test_serve_on_another_configs_store_is_one_line_and_exit_2(tmp_path: Path) -
     (line,) = proc.stderr.strip().splitlines()
     assert f"holds the data of another config ({tmp_path / 'other.toml'})" in line
     assert "store_shared = true" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("repair", "check"), ("repair", "run"), ("probe",)],
+    ids=["check", "run", "probe"],
+)
+def test_a_cli_run_into_another_configs_store_is_one_line_and_exit_2(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """The CLI's runs write into the store as serve does (runs, windows, gauges the
+    dashboard reads): the same claim, before any Redis is asked."""
+    store = tmp_path / "s.sqlite"
+    with Store(store) as s:
+        claim_for_config(s, str(tmp_path / "other.toml"), shared=False, where=str(store))
+    config = tmp_path / "mine.toml"
+    data = {
+        "settings": {"store": str(store)},
+        "regions": [{"name": "us-east", "write": f"redis://127.0.0.1:{free_port()}"}],
+    }
+    config.write_text(tomli_w.dumps(data))
+    proc = run_replag(*args, "--config", str(config), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"holds the data of another config ({tmp_path / 'other.toml'})" in line
+    # Shared on purpose: the claim passes (the run then finds no Redis, and says so).
+    data["settings"]["store_shared"] = True
+    config.write_text(tomli_w.dumps(data))
+    proc = run_replag(*args, "--config", str(config), timeout=60)
+    assert "another config" not in proc.stderr
+    with Store(store) as s:
+        claimed = {str(r.config) for r in s.execute("SELECT config FROM store_configs")}
+    assert str(config.resolve()) in claimed

@@ -600,8 +600,10 @@ function sparkline(points, backlog, width = 180, height = 28) {
       if (p.link_up_ratio < 1) root.append(svg("rect", { class: "spark-down", x: x(p.t_ns) - 1, y: 0, width: 2, height }));
     });
   }
+  const writable = points.filter((p) => p.read_only === false).length;
   root.append(svg("title", {}, `most behind per step over the range: peak ${fmtBytes(Math.max(0, ...values))}` +
-    (backlog ? `; scale: the ${fmtBytes(backlog)} backlog or the peak, whichever is larger` : "")));
+    (backlog ? `; scale: the ${fmtBytes(backlog)} backlog or the peak, whichever is larger` : "") +
+    (writable ? `; WRITABLE (replica-read-only no) in ${writable} ${writable === 1 ? "step" : "steps"}` : "")));
   return root;
 }
 

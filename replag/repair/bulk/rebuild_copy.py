@@ -79,6 +79,27 @@ class RebuildPlan:
 
 
 SOURCE_SHARE = 4  # of check_memory_mb, for the source's key hashes (`SourceKeys`)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebuildOptions:
+    """What a rebuild's copy reads of the settings (`of`): the same as a repair run's bulk
+    refill, its throttle, and the memory its source's key hashes may hold."""
+
+    refill: RefillOptions
+    rate: float | None  # keys/s: the lower of scan_rate and repair_rate, if either is set
+    source_memory_bytes: int  # a quarter of check_memory_mb, the rest spilled
+
+    @classmethod
+    def of(cls, s: Settings) -> RebuildOptions:
+        limits = [r for r in (s.scan_rate, s.repair_rate) if r]
+        return cls(
+            refill=RefillOptions.of(s),
+            rate=min(limits) if limits else None,
+            source_memory_bytes=(s.check_memory_mb << 20) // SOURCE_SHARE,
+        )
+
+
 SCAN_AHEAD = 8  # SCAN batches read ahead of the copy
 # The closing pass is a whole `repair run` when the copy left more than this share
 # (1/N) of the source's keys to it.
@@ -134,7 +155,7 @@ class Rebuild:
 
     def __init__(
         self,
-        settings: Settings,
+        options: RebuildOptions,
         group: ReplicaGroup,
         target: Endpoint,
         source: Endpoint | None,
@@ -142,22 +163,19 @@ class Rebuild:
         rate: float | None,
         progress: ProgressCallback | None,
     ) -> None:
-        s = settings
         self.group, self.target = group, target
         self.peers = [m for m in group.members if m.name != target.name]
         self.source = source
-        # What the copy reads of the settings (the same as a repair run's bulk refill).
-        self.options = RefillOptions.of(s)
+        self.options = options.refill
         self.timeout_s = self.options.pages.timeout_s
         self.tolerance_ms = self.options.pages.tolerance_ms
         self.prefix = self.options.pages.prefix
-        limits = [r for r in (s.scan_rate, s.repair_rate) if r]
-        self.rate = (rate or None) if rate is not None else (min(limits) if limits else None)
+        self.rate = (rate or None) if rate is not None else options.rate
         self.progress = progress
         self.counts = BatchResult()
         self.big_copied = 0
         # What the source's scan returned: a quarter of check_memory_mb, the rest spilled.
-        self.source_keys = SourceKeys(memory_bytes=(s.check_memory_mb << 20) // SOURCE_SHARE)
+        self.source_keys = SourceKeys(memory_bytes=options.source_memory_bytes)
         self.resumed = False  # then what the copy handed back before is not known
         # Per peer: how many of the source's keys it held when read; its write counters
         # and size before the copy (`bulk.closing.quiet`).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replag.plural import count, plural
 from replag.repair.decisions.not_compared import EXAMPLES
 from replag.repair.trees.diff import KINDS
 
@@ -42,6 +43,33 @@ def key_finding(kind: str, detail: dict[str, Any]) -> str:
     return "extra" if found == {"extra"} else "missing"
 
 
+def _slot_count_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per replica whose key count differs from its primary's in some slots: where, by how
+    much, and what that does and does not say."""
+    lines: list[str] = []
+    for row in rows:
+        if not row["slots_differing"]:
+            continue
+        named = ", ".join(
+            f"{e['slot']} ({e['primary']} vs {e['replica']})" for e in row["examples"]
+        )
+        more = ", …" if row["slots_differing"] > len(row["examples"]) else ""
+        how = "at one replication offset" if row["exact"] else "the same at two reads"
+        lines.append(
+            f"  slot counts: {row['member']} differs from {row['primary']} in "
+            f"{count(row['slots_differing'], 'slot')}, {count(row['key_difference'], 'key')} "
+            f"({row['replica_minus_primary']:+d} on the replica; {how}): "
+            f"slot (primary vs replica) {named}{more}"
+        )
+        if row["unconfirmed"]:
+            lines.append(
+                f"    {row['unconfirmed']} more {plural('slot', row['unconfirmed'])} differed at "
+                "one read only "
+                "(writes in flight): not named"
+            )
+    return lines
+
+
 def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Keys in slots the shard does not serve: where, who serves the slots, what fixes them."""
     lines = []
@@ -49,7 +77,8 @@ def _stray_lines(rows: list[dict[str, Any]]) -> list[str]:
         slots = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in row["slots"])
         named = ", ".join(repr(k.get("key", k.get("key_b64"))) for k in row["examples"])
         lines.append(
-            f"  {row['member']} holds {row['keys']} key(s) in slots this shard does not serve: "
+            f"  {row['member']} holds {count(row['keys'], 'key')} in slots this shard does not "
+            "serve: "
             f"{slots} (served by {row['served_by']}, {row['served_at']}); e.g. {named}"
         )
         lines.append("    " + _stray_advice(row))
@@ -122,8 +151,9 @@ def _stuck_line(move: dict[str, Any]) -> str:
         )
     return (
         f"  stuck slot move: {slots} marked migrating on {move['migrating']} and importing on "
-        f"{move['importing']}, and no key moved during the run ({move['keys_migrating']} "
-        f"key(s) left there, {move['keys_importing']} moved): not a live move (a reshard "
+        f"{move['importing']}, and no key moved during the run "
+        f"({count(move['keys_migrating'], 'key')} left there, {move['keys_importing']} moved): "
+        "not a live move (a reshard "
         f"interrupted, by a failover say), so compared; if no reshard is running, {fix}"
     )
 
@@ -181,6 +211,11 @@ class GroupReport:
     slots_not_compared: list[tuple[int, int]] = field(default_factory=list)
     # Redis Cluster: keys members hold in slots the shard does not serve (`stray_slots`).
     stray_keys: list[dict[str, Any]] = field(default_factory=list)
+    # Redis Cluster on Valkey 8+ / Redis 8.2+: per replica, the slots whose key count
+    # differs from its primary's (`slot_counts`); a signal beside the findings.
+    slot_counts: list[dict[str, Any]] = field(default_factory=list)
+    # ... or why they were not compared (the server has no CLUSTER SLOT-STATS).
+    slot_counts_missing: str | None = None
     # Redis Cluster: migrating/importing marks with no move under way (their slots were
     # compared): {node, slots}.
     stale_marks: list[dict[str, Any]] = field(default_factory=list)
@@ -244,6 +279,8 @@ class GroupReport:
             "per_replica": self.per_replica,
             "slots_not_compared": [list(r) for r in self.slots_not_compared],
             "stray_keys": self.stray_keys,
+            "slot_counts": self.slot_counts,
+            "slot_counts_missing": self.slot_counts_missing,
             "stale_marks": self.stale_marks,
             "stuck_moves": self.stuck_moves,
             "slot_migrations": self.slot_migrations,
@@ -399,7 +436,7 @@ class RepairReport:
             extras.append(f"{changing} changing while read (being written; not compared)")
         if d["reverified"]:
             extras.append(
-                f"resumed: {d['reverified']} key(s) repaired before read again, "
+                f"resumed: {count(d['reverified'], 'key')} repaired before read again, "
                 f"{d['differed_again']} differed again"
             )
         if extras:
@@ -427,22 +464,34 @@ class RepairReport:
                 lines.append(f"  {group} {name!r} {k['kind']} {k['status']}{reason}")
         lines += self._unchecked()
         lines += self._not_compared_lines()
-        done = f"{self.divergent} divergent key(s) in {self.seconds:.1f} s"
+        lines += self._slot_counts_missing()
+        done = f"{count(self.divergent, 'divergent key')} in {self.seconds:.1f} s"
         if self.unchecked_databases:
             n = len(self.unchecked_databases)
-            done += f"; NOT CLEAN: {n} database(s) holding keys were not checked (above)"
+            done += f"; NOT CLEAN: {count(n, 'database')} holding keys were not checked (above)"
         strays = sum(row["keys"] for g in self.groups for row in g.stray_keys)
         if strays:
-            done += f"; NOT CLEAN: {strays} key(s) in slots their shard does not serve (above)"
+            done += (
+                f"; NOT CLEAN: {count(strays, 'key')} in slots their shard does not serve (above)"
+            )
         if self.not_verified:
             done += "; NOT VERIFIED: the check could not see everything it needs (above)"
         if self.not_compared_keys:
             done += (
-                f"; NOT CLEAN: {self.not_compared_keys} key(s) whose values could not be "
+                f"; NOT CLEAN: {count(self.not_compared_keys, 'key')} whose values could not be "
                 "compared (above)"
             )
         lines += ["", done]
         return "\n".join(lines)
+
+    def _slot_counts_missing(self) -> list[str]:
+        """Said once a run, with the first group's reason: groups whose slot counts were
+        not compared (a server without CLUSTER SLOT-STATS, or a user refused it)."""
+        missing = [g.slot_counts_missing for g in self.groups if g.slot_counts_missing]
+        if not missing:
+            return []
+        groups = count(len(missing), "group")
+        return ["", f"slot counts not compared in {groups}: {missing[0]}"]
 
     def _not_compared_lines(self) -> list[str]:
         rows = self.not_compared()
@@ -456,7 +505,10 @@ class RepairReport:
         for row in rows:
             named = ", ".join(repr(k["key"]) for k in row["examples"])
             more = ", …" if row["keys"] > len(row["examples"]) else ""
-            lines.append(f"  {row['type']}: {row['keys']:,} key(s) ({row['why']}): {named}{more}")
+            lines.append(
+                f"  {row['type']}: {count(row['keys'], 'key', fmt=',')} ({row['why']}): "
+                f"{named}{more}"
+            )
         return lines
 
     def _unchecked(self) -> list[str]:
@@ -490,7 +542,10 @@ class RepairReport:
         verb = "would repair" if self.dry_run else "repaired"
         named = [(g.group, k) for g in self.groups for k in g.keys if k.get("status") == done]
         if total > KEYS_NAMED or len(named) < total:
-            return ["", f"{verb} {total} key(s): --keys-out FILE lists each, with what was done"]
+            return [
+                "",
+                f"{verb} {count(total, 'key')}: --keys-out FILE lists each, with what was done",
+            ]
         lines = ["", f"{verb}:"]
         for group, k in named:
             name = k.get("key", k.get("key_b64", "?"))
@@ -527,6 +582,7 @@ class RepairReport:
             lines += [_stuck_line(m) for m in g.stuck_moves]
             lines += _migration_lines(g.slot_migrations)
             lines += _stray_lines(g.stray_keys)
+            lines += _slot_count_lines(g.slot_counts)
             if g.topology_changed:
                 lines.append(
                     f"  topology changed: {g.topology_changed}; nothing of this group is "

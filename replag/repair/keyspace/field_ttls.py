@@ -26,7 +26,6 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from replag.repair.keyspace.digest import _mix
 from replag.repair.keyspace.native import hash_each
 from replag.wire.resp import RespConnection, pack
 
@@ -40,7 +39,6 @@ PLAIN_ENCODINGS = (b"listpack", b"ziplist")
 # Field names kept for the report up to this many fields with a TTL (beyond: hashes).
 NAMED_FIELDS = 1000
 FIELDS_PER_COMMAND = 1000
-_MASK = (1 << 64) - 1
 _h64 = xxhash.xxh3_64_intdigest
 
 
@@ -98,15 +96,6 @@ async def db_has_field_ttls(conn: RespConnection) -> bool:
 _FEW = 32
 
 
-def _mix_int(x: int) -> int:
-    """digest._mix of one integer."""
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
 def field_hashes(names: Sequence[bytes]) -> U64:
     return hash_each(list(names))
 
@@ -119,6 +108,8 @@ class FieldExpiries:
     hashes: U64  # sorted
     expiry_ms: I64
     names: tuple[bytes, ...] | None = field(default=None, repr=False)
+    # `of` a few fields: (hashes, expiries) as plain integers too.
+    _few: tuple[list[int], list[int]] | None = field(default=None, repr=False, init=False)
 
     @classmethod
     def of(
@@ -133,12 +124,17 @@ class FieldExpiries:
         if not names:
             return None
         if len(names) <= _FEW:
-            rows = sorted(zip(map(_h64, names), names, np.asarray(expiry_ms).tolist(), strict=True))
-            return cls(
-                np.array([r[0] for r in rows], dtype=np.uint64),
-                np.array([r[2] for r in rows], dtype=np.int64),
+            times = expiry_ms.tolist() if isinstance(expiry_ms, np.ndarray) else expiry_ms
+            rows = sorted(zip(map(_h64, names), names, times, strict=True))
+            few = ([r[0] for r in rows], [int(r[2]) for r in rows])
+            made = cls(
+                np.array(few[0], dtype=np.uint64),
+                np.array(few[1], dtype=np.int64),
                 tuple(r[1] for r in rows),
             )
+            # The same as plain integers, for `bucket_digest` (no array calls per hash).
+            object.__setattr__(made, "_few", few)
+            return made
         hashes = field_hashes(names)
         order = np.argsort(hashes, kind="stable")
         named = every_name or len(names) <= NAMED_FIELDS
@@ -149,21 +145,20 @@ class FieldExpiries:
         return len(self.hashes)
 
     def bucket_digest(self, bucket_ms: int) -> int:
-        """What a tree's entry for the hash mixes in: each field with its expiry's bucket,
-        combined in any order (the exact comparison, with the tolerance, is `differing`)."""
+        """What a tree's entry for the hash mixes in: each field (by its name's hash, the
+        fields in that order: any order they were read in) with its expiry's bucket. The
+        exact comparison, with the tolerance, is `differing`."""
         width = max(int(bucket_ms), 1)
-        if len(self.hashes) <= _FEW:
-            # A few fields (the common hash): plain integers, the same result as the arrays
-            # give, without their cost per call (tens of µs, per hash of a scan).
-            total = xor = 0
-            for h, e in zip(self.hashes.tolist(), self.expiry_ms.tolist(), strict=True):
-                m = _mix_int(h ^ _mix_int(((e // width) + 0x632BE59BD9B4E019) & _MASK))
-                total, xor = (total + m) & _MASK, xor ^ m
-            return int(_h64(b"fttl" + struct.pack("<QQ", total, xor)))
-        buckets = (self.expiry_ms // np.int64(width)).astype(np.uint64)
-        mixed = _mix(self.hashes ^ _mix(buckets + np.uint64(0x632BE59BD9B4E019)))
-        total = int(mixed.sum(dtype=np.uint64)) & _MASK
-        return int(_h64(b"fttl" + np.array([total, np.bitwise_xor.reduce(mixed)]).tobytes()))
+        if self._few is not None:
+            # A few fields (the common hash): one struct of plain integers, the same bytes
+            # as the arrays give, without their cost per call (per hash of a scan).
+            hashes, expiries = self._few
+            pairs = [x for h, e in zip(hashes, expiries, strict=True) for x in (h, e // width)]
+            return int(_h64(b"fttl" + struct.pack(f"<{len(pairs)}Q", *pairs)))
+        pairs_array = np.empty((len(self.hashes), 2), dtype=np.uint64)
+        pairs_array[:, 0] = self.hashes
+        pairs_array[:, 1] = (self.expiry_ms // np.int64(width)).astype(np.uint64)
+        return int(_h64(b"fttl" + pairs_array.tobytes()))
 
     def differing(self, other: FieldExpiries | None, tolerance_ms: int) -> list[int]:
         """Hashes of the fields whose expiry differs from `other`'s by more than the
@@ -244,8 +239,7 @@ def entry_digest(value_digest: int, expiries: FieldExpiries | None, bucket_ms: i
     """A hash's digest in a tree: its value's, and its fields' expiries by bucket."""
     if expiries is None:
         return value_digest
-    pair = np.array([value_digest, expiries.bucket_digest(bucket_ms)], np.uint64)
-    return int(_h64(pair.tobytes()))
+    return int(_h64(struct.pack("<QQ", value_digest, expiries.bucket_digest(bucket_ms))))
 
 
 def field_expiry_writes(key: bytes, expiries: Sequence[tuple[bytes, int]]) -> list[bytes]:

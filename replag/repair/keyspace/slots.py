@@ -29,6 +29,7 @@ from replag.errors import EndpointError
 from replag.repair.keyspace.slot_migrations import SlotMigration, parse_migrations
 from replag.repair.keyspace.together import all_of
 from replag.topology import Endpoint
+from replag.wire.reach import Reach
 from replag.wire.resp import RespConnection, error_text, pack
 
 SLOTS = 16384
@@ -212,9 +213,14 @@ class SlotMap:
         return {s for m in self.migrations if m.live for s in m.slot_set()}
 
     @classmethod
-    async def read(cls, members: Sequence[Endpoint], *, timeout_s: float) -> SlotMap:
+    async def read(
+        cls, members: Sequence[Endpoint], *, timeout_s: float, reach: Reach | None = None
+    ) -> SlotMap:
         """CLUSTER NODES of every member that answers, and of each node outside the group
-        that a member's mark names (the other end of a move, to tell a live one)."""
+        that a member's mark names (the other end of a move, to tell a live one) if
+        `reach` admits it (the topology names it, or it is inside allow_networks): one
+        that it does not is not contacted, and listed in `refused`. No `reach`: only the
+        members are asked."""
         like = members[0] if members else None
 
         keys: dict[tuple[str, int], int] = {}
@@ -272,7 +278,21 @@ class SlotMap:
         where = _addresses(texts)
         peers: dict[str, str] = {}
         if like is not None and wanted:
-            asked = [p for p in sorted(wanted) if p in where]
+            asked = []
+            for p in sorted(wanted):
+                if p not in where:
+                    continue
+                host, port = where[p]
+                why = reach.outside(host, port) if reach is not None else "no reach given"
+                if why is None:
+                    asked.append(p)
+                    continue
+                named_by = ", ".join(m.name for m in members)
+                shown = reach.setting_text() if reach is not None else "allow_networks unread"
+                refused.append(
+                    f"CLUSTER NODES of {host}:{port} (the other end of a slot move {named_by} "
+                    f"marked): not contacted, no credentials sent ({why}, and {shown})"
+                )
             found = await all_of(
                 nodes(dataclasses.replace(like, host=where[p][0], port=where[p][1])) for p in asked
             )

@@ -24,20 +24,18 @@ where it runs, FalkorDB's `graphdata` answers one digest for every graph (Redis 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+from hiredis import ReplyError
 
 from replag.repair.keyspace import json_values, vector_sets
 from replag.repair.keyspace.digest import OrderedDigest, UnorderedDigest, string_digest
 from replag.repair.keyspace.field_ttls import PLAIN_ENCODINGS, FieldExpiries
 from replag.wire import reply_limits
 from replag.wire.reply_limits import ReplyLimits
-from replag.wire.resp import RespConnection, error_text, pack
+from replag.wire.resp import RespConnection, pack
 
 StreamEntry = tuple[bytes, list[bytes]]
 Data = (
@@ -90,8 +88,7 @@ class _Reader:
         self.volatile = False
         self.held: tuple[list[bytes], list[bytes]] | None = None
         self.scanned = False
-        self.expiring_names: list[bytes] = []  # the fields with a TTL, and their TTLs
-        self.expiring_times: list[npt.NDArray[np.int64]] = []
+        self.expiring: list[tuple[bytes, int]] = []  # the fields with a TTL, and their TTLs
         self.confirm: tuple[int, int, int, int] | None = None
         self.cursor: bytes = b"0"
         self.start = 0
@@ -151,9 +148,7 @@ class _Reader:
         return pack(b"XRANGE", k, self.cursor, b"+", b"COUNT", n)
 
     def feed(self, replies: list[Any]) -> None:
-        if any(error_text(r) is not None for r in replies) or (
-            replies[0] is None and self.type == "string"
-        ):
+        if _any_error(replies) or (replies[0] is None and self.type == "string"):
             # WRONGTYPE or gone: the key changed under us; the caller re-reads it later.
             self.failed = self.done = True
             return
@@ -229,22 +224,20 @@ class _Reader:
 
     def _expiries(self, reply: Any) -> None:
         """The held page's fields' TTLs (absolute ms on the server's clock, as replication
-        carries them): an expired field (-2) is absent; then the page is digested."""
+        carries them): an expired field (-2) is absent; then the page is digested. Plain
+        integers: a page of a few fields (the common hash) costs no array here."""
         assert self.held is not None
         names, values = self.held
         self.held = None
         if not isinstance(reply, list) or len(reply) != len(names):
             self.failed = self.done = True
             return
-        times = np.array(reply, dtype=np.int64)
-        if (times == -2).any():
-            kept = np.flatnonzero(times != -2).tolist()
+        if -2 in reply:
+            kept = [i for i, t in enumerate(reply) if t != -2]
             names, values = [names[i] for i in kept], [values[i] for i in kept]
-            times = times[kept]
-        timed = times >= 0
-        if timed.any():
-            self.expiring_names.extend(itertools.compress(names, timed.tolist()))
-            self.expiring_times.append(times[timed])
+            reply = [reply[i] for i in kept]
+        if max(reply, default=-1) >= 0:
+            self.expiring.extend((n, t) for n, t in zip(names, reply, strict=True) if t >= 0)
         self.unordered.add_hash_page(names, values)
         if self.keep:
             self.pairs.update(zip(names, values, strict=True))
@@ -270,15 +263,15 @@ class _Reader:
             self.confirm = seen
             self.cursor, self.card, self.scanned, self.done = b"0", None, False, False
             self.unordered = UnorderedDigest(self.type.encode())
-            self.pairs, self.expiring_names, self.expiring_times = {}, [], []
+            self.pairs, self.expiring = {}, []
         elif self.confirm != seen:
             self.failed = True
 
     def _field_expiries(self) -> FieldExpiries | None:
-        if not self.expiring_names:
+        if not self.expiring:
             return None
-        times = np.concatenate(self.expiring_times)
-        return FieldExpiries.of(self.expiring_names, times, every_name=self.keep)
+        names, times = zip(*self.expiring, strict=True)
+        return FieldExpiries.of(names, times, every_name=self.keep)
 
     def result(self) -> ReadValue | None:
         if self.failed:
@@ -292,6 +285,12 @@ class _Reader:
                 data = self.members if self.type == "set" else self.pairs
             return ReadValue(self.type, self.unordered.digest(), data, self._field_expiries())
         return ReadValue(self.type, self.ordered.digest(), self.items if self.keep else None)
+
+
+def _any_error(replies: list[Any]) -> bool:
+    """Whether any of a command's replies is an error (hiredis's own class: its Reader makes
+    no other; no generator, as this runs for every reply of every key read)."""
+    return ReplyError in map(type, replies)
 
 
 SUPPORTED_TYPES = ("string", "hash", "set", "zset", "list", "stream")

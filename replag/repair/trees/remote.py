@@ -311,6 +311,20 @@ def agent_client(
     )
 
 
+def region_agent_client(
+    region: Region,
+    *,
+    token: str | None,
+    timeout_s: float,
+    run_id: str | None = None,
+    started_by: Mapping[str, str] | None = None,
+) -> AgentClient | None:
+    """As `agent_client`, from the region and the token (a run's setup), not the config."""
+    return _region_client(
+        region, token=token, timeout_s=timeout_s, headers=run_headers(run_id, started_by)
+    )
+
+
 def _region_client(
     region: Region, *, token: str | None, timeout_s: float, headers: dict[str, str]
 ) -> AgentClient | None:

@@ -13,6 +13,8 @@ from replag.store.migrations import (
     m0004_service_ha,
     m0005_outbox_claims,
     m0006_store_configs,
+    m0007_replica_state_columns,
+    m0008_instance_stored,
 )
 from replag.store.schema import Migration, numbered
 
@@ -25,6 +27,8 @@ MIGRATIONS: tuple[Migration, ...] = tuple(
             m0004_service_ha,
             m0005_outbox_claims,
             m0006_store_configs,
+            m0007_replica_state_columns,
+            m0008_instance_stored,
         ]
     )
 )
