@@ -16,6 +16,10 @@ from replag.topology import Endpoint
 from replag.wire.connections import translate_where
 from replag.wire.reply_limits import size_text
 
+# Refused batches whose keys, read one by one, prove smaller than the refused reply
+# announced (a value shrunk or deleted between the two reads is the only honest way).
+LIES_TOLERATED = 3
+
 
 class Refusals:
     """The replies one scan of `endpoint` refused and read again in pieces."""
@@ -23,6 +27,22 @@ class Refusals:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.count = 0
+        self.lies = 0
+
+    def read_back(self, command: str, held: int) -> None:
+        """A refused reply to `command` whose keys, read one by one, hold `held` bytes in
+        all: under max_reply_bytes, the refusal was a lie; past LIES_TOLERATED, the end."""
+        limits = self.endpoint.limits
+        if held > limits.max_bytes:
+            return
+        self.lies += 1
+        if self.lies > LIES_TOLERATED:
+            raise UnreachableError(
+                f"{self.lies} replies to {command} refused at max_reply_bytes = "
+                f"{size_text(limits.max_bytes)} while their keys, read one by one, held at "
+                f"most {held} bytes (the server announces more than its values hold)",
+                where=translate_where(self.endpoint),
+            )
 
     def note(self, command: str) -> None:
         """One more refused reply (to `command`); UnreachableError past the bound."""

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from replag.lab.server import free_port
 from tests.helpers.cli import replag_argv, replag_env
@@ -27,10 +28,12 @@ INFO = bulk(
 )
 
 
-def _endless(began: threading.Event) -> dict[str, object]:
+def _endless(began: threading.Event, *, cycle: bool = False) -> dict[str, object]:
+    """SCAN hands out a new cursor each call (with `cycle`: 7, 9, 7, 9, ...)."""
+
     def scan(command: list[bytes]) -> bytes:
         began.set()
-        cursor = int(command[1]) + 1
+        cursor = (9 if command[1] == b"7" else 7) if cycle else int(command[1]) + 1
         return array(bulk(b"%d" % cursor), array(*[bulk(f"k{cursor}-{i}") for i in range(100)]))
 
     return {
@@ -47,12 +50,16 @@ def _endless(began: threading.Event) -> dict[str, object]:
     }
 
 
+@pytest.mark.parametrize("scan", ["endless", "cycle"])
 def test_an_agent_building_against_an_endless_scan_stays_bounded_and_stops_on_sigterm(
-    tmp_path: Path,
+    tmp_path: Path, scan: str
 ) -> None:
+    """Endless: the build goes on when SIGTERM comes. Cycle: each build ends at the cycle
+    (the tree unavailable, the log naming the server and SCAN), tried again until SIGTERM."""
     began = threading.Event()
     port = free_port()
-    with ScriptedServer(_endless(began)) as server:  # type: ignore[arg-type]
+    answers = _endless(began, cycle=scan == "cycle")
+    with ScriptedServer(answers) as server:  # type: ignore[arg-type]
         url = f"redis://{server.address}"
         config = tmp_path / "t.toml"
         config.write_text(
@@ -78,7 +85,12 @@ def test_an_agent_building_against_an_endless_scan_stays_bounded_and_stops_on_si
                     assert proc.poll() is None, log.read_text()
                     try:
                         body = httpx.get(health, timeout=5).json()
-                        building = "building" in str(body) and server.names().count("SCAN") > 200
+                        if scan == "cycle":  # the tree unavailable, the agent's log says why
+                            building = "SCAN ended: its cursor came back" in log.read_text()
+                        else:
+                            building = (
+                                "building" in str(body) and server.names().count("SCAN") > 200
+                            )
                     except httpx.TransportError:
                         pass
                     time.sleep(0.2)

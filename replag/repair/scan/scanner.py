@@ -306,7 +306,7 @@ class ReplicaScanner:
                     self._refusals.note(exc.__cause__.command or "a batch's fetch")
                     end.restart()
                     scan_conn, fetch_conn = await self._reopen(scan_conn, fetch_conn)
-                    part = await self._index_by_key(fetch_conn, keys)
+                    part = await self._index_by_key(fetch_conn, keys, exc.__cause__.command)
                     hooks.keep(part, parts)
                     state.cursor, state.keys = cursor, state.keys + len(part)
                     queue = asyncio.Queue(maxsize=opts.in_flight_batches)
@@ -349,14 +349,21 @@ class ReplicaScanner:
         self._conns.append(fetch_conn)
         return scan_conn, fetch_conn
 
-    async def _index_by_key(self, conn: RespConnection, keys: list[bytes]) -> ScanIndex:
+    async def _index_by_key(
+        self, conn: RespConnection, keys: list[bytes], refused: str | None = None
+    ) -> ScanIndex:
         """`keys` indexed from what `observe_keys` reads of each (a string in GETRANGE pages
         of half the limit, a collection in pages): no reply holds more than one value's
-        page, and each digest is the one a whole read gives."""
+        page, and each digest is the one a whole read gives. `refused`: the command whose
+        reply of these keys was refused (strings whose lengths add up to less than the
+        limit tell a lie, `Refusals.read_back`)."""
         states = await observe_keys(conn, keys, chunk=self.options.count, keep=False)
         now_ms = time.time_ns() // 1_000_000
         present = [k for k in keys if states[k].exists and not states[k].moved]
         read = [states[k] for k in present]
+        if refused is not None and all(s.type == "string" and s.size is not None for s in read):
+            held = sum(s.size or 0 for s in read) + 32 * len(keys)  # with RESP's framing
+            self._refusals.read_back(refused, held)
         types = np.array([TYPE_CODES.get(s.type or "", 0) for s in read], dtype=np.uint8)
         ttls = np.array(
             [-1 if s.expiry_ms is None else max(0, s.expiry_ms - now_ms) for s in read],
