@@ -2,12 +2,18 @@
 # Builds the Go tools the Prometheus mixin, Alertmanager and OTLP tests run, once per
 # machine: promtool and prometheus (v0.316.0), alertmanager (v0.35.0), an OpenTelemetry
 # Collector (v0.161.0: OTLP receiver, file and debug exporters, .ci/otelcol-builder.yaml),
-# and helm (v3.22.0, for the chart's tests: into /var/cache/replag-tools/bin, where
-# .ci/container-tests looks too), from the Go module proxy into a cache outside the clone
-# (REPLAG_TOOLS, default /var/cache/replag-tools/go). A binary already there is not built
-# again. Prints the env vars the tests read (REPLAG_PROMTOOL, REPLAG_PROMETHEUS,
-# REPLAG_ALERTMANAGER, REPLAG_OTELCOL, REPLAG_HELM) as `export` lines; a tool that cannot
-# be built is left out, and its tests skip saying so.
+# and helm (v3.22.0, for the chart's tests), from the Go module proxy into a cache outside
+# the clone: REPLAG_TOOLS_CACHE, default /var/cache/replag-tools. The binaries go under
+# its go/ (helm under bin/, where .ci/container-tests looks too), and Go's own module and
+# build caches under its go-mod/ and go-build/ (unless GOMODCACHE or GOCACHE are set), so
+# that one directory is the whole of what a warm machine has and a cold one lacks: a cold
+# build can be timed beside the warm cache, without touching it, with
+#
+#   REPLAG_TOOLS_CACHE=$(mktemp -d) .ci/run
+#
+# A binary already there is not built again. Prints the env vars the tests read
+# (REPLAG_PROMTOOL, REPLAG_PROMETHEUS, REPLAG_ALERTMANAGER, REPLAG_OTELCOL, REPLAG_HELM) as
+# `export` lines; a tool that cannot be built is left out, and its tests skip saying so.
 #
 #   eval "$(bash .ci/go-tools.sh)"
 set -uo pipefail
@@ -16,9 +22,11 @@ PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.35.0
 OTELCOL_VERSION=v0.161.0
 HELM_VERSION=v3.22.0
-helm_dir="${REPLAG_HELM_DIR:-/var/cache/replag-tools/bin}"
+cache="${REPLAG_TOOLS_CACHE:-/var/cache/replag-tools}"
+tools="$cache/go"
+helm_dir="$cache/bin"
+export GOMODCACHE="${GOMODCACHE:-$cache/go-mod}" GOCACHE="${GOCACHE:-$cache/go-build}"
 manifest="$(cd "$(dirname "$0")" && pwd)/otelcol-builder.yaml"
-tools="${REPLAG_TOOLS:-/var/cache/replag-tools/go}"
 
 if ! command -v go >/dev/null 2>&1; then
   echo "go-tools: no Go toolchain: promtool, prometheus, alertmanager not built" >&2

@@ -44,7 +44,7 @@ from _smoke import parse_args  # --smoke: tiny sizes, same path (tests/test_benc
 from replag.config import Config
 from replag.probes import observers, run_probe
 from replag.wire.resp import pack
-from tests.helpers.dynomite_cluster import DynomiteCluster, dynomite_cluster
+from tests.helpers.dynomite_cluster import DYNOMITE_ENV, DynomiteCluster, dynomite_cluster
 
 LAYOUT = (("dc1", "rack1"), ("dc1", "rack2"))
 
@@ -123,6 +123,10 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--rate", type=float, default=200.0)
     args = parse_args(parser, rounds=1, keys=20)
+    binary = os.environ.get(DYNOMITE_ENV, "")
+    if not os.access(binary, os.X_OK):
+        print(f"{DYNOMITE_ENV} names no Dynomite binary ({binary!r}): nothing measured")
+        return
     burst = observers.POLL_BURST_S
     cases = {"reference": 0.0, f"replag poll (burst {burst * 1000:g} ms)": burst,
              "replag poll (no burst)": 0.0}  # fmt: skip

@@ -20,8 +20,10 @@ Prints, from one run:
 
 First, against RedisShake (the issue's case): N × 200 B strings, 10 % with TTLs, on 2 of
 3 replicas, the third emptied and refilled by each tool in turn, three interleaved
-rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) when
-`REDIS_SHAKE` names its binary, the naive script (redis-py with hiredis: SCAN 1000 +
+rounds: RedisShake's scan copy (scan reader, count 1000: DUMP/PTTL + RESTORE) and its
+sync copy (sync reader: PSYNC and the source's RDB, no AOF tail; the source must write
+a Redis RDB, e.g. REPLAG_REDIS_SERVER=/usr/bin/redis-server) when `REDIS_SHAKE` names
+its binary, the naive script (unless `--skip-naive`) (redis-py with hiredis: SCAN 1000 +
 MGET/PTTL + SET PX), the whole `replag repair rebuild` command (a process of its
 own: planning, copy, closing pass) and `replag repair run` of the group (a check of
 all three, then the same bulk refill). Each run: keys/s, CPU per 1M keys (the tool's
@@ -304,6 +306,19 @@ def _shake_config(workdir: Path, src: int, dst: int) -> Path:
     return path
 
 
+def _shake_sync_config(workdir: Path, src: int, dst: int) -> Path:
+    """RedisShake v4: its sync reader (PSYNC, the source's RDB, no AOF tail: it exits
+    once the RDB is applied) and writer (RESTORE)."""
+    path = workdir / "shake-sync.toml"
+    path.write_text(
+        f'[sync_reader]\naddress = "127.0.0.1:{src}"\nsync_rdb = true\nsync_aof = false\n\n'
+        f'[redis_writer]\naddress = "127.0.0.1:{dst}"\n\n'
+        f'[advanced]\ndir = "{workdir / "shake-sync"}"\nlog_level = "warn"\n'
+        f'log_file = "shake.log"\nrdb_restore_command_behavior = "panic"\n'
+    )
+    return path
+
+
 def _replag_config(workdir: Path, ports: list[int], settle: str) -> Path:
     path = workdir / "rebuild.toml"
     regions = "".join(
@@ -377,7 +392,13 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
         tools: dict[str, list[str]] = {}
         if shake:
             tools["RedisShake"] = [shake, str(_shake_config(workdir, ports[0], ports[2]))]
-        tools["naive script"] = [sys.executable, __file__, "--naive", str(ports[0]), str(ports[2])]
+            tools["RedisShake sync"] = [
+                shake, str(_shake_sync_config(workdir, ports[0], ports[2]))
+            ]  # fmt: skip
+        if not args.skip_naive:
+            tools["naive script"] = [
+                sys.executable, __file__, "--naive", str(ports[0]), str(ports[2])
+            ]  # fmt: skip
         tools["replag rebuild"] = [
             sys.executable, "-m", "replag", "repair", "rebuild",
             "-c", str(_replag_config(workdir, ports, args.settle)),
@@ -425,7 +446,7 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
             if name != "replag rebuild":
                 print(
                     f"  median keys/s: replag rebuild {mine:,.0f}, {name} {rate:,.0f}: "
-                    f"ratio {mine / rate:.2f}x"
+                    f"ratio {mine / rate:.2f}x; load {os.getloadavg()[0]:.2f}"
                 )
         # `repair run` on the emptied replica refills it the rebuild's way (wiped_member):
         # under load the CPU it costs is the steadier figure.
@@ -436,12 +457,13 @@ async def against_shake(args: argparse.Namespace, workdir: Path) -> None:
             f"replag rebuild {mine:,.0f} keys/s, {mine_cpu:.1f} s: ratio {run / mine:.2f}x "
             f"(keys/s), {mine_cpu / run_cpu:.2f}x (CPU); load {os.getloadavg()[0]:.2f}"
         )
-        if "RedisShake" in best:
-            print(
-                f"  median keys/s: replag repair run {best['replag repair run']:,.0f}, "
-                f"RedisShake {best['RedisShake']:,.0f}: ratio "
-                f"{best['replag repair run'] / best['RedisShake']:.2f}x"
-            )
+        for shake_name in ("RedisShake", "RedisShake sync"):
+            if shake_name in best:
+                print(
+                    f"  median keys/s: replag repair run {run:,.0f}, {shake_name} "
+                    f"{best[shake_name]:,.0f}: ratio {run / best[shake_name]:.2f}x; load "
+                    f"{os.getloadavg()[0]:.2f}"
+                )
     finally:
         for server in servers:
             server.stop()
@@ -674,6 +696,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="against RedisShake")
     parser.add_argument(
         "--only-shake", action="store_true", help="only the comparison with RedisShake"
+    )
+    parser.add_argument(
+        "--skip-naive", action="store_true", help="against RedisShake: no naive script"
     )
     parser.add_argument("--baseline", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--naive", nargs=2, type=int, help=argparse.SUPPRESS)

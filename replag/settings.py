@@ -305,6 +305,23 @@ class Settings:
     max_reply_depth: int = setting(
         16, _positive_int, "Most levels of arrays within arrays one reply may nest."
     )
+    max_held_bytes: int = setting(
+        "512MB",
+        _size,
+        "Most bytes of replies from one server that replag's connections to it hold at "
+        "once in one process (received, not yet read whole), all together: each reply "
+        "may pass max_reply_bytes, not every connection's at once. A connection taking "
+        "the total past it is closed, naming the server, the command and this setting.",
+    )
+    max_reply_refusals: int = setting(
+        1000,
+        _positive_int,
+        "Most replies of one server one scan refuses at max_reply_bytes and reads again in "
+        "smaller pieces (a batch of big values in halves, a big string in pages); past it "
+        "the scan ends, naming the server, the command and this setting (a server that "
+        "announces more than its values hold would cost thousands of round trips per "
+        "thousand keys).",
+    )
     http_header_timeout: float = setting(
         "10s",
         _positive_duration,
@@ -379,9 +396,9 @@ class Settings:
     store_shared: bool = setting(
         False,
         _bool,
-        "Let this config share its store with other configs on purpose (each `serve` "
-        "records its config file in the store; without this, one refuses a store another "
-        "config's serve used: two fleets' data would show as one).",
+        "Let this config share its store with other configs on purpose (`serve` and every "
+        "CLI run that writes to the store record their config file in it; without this, "
+        "one refuses a store another config used: two fleets' data would show as one).",
     )
     store_hold_memory_mb: int = setting(
         256,

@@ -23,6 +23,7 @@ packages, no two modules anywhere import each other, directly or round a longer 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +122,20 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 EXTENSIONS = frozenset({"replag._scanindex"})
 
 
-def imports() -> Iterator[Import]:
-    for name, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+@functools.cache
+def tree(name: str) -> ast.Module:
+    """The module's syntax tree, parsed once per process: every test here reads them all."""
+    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+
+
+@functools.cache
+def imports() -> tuple[Import, ...]:
+    return tuple(_imports())
+
+
+def _imports() -> Iterator[Import]:
+    for name in MODULES:
+        for node in ast.walk(tree(name)):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -137,6 +149,7 @@ def imports() -> Iterator[Import]:
                     yield Import(name, target, node.lineno)
 
 
+@functools.cache
 def place(module: str) -> tuple[int, str]:
     """(layer index, the entry it matched): the longest prefix wins; `replag` is exact."""
     best: tuple[int, str] | None = None
@@ -188,24 +201,23 @@ def test_components_form_no_cycle() -> None:
 
 def test_nothing_is_imported_by_name_at_run_time() -> None:
     found = []
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
+    for name in MODULES:
+        for node in ast.walk(tree(name)):
             if isinstance(node, ast.Name | ast.Attribute):
                 called = node.id if isinstance(node, ast.Name) else node.attr
                 if called in ("import_module", "__import__"):
                     found.append(f"{name}: line {node.lineno}: {called}")
         found += [
             f"{name}: line {n.lineno}: a module-level __getattr__ hides what it imports"
-            for n in tree.body
+            for n in tree(name).body
             if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
         ]
     assert not found, "\n".join(found)
 
 
-def _type_checking_lines(tree: ast.Module) -> set[int]:
+def _type_checking_lines(module: ast.Module) -> set[int]:
     lines: set[int] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(module):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for inner in node.body:
                 lines.update(n.lineno for n in ast.walk(inner) if hasattr(n, "lineno"))
@@ -215,10 +227,7 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
 def module_cycles() -> list[list[str]]:
     """Every set of modules that import each other round a loop (Tarjan's strongly
     connected components of the import graph, imports under TYPE_CHECKING left out)."""
-    skipped = {
-        name: _type_checking_lines(ast.parse(path.read_text(encoding="utf-8")))
-        for name, path in MODULES.items()
-    }
+    skipped = {name: _type_checking_lines(tree(name)) for name in MODULES}
     edges: dict[str, set[str]] = {name: set() for name in MODULES}
     for imp in imports():
         known = imp.target in MODULES and imp.target != imp.module

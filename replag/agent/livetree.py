@@ -77,6 +77,10 @@ class _Invalidated(Exception):
         self.reason = reason
 
 
+class _Stopped(Exception):
+    """`stop` cut a build short: the tree keeper ends (nothing to save)."""
+
+
 @dataclass
 class LiveTreeStats:
     events: int = 0  # notifications about tracked keys
@@ -154,6 +158,9 @@ class LiveTree:
         self._levels: tuple[int, list[npt.NDArray[np.uint64]]] | None = None
         self._query: RespConnection | None = None
         self._stopping = False
+        # The full scan under way, if any: `stop` cancels it (a build has nothing to save,
+        # and one against a server that stalls or cycles must not hold the agent's exit).
+        self._scan: asyncio.Task[list[ScanIndex]] | None = None
         self._saved_version = -1
 
     # --- what the agent's API reads --------------------------------------------
@@ -287,6 +294,8 @@ class LiveTree:
             try:
                 await self._generation()
                 backoff = 0.2
+            except _Stopped:
+                break
             except _Invalidated as exc:
                 self.stats.rebuilds[exc.kind] = self.stats.rebuilds.get(exc.kind, 0) + 1
                 log.warning("%s: tree stale, rebuilding: %s", self.endpoint.name, exc.reason)
@@ -307,6 +316,8 @@ class LiveTree:
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        if self._scan is not None and not self._scan.done():
+            self._scan.cancel()
 
     def _set_state(self, state: TreeState, reason: str) -> None:
         self.state, self.reason = state, reason
@@ -457,11 +468,22 @@ class LiveTree:
             with self._names_disk():
                 builder.add(part)
 
+        scanner = ReplicaScanner(self.endpoint, self.options, sink=add)
+        self._scan = asyncio.ensure_future(scanner.run_parts(progress))
         try:
-            await ReplicaScanner(self.endpoint, self.options, sink=add).run_parts(progress)
+            try:
+                await self._scan
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self._stopping and not (current is not None and current.cancelling()):
+                    raise _Stopped from None  # `stop` cut the build short
+                raise
             with self._names_disk():
                 table = builder.finish()
         finally:
+            if not self._scan.done():
+                self._scan.cancel()  # this task cancelled: the scan with it
+            self._scan = None
             builder.close()
         self._last_failure = None
         release_freed_memory()

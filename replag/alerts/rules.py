@@ -227,6 +227,10 @@ def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
         if not seen and region.name not in health:
             continue  # never attempted: nothing to say yet
         age_s = (ctx.now_ns - max(seen)) / 1e9 if seen else None
+        # Why, when the last attempt failed (a Sentinel naming a host outside
+        # allow_networks, say: that host, not contacted, is named here).
+        error = getattr(health.get(region.name), "error", None)
+        why = f"; the last attempt failed: {error}" if error else ""
         out.append(
             Condition(
                 rule=rule,
@@ -235,9 +239,9 @@ def no_probe_conditions(rule: AlertRule, ctx: RuleContext) -> list[Condition]:
                 active=age_s is None or age_s > rule.threshold,
                 summary=(
                     f"no successful probe from {region.name} for {age_s:.0f} s "
-                    f"(limit {rule.threshold:g} s)"
+                    f"(limit {rule.threshold:g} s){why}"
                     if age_s is not None
-                    else f"no successful probe from {region.name} yet"
+                    else f"no successful probe from {region.name} yet{why}"
                 ),
             )
         )

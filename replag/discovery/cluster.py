@@ -31,7 +31,8 @@ from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
 from replag.wire import shapes
-from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.connections import endpoint_errors
+from replag.wire.connector import Connector
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
 
@@ -175,7 +176,7 @@ async def read_shards(
     """(shards, the command that answered, cluster_state) as seen from `seed`."""
     if contacts is not None:
         await contacts.reach(seed)
-    client = async_client(seed, timeout_s=timeout_s)
+    client = Connector(seed, timeout_s=timeout_s).client()
     where = seed.url()
     try:
         with endpoint_errors(seed, "CLUSTER INFO/SHARDS"):

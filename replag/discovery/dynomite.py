@@ -222,6 +222,12 @@ async def discover_dynomite(
         if not nodes:
             raise DiscoveryError("every node it describes is outside --allow-networks", where=where)
     nodes, notes = await fill_backends(nodes, ports=ports, timeout_s=timeout_s, where=where)
+    if contacts is not None and contacts.networks is not None:
+        # A backend a node's /info names outside the networks: the node is not written
+        # (its backend would be observed, and checked, there), and the header names it.
+        nodes = [n for n in nodes if await contacts.admits(n.backend.host, n.backend.port)]
+        if not nodes:
+            raise DiscoveryError("every node's backend is outside --allow-networks", where=where)
     _check_distinct(nodes, where=where)
     consistency = await fetch_consistency(base, timeout_s=timeout_s)
     return dynomite_topology(nodes, seed_url=base, consistency=consistency, notes=notes)

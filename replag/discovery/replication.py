@@ -18,7 +18,8 @@ from replag.discovery.deadline import Deadline
 from replag.discovery.result import Discovery
 from replag.errors import DiscoveryError, EndpointError, UsageError
 from replag.topology import Endpoint, Region, ReplicaGroup, Topology
-from replag.wire.connections import async_client, endpoint_errors
+from replag.wire.connections import endpoint_errors
+from replag.wire.connector import Connector
 from replag.wire.reply_limits import DEFAULT as DEFAULT_LIMITS
 from replag.wire.reply_limits import ReplyLimits
 
@@ -41,7 +42,7 @@ async def read_replication_info(
 ) -> dict[str, Any]:
     if contacts is not None:
         await contacts.reach(endpoint)
-    client = async_client(endpoint, timeout_s=timeout_s)
+    client = Connector(endpoint, timeout_s=timeout_s).client()
     try:
         with endpoint_errors(endpoint, "INFO replication"):
             info: dict[str, Any] = await client.info("replication")
@@ -54,7 +55,7 @@ async def read_replication_info(
 
 async def read_keyspace(endpoint: Endpoint, *, timeout_s: float) -> dict[int, int]:
     """Database number → keys (INFO keyspace) of `endpoint`."""
-    client = async_client(endpoint, timeout_s=timeout_s)
+    client = Connector(endpoint, timeout_s=timeout_s).client()
     try:
         with endpoint_errors(endpoint, "INFO keyspace"):
             info: dict[str, Any] = await client.info("keyspace")

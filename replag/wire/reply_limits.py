@@ -42,6 +42,12 @@ class ReplyLimits:
     # The most of one string value read in pages (GETRANGE): a server claiming more ends
     # the read there (Redis's own strings stop at proto-max-bulk-len, 512 MB by default).
     max_string_bytes: int = 4 << 30
+    # The most replies of one server a run (one scan) refuses at max_bytes and reads again
+    # in smaller pieces (`refusals`): past it the run ends, naming the server and command.
+    max_reply_refusals: int = 1000
+    # The most bytes of replies not yet read whole that one server's connections hold
+    # at once, in one process (`held`): each reply may pass max_bytes, not all together.
+    max_held_bytes: int = 512 * _MIB
 
 
 DEFAULT = ReplyLimits()
@@ -58,12 +64,19 @@ def from_settings(settings: object) -> ReplyLimits:
         max_unrequested_bytes=getattr(settings, "max_unrequested_bytes"),  # noqa: B009
         max_topology_nodes=getattr(settings, "max_topology_nodes"),  # noqa: B009
         max_string_bytes=getattr(settings, "max_string_bytes"),  # noqa: B009
+        max_reply_refusals=getattr(settings, "max_reply_refusals"),  # noqa: B009
+        max_held_bytes=getattr(settings, "max_held_bytes"),  # noqa: B009
     )
 
 
 class ReplyLimitError(Exception):
     """A reply announced or carried more than a limit allows (the message names the limit's
-    setting and what the server announced); the connection is unusable after it."""
+    setting and what the server announced); the connection is unusable after it.
+    `command`: the command whose reply it was, where known."""
+
+    def __init__(self, message: str, *, command: str | None = None) -> None:
+        super().__init__(message)
+        self.command = command
 
 
 class NotRespHeader(Exception):

@@ -38,6 +38,7 @@ from replag.wire.connections import (
     translate,
     translate_where,
 )
+from replag.wire.held import HeldBytes
 from replag.wire.reply_limits import (
     DEFAULT,
     NotRespHeader,
@@ -173,6 +174,7 @@ class _Protocol(asyncio.Protocol):
         self.bytes_received = 0
         self.limits = limits
         self.unrequested = 0  # bytes (replies, on a subscribed one) no request waited for
+        self.held: HeldBytes | None = None  # this connection's share of its server's bytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TLS transport (under `serve` and agents) is no asyncio.Transport subclass,
@@ -203,6 +205,13 @@ class _Protocol(asyncio.Protocol):
             if self.unrequested > self.limits.max_unrequested_bytes:
                 self._unrequested(f"{self.unrequested} bytes")
                 return
+        held = self.held
+        if held is not None:
+            try:
+                held.add(len(data))
+            except ReplyLimitError as exc:
+                self._refused(exc)
+                return
         # Hot loop: one iteration per reply (one per key while scanning), so
         # everything is a local and completion is checked by countdown.
         reader = self.reader
@@ -220,6 +229,8 @@ class _Protocol(asyncio.Protocol):
                         return
                     append(reply)
                 waiting.popleft()
+                if held is not None:
+                    held.release()  # handed over (a next reply's first bytes with it)
                 if not future.done():
                     future.set_result((current, arrived))
                 current = self.current = []
@@ -236,13 +247,13 @@ class _Protocol(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        what = "a message the server pushed"
+        what = command = "a message the server pushed"
         if self.waiting:
             count, _, head = self.waiting[0]
-            what = command_name(head)
+            what = command = command_name(head)
             if count > 1:
                 what += f" (reply {len(self.current) + 1} of the {count} of a pipelined request)"
-        self.failure = ReplyLimitError(f"reply to {what} refused: {exc}")
+        self.failure = ReplyLimitError(f"reply to {what} refused: {exc}", command=command)
         if self.transport is not None:
             self.transport.abort()
 
@@ -296,6 +307,8 @@ class _Protocol(asyncio.Protocol):
             self.on_push(message, arrived, arrived if i >= exact else since)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.held is not None:
+            self.held.release()
         self.lost = exc or self.failure or ConnectionResetError("connection closed by the server")
         if not self.closed.done():
             self.closed.set_result(exc or self.failure)
@@ -354,6 +367,7 @@ class RespConnection:
                 )
         except (OSError, TimeoutError) as exc:
             raise translate(exc, endpoint) from exc
+        protocol.held = HeldBytes(endpoint)
         conn = cls(endpoint, protocol, timeout_s)
         setup = setup_commands(endpoint)
         if setup:

@@ -21,7 +21,9 @@ import hiredis
 
 from replag.errors import EndpointError
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.connections import not_resp, server_name, tls_context, translate
+from replag.wire.held import HeldBytes
 from replag.wire.reply_limits import NotRespHeader, ReplyGuard, ReplyLimitError, command_name
 from replag.wire.resp import check_replies, setup_commands
 
@@ -42,12 +44,13 @@ class BlockingConnection:
         self._sent = b""  # the start of the last request, to name its command
         self._reader = hiredis.Reader(notEnoughData=_INCOMPLETE)
         self._guard = ReplyGuard(endpoint.limits)
+        self._held = HeldBytes(endpoint)  # this connection's share of its server's bytes
         self._first_bytes = b""
         self._buffer = bytearray(_READ_SIZE)
         self.bytes_received = 0
         # A reply broke a reply limit (the connection is then unusable): the scan re-reads
-        # what that reply held in smaller pieces on a new connection.
-        self.refused = False
+        # what that reply held in smaller pieces on a new connection. The command refused.
+        self.refused: str | None = None
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, timeout_s: float) -> BlockingConnection:
@@ -90,6 +93,7 @@ class BlockingConnection:
                 self._feed()
         except hiredis.ProtocolError:
             raise translate(not_resp(self._first_bytes), self.endpoint) from None
+        self._held.release()
         return item
 
     def replies(self, count: int) -> list[Any]:
@@ -102,14 +106,19 @@ class BlockingConnection:
             while True:
                 out += islice(iter(gets, _INCOMPLETE), count - len(out))
                 if len(out) == count:
+                    self._held.release()
                     return out
                 self._feed()
         except hiredis.ProtocolError:
             raise translate(not_resp(self._first_bytes), self.endpoint) from None
 
     def request(self, payload: bytes, count: int) -> list[Any]:
+        """`payload`'s `count` replies, each checked against its command's shape (a small
+        request's; a scan batch's are checked as a batch, `shapes.check_batch`)."""
         self.send(payload)
-        return self.replies(count)
+        replies = self.replies(count)
+        shapes.check_request(self.endpoint, payload, replies)
+        return replies
 
     def check(self, replies: list[Any]) -> None:
         check_replies(replies, self.endpoint)
@@ -134,9 +143,10 @@ class BlockingConnection:
         self.bytes_received += size
         try:
             self._guard.feed(self._buffer, size)
+            self._held.add(size)
         except ReplyLimitError as exc:
-            self.refused = True
-            refused = ReplyLimitError(f"reply to {command_name(self._sent)} refused: {exc}")
+            self.refused = command_name(self._sent)
+            refused = ReplyLimitError(f"reply to {self.refused} refused: {exc}")
             raise translate(refused, self.endpoint) from None
         except NotRespHeader as exc:
             # Named by the bytes where a reply should begin (not the connection's first).
@@ -150,6 +160,7 @@ class BlockingConnection:
         )
 
     def close(self) -> None:
+        self._held.release()
         self._sock.close()
 
 

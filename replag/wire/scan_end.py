@@ -32,6 +32,7 @@ class ScanEnd:
         self.calls = 0
         self._mark: bytes | None = None  # Brent: the cursor saved at call 2^k
         self._power = 1
+        self._since = 0  # calls since the scan (re)started from a cursor
 
     def step(self, reply: Any) -> tuple[bytes, list[bytes]]:
         shapes.check(self.endpoint, (b"SCAN",), reply)
@@ -41,7 +42,8 @@ class ScanEnd:
         if cursor != b"0":
             if cursor == self._mark:
                 raise self._ended(f"its cursor came back to {cursor.decode()} (a cycle)")
-            if self.calls == self._power:
+            self._since += 1
+            if self._since == self._power:
                 self._mark, self._power = cursor, self._power * 2
         if self.keys > self.bound or self.calls > self.bound:
             raise self._ended(
@@ -49,6 +51,14 @@ class ScanEnd:
                 f"({SCAN_BOUND_FACTOR} x DBSIZE + {SCAN_BOUND_SLACK} = {self.bound})"
             )
         return cursor, keys
+
+    def restart(self) -> None:
+        """The scan goes on from a cursor it had passed (a batch refused at max_reply_bytes
+        is read again and the walk resumes after it): the cursors it sees again are no
+        cycle. Its keys and calls still count toward the bound (and the restarts are
+        bounded by max_reply_refusals)."""
+        self._mark, self._power = None, 1
+        self._since = 0
 
     def _ended(self, why: str) -> ReplyShapeError:
         return ReplyShapeError(

@@ -155,6 +155,7 @@ SHAPES: dict[str, tuple[str, Check]] = {
     "PTTL": ("an integer of at least -2", _ttl),
     "TTL": ("an integer of at least -2", _ttl),
     "TYPE": ("a type name", _text),
+    "GETRANGE": ("a bulk string", _text),
     "CLUSTER SHARDS": ("an array of shards, each an array of fields", _entries),
     "CLUSTER SLOTS": ("an array of slot ranges", _array),
     "CLUSTER NODES": ("a bulk string of node lines", _text),
@@ -317,6 +318,42 @@ def check_request(endpoint: Endpoint, payload: bytes, replies: Sequence[Any]) ->
         if command is False:
             return
         check(endpoint, command, reply)
+
+
+def check_values(endpoint: Endpoint, reply: Any, keys: int) -> None:
+    """An MGET's reply in a pipelined batch: bulk strings and nils, one per key."""
+    if not _bulks_or_nils(reply):
+        raise wrong(endpoint, "MGET", SHAPES["MGET"][0], reply)
+    if len(reply) != keys:
+        raise wrong(endpoint, "MGET", f"{keys} values, one per key", reply)
+
+
+def check_each(endpoint: Endpoint, command: str, replies: Sequence[Any]) -> bool:
+    """The replies of a run of one command per key in a large pipeline (a batch's PTTLs),
+    each of its shape: integers checked together (the usual case), one by one only where
+    something else came (an error reply passes, as `check` lets it: False then)."""
+    expected, fits = SHAPES[command]
+    if all(type(r) is int for r in replies):
+        if fits in (_ttl, _count) and replies:
+            low = min(replies)
+            if not fits(low):
+                raise wrong(endpoint, command, expected, low)
+        return True
+    for reply in replies:
+        check(endpoint, (command,), reply)
+    return False
+
+
+def check_int_pairs(endpoint: Endpoint, command: str, reply: Any) -> None:
+    """A script's flat array of integer pairs (the TTL script's key index and PTTL)."""
+    if not (isinstance(reply, list) and len(reply) % 2 == 0 and all(_int(x) for x in reply)):
+        raise wrong(endpoint, command, "an array of integer pairs", reply)
+
+
+def check_indexes(endpoint: Endpoint, command: str, low: int, high: int, n: int) -> None:
+    """Indexes a script answered (1-based; their least and greatest) within its `n` keys."""
+    if low < 1 or high > n:
+        raise wrong(endpoint, command, f"key indexes from 1 to {n}", [low, high])
 
 
 def redis_py_callback(

@@ -271,3 +271,30 @@ def test_port_overrides_from_the_command_line_and_a_file(tmp_path: Path) -> None
     path.write_text("[nodes]\nx = 1\n")
     with pytest.raises(UsageError, match="expected client, redis, stats"):
         load_port_map_file(path, PortMap())
+
+
+async def test_a_backend_named_outside_allow_networks_is_not_written() -> None:
+    """A node's /info naming its backend on 127.0.0.2, with --allow-networks 127.0.0.1/32:
+    that node is left out of the file, and the header names the backend."""
+    from replag.discovery.contacts import Contacts, parse_networks
+
+    servers = [{"name": LOCAL, "host": LOCAL, "port": peer, "token": 1} for peer in (8101, 8111)]
+    describe = {"dcs": [{"name": "dc1", "racks": [{"name": "r1", "servers": servers}]}]}
+    info = {"dyn_o_mite": {"127.0.0.2:22122": {"server_status": "ONLINE"}}}
+    routes = {
+        "/cluster_describe": json.dumps(describe).encode(),
+        "/info": json.dumps(info).encode(),
+    }
+    async with admin_server(routes) as url:
+        port = int(url.rsplit(":", 1)[1])
+        ports = PortMap(
+            overrides={
+                f"{LOCAL}:8101": NodePorts(redis=Address(LOCAL, 22199)),
+                f"{LOCAL}:8111": NodePorts(client=Address(LOCAL, 8112), stats=Address(LOCAL, port)),
+            }
+        )
+        contacts = Contacts(networks=parse_networks("127.0.0.1/32"))
+        found = await discover_dynomite(url, ports=ports, timeout_s=5, contacts=contacts)
+    backends = {ep.address for r in found.topology.regions for ep in r.replicas}
+    assert backends == {f"{LOCAL}:22199"}, backends
+    assert "127.0.0.2:22122" in "\n".join(contacts.header_lines())

@@ -1,6 +1,6 @@
 """helm for the chart's tests: v3.22.0, built once per machine from the Go module proxy
-into /var/cache/replag-tools/bin (`.ci/container-tests`); REPLAG_HELM names it, else
-`helm` on PATH. Tests skip, saying so, without it."""
+into $REPLAG_TOOLS_CACHE/bin (default /var/cache/replag-tools; `.ci/go-tools.sh`);
+REPLAG_HELM names it, else `helm` on PATH. Tests skip, saying so, without it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "deploy" / "helm" / "replag"
-CACHED = "/var/cache/replag-tools/bin/helm"
+CACHED = os.environ.get("REPLAG_TOOLS_CACHE", "/var/cache/replag-tools") + "/bin/helm"
 
 
 def helm_binary() -> str:

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 import hiredis
 
+from tests.helpers.scripted import array, bulk
+
 HOSTILE = ("bulk", "array", "nested", "drip", "http", "close")
 _CHUNK = 1 << 16
 
@@ -245,3 +247,29 @@ class MemoryWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def liar_answers(keys: int, *, strlen: int = 1) -> dict[str, object]:
+    """A server of `keys` keys (SCAN pages of 100) that announces $10^12 for every MGET,
+    while STRLEN says each value is `strlen` bytes (GETRANGE answers full pages, of at
+    most a megabyte)."""
+
+    def scan(command: list[bytes]) -> bytes:
+        cursor, pages = int(command[1]), max(1, keys // 100)
+        after = b"0" if cursor + 1 >= pages else b"%d" % (cursor + 1)
+        return array(bulk(after), array(*[bulk(f"k{cursor}-{i}") for i in range(min(keys, 100))]))
+
+    def getrange(command: list[bytes]) -> bytes:
+        end = min(int(command[3]), strlen - 1, 1 << 20)  # full pages, as STRLEN claimed
+        return bulk(b"x" * max(0, end - int(command[2]) + 1))
+
+    return {
+        "SCAN": scan,
+        "DBSIZE": b":%d\r\n" % keys,
+        "INFO": bulk("# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"),
+        "MGET": b"$1000000000000\r\n",
+        "STRLEN": b":%d\r\n" % strlen,
+        "PTTL": b":-1\r\n",
+        "TYPE": b"+string\r\n",
+        "GETRANGE": getrange,
+    }

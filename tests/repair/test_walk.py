@@ -61,10 +61,19 @@ class LocalTree:
         return await self.leaf_keys(self.batches[batch])
 
 
+HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+NIBBLES = np.arange(60, -4, -4, dtype=np.uint64)  # a hash's 16 hex digits, first to last
+
+
 def _index(hashes: np.ndarray, entries: np.ndarray) -> ScanIndex:
-    names = [b"k%016x" % int(h) for h in hashes]
-    lengths = np.array([len(n) for n in names], np.uint32)
-    return ScanIndex(hashes.astype(np.uint64), entries.astype(np.uint64), lengths, b"".join(names))
+    """Each key named b"k%016x" % its hash (17 bytes), the names made at once by numpy (a
+    million keys formatted one by one took seconds)."""
+    hashes = hashes.astype(np.uint64)
+    names = np.empty((len(hashes), 17), np.uint8)
+    names[:, 0] = ord("k")
+    names[:, 1:] = HEX[((hashes[:, None] >> NIBBLES) & np.uint64(15)).astype(np.intp)]
+    lengths = np.full(len(hashes), 17, np.uint32)
+    return ScanIndex(hashes, entries.astype(np.uint64), lengths, names.tobytes())
 
 
 def _members(keys: int, changed: int, extra: int, seed: int) -> list[ScanIndex]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ import pytest
 from replag.lab.server import free_port
 from tests.helpers.agent import start_agent, stop_agent
 from tests.helpers.cli import replag_argv, replag_env
-from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch
+from tests.helpers.hostile import HOSTILE, HostileServer, MemoryWatch, liar_answers
 from tests.helpers.redis_servers import RedisFactory
+from tests.helpers.scripted import ScriptedServer
 
 TIMEOUT_S = 1.0  # connect_timeout of every run here
 GROWTH_MB = 100
@@ -248,3 +250,48 @@ def test_an_agent_whose_replica_turns_hostile_stays_bounded_and_says_so(
     assert "Traceback" not in output + (tmp_path / "agent.log").read_text()
     line = one_line_naming(output, proxy.port)
     assert "odd" in line, line
+
+
+class _Liar:
+    """A scripted server announcing $10^12 for every MGET (`liar_answers`), watched as
+    `run_replag` watches a HostileServer: `started` once the first MGET came."""
+
+    behaviour = "mget-liar"
+
+    def __init__(self, keys: int) -> None:
+        self.started = threading.Event()
+        answers = liar_answers(keys)
+        refused = answers["MGET"]
+
+        def mget(command: list[bytes]) -> bytes:
+            self.started.set()
+            return refused  # type: ignore[return-value]
+
+        self.server = ScriptedServer({**answers, "MGET": mget})  # type: ignore[dict-item]
+        self.port = self.server.port
+        self.url = f"redis://{self.server.address}"
+
+    @property
+    def hits(self) -> int:
+        return self.server.names().count("MGET")
+
+
+def test_a_server_refused_on_every_mget_ends_the_check_at_max_reply_refusals(
+    tmp_path: Path, redis_factory: RedisFactory
+) -> None:
+    """20,000 keys whose every MGET announces $10^12 (it cost 40,000 refused MGETs and
+    35.7 s): the check ends at max_reply_refusals, one line naming the server, MGET and
+    the setting, within +100 MB."""
+    good = redis_factory("ok")
+    liar = _Liar(20_000)
+    with liar.server:
+        config = group_config(tmp_path, good.url, liar.url)
+        code, output, _ = run_replag(
+            ["repair", "check", "-c", str(config)],
+            liar,  # type: ignore[arg-type]
+            tmp_path,
+        )
+    assert code in (2, 3), output
+    line = one_line_naming(output, liar.port)
+    assert "MGET" in line and "max_reply_refusals = 1000" in line, line
+    assert liar.hits <= 1000 + 10, liar.hits

@@ -10,6 +10,7 @@ of redis-py's Redis, StrictRedis, RedisCluster, Sentinel or ConnectionPool.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "replag"
@@ -72,6 +73,7 @@ def _called(node: ast.Call, modules: dict[str, str], by_name: set[str]) -> str |
     return None
 
 
+@functools.cache  # both tests read the same source: parsed once per process
 def openers() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):

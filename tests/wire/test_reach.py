@@ -6,6 +6,7 @@ A capture server on 127.0.0.2 (loopback) records every command it receives: none
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,9 @@ async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
 ) -> None:
     import httpx
 
+    from replag.alerts.condition import RuleContext
+    from replag.alerts.config import AlertRule
+    from replag.alerts.rules import no_probe_conditions
     from replag.api.app import create_app
     from replag.config import load_config
     from replag.store import Store
@@ -145,6 +149,12 @@ async def test_under_serve_a_sentinel_naming_a_host_outside_is_a_probe_problem(
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
                 body = (await client.get("/api/v1/health")).json()
+            # And alerted: the no-probe rule's condition names the host not contacted.
+            rule = AlertRule(name="no-probe", kind="no_probe", threshold=0)
+            ctx = RuleContext(config=svc.config, index=svc.index, now_ns=time.time_ns() + 10**9)
+            [condition] = no_probe_conditions(rule, ctx)
+        assert condition.active and capture.address in condition.summary, condition.summary
+        assert "not contacted" in condition.summary, condition.summary
         assert capture.commands == []
     assert body["status"] != "ok", body
     [problem] = [p for p in body["problems"] if p["kind"] == "probe_error"]
@@ -228,3 +238,28 @@ async def test_discover_cluster_asks_no_shard_outside_allow_networks(tmp_path: P
 
                 await discover_cluster(url, timeout_s=1, contacts=Contacts())
                 assert "AUTH" in capture.names()
+
+
+async def test_discover_redis_sends_nothing_to_a_replica_outside_allow_networks() -> None:
+    """INFO replication naming a replica on 127.0.0.2: with --allow-networks 127.0.0.1/32
+    it gets no AUTH and no INFO, is not written, and the header names it."""
+    from replag.discovery.contacts import Contacts, parse_networks
+    from replag.discovery.replication import discover_replication
+
+    with capture_server() as capture:
+        info = (
+            "# Replication\r\nrole:master\r\nconnected_slaves:1\r\n"
+            f"slave0:ip={capture.host},port={capture.port},state=online,offset=0,lag=0\r\n"
+        )
+        answers = {"INFO REPLICATION": bulk(info), "INFO KEYSPACE": bulk("# Keyspace\r\n")}
+        with ScriptedServer(answers) as primary:
+            url = f"redis://:s3cret@{primary.address}"
+            contacts = Contacts(networks=parse_networks("127.0.0.1/32"))
+            found = await discover_replication(url, timeout_s=1, contacts=contacts)
+            assert capture.commands == [], capture.commands
+            assert "AUTH" in primary.names()
+            assert [r.replicas for r in found.topology.regions] == [()]
+            assert any(capture.address in line for line in contacts.header_lines())
+
+            await discover_replication(url, timeout_s=1, contacts=Contacts())
+            assert "AUTH" in capture.names()

@@ -45,7 +45,7 @@ def _answers(which: str, how: str) -> dict[str, object]:
         "INFO": INFO,
         "TIME": array(bulk("1700000000"), bulk("5")),
         "DBSIZE": b":2\r\n",
-        "SCAN": array(bulk("0"), array()),
+        "SCAN": array(bulk("0"), array(bulk("k1"), bulk("k2")) if which == "MGET" else array()),
         "MGET": lambda c: array(*[b"$-1\r\n"] * (len(c) - 1)),
     }
     answers[which] = _cycle() if how == "cycle" else WRONG[how]
@@ -70,6 +70,12 @@ def _servers(which: str, how: str) -> Iterator[tuple[ScriptedServer, ScriptedSer
         ("check", "SCAN", "cycle"),
         ("discover", "INFO", "int"),
         ("discover", "INFO", "map"),
+        # Side reads of a check or run: DBSIZE, INFO keyspace, and a batch's MGET (its
+        # reply inside a pipelined batch, checked there).
+        ("check", "DBSIZE", "nil"),
+        ("check", "INFO", "map"),
+        ("check", "MGET", "int"),
+        ("run", "MGET", "empty"),
     ],
 )
 def test_a_reply_of_the_wrong_shape_is_one_line_naming_server_command_and_shapes(
@@ -87,6 +93,7 @@ def test_a_reply_of_the_wrong_shape_is_one_line_naming_server_command_and_shapes
         args = {
             "probe": ["probe", "-c", str(config), "--count", "2"],
             "check": ["repair", "check", "-c", str(config)],
+            "run": ["repair", "run", "-c", str(config)],
             "discover": ["topology", "discover", "--redis", f"redis://{a.address}"],
         }[command]
         done = run_replag(*args, cwd=tmp_path, timeout=60, env={"REPLAG_CONNECT_TIMEOUT": "1s"})

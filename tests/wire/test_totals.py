@@ -4,6 +4,7 @@ naming the server and the setting."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import threading
@@ -15,6 +16,7 @@ from replag.errors import EndpointError, ReplyShapeError
 from replag.topology import Endpoint
 from replag.wire.reply_limits import ReplyLimits
 from replag.wire.resp import RespConnection
+from tests.helpers.hostile import liar_answers
 from tests.helpers.scripted import ScriptedServer, array, bulk
 
 
@@ -132,3 +134,86 @@ async def test_discovery_asks_the_replicas_it_finds_at_once_under_one_deadline()
     assert found.facts["replicas"] == 50
     text = "\n".join(found.endpoint_comments.values())
     assert text.count("could not be read") == 50
+
+
+@pytest.mark.parametrize("scan", ["blocking", "async"])
+def test_a_server_refused_on_every_batch_ends_the_scan_soon(scan: str) -> None:
+    """Every batch refused and read again in pieces. The blocking scan reads it in halves:
+    past max_reply_refusals the scan ends, naming the server, MGET and the setting. The
+    async one reads it key by key, and so learns the values' lengths: once a few batches
+    so refused held less than max_reply_bytes, the server lied and the scan ends. Either
+    way after as many MGETs as the bound allows (not 2 per key of the keyspace)."""
+    import asyncio
+
+    from replag.repair.scan.blocking import BlockingScan
+    from replag.repair.scan.scanner import ReplicaScanner, ScanOptions, ScanProgress
+    from replag.wire.refusals import LIES_TOLERATED
+
+    limits = ReplyLimits(max_reply_refusals=20)
+    said = {
+        "blocking": "21 replies to MGET refused at max_reply_bytes = 512 MB and read again in "
+        "pieces, over max_reply_refusals = 20",
+        "async": f"{LIES_TOLERATED + 1} replies to MGET refused at max_reply_bytes = 512 MB "
+        "while their keys, read one by one, held at most",
+    }[scan]
+    with ScriptedServer(liar_answers(20_000)) as server:  # type: ignore[arg-type]
+        endpoint = dataclasses.replace(
+            Endpoint.from_url(f"redis://{server.address}", name="liar"), limits=limits
+        )
+        options = ScanOptions(timeout_s=5)
+        with pytest.raises(EndpointError) as err:
+            if scan == "blocking":
+                BlockingScan(endpoint, options).run(ScanProgress("liar"))
+            else:
+                asyncio.run(ReplicaScanner(endpoint, options).run(ScanProgress("liar")))
+        mgets = server.names().count("MGET")
+    assert "liar" in str(err.value) and said in str(err.value), err.value
+    # The bound; the async scan's walk ahead sends the next batches' MGETs meanwhile.
+    assert mgets <= (21 if scan == "blocking" else 3 * (LIES_TOLERATED + 1)) + 2, mgets
+
+
+def test_a_string_claimed_longer_than_max_string_bytes_ends_the_blocking_scan() -> None:
+    """A single key whose MGET is refused is read in GETRANGE pages as long as STRLEN
+    says: a STRLEN of 10^15 bytes ends the scan at once, naming the setting."""
+    from replag.repair.scan.blocking import BlockingScan
+    from replag.repair.scan.scanner import ScanOptions, ScanProgress
+
+    with ScriptedServer(liar_answers(1, strlen=10**15)) as server:  # type: ignore[arg-type]
+        endpoint = Endpoint.from_url(f"redis://{server.address}", name="claims")
+        with pytest.raises(ReplyShapeError, match="max_string_bytes = 4096 MB") as err:
+            BlockingScan(endpoint, ScanOptions(timeout_s=5)).run(ScanProgress("claims"))
+        assert "GETRANGE" not in server.names()
+    assert "STRLEN" in str(err.value) and "claims" in str(err.value)
+
+
+async def test_replies_held_from_one_server_at_once_are_bounded_across_its_connections() -> None:
+    """Each reply within max_reply_bytes, three connections' replies together past
+    max_held_bytes: the one taking the total past it is refused, naming the setting; once
+    they are closed, the server's account is back to nothing."""
+    from replag.wire.held import held_from
+
+    part = b"$3000000\r\n" + b"x" * 1_500_000  # half a reply of 3 MB, then silence
+    with ScriptedServer({"GET": part}) as server:
+        limits = ReplyLimits(max_bytes=4 << 20, max_held_bytes=4 << 20)
+        endpoint = dataclasses.replace(
+            Endpoint.from_url(f"redis://{server.address}", name="heavy"), limits=limits
+        )
+        conns = [await RespConnection.open(endpoint, timeout_s=5) for _ in range(3)]
+        waits = [
+            asyncio.ensure_future(c.request(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", 1)) for c in conns
+        ]
+        try:
+            # Two connections hold 3 MB; the bytes of whichever comes third pass the limit.
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            with pytest.raises(EndpointError, match="over max_held_bytes = 4 MB") as err:
+                done.pop().result()
+            assert held_from(endpoint).total <= 4 << 20
+        finally:
+            for wait in waits:
+                wait.cancel()
+            for conn in conns:
+                conn.abort()
+            await asyncio.gather(*waits, return_exceptions=True)
+            await asyncio.sleep(0.05)
+    assert "heavy" in str(err.value) and "GET" in str(err.value)
+    assert held_from(endpoint).total == 0

@@ -3,8 +3,9 @@
 The closing pass asks two things of them: whether the scan returned a key twice
 (`repeats`), and which keys another peer holds that the source's scan did not
 return (`lacks`). 8 bytes a key: at 100M keys, 800 MB. They are held in memory up to
-`memory_bytes` (a share of `check_memory_mb`, as a check's kept keys are); past it
-the held part is sorted and written as one run to a private temporary file (no name,
+half of `memory_bytes` (a share of `check_memory_mb`, as a check's kept keys are: the
+sort of a run joins the parts held, so the share is held twice for a moment); past it
+the held part is sorted in place and written as one run to a private temporary file (no name,
 mode 0600, gone when closed or when the process ends), read back through a read-only
 memory map. `lacks` searches each run; `repeats` joins one value of the hashes' top
 byte at a time across runs (each ~1/256 of the keys) and sorts only that.
@@ -36,6 +37,11 @@ def _holds(ordered: U64, hashes: U64) -> npt.NDArray[np.bool_]:
     return found
 
 
+def _repeated(ordered: U64) -> bool:
+    """Whether sorted `ordered` holds a value twice (a bool a hash, not np.diff's 8 bytes)."""
+    return bool(len(ordered) > 1 and np.any(ordered[1:] == ordered[:-1]))
+
+
 class SourceKeys:
     """The hashes of every key the source's scan returned (see the module docstring)."""
 
@@ -63,7 +69,7 @@ class SourceKeys:
         self._held += 8 * len(keys)
         self._count += len(keys)
         self._sorted = None
-        if self._held >= self.memory_bytes:
+        if 2 * self._held >= self.memory_bytes:  # the run's sort joins the parts: twice
             self._spill()
 
     def _spill(self) -> None:
@@ -71,7 +77,7 @@ class SourceKeys:
         if self._file is None:
             self._file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 (closed by close)
         offset = self._file.seek(0, os.SEEK_END)
-        self._file.write(run.tobytes())  # a run's copy: within the share held
+        self._file.write(run.data)  # no copy: the run's own buffer
         self._file.flush()
         self._runs.append((offset, len(run)))
         self._parts, self._held, self._sorted = [], 0, None
@@ -80,8 +86,10 @@ class SourceKeys:
         """The part held in memory, sorted."""
         if self._sorted is None:
             joined = np.concatenate(self._parts) if self._parts else np.zeros(0, np.uint64)
-            self._sorted = np.sort(joined)  # (np.unique hashes: 4x slower; repeats are fine)
-            self._parts = [self._sorted]
+            self._parts = []  # the parts go before the sort: the share held once, not twice
+            joined.sort()  # in place (np.unique hashes: 4x slower; repeats are fine)
+            self._sorted = joined
+            self._parts = [joined]
         return self._sorted
 
     def _run(self, i: int) -> U64:
@@ -95,8 +103,7 @@ class SourceKeys:
     def repeats(self) -> bool:
         """Whether the scan returned some key twice (SCAN may, while the table grows)."""
         if not self._runs:
-            ordered = self._ordered()
-            return bool(len(ordered) > 1 and not np.all(np.diff(ordered)))
+            return _repeated(self._ordered())
         sources = self._sources()
         bounds = [np.concatenate([[0], np.searchsorted(s, _TOP_EDGES), [len(s)]]) for s in sources]
         for top in range(256):
@@ -105,7 +112,7 @@ class SourceKeys:
                     [s[b[top] : b[top + 1]] for s, b in zip(sources, bounds, strict=True)]
                 )
             )
-            if len(joined) > 1 and not np.all(np.diff(joined)):
+            if _repeated(joined):
                 return True
         return False
 

@@ -83,7 +83,7 @@ def per_replica(
     names: Sequence[str], records: Iterable[tuple[str, dict[str, Any]]]
 ) -> dict[str, dict[str, int]]:
     """Counts per member over (status, detail) records: missing, extra, different,
-    and copy, delete, leave."""
+    and copy, delete, leave (a key the replicas agree on by now is not left)."""
     counts = {name: dict.fromkeys(FINDINGS + ACTIONS, 0) for name in names}
     for status, detail in records:
         found: dict[str, str] = detail.get("findings", {})
@@ -91,6 +91,10 @@ def per_replica(
         for name, finding in found.items():
             if name in counts:
                 counts[name][finding] += 1
+        if status == rp.AGREED:
+            # Clients wrote it meanwhile and the replicas agree now (a resumed run's keys,
+            # say): found, but not left: nothing differs any more.
+            continue
         for name in set(found) | set(planned):
             if name not in counts:
                 continue

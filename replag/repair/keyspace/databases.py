@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from replag.errors import EndpointError
+from replag.errors import EndpointError, ReplyShapeError
 from replag.repair.keyspace.together import all_of
 from replag.replication.info import keyspace_keys
 from replag.topology import Endpoint, ReplicaGroup, Topology
@@ -60,6 +60,8 @@ async def unchecked_databases(
     async def one(member: Endpoint) -> list[dict[str, Any]]:
         try:
             dbs = await _keyspace(member, timeout_s)
+        except ReplyShapeError:
+            raise  # it answered, wrongly: not a server to check (one line, the run's end)
         except EndpointError as exc:
             logger.warning(
                 "%s: INFO keyspace not read (other databases unknown): %s", member.name, exc

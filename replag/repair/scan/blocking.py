@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from replag.errors import EndpointError
+from replag.errors import EndpointError, ReplyShapeError
 from replag.repair.scan.scanner import (
     Checkpoint,
     Progress,
@@ -48,6 +48,9 @@ from replag.repair.scan.ttls import (
 )
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.topology import Endpoint
+from replag.wire import shapes
+from replag.wire.refusals import Refusals
+from replag.wire.reply_limits import command_name, size_text
 from replag.wire.resp import RespConnection, check_replies, pack
 from replag.wire.resp_blocking import BlockingConnection
 from replag.wire.scan_end import ScanEnd
@@ -101,6 +104,9 @@ class BlockingScan:
         self._received = 0  # bytes received on connections closed since (for `_count`)
         self._pending: _Batch | None = None  # the batch sent and not yet indexed
         self._big_strings = 0  # strings read in pages (longer than max_reply_bytes allows)
+        self._refusals = Refusals(endpoint)  # replies refused and read again in pieces
+        self._end: ScanEnd | None = None  # the scan's bound (kept when it resumes)
+        self._fetch_command = "MGET"  # the batches' first command, to name a refusal
 
     @property
     def ttl_source(self) -> TtlSource:
@@ -121,6 +127,8 @@ class BlockingScan:
                     # None pending: the refused reply was a SCAN's (nothing smaller to ask).
                     if not conn.refused or self._pending is None:
                         raise
+                    # The refused reply is the batch's fetch (SCAN went out with it).
+                    self._refusals.note(self._fetch_command)
                 # A reply broke max_reply_bytes (a batch of big values): the batch sent and
                 # not indexed is read again in smaller pieces, and the scan goes on after it.
                 self.bytes_received += conn.bytes_received
@@ -154,7 +162,11 @@ class BlockingScan:
         asked = self._count(conn)  # the COUNT of the SCAN whose reply is read next
         conn.send(pack(b"SCAN", state.cursor, *scan_arguments(opts, asked)))
         self._pending = None
-        end = ScanEnd(self.endpoint, state.total)
+        if self._end is None:
+            self._end = ScanEnd(self.endpoint, state.total)
+        else:
+            self._end.restart()
+        end = self._end
         while self._pending is None or self._pending[0] != b"0":
             scanned = conn.reply()
             conn.check([scanned])
@@ -167,6 +179,7 @@ class BlockingScan:
             count = 0
             if keys:
                 payload, count = self.scanner.fetch_request(keys, self._source)
+                self._fetch_command = command_name(payload)
                 out += payload
             if out:
                 conn.send(out)
@@ -261,6 +274,7 @@ class BlockingScan:
             except EndpointError:
                 if not conn.refused:
                     raise
+                self._refusals.note(conn.refused)
                 if len(part) > 1:
                     half = len(part) // 2
                     parts += [part[half:], part[:half]]
@@ -285,10 +299,19 @@ class BlockingScan:
                 # Not a string now (its type changed): read as other types are.
                 self._deferred.append((key, ttl if isinstance(ttl, int) else -1, now_ms))
                 return
+            if length > self.limits.max_string_bytes:
+                # A string claimed longer than any read of it may be: the scan's end.
+                raise ReplyShapeError(
+                    f"STRLEN of {key[:64]!r} answered {length} bytes, over max_string_bytes "
+                    f"= {size_text(self.limits.max_string_bytes)}",
+                    where=f"{self.endpoint.name} ({self.endpoint.url()})",
+                )
             digest = xxhash.xxh3_64()
             for start in range(0, length, page):
                 (chunk,) = conn.request(pack(b"GETRANGE", key, start, start + page - 1), 1)
                 check_replies([chunk], self.endpoint)
+                if not isinstance(chunk, bytes):
+                    raise shapes.wrong(self.endpoint, "GETRANGE", "a bulk string", chunk)
                 digest.update(chunk)
             self._big_strings += 1
         finally:

@@ -47,6 +47,7 @@ from replag.repair.scan.ttls import (
 from replag.repair.trees.index import ScanIndex, index_batch
 from replag.repair.trees.tictac import leaf_of
 from replag.topology import Endpoint
+from replag.wire.refusals import Refusals
 from replag.wire.reply_limits import ReplyLimitError, ReplyLimits
 from replag.wire.resp import (
     RespConnection,
@@ -198,6 +199,20 @@ class ScanHooks:
             self.checkpoint(state)
 
 
+def _drop(queue: asyncio.Queue[Any]) -> None:
+    """Empty a queue of batches given up (their fetches failed with the refused reply's
+    connection): each future's exception is retrieved, so none is reported unretrieved."""
+    while not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, tuple):
+            _retrieve(item[2])
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Retrieve `future`'s outcome when it comes (an exception no one awaits any more)."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 class ReplicaScanner:
     """Scans one endpoint from `cursor` to the end of its keyspace.
 
@@ -233,6 +248,7 @@ class ReplicaScanner:
         self._script_sha = b""
         # A Redis Cluster node: batches are read with a GET per key (`fetch_request`).
         self.cluster = endpoint.cluster
+        self._refusals = Refusals(endpoint)  # replies refused and read again key by key
 
     async def run(self, state: ScanProgress) -> ScanIndex:
         return ScanIndex.concat(await self.run_parts(state))
@@ -286,8 +302,11 @@ class ReplicaScanner:
                     # The batch's reply broke max_reply_bytes (values of megabytes): both
                     # connections anew, this batch read key by key, the walk on after it.
                     await cancel_all([producer])
+                    _drop(queue)
+                    self._refusals.note(exc.__cause__.command or "a batch's fetch")
+                    end.restart()
                     scan_conn, fetch_conn = await self._reopen(scan_conn, fetch_conn)
-                    part = await self._index_by_key(fetch_conn, keys)
+                    part = await self._index_by_key(fetch_conn, keys, exc.__cause__.command)
                     hooks.keep(part, parts)
                     state.cursor, state.keys = cursor, state.keys + len(part)
                     queue = asyncio.Queue(maxsize=opts.in_flight_batches)
@@ -315,6 +334,7 @@ class ReplicaScanner:
         finally:
             if not producer.done():
                 await cancel_all([producer])
+            _drop(queue)
 
     async def _reopen(
         self, scan_conn: RespConnection, fetch_conn: RespConnection
@@ -329,14 +349,21 @@ class ReplicaScanner:
         self._conns.append(fetch_conn)
         return scan_conn, fetch_conn
 
-    async def _index_by_key(self, conn: RespConnection, keys: list[bytes]) -> ScanIndex:
+    async def _index_by_key(
+        self, conn: RespConnection, keys: list[bytes], refused: str | None = None
+    ) -> ScanIndex:
         """`keys` indexed from what `observe_keys` reads of each (a string in GETRANGE pages
         of half the limit, a collection in pages): no reply holds more than one value's
-        page, and each digest is the one a whole read gives."""
+        page, and each digest is the one a whole read gives. `refused`: the command whose
+        reply of these keys was refused (strings whose lengths add up to less than the
+        limit tell a lie, `Refusals.read_back`)."""
         states = await observe_keys(conn, keys, chunk=self.options.count, keep=False)
         now_ms = time.time_ns() // 1_000_000
         present = [k for k in keys if states[k].exists and not states[k].moved]
         read = [states[k] for k in present]
+        if refused is not None and all(s.type == "string" and s.size is not None for s in read):
+            held = sum(s.size or 0 for s in read) + 32 * len(keys)  # with RESP's framing
+            self._refusals.read_back(refused, held)
         types = np.array([TYPE_CODES.get(s.type or "", 0) for s in read], dtype=np.uint8)
         ttls = np.array(
             [-1 if s.expiry_ms is None else max(0, s.expiry_ms - now_ms) for s in read],
@@ -379,7 +406,11 @@ class ReplicaScanner:
                 keys = batch_keys(keys, self.options)
                 if keys:
                     future = self._fetch(fetch_conn, keys, self.ttl_source)
-                    await queue.put((cursor, keys, future))
+                    try:
+                        await queue.put((cursor, keys, future))
+                    except asyncio.CancelledError:
+                        _retrieve(future)  # given up with the walk: no "never retrieved"
+                        raise
                 if cursor == b"0":
                     break
         except ReplagError as exc:

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from replag.topology import Endpoint
+from replag.wire import shapes
 from replag.wire.resp import check_replies, pack
 
 # Per batch: the 1-based position and PTTL of every key that has an expiry (or is
@@ -42,13 +43,21 @@ LOAD_TTL_SCRIPT = pack(b"SCRIPT", b"LOAD", TTL_SCRIPT)
 def batch_ttls(
     replies: list[object], n: int, source: TtlSource, endpoint: Endpoint
 ) -> npt.NDArray[np.int64]:
-    """PTTL per key (-1: no expiry, -2: gone) from a batch's replies after its MGET."""
+    """PTTL per key (-1: no expiry, -2: gone) from a batch's replies after its MGET, each
+    of its shape first (the MGET's too: `shapes`, at the door, before any is used)."""
+    shapes.check_values(endpoint, replies[0], n)
     if source == "pttl":
+        if not shapes.check_each(endpoint, "PTTL", replies[1:]):
+            check_replies(replies[1:], endpoint)
         return np.array(replies[1:], dtype=np.int64)
     ttls = np.full(n, -1, dtype=np.int64)
     if source == "script":
         check_replies(replies[1:2], endpoint)  # NOSCRIPT after a SCRIPT FLUSH: fail, resumable
+        shapes.check_int_pairs(endpoint, "EVALSHA", replies[1])
         flat = np.array(replies[1], dtype=np.int64)
+        if len(flat):
+            low, high = int(flat[0::2].min()), int(flat[0::2].max())
+            shapes.check_indexes(endpoint, "EVALSHA", low, high, n)
         ttls[flat[0::2] - 1] = flat[1::2]
     return ttls
 
