@@ -66,7 +66,7 @@ def write_config(tmp_path: Path, s1: RedisServer, s2: RedisServer, s3: RedisServ
     (tmp_path / "ops.token").write_text(NAMED)
     data = {
         "settings": {"store": str(tmp_path / "store.sqlite"), "password_env": "PLANTED_ENV_PW",
-                     "repair_settle": "10ms"},
+                     "repair_settle": "10ms", "store_shared": True},
         "regions": [{
             "name": "a",
             "write": {"name": "s1", "url": f"redis://:{URL_PW}@127.0.0.1:{s1.port}"},

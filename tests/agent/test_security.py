@@ -59,6 +59,8 @@ class AgentLab:
         pki = self.pki
         base = {
             "store": str(self.dir / "store.sqlite"),
+            # The lab's variants of one config (a bad certificate...) share it.
+            "store_shared": True,
             "agent_state_dir": str(self.dir / "state"),
             "agent_wait": "300s",
             "repair_settle": "10ms",

@@ -49,6 +49,8 @@ class TlsLab:
     def settings(self, **extra: Any) -> dict[str, Any]:
         return {
             "store": str(self.dir / "replag.sqlite"),
+            # The lab's variants of one config (a wrong CA, a wrong name...) share it.
+            "store_shared": True,
             "tls_ca": str(self.pki.ca),
             "tls_cert": str(self.pki.client_cert),
             "tls_key": str(self.pki.client_key),
