@@ -393,6 +393,8 @@ class PollObserver(Observer):
         self.rounds += 1
         mid = (t_a + t_b) // 2
         for key, value in zip(keys, values, strict=True):
+            if key not in self._outstanding:
+                continue  # withdrawn (its write failed) while this round was asked
             if value is None:
                 self._outstanding[key] = (t_a, mid)
             else:
