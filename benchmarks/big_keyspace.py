@@ -23,6 +23,7 @@ Then per count against the first: time per key of the check and of the rebuild
 
     python benchmarks/big_keyspace.py [--keys 1000000,30000000] [--value-size 32]
         [--budget-mb 256] [--no-rebuild]
+    python benchmarks/big_keyspace.py --smoke   # tiny sizes: the suite's run
 """
 
 from __future__ import annotations

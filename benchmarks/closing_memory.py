@@ -17,6 +17,7 @@ two questions. Target: the spilled peak within the share plus a fixed part
 (≤ share + 16 MB), whatever the key count.
 
     python benchmarks/closing_memory.py [--keys 3000000,10000000] [--share-mb 16]
+    python benchmarks/closing_memory.py --smoke   # tiny sizes: the suite's run
 """
 
 from __future__ import annotations
