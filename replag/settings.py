@@ -313,6 +313,14 @@ class Settings:
         "may pass max_reply_bytes, not every connection's at once. A connection taking "
         "the total past it is closed, naming the server, the command and this setting.",
     )
+    max_probe_value_bytes: int = setting(
+        "1KB",
+        _size,
+        "Most bytes of one probe key's value (a timestamp, the region, the run and the "
+        "key's number; a region's name must leave room). A replica answering a probe's "
+        "poll (an MGET of N probe keys) with more than N such values is refused, naming "
+        "the server, MGET and this setting, and its probe fails.",
+    )
     max_reply_refusals: int = setting(
         1000,
         _positive_int,

@@ -2,7 +2,9 @@
 
 Key:   <prefix><run_id>:<seq>          or, for a Redis Cluster shard,
        <prefix><run_id>:{<tag>}:<seq>  with a hash tag whose slot the shard owns.
-Value: <utc_epoch_ns>|<source>|<run_id>|<seq>
+Value: <utc_epoch_ns>|<source>|<run_id>|<seq>, at most settings.max_probe_value_bytes
+       (`ProbeKeys.longest_value`: a region's name must leave room), which bounds what a
+       replica may answer a poll's MGET of them with (`replag.wire.reply_bounds`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ class ProbeKeys:
 
     def key(self, seq: int) -> bytes:
         return self._stem + str(seq).encode()
+
+    def longest_value(self, count: int) -> int:
+        """The most bytes a value of this run's `count` keys holds (a 20-digit timestamp)."""
+        return len(self.value(max(0, count - 1), 10**19))
 
     def value(self, seq: int, wall_ns: int) -> bytes:
         return f"{wall_ns}|{self.source}|{self.run_id}|{seq}".encode()

@@ -39,6 +39,7 @@ from replag.background import cancel_and_wait
 from replag.errors import EndpointError, PermissionRefused, ReplagError
 from replag.probes.cpu_wait import CpuWait, local_server
 from replag.topology import Endpoint
+from replag.wire.reply_bounds import probe_values
 from replag.wire.resp import RespConnection, error_text
 from replag.wire.stamped_socket import ReadStamp
 
@@ -360,7 +361,9 @@ class PollObserver(Observer):
             keys = list(self._outstanding)
             if keys:
                 try:
-                    values, t_a, t_b = await self.conn.call("MGET", *keys)
+                    # Probe values only: a replica answering hundreds of MB is refused.
+                    bound = probe_values(len(keys), self.conn.endpoint.limits)
+                    values, t_a, t_b = await self.conn.call("MGET", *keys, within=bound)
                 except ReplagError as exc:
                     self.error = f"poll failed: {exc.message}"
                     return

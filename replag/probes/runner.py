@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from replag.config import Config
 from replag.errors import (
+    ConfigError,
     DiscoveryError,
     EndpointError,
     MisconfiguredError,
@@ -105,6 +106,17 @@ async def probe(
         topology, region, settings=settings, store=store, sampler=sampler
     )
     report = _new_report(region, replication.write_endpoint, settings)
+    keys = ProbeKeys(
+        prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
+    )
+    if keys.longest_value(settings.count) > settings.max_probe_value_bytes:
+        await replication.close()
+        raise ConfigError(
+            f"region {region.name!r}: its probe values hold {keys.longest_value(settings.count)}"
+            f" bytes, over max_probe_value_bytes = {settings.max_probe_value_bytes} (a "
+            "shorter region name, or a larger setting)",
+            where="settings.max_probe_value_bytes",
+        )
     if shard is not None:
         report.notes += shard.notes
         replication.event = replication.event or shard.event
@@ -120,9 +132,7 @@ async def probe(
         raise
     run = ProbeRun(
         settings=settings,
-        keys=ProbeKeys(
-            prefix=settings.prefix, run_id=report.run_id, source=region.name, slots=region.slots
-        ),
+        keys=keys,
         report=report,
         replication=replication,
         writer=writer,

@@ -48,6 +48,9 @@ class ReplyLimits:
     # The most bytes of replies not yet read whole that one server's connections hold
     # at once, in one process (`held`): each reply may pass max_bytes, not all together.
     max_held_bytes: int = 512 * _MIB
+    # The longest value a probe key holds (`replag.probes.keys`): a poll's MGET of N probe
+    # keys may carry N of them (`reply_bounds.probe_values`), not max_bytes.
+    max_probe_value_bytes: int = 1024
 
 
 DEFAULT = ReplyLimits()
@@ -66,7 +69,18 @@ def from_settings(settings: object) -> ReplyLimits:
         max_string_bytes=getattr(settings, "max_string_bytes"),  # noqa: B009
         max_reply_refusals=getattr(settings, "max_reply_refusals"),  # noqa: B009
         max_held_bytes=getattr(settings, "max_held_bytes"),  # noqa: B009
+        max_probe_value_bytes=getattr(settings, "max_probe_value_bytes"),  # noqa: B009
     )
+
+
+@dataclass(frozen=True)
+class ReplyBound:
+    """The most one reply may carry where its request says what it can hold (a TIME, the
+    MGET of a few probe keys), far below max_reply_bytes; `said` names the bound and its
+    setting for the error ("3 probe keys x max_probe_value_bytes = 1 KB: 3120 bytes")."""
+
+    max_bytes: int
+    said: str
 
 
 class ReplyLimitError(Exception):
@@ -161,7 +175,17 @@ class ReplyGuard:
     end (`_partial`), and where the current top-level reply began in the stream.
     """
 
-    __slots__ = ("_elements", "_offset", "_open", "_partial", "_reply_start", "_skip", "limits")
+    __slots__ = (
+        "_bounds",
+        "_elements",
+        "_index",
+        "_offset",
+        "_open",
+        "_partial",
+        "_reply_start",
+        "_skip",
+        "limits",
+    )
 
     def __init__(self, limits: ReplyLimits | None = None) -> None:
         self.limits = limits or DEFAULT
@@ -171,6 +195,17 @@ class ReplyGuard:
         self._offset = 0  # stream bytes before the chunk being fed
         self._reply_start = 0  # stream offset where the current top-level reply began
         self._elements = 0  # elements announced by the current top-level reply
+        self._index = 0  # top-level replies finished in the stream so far
+        # Reply index → a bound below max_bytes that reply must keep (`bound`).
+        self._bounds: dict[int, ReplyBound] = {}
+
+    def bound(self, index: int, bound: ReplyBound) -> None:
+        """The `index`-th top-level reply of the stream (from 0) may carry at most
+        `bound.max_bytes` (its request says what it can hold: `reply_bounds`). Checked when
+        it ends and at the end of every chunk it is still open in, so a reply over it is
+        refused once one chunk past it, whatever it announced."""
+        if index >= self._index:
+            self._bounds[index] = bound
 
     @property
     def idle(self) -> bool:
@@ -242,7 +277,7 @@ class ReplyGuard:
                     lines = buf.count(b"\r\n", pos, run.end())
                     if not opened:
                         pos = run.end()
-                        self._reply_done(pos)
+                        self._reply_done(pos, lines)
                         continue
                     if opened[-1] > lines:
                         opened[-1] -= lines
@@ -287,15 +322,26 @@ class ReplyGuard:
             opened.pop()
         self._reply_done(pos)
 
-    def _reply_done(self, pos: int) -> None:
-        """A top-level reply ended at `pos` of the chunk: it may not have been too big."""
+    def _reply_done(self, pos: int, replies: int = 1) -> None:
+        """`replies` top-level replies ended at `pos` of the chunk (more than one: a run
+        of one-line replies, each within the chunk): none may have been too big."""
         start, self._reply_start = self._reply_start, self._offset + pos
         self._elements = 0
-        if self._reply_start - start > self.limits.max_bytes:
+        carried = self._reply_start - start
+        if carried > self.limits.max_bytes:
             raise ReplyLimitError(
-                f"the reply carried {self._reply_start - start} bytes, over max_reply_bytes = "
+                f"the reply carried {carried} bytes, over max_reply_bytes = "
                 f"{size_text(self.limits.max_bytes)}"
             )
+        index = self._index
+        self._index = index + replies
+        if self._bounds:
+            bound = self._bounds.pop(index, None)
+            if replies > 1:
+                for late in [i for i in self._bounds if i < self._index]:
+                    del self._bounds[late]
+            elif bound is not None and carried > bound.max_bytes:
+                raise ReplyLimitError(f"the reply carried {carried} bytes, over {bound.said}")
 
     def _open_aggregate(self, kind: int, count: int) -> None:
         limits = self.limits
@@ -372,11 +418,18 @@ class ReplyGuard:
                 f"the reply carried {carried} bytes and is not over, over max_reply_bytes = "
                 f"{size_text(self.limits.max_bytes)}"
             )
+        if self._bounds and not self.idle:
+            bound = self._bounds.get(self._index)
+            if bound is not None and carried > bound.max_bytes:
+                raise ReplyLimitError(
+                    f"the reply carried {carried} bytes and is not over, over {bound.said}"
+                )
 
 
 __all__ = [
     "DEFAULT",
     "NotRespHeader",
+    "ReplyBound",
     "ReplyGuard",
     "ReplyLimitError",
     "ReplyLimits",

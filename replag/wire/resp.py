@@ -28,7 +28,7 @@ import hiredis
 
 from replag.errors import EndpointError, PermissionRefused
 from replag.topology import Endpoint
-from replag.wire import shapes
+from replag.wire import reply_bounds, shapes
 from replag.wire.connections import (
     NotRespError,
     not_resp,
@@ -42,6 +42,7 @@ from replag.wire.held import HeldBytes
 from replag.wire.reply_limits import (
     DEFAULT,
     NotRespHeader,
+    ReplyBound,
     ReplyGuard,
     ReplyLimitError,
     ReplyLimits,
@@ -175,6 +176,7 @@ class _Protocol(asyncio.Protocol):
         self.limits = limits
         self.unrequested = 0  # bytes (replies, on a subscribed one) no request waited for
         self.held: HeldBytes | None = None  # this connection's share of its server's bytes
+        self.asked = 0  # replies requested so far: the stream index of the next one
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TLS transport (under `serve` and agents) is no asyncio.Transport subclass,
@@ -372,15 +374,20 @@ class RespConnection:
         setup = setup_commands(endpoint)
         if setup:
             try:
-                replies = await conn.request(b"".join(setup), len(setup))
+                replies = await conn.request(
+                    b"".join(setup), len(setup), within=reply_bounds.SMALL_BOUND
+                )
                 conn.check(replies)
             except BaseException:
                 conn.abort()  # a refused AUTH must not leave the socket open
                 raise
         return conn
 
-    def send(self, payload: bytes, count: int) -> asyncio.Future[tuple[list[Any], int]]:
-        """Write `payload` (holding `count` commands); the future gets (replies, arrival ns)."""
+    def send(
+        self, payload: bytes, count: int, *, within: ReplyBound | None = None
+    ) -> asyncio.Future[tuple[list[Any], int]]:
+        """Write `payload` (holding `count` commands); the future gets (replies, arrival ns).
+        `within`: what each of its replies can hold (`reply_bounds`), refused past it."""
         protocol = self._protocol
         if protocol.lost is not None or protocol.transport is None:
             kept = NotRespError | TimeoutError | ReplyLimitError
@@ -393,6 +400,11 @@ class RespConnection:
             # The socket closed (the server hung up) before connection_lost ran.
             raise translate(exc, self.endpoint) from exc
         protocol.waiting.append((count, future, payload[:64]))
+        if within is not None and protocol.on_push is None:
+            # (On a subscribed connection pushed messages interleave: replies' places unknown.)
+            for index in range(protocol.asked, protocol.asked + count):
+                protocol.guard.bound(index, within)
+        protocol.asked += count
         if len(payload) <= shapes.READ_BACK_BYTES:
             self._small[id(future)] = payload
         return future
@@ -425,9 +437,14 @@ class RespConnection:
         return replies, arrived
 
     async def request(
-        self, payload: bytes, count: int, timeout_s: float | None = None
+        self,
+        payload: bytes,
+        count: int,
+        timeout_s: float | None = None,
+        *,
+        within: ReplyBound | None = None,
     ) -> list[Any]:
-        replies, _ = await self.wait(self.send(payload, count), timeout_s)
+        replies, _ = await self.wait(self.send(payload, count, within=within), timeout_s)
         return replies
 
     @property
@@ -451,11 +468,14 @@ class RespConnection:
         """Bytes this connection has read from the server (what a check pulls across)."""
         return self._protocol.bytes_received
 
-    async def call(self, *args: Arg) -> tuple[Any, int, int]:
-        """One command: (reply, sent, arrived) on the connection's clock; error replies returned."""
+    async def call(self, *args: Arg, within: ReplyBound | None = None) -> tuple[Any, int, int]:
+        """One command: (reply, sent, arrived) on the connection's clock; error replies returned.
+        Its reply is refused past `within`, or what the command can answer where that is
+        known (`reply_bounds.known`: TIME, PING, INFO, ...)."""
         payload = pack(*args)
+        bound = within or reply_bounds.known(args, self.endpoint.limits)
         sent = self._protocol.clock()  # just before the bytes go to the socket
-        future = self.send(payload, 1)
+        future = self.send(payload, 1, within=bound)
         (reply,), arrived = await self.wait(future)
         return reply, sent, arrived
 

@@ -5,7 +5,9 @@ hostile on one command only (`on_command`: every other command is relayed).
 Behaviours (`HOSTILE`): `bulk` announces $10^12 and streams, `array` announces
 *2^31 and streams elements, `nested` nests arrays without end, `drip` sends a reply
 one byte every `drip_s`, `http` answers HTTP, `close` hangs up in the middle of a reply.
-Each streams for at most `stream_s` seconds, then closes.
+Each streams for at most `stream_s` seconds, then closes. Not in the matrix: `fat` answers
+with a valid bulk of `FAT_BYTES` (400 MB, under max_reply_bytes: each such reply passes
+the guard alone), the poll MGET or the scan MGET a hostile replica answers with.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import hiredis
 from tests.helpers.scripted import array, bulk
 
 HOSTILE = ("bulk", "array", "nested", "drip", "http", "close")
+FAT_BYTES = 400_000_000
 _CHUNK = 1 << 16
 
 
@@ -35,6 +38,13 @@ def behave(sock: socket.socket, behaviour: str, *, stream_s: float, drip_s: floa
         elif behaviour == "array":
             sock.sendall(b"*2147483648\r\n")
             _stream(sock, b":1\r\n" * (_CHUNK // 4), until)
+        elif behaviour == "fat":
+            sock.sendall(b"$%d\r\n" % FAT_BYTES)
+            chunk, sent = b"x" * _CHUNK, 0
+            while sent < FAT_BYTES and time.monotonic() < until:
+                sock.sendall(chunk[: FAT_BYTES - sent])
+                sent += min(_CHUNK, FAT_BYTES - sent)
+            sock.sendall(b"\r\n")
         elif behaviour == "nested":
             _stream(sock, b"*1\r\n" * (_CHUNK // 4), until)
         elif behaviour == "drip":

@@ -295,3 +295,23 @@ def test_a_server_refused_on_every_mget_ends_the_check_at_max_reply_refusals(
     line = one_line_naming(output, liar.port)
     assert "MGET" in line and "max_reply_refusals = 1000" in line, line
     assert liar.hits <= 1000 + 10, liar.hits
+
+
+@pytest.mark.parametrize("mode", ["poll", "auto"])
+def test_a_replica_answering_the_poll_with_400_mb_fails_its_probe_in_one_line(
+    tmp_path: Path, redis_factory: RedisFactory, mode: str
+) -> None:
+    """A replica relaying everything but MGET, which it answers with a 400 MB bulk (under
+    max_reply_bytes: it took `replag probe` to 796 MB): the poll's MGET of N probe keys may
+    carry N probe values (max_probe_value_bytes), so it is refused at once, one line naming
+    the server, MGET and the setting; that replica's probe fails (exit 3), within +100 MB."""
+    good, real = redis_factory("ok"), redis_factory("behind")
+    upstream = ("127.0.0.1", real.port)
+    with HostileServer("fat", upstream=upstream, on_command=b"MGET", stream_s=8.0) as proxy:
+        config = group_config(tmp_path, good.url, proxy.url)
+        args = ["probe", "-c", str(config), "--count", "3", "--mode", mode]
+        code, output, _ = run_replag(args, proxy, tmp_path)
+    assert code == 3, output
+    line = one_line_naming(output, proxy.port)
+    assert line.startswith("UNREACHABLE: odd"), line
+    assert "reply to MGET refused" in line and "max_probe_value_bytes = 1024 bytes" in line, line
