@@ -406,7 +406,9 @@ class Settings:
         _bool,
         "Let this config share its store with other configs on purpose (`serve` and every "
         "CLI run that writes to the store record their config file in it; without this, "
-        "one refuses a store another config used: two fleets' data would show as one).",
+        "one refuses a store another config used: two fleets' data would show as one; on a "
+        "SQLite store, a claim whose config file is gone, moved or deleted, is released "
+        "with a warning).",
     )
     store_hold_memory_mb: int = setting(
         256,
